@@ -1,0 +1,90 @@
+//! The shared application state and the router that merges every
+//! subsystem's routes, the dashboard and the middleware stack.
+
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::auth::Auth;
+use crate::config::Config;
+use crate::health::Health;
+use crate::nodes::Nodes;
+use crate::store::Store;
+use crate::store::embedded::EmbeddedRedis;
+
+/// Everything a handler may need; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub cfg: Arc<Config>,
+    pub node_id: Arc<str>,
+    /// The URL this node advertises (dashboard links, peers).
+    pub advertise: Arc<str>,
+    pub store: Store,
+    pub nodes: Arc<Nodes>,
+    pub health: Arc<Health>,
+    pub auth: Arc<Auth>,
+    pub metrics: PrometheusHandle,
+    pub embedded: Option<Arc<EmbeddedRedis>>,
+    pub started_at: SystemTime,
+    /// The OpenAPI document, rendered once when the router is built.
+    pub openapi: Arc<OnceLock<String>>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "muster",
+        description = "High-availability coordination server for worker clusters. Errors are \
+                       application/problem+json. Authenticate with `Authorization: Bearer <token>`."
+    ),
+    modifiers(&SecurityAddon),
+    security(("bearer" = []))
+)]
+struct ApiDoc;
+
+struct SecurityAddon;
+
+impl utoipa::Modify for SecurityAddon {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The API routes with their OpenAPI description.
+pub fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(crate::system::router())
+        .merge(crate::nodes::routes::router())
+}
+
+/// The whole HTTP surface of a node.
+pub fn router(state: AppState) -> Router {
+    let (api, doc) = api_router().split_for_parts();
+    let _ = state.openapi.set(doc.to_pretty_json().unwrap_or_else(|_| "{}".into()));
+    let max_body = state.cfg.server.max_body_bytes;
+    Router::new()
+        .merge(api)
+        .merge(crate::web::router())
+        .fallback(crate::system::not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(RequestBodyLimitLayer::new(max_body))
+        .layer(from_fn_with_state(state.auth.clone(), crate::auth::middleware))
+        .layer(from_fn(crate::http::problemize))
+        .layer(from_fn(crate::http::track_metrics))
+        .layer(CatchPanicLayer::custom(crate::http::panic_response))
+        .layer(from_fn(crate::http::request_id))
+        .with_state(state)
+}

@@ -1,0 +1,306 @@
+//! Authentication and roles.
+//!
+//! Tokens are configured as SHA-256 digests with a role (`read` < `worker` <
+//! `admin`). A presented token is hashed and compared with every configured
+//! digest in constant time, so neither the comparison nor the number of
+//! tokens tried reveals how close a guess was.
+//!
+//! Credentials: `Authorization: Bearer <token>` (API), the `muster_session`
+//! cookie (dashboard; HttpOnly, SameSite=Strict), or a `token` query
+//! parameter on the event endpoints (browsers cannot set headers on a
+//! WebSocket). With no tokens configured, every caller is an anonymous admin
+//! and the server refuses to bind anything but loopback.
+//!
+//! Dashboard forms carry a CSRF token derived from the session's secret, so a
+//! page on another site cannot submit them.
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use sha2::{Digest, Sha256};
+
+use crate::config::{AuthConfig, Role};
+use crate::error::ApiError;
+
+pub const SESSION_COOKIE: &str = "muster_session";
+
+struct Token {
+    name: String,
+    role: Role,
+    digest: [u8; 32],
+}
+
+/// The configured tokens and the CSRF secret.
+pub struct Auth {
+    tokens: Vec<Token>,
+    /// Secret for CSRF tokens of anonymous (no-auth) sessions.
+    anon_secret: [u8; 32],
+}
+
+/// Who is calling, attached to every request by [`middleware`].
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub name: String,
+    pub role: Role,
+    /// The CSRF token this caller's forms must carry.
+    pub csrf: String,
+}
+
+impl Caller {
+    /// 403 unless the caller's role includes `role`.
+    pub fn require(&self, role: Role) -> Result<(), ApiError> {
+        if self.role >= role {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(format!(
+                "this needs the `{}` role; the token `{}` has `{}`",
+                role.as_str(),
+                self.name,
+                self.role.as_str()
+            )))
+        }
+    }
+
+    pub fn is_admin(&self) -> bool {
+        self.role >= Role::Admin
+    }
+}
+
+impl Auth {
+    pub fn new(cfg: &AuthConfig) -> Self {
+        let tokens = cfg
+            .tokens
+            .iter()
+            .map(|t| {
+                let mut digest = [0u8; 32];
+                for (i, chunk) in t.sha256.as_bytes().chunks(2).enumerate().take(32) {
+                    let hex = std::str::from_utf8(chunk).unwrap_or("00");
+                    digest[i] = u8::from_str_radix(hex, 16).unwrap_or(0);
+                }
+                Token {
+                    name: t.name.clone(),
+                    role: t.role,
+                    digest,
+                }
+            })
+            .collect();
+        let mut anon_secret = [0u8; 32];
+        anon_secret.copy_from_slice(&Sha256::digest(ulid::Ulid::generate().to_string().as_bytes()));
+        Auth { tokens, anon_secret }
+    }
+
+    /// Whether any token is configured.
+    pub fn enabled(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    /// The caller for a presented secret, or None.
+    pub fn resolve(&self, secret: &str) -> Option<Caller> {
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        let mut found: Option<&Token> = None;
+        for t in &self.tokens {
+            if ct_eq(&t.digest, &digest) {
+                found = Some(t);
+            }
+        }
+        found.map(|t| Caller {
+            name: t.name.clone(),
+            role: t.role,
+            csrf: csrf_for(secret.as_bytes()),
+        })
+    }
+
+    /// The caller when auth is off.
+    pub fn anonymous(&self) -> Caller {
+        Caller {
+            name: "anonymous".into(),
+            role: Role::Admin,
+            csrf: csrf_for(&self.anon_secret),
+        }
+    }
+}
+
+fn csrf_for(secret: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(b"muster-csrf\0");
+    h.update(secret);
+    hex(&h.finalize())
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Equality that takes the same time wherever the inputs differ.
+fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let mut diff = 0u8;
+    for i in 0..32 {
+        diff |= a[i] ^ b[i];
+    }
+    diff == 0
+}
+
+/// Constant-time comparison of two CSRF tokens.
+pub fn csrf_ok(expected: &str, got: &str) -> bool {
+    if expected.len() != got.len() {
+        return false;
+    }
+    expected.bytes().zip(got.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+fn query_token(query: Option<&str>) -> Option<String> {
+    query?
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == "token")
+        .map(|(_, v)| {
+            // tokens are printable ASCII; undo the percent-encoding a browser may apply
+            percent_decode(v)
+        })
+}
+
+fn percent_decode(s: &str) -> String {
+    fn hexval(b: u8) -> Option<u8> {
+        (b as char).to_digit(16).map(|d| d as u8)
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hexval(bytes[i + 1]), hexval(bytes[i + 2]))
+        {
+            out.push(h * 16 + l);
+            i += 3;
+            continue;
+        }
+        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Paths anyone may call: probes, static assets, the sign-in page.
+fn is_public(path: &str) -> bool {
+    matches!(
+        path,
+        "/healthz" | "/readyz" | "/login" | "/favicon.ico" | "/api/v1/openapi.json"
+    ) || path.starts_with("/static/")
+}
+
+/// Resolves the caller of every request; refuses unauthenticated API calls
+/// (401) and sends unauthenticated dashboard visitors to the sign-in page.
+pub async fn middleware(State(auth): State<std::sync::Arc<Auth>>, mut req: Request, next: Next) -> Response {
+    if !auth.enabled() {
+        req.extensions_mut().insert(auth.anonymous());
+        return next.run(req).await;
+    }
+    let path = req.uri().path().to_string();
+    let headers = req.headers();
+    let presented = bearer(headers)
+        .map(str::to_string)
+        .or_else(|| cookie(headers, SESSION_COOKIE).map(str::to_string))
+        .or_else(|| {
+            if path.starts_with("/api/v1/events") {
+                query_token(req.uri().query())
+            } else {
+                None
+            }
+        });
+    let caller = presented.as_deref().and_then(|s| auth.resolve(s));
+    match caller {
+        Some(c) => {
+            req.extensions_mut().insert(c);
+            next.run(req).await
+        }
+        None if is_public(&path) => next.run(req).await,
+        None if path.starts_with("/api/") || path == "/metrics" => {
+            let msg = if presented.is_some() {
+                "the token is not recognized; check it against [auth] tokens in the config"
+            } else {
+                "authentication required: send `Authorization: Bearer <token>`"
+            };
+            let mut resp = ApiError::Unauthorized(msg.into()).into_response();
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            resp
+        }
+        None => Redirect::to("/login").into_response(),
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(|| ApiError::Unauthorized("authentication required".into()))
+    }
+}
+
+/// The caller if known (for public pages such as the sign-in form).
+pub struct MaybeCaller(pub Option<Caller>);
+
+impl<S: Send + Sync> FromRequestParts<S> for MaybeCaller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(MaybeCaller(parts.extensions.get::<Caller>().cloned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TokenConfig;
+
+    fn auth() -> Auth {
+        let digest = hex(&Sha256::digest(b"s3cret"));
+        Auth::new(&AuthConfig {
+            tokens: vec![TokenConfig {
+                name: "ops".into(),
+                role: Role::Worker,
+                sha256: digest,
+            }],
+        })
+    }
+
+    #[test]
+    fn resolves_tokens_by_digest() {
+        let a = auth();
+        let c = a.resolve("s3cret").unwrap();
+        assert_eq!(c.role, Role::Worker);
+        assert!(a.resolve("s3cre").is_none());
+        assert!(c.require(Role::Read).is_ok());
+        assert!(c.require(Role::Admin).is_err());
+    }
+
+    #[test]
+    fn decodes_query_tokens() {
+        assert_eq!(query_token(Some("a=1&token=ab%2Fc")).as_deref(), Some("ab/c"));
+        assert_eq!(query_token(Some("a=1")), None);
+    }
+}

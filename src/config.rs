@@ -1,0 +1,437 @@
+//! Configuration: one struct per `config.toml` section.
+//!
+//! Precedence, lowest first: built-in defaults, the TOML file (`--config` or
+//! `MUSTER_CONFIG`), environment variables `MUSTER_<SECTION>__<KEY>`, then the
+//! command-line flags. Every section denies unknown keys, so a typo stops the
+//! start with a message that names the key instead of being silently ignored.
+//!
+//! Durations are integers in milliseconds and their keys end in `_ms`: one
+//! convention throughout.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub redis: RedisConfig,
+    pub nodes: NodesConfig,
+    pub auth: AuthConfig,
+    pub tasks: TasksConfig,
+    pub orphans: OrphansConfig,
+    pub events: EventsConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address the HTTP server binds (API, dashboard, metrics).
+    pub listen: String,
+    /// This node's id. Empty: `<hostname>-<short ulid>`, new at every start.
+    pub node_id: String,
+    /// Where the node keeps its files (the embedded Redis lives under `redis/`).
+    pub data_dir: PathBuf,
+    /// The URL other nodes and operators use to reach this node. Empty: derived
+    /// from `listen`.
+    pub advertise_url: String,
+    /// Largest accepted request body, in bytes; larger bodies get 413.
+    pub max_body_bytes: usize,
+    /// Free-form labels shown on the Nodes page.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7700".into(),
+            node_id: String::new(),
+            data_dir: PathBuf::from("muster-data"),
+            advertise_url: String::new(),
+            max_body_bytes: 1024 * 1024,
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://`, `rediss://` or `unix://` URL. Empty (and no sentinels or
+    /// cluster seeds): start an embedded `redis-server` child.
+    pub url: String,
+    /// Namespace of every key, used as a Cluster hash tag: `{muster}:...`.
+    pub key_prefix: String,
+    /// Deadline of every Redis call.
+    pub timeout_ms: u64,
+    /// How many times a failed read is retried (with backoff) before the
+    /// error is returned. Writes are never retried blindly.
+    pub read_retries: u32,
+    /// Accept any TLS certificate for `rediss://`. Insecure; logs a warning
+    /// at every start.
+    pub insecure_skip_tls_verify: bool,
+    /// The embedded server's binary (`MUSTER_REDIS_SERVER_BIN` overrides).
+    pub server_bin: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            key_prefix: "muster".into(),
+            timeout_ms: 2000,
+            read_retries: 2,
+            insecure_skip_tls_verify: false,
+            server_bin: "redis-server".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodesConfig {
+    /// How often this node heartbeats.
+    pub heartbeat_ms: u64,
+    /// A node whose last heartbeat is older than this (by Redis time) is dead.
+    pub ttl_ms: u64,
+    /// How long a dead node stays listed (marked dead) before it is pruned.
+    pub dead_retention_ms: u64,
+    /// Upper bound on registered nodes, external workers included.
+    pub max_nodes: u32,
+}
+
+impl Default for NodesConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 1000,
+            ttl_ms: 5000,
+            dead_retention_ms: 60_000,
+            max_nodes: 1000,
+        }
+    }
+}
+
+/// API roles, ordered: each includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Read,
+    Worker,
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Worker => "worker",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// A name for logs and the dashboard; never the secret.
+    pub name: String,
+    pub role: Role,
+    /// Hex SHA-256 of the token (`printf %s "$TOKEN" | sha256sum`).
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// With no tokens the node binds loopback only and lets everyone in.
+    pub tokens: Vec<TokenConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TasksConfig {
+    /// Largest task payload (JSON, bytes); larger gets 413.
+    pub max_payload_bytes: usize,
+    /// Default number of executions before a task is dead.
+    pub max_attempts: u32,
+    /// First retry delay; doubles each attempt, with full jitter.
+    pub backoff_base_ms: u64,
+    /// Largest retry delay.
+    pub backoff_cap_ms: u64,
+    /// How long an idempotency key returns the original task.
+    pub idempotency_window_ms: u64,
+    /// How long succeeded and cancelled tasks are kept.
+    pub retention_ms: u64,
+    /// How long dead tasks are kept for inspection and retry.
+    pub dead_retention_ms: u64,
+    /// Upper bound on distinct queues.
+    pub max_queues: u32,
+    /// How often each node trims expired index entries.
+    pub janitor_interval_ms: u64,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 256 * 1024,
+            max_attempts: 3,
+            backoff_base_ms: 1000,
+            backoff_cap_ms: 300_000,
+            idempotency_window_ms: 24 * 3600 * 1000,
+            retention_ms: 24 * 3600 * 1000,
+            dead_retention_ms: 7 * 24 * 3600 * 1000,
+            max_queues: 1000,
+            janitor_interval_ms: 5000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OrphansConfig {
+    /// How often every node looks for tasks of dead owners and timed-out tasks.
+    pub interval_ms: u64,
+    /// Recoveries kept in the orphan history (also trimmed by age).
+    pub history_max: u32,
+    /// Oldest recovery kept in the orphan history.
+    pub history_max_age_ms: u64,
+}
+
+impl Default for OrphansConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 1000,
+            history_max: 1000,
+            history_max_age_ms: 24 * 3600 * 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EventsConfig {
+    /// Approximate length the event stream is trimmed to (`XADD MAXLEN ~`).
+    pub max_len: u64,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        Self { max_len: 100_000 }
+    }
+}
+
+/// Why a configuration was refused. The message names the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl Config {
+    /// Loads defaults, then `file` (when given; it must exist), then the
+    /// `MUSTER_<SECTION>__<KEY>` environment variables, and validates.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError(format!(
+                    "config file {} does not exist (given by --config or MUSTER_CONFIG)",
+                    path.display()
+                )));
+            }
+            fig = fig.merge(Toml::file_exact(path));
+        }
+        fig = fig.merge(env_provider());
+        let config: Config = fig.extract().map_err(|e| ConfigError(describe(e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses a TOML document over the defaults (no environment). Used by tests
+    /// and by `load`'s checks.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(text))
+            .extract()
+            .map_err(|e| ConfigError(describe(e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the values serde cannot: ranges and relations between keys.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key: &str, msg: &str| Err(ConfigError(format!("invalid value for key `{key}`: {msg}")));
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            return err(
+                "server.listen",
+                "expected an IP address and port such as 127.0.0.1:7700",
+            );
+        }
+        if !self.server.node_id.is_empty() && !crate::validate::is_node_id(&self.server.node_id) {
+            return err("server.node_id", "use 1 to 64 characters from A-Z a-z 0-9 . _ -");
+        }
+        if self.server.max_body_bytes < 1024 {
+            return err("server.max_body_bytes", "must be at least 1024");
+        }
+        let prefix = &self.redis.key_prefix;
+        if prefix.is_empty()
+            || prefix.len() > 64
+            || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || "._-:".contains(c))
+        {
+            return err("redis.key_prefix", "use 1 to 64 characters from A-Z a-z 0-9 . _ - :");
+        }
+        if self.redis.timeout_ms == 0 {
+            return err("redis.timeout_ms", "must be greater than 0");
+        }
+        if !self.redis.url.is_empty() {
+            let ok = ["redis://", "rediss://", "unix://"]
+                .iter()
+                .any(|s| self.redis.url.starts_with(s));
+            if !ok {
+                return err(
+                    "redis.url",
+                    "expected a redis://, rediss:// or unix:// URL (or empty for the embedded server)",
+                );
+            }
+        }
+        if self.nodes.heartbeat_ms == 0 {
+            return err("nodes.heartbeat_ms", "must be greater than 0");
+        }
+        if self.nodes.ttl_ms < 2 * self.nodes.heartbeat_ms {
+            return err(
+                "nodes.ttl_ms",
+                "must be at least twice nodes.heartbeat_ms, or a single late heartbeat marks a live node dead",
+            );
+        }
+        if self.nodes.max_nodes == 0 {
+            return err("nodes.max_nodes", "must be greater than 0");
+        }
+        for (i, t) in self.auth.tokens.iter().enumerate() {
+            if t.sha256.len() != 64 || !t.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(ConfigError(format!(
+                    "invalid value for key `auth.tokens[{i}].sha256`: expected 64 hex digits (printf %s \"$TOKEN\" | sha256sum)"
+                )));
+            }
+            if t.name.is_empty() {
+                return Err(ConfigError(format!(
+                    "invalid value for key `auth.tokens[{i}].name`: must not be empty"
+                )));
+            }
+        }
+        let t = &self.tasks;
+        if t.max_attempts == 0 || t.max_attempts > 1000 {
+            return err("tasks.max_attempts", "must be between 1 and 1000");
+        }
+        if t.max_payload_bytes == 0 {
+            return err("tasks.max_payload_bytes", "must be greater than 0");
+        }
+        if t.backoff_cap_ms < t.backoff_base_ms {
+            return err("tasks.backoff_cap_ms", "must be at least tasks.backoff_base_ms");
+        }
+        if t.retention_ms == 0 || t.dead_retention_ms == 0 || t.idempotency_window_ms == 0 {
+            return err(
+                "tasks.retention_ms",
+                "retention_ms, dead_retention_ms and idempotency_window_ms must be greater than 0",
+            );
+        }
+        if t.janitor_interval_ms == 0 {
+            return err("tasks.janitor_interval_ms", "must be greater than 0");
+        }
+        if t.max_queues == 0 {
+            return err("tasks.max_queues", "must be greater than 0");
+        }
+        if self.orphans.interval_ms == 0 {
+            return err("orphans.interval_ms", "must be greater than 0");
+        }
+        if self.events.max_len < 100 {
+            return err("events.max_len", "must be at least 100");
+        }
+        Ok(())
+    }
+
+    /// The URL operators and peers use to reach this node.
+    pub fn advertise_url(&self, bound: SocketAddr) -> String {
+        if !self.server.advertise_url.is_empty() {
+            return self.server.advertise_url.clone();
+        }
+        format!("http://{bound}")
+    }
+}
+
+/// `MUSTER_<SECTION>__<KEY>`; variables without `__` (such as `MUSTER_CONFIG`
+/// and `MUSTER_REDIS_SERVER_BIN`) are not configuration keys.
+fn env_provider() -> Env {
+    Env::prefixed("MUSTER_")
+        .filter(|k| k.as_str().contains("__"))
+        .split("__")
+}
+
+/// Figment's messages already name the key; make the wording uniform.
+fn describe(e: figment::Error) -> String {
+    let mut out = Vec::new();
+    for err in e {
+        let key = err.path.join(".");
+        let what = match &err.kind {
+            figment::error::Kind::UnknownField(field, _) => {
+                let full = if key.is_empty() {
+                    field.clone()
+                } else {
+                    format!("{key}.{field}")
+                };
+                format!("unknown key `{full}`: check the spelling against config.toml")
+            }
+            _ => {
+                let source = err
+                    .metadata
+                    .as_ref()
+                    .map(|m| format!(" (from {})", m.name))
+                    .unwrap_or_default();
+                if key.is_empty() {
+                    format!("{}{source}", err.kind)
+                } else {
+                    format!("invalid value for key `{key}`: {}{source}", err.kind)
+                }
+            }
+        };
+        out.push(what);
+    }
+    out.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_config_parses_to_defaults() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).unwrap();
+        let parsed = Config::from_toml(&text).unwrap();
+        assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = Config::from_toml("[nodes]\nttl_msec = 5\n").unwrap_err();
+        assert!(e.0.contains("nodes.ttl_msec"), "{}", e.0);
+    }
+
+    #[test]
+    fn bad_value_is_named() {
+        let e = Config::from_toml("[nodes]\nttl_ms = \"soon\"\n").unwrap_err();
+        assert!(e.0.contains("nodes.ttl_ms"), "{}", e.0);
+        let e = Config::from_toml("[server]\nlisten = \"nowhere\"\n").unwrap_err();
+        assert!(e.0.contains("server.listen"), "{}", e.0);
+        let e = Config::from_toml("[nodes]\nttl_ms = 1000\nheartbeat_ms = 1000\n").unwrap_err();
+        assert!(e.0.contains("nodes.ttl_ms"), "{}", e.0);
+    }
+
+    #[test]
+    fn unknown_section_is_named() {
+        let e = Config::from_toml("[nodez]\nttl_ms = 5\n").unwrap_err();
+        assert!(e.0.contains("nodez"), "{}", e.0);
+    }
+}

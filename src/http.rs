@@ -1,0 +1,190 @@
+//! HTTP plumbing shared by every route: request ids, metrics by matched
+//! path, problem+json for framework errors, and the JSON extractor whose
+//! rejections are problems too.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{FromRequest, MatchedPath, Request};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+
+use crate::error::{ApiError, REQUEST_ID, problem};
+
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Gives every request an id (the caller's `x-request-id` when it is sane,
+/// else a new ULID), makes it visible to error bodies and logs, and echoes it
+/// on the response.
+pub async fn request_id(req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get(&X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| (1..=64).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
+        .map(str::to_string)
+        .unwrap_or_else(|| ulid::Ulid::generate().to_string());
+    let mut resp = REQUEST_ID.scope(id.clone(), next.run(req)).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(X_REQUEST_ID.clone(), v);
+    }
+    resp
+}
+
+/// Counts requests and their duration by method, matched route and status.
+/// The route template (`/api/v1/tasks/{id}`), never the raw path, keeps the
+/// label set bounded.
+pub async fn track_metrics(req: Request, next: Next) -> Response {
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().as_str().to_string();
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16().to_string();
+    metrics::counter!("muster_http_requests_total", "method" => method.clone(), "path" => path.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("muster_http_request_duration_seconds", "method" => method, "path" => path)
+        .record(start.elapsed().as_secs_f64());
+    resp
+}
+
+/// Turns error responses produced outside our handlers (unknown route, wrong
+/// method, body over the limit, bad path or query) into problem+json.
+pub async fn problemize(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let ctype = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ctype.starts_with("application/problem+json") || ctype.starts_with("text/html") {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024).await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_string();
+    let detail = match status {
+        StatusCode::NOT_FOUND if text.is_empty() => {
+            "no such route; the API is described at /api/v1/openapi.json".to_string()
+        }
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allowed = parts
+                .headers
+                .get(header::ALLOW)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            format!("method not allowed on this route; allowed: {allowed}")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            "the request body is larger than the limit (server.max_body_bytes); send less".to_string()
+        }
+        _ if text.is_empty() => status.canonical_reason().unwrap_or("error").to_string(),
+        _ => text,
+    };
+    let mut out = problem(status, &detail, None);
+    for (k, v) in parts.headers.iter() {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
+/// Turns a panic inside a handler into a 500 problem (no panic should be
+/// reachable from a request; this is the last line of defence).
+pub fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let msg = err
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into());
+    ApiError::Internal(format!("handler panicked: {msg}")).into_response()
+}
+
+/// `Json<T>` whose rejections are problem+json with a useful message.
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request<Body>, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::extract::rejection::JsonRejection;
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::UnsupportedMediaType(
+                "send the body as JSON with `Content-Type: application/json`".into(),
+            )),
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::bad_request(format!(
+                "the body is not valid JSON: {}",
+                e.body_text()
+            ))),
+            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::bad_request(format!(
+                "the JSON does not match the expected fields: {}",
+                e.body_text()
+            ))),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::TooLarge(
+                "the request body is larger than the limit (server.max_body_bytes); send less".into(),
+            )),
+            Err(e) => Err(ApiError::bad_request(e.body_text())),
+        }
+    }
+}
+
+/// An optional JSON body: an empty body is `T::default()`.
+pub struct OptJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for OptJson<T>
+where
+    T: DeserializeOwned + Default,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request<Body>, state: &S) -> Result<Self, Self::Rejection> {
+        let empty = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()) == Some("0")
+            || (req.headers().get(header::CONTENT_TYPE).is_none()
+                && req.headers().get(header::TRANSFER_ENCODING).is_none()
+                && req.headers().get(header::CONTENT_LENGTH).is_none());
+        if empty {
+            return Ok(OptJson(T::default()));
+        }
+        let ApiJson(v) = ApiJson::<T>::from_request(req, state).await?;
+        Ok(OptJson(v))
+    }
+}
+
+/// Query-string extractor whose rejections are problems.
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(e) => Err(ApiError::bad_request(format!("bad query string: {}", e.body_text()))),
+        }
+    }
+}
+
+/// A 204 with no body.
+pub fn no_content() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}

@@ -1,0 +1,320 @@
+//! muster: a high-availability coordination server for worker clusters.
+//!
+//! Every node runs this same code; nodes share one Redis deployment and
+//! coordinate only through it. Module map:
+//!
+//! - [`config`]: `config.toml`, environment and flags, validated at start.
+//! - [`store`]: the one Redis client (embedded child, standalone, TLS, unix),
+//!   key builders, the Lua script wrapper with its shared prelude.
+//! - [`nodes`]: membership by heartbeat into a sorted set scored by Redis time.
+//! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
+//!   problem+json errors.
+//! - [`system`]: probes, `/metrics`, the Redis summary, the OpenAPI document.
+//! - [`web`]: the server-rendered dashboard.
+//! - [`app`]: the shared state and the router.
+//!
+//! [`start`] takes an already-bound listener, so tests bind port 0, and
+//! returns a [`Running`] node whose shutdown is explicit and ordered: stop
+//! taking requests, stop the background loops, leave the cluster, then stop
+//! the embedded Redis.
+
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod http;
+pub mod nodes;
+pub mod store;
+pub mod system;
+pub mod validate;
+pub mod web;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::AppState;
+use crate::auth::Auth;
+use crate::config::Config;
+use crate::health::Health;
+use crate::nodes::Nodes;
+use crate::store::embedded::EmbeddedRedis;
+use crate::store::{Mode, ScriptCtx, Store};
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Embedded(#[from] store::embedded::EmbeddedError),
+    #[error("{0}")]
+    Redis(#[from] store::StoreError),
+    #[error("{0}")]
+    Io(String),
+}
+
+/// A started node. Dropping it does not stop it; call [`Running::shutdown`].
+pub struct Running {
+    pub addr: SocketAddr,
+    pub node_id: String,
+    pub state: AppState,
+    cancel: CancellationToken,
+    kill: CancellationToken,
+    join: JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the node gracefully and waits until it has left the cluster and
+    /// stopped its embedded Redis.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        let _ = self.join.await;
+    }
+
+    /// A token that stops the node when cancelled.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Waits until the node has stopped (after its token was cancelled).
+    pub async fn wait(self) {
+        let _ = self.join.await;
+    }
+
+    /// Stops the node *without* leaving the cluster: its server and loops
+    /// stop at once, as if the process died (its embedded Redis, if any, is
+    /// still stopped). For tests of failure handling.
+    pub async fn kill(self) {
+        self.kill.cancel();
+        let _ = self.join.await;
+    }
+}
+
+/// The process-wide Prometheus recorder (installed once; several in-process
+/// nodes, as in tests, share it).
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Suffix("_seconds".into()),
+                    &[
+                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    ],
+                )
+                .expect("static bucket list is non-empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// `<hostname>-<ulid suffix>`, within the node id charset and length.
+pub fn generated_node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .unwrap_or_else(|_| "node".into());
+    let host: String = host
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    let host = if host.is_empty() { "node".to_string() } else { host };
+    let ulid = ulid::Ulid::generate().to_string().to_lowercase();
+    format!("{host}-{}", &ulid[ulid.len() - 8..])
+}
+
+/// Starts a node on `listener` and returns once it serves and has joined.
+pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartError> {
+    let addr = listener.local_addr().map_err(|e| StartError::Io(e.to_string()))?;
+    if cfg.auth.tokens.is_empty() && !addr.ip().is_loopback() {
+        return Err(StartError::Config(format!(
+            "refusing to listen on {addr}: no [auth] tokens are configured, so anyone who can reach \
+             this address could control the cluster. Configure [[auth.tokens]] or listen on 127.0.0.1"
+        )));
+    }
+    if cfg.auth.tokens.is_empty() {
+        tracing::warn!("no [auth] tokens configured: listening on loopback only, and every local caller is admin");
+    }
+    let node_id = if cfg.server.node_id.is_empty() {
+        generated_node_id()
+    } else {
+        cfg.server.node_id.clone()
+    };
+    std::fs::create_dir_all(&cfg.server.data_dir)
+        .map_err(|e| StartError::Io(format!("cannot create data_dir {}: {e}", cfg.server.data_dir.display())))?;
+
+    let redis_cancel = CancellationToken::new();
+    let mut supervisor = None;
+    let (embedded, url, mode) = if cfg.redis.url.is_empty() {
+        let bin = std::env::var("MUSTER_REDIS_SERVER_BIN").unwrap_or_else(|_| cfg.redis.server_bin.clone());
+        let (e, child) = EmbeddedRedis::start(&cfg.server.data_dir, &bin).await?;
+        supervisor = Some(e.supervise(child, redis_cancel.clone()));
+        let url = e.url();
+        (Some(e), url, Mode::Embedded)
+    } else {
+        (None, cfg.redis.url.clone(), Mode::Standalone)
+    };
+    let store = match Store::connect(&cfg.redis, &url, mode).await {
+        Ok(s) => s,
+        Err(e) => {
+            redis_cancel.cancel();
+            if let Some(s) = supervisor {
+                let _ = s.await;
+            }
+            return Err(e.into());
+        }
+    };
+    let info = store.server_info();
+    tracing::info!(mode = mode.as_str(), address = store.address(), version = %info.version, "connected to Redis");
+
+    let ctx = ScriptCtx {
+        prefix: store.keys().prefix().to_string(),
+        events_max_len: cfg.events.max_len,
+    };
+    let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
+    let health = Arc::new(Health::new(
+        Duration::from_millis(cfg.nodes.ttl_ms),
+        Duration::from_millis(cfg.nodes.heartbeat_ms),
+    ));
+    let advertise = cfg.advertise_url(addr);
+    let cfg = Arc::new(cfg);
+    let state = AppState {
+        cfg: cfg.clone(),
+        node_id: node_id.clone().into(),
+        advertise: advertise.clone().into(),
+        store: store.clone(),
+        nodes: nodes.clone(),
+        health: health.clone(),
+        auth: Arc::new(Auth::new(&cfg.auth)),
+        metrics: metrics_handle(),
+        embedded: embedded.clone(),
+        started_at: SystemTime::now(),
+        openapi: Arc::new(OnceLock::new()),
+    };
+
+    // Join before serving, so /readyz is green as soon as it answers.
+    let me = nodes::worker::Identity {
+        id: node_id.clone(),
+        addr: advertise.clone(),
+        labels: cfg.server.labels.clone(),
+    };
+    match nodes
+        .heartbeat(
+            &me.id,
+            nodes::NodeKind::Node,
+            cfg.nodes.ttl_ms,
+            &me.addr,
+            env!("CARGO_PKG_VERSION"),
+            &me.labels,
+        )
+        .await
+    {
+        Ok(hb) => health.heartbeat_ok(hb.state == "draining"),
+        Err(e) => tracing::warn!(error = %e, "first heartbeat failed; retrying in the background"),
+    }
+
+    let cancel = CancellationToken::new();
+    let loops_cancel = CancellationToken::new();
+    let loops = vec![nodes::worker::spawn(
+        nodes.clone(),
+        me,
+        health.clone(),
+        loops_cancel.clone(),
+    )];
+
+    let router = app::router(state.clone());
+    let server_cancel = cancel.clone();
+    let server = tokio::spawn(async move {
+        let serve = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move { server_cancel.cancelled().await });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "HTTP server failed");
+        }
+    });
+
+    let join_cancel = cancel.clone();
+    let kill = CancellationToken::new();
+    let join_kill = kill.clone();
+    let st = state.clone();
+    let id = node_id.clone();
+    let join = tokio::spawn(async move {
+        tokio::select! {
+            _ = join_cancel.cancelled() => {}
+            _ = join_kill.cancelled() => {
+                tracing::warn!(node = %id, "killed: stopping without leaving the cluster");
+                server.abort();
+                loops_cancel.cancel();
+                for l in loops {
+                    let _ = l.await;
+                }
+                redis_cancel.cancel();
+                if let Some(s) = supervisor {
+                    let _ = s.await;
+                }
+                return;
+            }
+        }
+        tracing::info!(node = %id, "shutting down");
+        st.health.set_stopping();
+        // Long polls and WebSockets watch the same token; give in-flight
+        // requests a bounded time to finish.
+        let mut server = server;
+        if tokio::time::timeout(Duration::from_secs(5), &mut server).await.is_err() {
+            tracing::warn!("HTTP requests still running after 5 s; dropping them");
+            server.abort();
+        }
+        loops_cancel.cancel();
+        for l in loops {
+            let _ = l.await;
+        }
+        match st.nodes.leave(&id, "left").await {
+            Ok(()) => tracing::info!(node = %id, "left the cluster"),
+            Err(e) => tracing::warn!(node = %id, error = %e, "could not leave the cluster; it will expire"),
+        }
+        redis_cancel.cancel();
+        if let Some(s) = supervisor {
+            let _ = s.await;
+        }
+        tracing::info!(node = %id, "stopped");
+    });
+
+    tracing::info!(node = %node_id, "muster is serving; dashboard at {advertise}/");
+    Ok(Running {
+        addr,
+        node_id,
+        state,
+        cancel,
+        kill,
+        join,
+    })
+}
+
+/// Starts a node and runs it until `shutdown` completes.
+pub async fn run(
+    cfg: Config,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
+    let running = start(cfg, listener).await?;
+    shutdown.await;
+    running.shutdown().await;
+    Ok(())
+}

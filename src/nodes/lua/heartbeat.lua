@@ -1,0 +1,44 @@
+-- heartbeat.lua: registers or refreshes a node (a muster node or an external worker).
+--
+-- The node's score in the nodes sorted set is the expiry of this heartbeat,
+-- computed from Redis TIME: the node is alive while its score is ahead of Redis
+-- time (G11). A node that was absent or expired counts as joining.
+--
+-- KEYS[1]  {p}:nodes          sorted set, node id -> expiry (ms)
+-- KEYS[2]  {p}:node:<id>      hash, node info; TTL ttl + dead retention
+-- ARGV[1]  node id
+-- ARGV[2]  ttl_ms             lifetime of this heartbeat
+-- ARGV[3]  info_ttl_ms        TTL of the info hash (ttl + dead retention)
+-- ARGV[4]  max_nodes          refuse a new node beyond this many registered
+-- ARGV[5]  kind               "node" (muster) or "worker" (external)
+-- ARGV[6]  addr               address or URL, may be empty
+-- ARGV[7]  version            may be empty
+-- ARGV[8]  labels             JSON object
+--
+-- Returns {code, now_ms, expires_ms, state}
+--   code  1 joined (new, or back after expiring), 0 refreshed, -1 too many nodes
+--   state "active" | "draining"
+-- Emits node.joined when code is 1.
+local id, ttl, info_ttl, max_nodes = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = now_ms()
+local prev = redis.call('ZSCORE', KEYS[1], id)
+if not prev and redis.call('ZCARD', KEYS[1]) >= max_nodes then
+  return {-1, now, 0, ''}
+end
+local expires = now + ttl
+redis.call('ZADD', KEYS[1], expires, id)
+local joined = (not prev) or tonumber(prev) <= now or redis.call('EXISTS', KEYS[2]) == 0
+local state = redis.call('HGET', KEYS[2], 'state')
+if joined or not state or state == 'left' then
+  state = 'active'
+  redis.call('HSET', KEYS[2], 'started_at', now)
+end
+redis.call('HSET', KEYS[2], 'id', id, 'kind', ARGV[5], 'addr', ARGV[6], 'version', ARGV[7],
+  'labels', ARGV[8], 'state', state, 'ttl_ms', ttl, 'last_seen', now)
+redis.call('HDEL', KEYS[2], 'dead_at')
+redis.call('PEXPIRE', KEYS[2], info_ttl)
+if joined then
+  emit('node.joined', now, id, {}, {kind = ARGV[5], addr = ARGV[6], version = ARGV[7]})
+  return {1, now, expires, state}
+end
+return {0, now, expires, state}

@@ -1,0 +1,397 @@
+//! Node registry: who is in the cluster and who is alive.
+//!
+//! Invariants:
+//! - Liveness is one sorted set scored by heartbeat expiry in Redis time (G11):
+//!   a node is alive while its score is ahead of Redis `TIME`. No node's own
+//!   clock takes part.
+//! - A node is *marked* dead (event `node.dead`, orphan recovery allowed) only
+//!   by `prune.lua`, which gives everyone one ttl of grace after Redis was
+//!   unreachable or stalled, so an outage never makes a live node look dead.
+//! - A Redis error never marks anyone dead: every dead decision is made inside
+//!   Redis, and a node that cannot reach Redis decides nothing.
+//! - Info hashes carry a TTL; the sorted set is bounded by `nodes.max_nodes`
+//!   and pruned, so nothing here grows without bound (G4).
+
+pub mod routes;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use redis::Value;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::config::NodesConfig;
+use crate::store::{Lua, ScriptCtx, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodesError {
+    #[error("the cluster already has the maximum of {0} registered nodes (nodes.max_nodes)")]
+    TooMany(u32),
+    #[error("no live node `{0}`")]
+    NotFound(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<NodesError> for crate::error::ApiError {
+    fn from(e: NodesError) -> Self {
+        use crate::error::ApiError;
+        match e {
+            NodesError::TooMany(_) => ApiError::Conflict {
+                message: e.to_string(),
+                extra: Default::default(),
+            },
+            NodesError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            NodesError::Store(s) => s.into(),
+        }
+    }
+}
+
+/// What kind of member a node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeKind {
+    /// A muster server process.
+    Node,
+    /// An external worker that heartbeats over REST.
+    Worker,
+}
+
+impl NodeKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Node => "node",
+            NodeKind::Worker => "worker",
+        }
+    }
+}
+
+/// A node's state as seen now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    /// Heartbeating.
+    Alive,
+    /// Alive, but takes no new work.
+    Draining,
+    /// Its heartbeat expired and it is not yet marked dead (at most one
+    /// cleaner pass, or the grace after a Redis outage).
+    Late,
+    /// Marked dead: its tasks are being or have been recovered.
+    Dead,
+    /// Left the cluster; kept until its tasks are recovered.
+    Left,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Alive => "alive",
+            NodeState::Draining => "draining",
+            NodeState::Late => "late",
+            NodeState::Dead => "dead",
+            NodeState::Left => "left",
+        }
+    }
+}
+
+impl std::fmt::Display for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One registered node.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NodeInfo {
+    pub id: String,
+    pub kind: String,
+    pub state: NodeState,
+    /// Heartbeat due soon (less than half its ttl left) but not yet expired.
+    pub suspect: bool,
+    pub addr: String,
+    pub version: String,
+    pub labels: BTreeMap<String, String>,
+    /// Redis ms.
+    pub started_at: Option<i64>,
+    /// Redis ms of the last heartbeat.
+    pub last_seen: Option<i64>,
+    /// Redis ms at which the last heartbeat expires.
+    pub expires_at: i64,
+    pub heartbeat_age_ms: Option<i64>,
+    pub ttl_ms: Option<i64>,
+}
+
+/// The registry as of one Redis instant.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NodeList {
+    /// Redis time of the listing, ms.
+    pub now: i64,
+    pub nodes: Vec<NodeInfo>,
+    pub alive: usize,
+    pub draining: usize,
+    pub dead: usize,
+}
+
+/// Result of one heartbeat.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Heartbeat {
+    pub joined: bool,
+    /// Redis ms.
+    pub now: i64,
+    pub expires_at: i64,
+    /// `active` or `draining`.
+    pub state: String,
+}
+
+/// Result of one prune pass.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Prune {
+    pub marked: i64,
+    pub removed: i64,
+    pub alive: i64,
+    pub expired: i64,
+    /// Non-zero while the post-outage grace holds (Redis ms).
+    pub grace_until: i64,
+}
+
+struct Scripts {
+    heartbeat: Lua,
+    prune: Lua,
+    drain: Lua,
+    leave: Lua,
+}
+
+/// The registry service.
+pub struct Nodes {
+    store: Store,
+    cfg: NodesConfig,
+    scripts: Scripts,
+}
+
+impl Nodes {
+    pub fn new(store: Store, cfg: NodesConfig, ctx: &ScriptCtx) -> Arc<Nodes> {
+        let scripts = Scripts {
+            heartbeat: Lua::new("node_heartbeat", include_str!("lua/heartbeat.lua"), ctx),
+            prune: Lua::new("node_prune", include_str!("lua/prune.lua"), ctx),
+            drain: Lua::new("node_drain", include_str!("lua/drain.lua"), ctx),
+            leave: Lua::new("node_leave", include_str!("lua/leave.lua"), ctx),
+        };
+        Arc::new(Nodes { store, cfg, scripts })
+    }
+
+    pub fn config(&self) -> &NodesConfig {
+        &self.cfg
+    }
+
+    /// Registers or refreshes `id` for `ttl_ms`.
+    pub async fn heartbeat(
+        &self,
+        id: &str,
+        kind: NodeKind,
+        ttl_ms: u64,
+        addr: &str,
+        version: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Heartbeat, NodesError> {
+        let k = self.store.keys();
+        let labels = serde_json::to_string(labels).unwrap_or_else(|_| "{}".into());
+        let info_ttl = ttl_ms + self.cfg.dead_retention_ms;
+        let (code, now, expires, state): (i64, i64, i64, String) = self
+            .store
+            .eval(
+                &self.scripts.heartbeat,
+                &[k.nodes(), k.node(id)],
+                &[
+                    id.into(),
+                    ttl_ms.to_string(),
+                    info_ttl.to_string(),
+                    self.cfg.max_nodes.to_string(),
+                    kind.as_str().into(),
+                    addr.into(),
+                    version.into(),
+                    labels,
+                ],
+            )
+            .await?;
+        if code < 0 {
+            return Err(NodesError::TooMany(self.cfg.max_nodes));
+        }
+        Ok(Heartbeat {
+            joined: code == 1,
+            now,
+            expires_at: expires,
+            state,
+        })
+    }
+
+    /// Marks expired nodes dead and removes long-dead ones.
+    pub async fn prune(&self) -> Result<Prune, NodesError> {
+        let k = self.store.keys();
+        let (marked, removed, alive, expired, grace_until): (i64, i64, i64, i64, i64) = self
+            .store
+            .eval(
+                &self.scripts.prune,
+                &[k.nodes(), format!("{}:pass", k.nodes()), format!("{}:grace", k.nodes())],
+                &[
+                    self.cfg.ttl_ms.to_string(),
+                    self.cfg.dead_retention_ms.to_string(),
+                    "100".into(),
+                ],
+            )
+            .await?;
+        Ok(Prune {
+            marked,
+            removed,
+            alive,
+            expired,
+            grace_until,
+        })
+    }
+
+    /// Marks a live node draining. Returns false if it already was.
+    pub async fn drain(&self, id: &str, actor: &str) -> Result<bool, NodesError> {
+        let k = self.store.keys();
+        let code: i64 = self
+            .store
+            .eval(
+                &self.scripts.drain,
+                &[k.nodes(), k.node(id)],
+                &[id.into(), actor.into()],
+            )
+            .await?;
+        match code {
+            0 => Err(NodesError::NotFound(id.into())),
+            1 => Ok(true),
+            _ => Ok(false),
+        }
+    }
+
+    /// Removes a node from the cluster (see `leave.lua`).
+    pub async fn leave(&self, id: &str, reason: &str) -> Result<(), NodesError> {
+        let k = self.store.keys();
+        let code: i64 = self
+            .store
+            .eval(
+                &self.scripts.leave,
+                &[k.nodes(), k.node(id), k.node_tasks(id)],
+                &[id.into(), reason.into()],
+            )
+            .await?;
+        if code == 0 {
+            return Err(NodesError::NotFound(id.into()));
+        }
+        Ok(())
+    }
+
+    /// Every registered node, read in two pipelined round trips.
+    pub async fn list(&self) -> Result<NodeList, NodesError> {
+        let k = self.store.keys();
+        let mut p = redis::pipe();
+        p.cmd("TIME")
+            .cmd("ZRANGE")
+            .arg(k.nodes())
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES");
+        let ((secs, micros), members): ((i64, i64), Vec<(String, f64)>) = self.store.pipe("nodes_list", &p).await?;
+        let now = secs * 1000 + micros / 1000;
+        let mut p = redis::pipe();
+        for (id, _) in &members {
+            p.cmd("HGETALL").arg(k.node(id));
+        }
+        let infos: Vec<BTreeMap<String, String>> = if members.is_empty() {
+            Vec::new()
+        } else {
+            self.store.pipe("nodes_info", &p).await?
+        };
+        let mut list = NodeList {
+            now,
+            nodes: Vec::with_capacity(members.len()),
+            alive: 0,
+            draining: 0,
+            dead: 0,
+        };
+        for ((id, score), info) in members.into_iter().zip(infos) {
+            let node = node_info(id, score as i64, &info, now);
+            match node.state {
+                NodeState::Alive => list.alive += 1,
+                NodeState::Draining => {
+                    list.alive += 1;
+                    list.draining += 1
+                }
+                NodeState::Dead | NodeState::Late | NodeState::Left => list.dead += 1,
+            }
+            list.nodes.push(node);
+        }
+        list.nodes.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(list)
+    }
+
+    /// The state of one node, if registered.
+    pub async fn get(&self, id: &str) -> Result<Option<NodeInfo>, NodesError> {
+        let k = self.store.keys();
+        let mut p = redis::pipe();
+        p.cmd("TIME")
+            .cmd("ZSCORE")
+            .arg(k.nodes())
+            .arg(id)
+            .cmd("HGETALL")
+            .arg(k.node(id));
+        let ((secs, micros), score, info): ((i64, i64), Option<f64>, BTreeMap<String, String>) =
+            self.store.pipe("node_get", &p).await?;
+        let now = secs * 1000 + micros / 1000;
+        Ok(score.map(|s| node_info(id.to_string(), s as i64, &info, now)))
+    }
+}
+
+fn node_info(id: String, expires_at: i64, info: &BTreeMap<String, String>, now: i64) -> NodeInfo {
+    let num = |f: &str| info.get(f).and_then(|v| v.parse::<i64>().ok());
+    let stored = info.get("state").map(String::as_str).unwrap_or("");
+    let state = if stored == "left" {
+        NodeState::Left
+    } else if expires_at > now {
+        if stored == "draining" {
+            NodeState::Draining
+        } else {
+            NodeState::Alive
+        }
+    } else if info.contains_key("dead_at") || info.is_empty() {
+        NodeState::Dead
+    } else {
+        NodeState::Late
+    };
+    let ttl_ms = num("ttl_ms");
+    let suspect = matches!(state, NodeState::Alive | NodeState::Draining)
+        && ttl_ms.is_some_and(|ttl| (expires_at - now) * 2 < ttl);
+    let last_seen = num("last_seen");
+    NodeInfo {
+        kind: info.get("kind").cloned().unwrap_or_else(|| "node".into()),
+        state,
+        suspect,
+        addr: info.get("addr").cloned().unwrap_or_default(),
+        version: info.get("version").cloned().unwrap_or_default(),
+        labels: info
+            .get("labels")
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_default(),
+        started_at: num("started_at"),
+        last_seen,
+        expires_at,
+        heartbeat_age_ms: last_seen.map(|s| (now - s).max(0)),
+        ttl_ms,
+        id,
+    }
+}
+
+/// Decodes a script reply that redis-rs could not type directly.
+pub fn int_of(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}

@@ -1,0 +1,135 @@
+//! REST routes of the node registry.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::Response;
+use serde::Deserialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{Heartbeat, NodeInfo, NodeKind, NodeList};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result};
+use crate::http::{OptJson, no_content};
+use crate::validate;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_nodes))
+        .routes(routes!(get_node, delete_node))
+        .routes(routes!(heartbeat_node))
+        .routes(routes!(drain_node))
+}
+
+/// Every registered node with its state, as of one Redis instant.
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", responses((status = 200, body = NodeList)))]
+async fn list_nodes(State(s): State<AppState>, caller: Caller) -> Result<Json<NodeList>> {
+    caller.require(Role::Read)?;
+    Ok(Json(s.nodes.list().await?))
+}
+
+/// One node.
+#[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes",
+    params(("id" = String, Path, description = "Node id")),
+    responses((status = 200, body = NodeInfo), (status = 404, description = "Unknown node")))]
+async fn get_node(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<NodeInfo>> {
+    caller.require(Role::Read)?;
+    validate::node_id("id", &id)?;
+    s.nodes
+        .get(&id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no node `{id}` is registered")))
+}
+
+/// Body of an external worker's heartbeat.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatBody {
+    /// Lifetime of this heartbeat, 500 to 3 600 000 ms; default `nodes.ttl_ms`.
+    pub ttl_ms: Option<u64>,
+    /// Up to 32 labels (keys up to 64 characters, values up to 256).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Where the worker runs (host, URL); shown on the Nodes page.
+    #[serde(default)]
+    pub addr: String,
+    /// The worker's version, shown on the Nodes page.
+    #[serde(default)]
+    pub version: String,
+}
+
+/// An external worker joins the cluster or refreshes its membership. A
+/// worker must heartbeat before it claims, and keep heartbeating while it
+/// runs tasks: when its heartbeat expires its tasks are recovered.
+#[utoipa::path(put, path = "/api/v1/nodes/{id}/heartbeat", tag = "nodes",
+    params(("id" = String, Path, description = "Worker id, [A-Za-z0-9._-]{1,64}")),
+    request_body(content = HeartbeatBody, description = "Optional"),
+    responses((status = 200, body = Heartbeat), (status = 400, description = "Bad id or body"),
+              (status = 409, description = "Too many nodes")))]
+async fn heartbeat_node(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    OptJson(body): OptJson<HeartbeatBody>,
+) -> Result<Json<Heartbeat>> {
+    caller.require(Role::Worker)?;
+    validate::node_id("id", &id)?;
+    let ttl = body.ttl_ms.unwrap_or(s.cfg.nodes.ttl_ms);
+    if !(500..=3_600_000).contains(&ttl) {
+        return Err(ApiError::bad_request("`ttl_ms` must be between 500 and 3600000"));
+    }
+    if body.labels.len() > 32
+        || body
+            .labels
+            .iter()
+            .any(|(k, v)| k.is_empty() || k.len() > 64 || v.len() > 256)
+    {
+        return Err(ApiError::bad_request(
+            "`labels`: at most 32, keys 1 to 64 characters, values at most 256 characters",
+        ));
+    }
+    if body.addr.len() > 256 || body.version.len() > 64 {
+        return Err(ApiError::bad_request(
+            "`addr` is limited to 256 characters and `version` to 64",
+        ));
+    }
+    if *s.node_id == *id {
+        return Err(ApiError::bad_request(format!(
+            "`{id}` is this muster node's own id; pick another worker id"
+        )));
+    }
+    let hb = s
+        .nodes
+        .heartbeat(&id, NodeKind::Worker, ttl, &body.addr, &body.version, &body.labels)
+        .await?;
+    Ok(Json(hb))
+}
+
+/// Marks a node draining for the whole cluster: it gets no new work.
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes",
+    params(("id" = String, Path, description = "Node id")),
+    responses((status = 204, description = "Draining"), (status = 404, description = "No live node with this id")))]
+async fn drain_node(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::node_id("id", &id)?;
+    s.nodes.drain(&id, &caller.name).await?;
+    Ok(no_content())
+}
+
+/// Removes a node from the registry. Its running tasks are recovered by the
+/// orphan cleaner. A live node that keeps heartbeating joins again.
+#[utoipa::path(delete, path = "/api/v1/nodes/{id}", tag = "nodes",
+    params(("id" = String, Path, description = "Node id")),
+    responses((status = 204, description = "Removed"), (status = 404, description = "Unknown node")))]
+async fn delete_node(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::node_id("id", &id)?;
+    s.nodes.leave(&id, "removed").await?;
+    Ok(no_content())
+}

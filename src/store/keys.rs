@@ -1,0 +1,60 @@
+//! Every Redis key muster uses is built here.
+//!
+//! All keys start with `{<prefix>}`: the braces are a Cluster hash tag, so all
+//! keys of a namespace live in one slot and every multi-key script runs on a
+//! Redis Cluster too. Scripts that compute keys from ids build them from the
+//! same prefix (the `P` of the Lua prelude) with the same suffixes as here.
+//!
+//! Names that come from users are validated (see `validate`) before they get
+//! here, so they contain no braces, colons or spaces.
+
+#[derive(Debug, Clone)]
+pub struct Keys {
+    p: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Self {
+        Keys {
+            p: format!("{{{prefix}}}"),
+        }
+    }
+
+    /// The hash-tagged prefix, `{muster}`.
+    pub fn prefix(&self) -> &str {
+        &self.p
+    }
+
+    /// Stream: the cluster event outbox.
+    pub fn events(&self) -> String {
+        format!("{}:events", self.p)
+    }
+
+    // --- nodes ---------------------------------------------------------
+
+    /// Sorted set: node id scored by the expiry of its last heartbeat (Redis ms).
+    pub fn nodes(&self) -> String {
+        format!("{}:nodes", self.p)
+    }
+    /// Hash: one node's info; TTL of ttl + dead retention.
+    pub fn node(&self, id: &str) -> String {
+        format!("{}:node:{id}", self.p)
+    }
+    /// Set: ids of the tasks a node is running (for the orphan cleaner).
+    pub fn node_tasks(&self, id: &str) -> String {
+        format!("{}:node:{id}:tasks", self.p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_carry_the_hash_tag() {
+        let k = Keys::new("muster");
+        assert_eq!(k.nodes(), "{muster}:nodes");
+        assert_eq!(k.node("a"), "{muster}:node:a");
+        assert_eq!(k.events(), "{muster}:events");
+    }
+}

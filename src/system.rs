@@ -1,0 +1,160 @@
+//! Probes, metrics, the Redis summary and the OpenAPI document.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result, problem};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(get_redis))
+        .routes(routes!(openapi))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Status {
+    pub status: &'static str,
+    pub node: String,
+}
+
+/// Liveness: the process serves HTTP.
+#[utoipa::path(get, path = "/healthz", tag = "system", security(()),
+    responses((status = 200, description = "The process is up", body = Status)))]
+async fn healthz(State(s): State<AppState>) -> Json<Status> {
+    Json(Status {
+        status: "ok",
+        node: s.node_id.to_string(),
+    })
+}
+
+/// Why this node is not ready, or None when it is.
+pub async fn not_ready_reasons(s: &AppState) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if s.health.stopping() {
+        reasons.push("the node is shutting down".to_string());
+    }
+    if let Some(e) = &s.embedded
+        && !e.healthy()
+    {
+        reasons.push("the embedded Redis is down and being restarted".to_string());
+    }
+    if let Err(e) = s.store.ping().await {
+        reasons.push(format!("Redis is unreachable: {e}"));
+    }
+    if !s.health.registered() {
+        reasons.push("the node is not registered: its last heartbeat did not succeed within the node ttl".to_string());
+    }
+    reasons
+}
+
+/// Readiness: Redis answers and this node's registration is fresh.
+#[utoipa::path(get, path = "/readyz", tag = "system", security(()),
+    responses((status = 200, description = "Ready", body = Status),
+              (status = 503, description = "Not ready; `detail` says why", content_type = "application/problem+json")))]
+async fn readyz(State(s): State<AppState>) -> Response {
+    let reasons = not_ready_reasons(&s).await;
+    if reasons.is_empty() {
+        Json(Status {
+            status: "ready",
+            node: s.node_id.to_string(),
+        })
+        .into_response()
+    } else {
+        problem(StatusCode::SERVICE_UNAVAILABLE, &reasons.join("; "), None)
+    }
+}
+
+/// Prometheus metrics in the text format.
+#[utoipa::path(get, path = "/metrics", tag = "system",
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain")))]
+async fn metrics(State(s): State<AppState>, caller: Caller) -> Result<Response> {
+    caller.require(Role::Read)?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+        .into_response())
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RedisSummary {
+    /// embedded, standalone, sentinel or cluster.
+    pub mode: String,
+    pub address: String,
+    pub version: String,
+    /// The server's role from `ROLE` (master, slave, ...).
+    pub role: String,
+    /// Round trip of a PING just now, milliseconds.
+    pub latency_ms: f64,
+    pub healthy: bool,
+    pub key_prefix: String,
+    /// Used memory in bytes, from `INFO memory`.
+    pub used_memory: Option<u64>,
+    /// Number of keys in the database.
+    pub dbsize: Option<u64>,
+}
+
+pub async fn redis_summary(s: &AppState) -> Result<RedisSummary> {
+    let latency = s.store.ping().await?;
+    let mut p = redis::pipe();
+    p.cmd("ROLE").cmd("INFO").arg("memory").cmd("DBSIZE");
+    let (role, mem, dbsize): (redis::Value, String, u64) = s.store.pipe("redis_summary", &p).await?;
+    let role = match role {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(redis::Value::SimpleString(s)) => s.clone(),
+            _ => "unknown".into(),
+        },
+        _ => "unknown".into(),
+    };
+    let used_memory = mem
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok());
+    let info = s.store.server_info();
+    Ok(RedisSummary {
+        mode: s.store.mode().as_str().into(),
+        address: s.store.address().into(),
+        version: info.version,
+        role,
+        latency_ms: latency.as_secs_f64() * 1000.0,
+        healthy: s.store.healthy(),
+        key_prefix: s.cfg.redis.key_prefix.clone(),
+        used_memory,
+        dbsize: Some(dbsize),
+    })
+}
+
+/// How this node reaches Redis, and how Redis is doing.
+#[utoipa::path(get, path = "/api/v1/redis", tag = "system",
+    responses((status = 200, body = RedisSummary),
+              (status = 503, description = "Redis unreachable", content_type = "application/problem+json")))]
+async fn get_redis(State(s): State<AppState>, caller: Caller) -> Result<Json<RedisSummary>> {
+    caller.require(Role::Read)?;
+    Ok(Json(redis_summary(&s).await?))
+}
+
+/// This document.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "system", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
+async fn openapi(State(s): State<AppState>) -> Response {
+    let doc = s.openapi.get().cloned().unwrap_or_else(|| "{}".into());
+    ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
+}
+
+/// Unknown routes: a problem for the API, the same for pages.
+pub async fn not_found() -> ApiError {
+    ApiError::not_found("no such route; the API is described at /api/v1/openapi.json")
+}

@@ -1,0 +1,31 @@
+//! Static assets, compiled into the binary so a node needs no files beside
+//! it and the dashboard works with no internet (no CDN anywhere).
+
+use axum::extract::Path;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// (path under /static/, content type, body)
+const ASSETS: &[(&str, &str, &str)] = &[(
+    "css/muster.css",
+    "text/css; charset=utf-8",
+    include_str!("../../static/css/muster.css"),
+)];
+
+pub async fn serve(Path(path): Path<String>) -> Response {
+    match ASSETS.iter().find(|(p, _, _)| *p == path) {
+        Some((_, ctype, body)) => (
+            [
+                (header::CONTENT_TYPE, *ctype),
+                (header::CACHE_CONTROL, "public, max-age=300"),
+            ],
+            *body,
+        )
+            .into_response(),
+        None => crate::error::ApiError::not_found(format!("no static asset `{path}`")).into_response(),
+    }
+}
+
+pub async fn favicon() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}
