@@ -1,0 +1,445 @@
+//! Test harness: real `redis-server` processes on free ports, in-process
+//! muster nodes on `127.0.0.1:0`, the real binary, and `wait_until`.
+//!
+//! Every server is killed on drop (SIGKILL: fast, and it never saves), so a
+//! failing test leaves nothing behind.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use muster::Running;
+use muster::config::Config;
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// A free TCP port on loopback (bound and released; the caller retries if
+/// someone takes it in between).
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn redis_bin() -> String {
+    std::env::var("MUSTER_TEST_REDIS_BIN").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// A `redis-server` in a temporary directory on a free port.
+pub struct TestRedis {
+    pub port: u16,
+    pub dir: TempDir,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl TestRedis {
+    pub fn start() -> TestRedis {
+        Self::start_with(&[])
+    }
+
+    /// Starts with extra `--name value` arguments (e.g. `["--appendonly", "yes"]`).
+    pub fn start_with(extra: &[&str]) -> TestRedis {
+        let mut dir = tempfile::Builder::new().prefix("muster-redis").tempdir().unwrap();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        for _ in 0..5 {
+            let port = free_port();
+            let mut r = TestRedis {
+                port,
+                dir,
+                child: None,
+                extra: extra.clone(),
+            };
+            if r.spawn() {
+                return r;
+            }
+            dir = r.take_dir();
+        }
+        panic!("could not start redis-server on a free port");
+    }
+
+    fn take_dir(mut self) -> TempDir {
+        self.kill();
+        let dir = tempfile::Builder::new().prefix("muster-redis").tempdir().unwrap();
+        std::mem::replace(&mut self.dir, dir)
+    }
+
+    fn spawn(&mut self) -> bool {
+        let log = self.dir.path().join("redis.log");
+        let mut cmd = Command::new(redis_bin());
+        cmd.args([
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(self.dir.path())
+        .arg("--logfile")
+        .arg(&log)
+        .args(["--appendonly", "no"])
+        .args(&self.extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .expect("redis-server must be installed (apt-get install -y redis-server)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if text.contains("Address already in use") {
+                    return false;
+                }
+                panic!("redis-server exited at start; its log:\n{text}");
+            }
+            if ping(self.port) {
+                self.child = Some(child);
+                return true;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("redis-server did not answer PING within 10 s; its log:\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts again on the same port and directory (AOF data, if enabled, survives).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.spawn() {
+            assert!(Instant::now() < deadline, "port {} stayed busy", self.port);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).unwrap()
+    }
+
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        self.client().get_multiplexed_async_connection().await.unwrap()
+    }
+
+    /// Runs one command and decodes the reply.
+    pub async fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = self.conn().await;
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut c).await.unwrap()
+    }
+
+    pub async fn dbsize(&self) -> i64 {
+        self.cmd(&["DBSIZE"]).await
+    }
+
+    /// Every event in the stream, as (type, node, fields).
+    pub async fn events(&self, prefix: &str) -> Vec<(String, String, Value)> {
+        let mut c = self.conn().await;
+        let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(format!("{{{prefix}}}:events"))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut c)
+            .await
+            .unwrap_or_default();
+        rows.into_iter()
+            .map(|(_, fields)| {
+                let mut ty = String::new();
+                let mut node = String::new();
+                let mut obj = serde_json::Map::new();
+                for (k, v) in fields {
+                    match k.as_str() {
+                        "type" => ty = v,
+                        "node" => node = v,
+                        _ => {
+                            obj.insert(k, Value::String(v));
+                        }
+                    }
+                }
+                (ty, node, Value::Object(obj))
+            })
+            .collect()
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn ping(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 16];
+    matches!(s.read(&mut buf), Ok(n) if n >= 5 && &buf[..5] == b"+PONG")
+}
+
+static NEXT_NODE: AtomicU32 = AtomicU32::new(1);
+
+/// A config for tests: the given Redis, port 0, fast heartbeats, a unique
+/// node id, a private data dir.
+pub fn test_config(redis_url: &str, data_dir: &Path) -> Config {
+    let mut cfg = Config::default();
+    cfg.redis.url = redis_url.to_string();
+    cfg.server.listen = "127.0.0.1:0".into();
+    cfg.server.node_id = format!("n{}-{}", std::process::id(), NEXT_NODE.fetch_add(1, Ordering::Relaxed));
+    cfg.server.data_dir = data_dir.to_path_buf();
+    cfg.nodes.heartbeat_ms = 100;
+    cfg.nodes.ttl_ms = 600;
+    cfg.nodes.dead_retention_ms = 2000;
+    cfg.orphans.interval_ms = 100;
+    cfg.tasks.janitor_interval_ms = 200;
+    cfg
+}
+
+/// An in-process muster node on `127.0.0.1:0`; shut down on drop.
+pub struct TestApp {
+    pub running: Option<Running>,
+    pub url: String,
+    pub node_id: String,
+    pub http: reqwest::Client,
+    pub token: Option<String>,
+    _dir: TempDir,
+}
+
+impl TestApp {
+    pub async fn start(redis: &TestRedis) -> TestApp {
+        Self::start_with(redis, |_| {}).await
+    }
+
+    pub async fn start_with(redis: &TestRedis, tweak: impl FnOnce(&mut Config)) -> TestApp {
+        let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
+        let mut cfg = test_config(&redis.url(), dir.path());
+        tweak(&mut cfg);
+        Self::start_config(cfg, dir).await
+    }
+
+    pub async fn start_config(cfg: Config, dir: TempDir) -> TestApp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let running = muster::start(cfg, listener).await.expect("node starts");
+        TestApp {
+            url: format!("http://{}", running.addr),
+            node_id: running.node_id.clone(),
+            running: Some(running),
+            http: reqwest::Client::new(),
+            token: None,
+            _dir: dir,
+        }
+    }
+
+    pub fn with_token(mut self, token: &str) -> Self {
+        self.token = Some(token.to_string());
+        self
+    }
+
+    pub fn state(&self) -> &muster::app::AppState {
+        &self.running.as_ref().unwrap().state
+    }
+
+    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let mut r = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        r
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        send(self.req(reqwest::Method::GET, path)).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        send(self.req(reqwest::Method::POST, path).json(&body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> (u16, Value) {
+        send(self.req(reqwest::Method::PUT, path).json(&body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        send(self.req(reqwest::Method::DELETE, path)).await
+    }
+
+    /// A raw request builder for headers and bodies the helpers don't cover.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.req(method, path)
+    }
+
+    /// Graceful shutdown: leaves the cluster.
+    pub async fn shutdown(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
+        }
+    }
+
+    /// Stops without leaving, as a crash would.
+    pub async fn kill(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.kill().await;
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.cancel_token().cancel();
+        }
+    }
+}
+
+/// Sends a request; returns the status and the JSON body (Null when empty or
+/// not JSON).
+pub async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let resp = req.send().await.expect("request reaches the node");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Polls `cond` every 20 ms until it holds or `within` passes.
+pub async fn wait_until<F, Fut>(within: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `muster` binary built for these tests.
+pub fn muster_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_muster"))
+}
+
+/// Whether a process with this pid exists (and is not a zombie).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.split_whitespace().nth(2).is_none_or(|s| s != "Z"),
+        Err(_) => false,
+    }
+}
+
+/// sha256 hex of a token, as it goes into [auth] tokens.
+pub fn sha256_hex(token: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A TCP proxy in front of a server that a test can cut: while blocked, it
+/// closes every connection and refuses new ones (accepts and drops them).
+pub struct FaultProxy {
+    pub port: u16,
+    blocked: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    pub async fn start(target_port: u16) -> FaultProxy {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let blocked = Arc::new(AtomicBool::new(false));
+        let generation = Arc::new(AtomicU64::new(0));
+        let (b, g) = (blocked.clone(), generation.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if b.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let my_gen = g.load(Ordering::SeqCst);
+                let g2 = g.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await else {
+                        return;
+                    };
+                    let cut = async {
+                        while g2.load(Ordering::SeqCst) == my_gen {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut => {}
+                    }
+                });
+            }
+        });
+        FaultProxy {
+            port,
+            blocked,
+            generation,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Cuts every open connection and refuses new ones until `unblock`.
+    pub fn block(&self) {
+        self.blocked.store(true, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn unblock(&self) {
+        self.blocked.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,363 @@
+//! The HTTP surface: roles, problem+json for bad input, the body limit,
+//! request ids, the OpenAPI document, and the dashboard's sign-in and CSRF.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::common::*;
+use muster::config::{Role, TokenConfig};
+
+fn tokens() -> Vec<TokenConfig> {
+    [("r", Role::Read), ("w", Role::Worker), ("a", Role::Admin)]
+        .into_iter()
+        .map(|(name, role)| TokenConfig {
+            name: name.into(),
+            role,
+            sha256: sha256_hex(&format!("tok-{name}")),
+        })
+        .collect()
+}
+
+async fn status_as(app: &TestApp, token: Option<&str>, method: Method, path: &str, body: Option<Value>) -> u16 {
+    let mut r = app.http.request(method, format!("{}{path}", app.url));
+    if let Some(t) = token {
+        r = r.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    r.send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_matrix() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let (r, w, a) = (Some("tok-r"), Some("tok-w"), Some("tok-a"));
+    // (method, path, body, [none, bad, read, worker, admin])
+    let cases: Vec<(Method, String, Option<Value>, [u16; 5])> = vec![
+        (Method::GET, "/api/v1/nodes".into(), None, [401, 401, 200, 200, 200]),
+        (Method::GET, "/api/v1/redis".into(), None, [401, 401, 200, 200, 200]),
+        (Method::GET, "/metrics".into(), None, [401, 401, 200, 200, 200]),
+        (Method::GET, "/healthz".into(), None, [200, 200, 200, 200, 200]),
+        (Method::GET, "/readyz".into(), None, [200, 200, 200, 200, 200]),
+        (
+            Method::GET,
+            "/api/v1/openapi.json".into(),
+            None,
+            [200, 200, 200, 200, 200],
+        ),
+        (
+            Method::PUT,
+            "/api/v1/nodes/wk/heartbeat".into(),
+            Some(json!({})),
+            [401, 401, 403, 200, 200],
+        ),
+        (
+            Method::POST,
+            "/api/v1/nodes/wk/drain".into(),
+            None,
+            [401, 401, 403, 403, 204],
+        ),
+    ];
+    for (method, path, body, expected) in cases {
+        let got = [
+            status_as(&app, None, method.clone(), &path, body.clone()).await,
+            status_as(&app, Some("nope"), method.clone(), &path, body.clone()).await,
+            status_as(&app, r, method.clone(), &path, body.clone()).await,
+            status_as(&app, w, method.clone(), &path, body.clone()).await,
+            status_as(&app, a, method.clone(), &path, body.clone()).await,
+        ];
+        assert_eq!(got, expected, "{method} {path}");
+    }
+    // A 403 says which role is needed, as problem+json.
+    let resp = app
+        .http
+        .post(format!("{}/api/v1/nodes/wk/drain", app.url))
+        .bearer_auth("tok-r")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    let body: Value = resp.json().await.unwrap();
+    assert!(body["detail"].as_str().unwrap().contains("admin"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_tokens_means_loopback_only() {
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = test_config(&redis.url(), dir.path());
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let err = muster::start(cfg, listener).await.err().expect("refused");
+    assert!(err.to_string().contains("no [auth] tokens"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_problem_json() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.server.max_body_bytes = 2048).await;
+    let check = |resp: reqwest::Response, status: u16| async move {
+        assert_eq!(resp.status().as_u16(), status);
+        assert_eq!(resp.headers()["content-type"], "application/problem+json");
+        assert!(resp.headers().contains_key("x-request-id"));
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["status"], status);
+        assert!(!body["detail"].as_str().unwrap().is_empty());
+        assert!(body["request_id"].as_str().is_some());
+        body
+    };
+    // malformed JSON
+    let resp = app
+        .request(Method::PUT, "/api/v1/nodes/w1/heartbeat")
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    let body = check(resp, 400).await;
+    assert!(body["detail"].as_str().unwrap().contains("not valid JSON"), "{body}");
+    // wrong field type
+    let resp = app
+        .request(Method::PUT, "/api/v1/nodes/w1/heartbeat")
+        .json(&json!({"ttl_ms": "x"}))
+        .send()
+        .await
+        .unwrap();
+    check(resp, 400).await;
+    // unknown field
+    let resp = app
+        .request(Method::PUT, "/api/v1/nodes/w1/heartbeat")
+        .json(&json!({"tll_ms": 5}))
+        .send()
+        .await
+        .unwrap();
+    let body = check(resp, 400).await;
+    assert!(body["detail"].as_str().unwrap().contains("tll_ms"), "{body}");
+    // not JSON at all
+    let resp = app
+        .request(Method::PUT, "/api/v1/nodes/w1/heartbeat")
+        .header("content-type", "text/plain")
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    check(resp, 415).await;
+    // over the body limit (declared length)
+    let big = json!({"labels": {"k": "v".repeat(4096)}});
+    let resp = app
+        .request(Method::PUT, "/api/v1/nodes/w1/heartbeat")
+        .json(&big)
+        .send()
+        .await
+        .unwrap();
+    check(resp, 413).await;
+    // over the body limit (chunked, no length)
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        vec![Ok(b"{\"addr\":\"".to_vec()), Ok(vec![b'a'; 4096]), Ok(b"\"}".to_vec())];
+    let resp = app
+        .request(Method::PUT, "/api/v1/nodes/w1/heartbeat")
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    check(resp, 413).await;
+    // unknown route and wrong method
+    check(app.request(Method::GET, "/api/v1/nothing").send().await.unwrap(), 404).await;
+    let resp = app.request(Method::DELETE, "/api/v1/nodes").send().await.unwrap();
+    assert!(resp.headers()["allow"].to_str().unwrap().contains("GET"));
+    check(resp, 405).await;
+    // nothing was registered by any of these
+    let (_, list) = app.get("/api/v1/nodes").await;
+    assert!(
+        !list["nodes"].as_array().unwrap().iter().any(|n| n["id"] == "w1"),
+        "{list}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_are_echoed_or_made() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let resp = app
+        .request(Method::GET, "/healthz")
+        .header("x-request-id", "abc-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-request-id"], "abc-123");
+    let resp = app
+        .request(Method::GET, "/healthz")
+        .header("x-request-id", "bad id!")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers()["x-request-id"].len(),
+        26,
+        "a new ULID replaces an unsafe id"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_lists_every_api_route() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let (status, doc) = app.get("/api/v1/openapi.json").await;
+    assert_eq!(status, 200);
+    let paths = doc["paths"].as_object().unwrap();
+    for p in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/api/v1/redis",
+        "/api/v1/openapi.json",
+        "/api/v1/nodes",
+        "/api/v1/nodes/{id}",
+        "/api/v1/nodes/{id}/heartbeat",
+        "/api/v1/nodes/{id}/drain",
+    ] {
+        assert!(paths.contains_key(p), "{p} missing from the OpenAPI document");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_expose_nodes_redis_and_http() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    app.get("/api/v1/nodes").await;
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("muster_redis_call_duration_seconds_bucket"),
+        "redis histogram"
+    );
+    assert!(
+        text.contains("muster_http_requests_total{method=\"GET\",path=\"/api/v1/nodes\""),
+        "by matched path"
+    );
+    assert!(text.contains("muster_nodes{state=\"alive\"}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_sign_in_and_csrf() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let resp = http.get(format!("{}/nodes", app.url)).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    assert_eq!(resp.headers()["location"], "/login");
+    let resp = http
+        .post(format!("{}/login", app.url))
+        .form(&[("token", "wrong")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let resp = http
+        .post(format!("{}/login", app.url))
+        .form(&[("token", "tok-a")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    let cookie = resp.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_string();
+    let page = http
+        .get(format!("{}/nodes", app.url))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains(&app.node_id));
+    let csrf = html
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string();
+    let drain = format!("{}/ui/nodes/{}/drain", app.url, app.node_id);
+    let bad = http
+        .post(&drain)
+        .header("cookie", &session)
+        .form(&[("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status().as_u16(), 403, "a forged CSRF token is refused");
+    let (_, node) = app
+        .request(Method::GET, &format!("/api/v1/nodes/{}", app.node_id))
+        .bearer_auth("tok-r")
+        .send()
+        .await
+        .map(|r| (0, r))
+        .unwrap();
+    let node: Value = node.json().await.unwrap();
+    assert_eq!(node["state"], "alive", "and changed nothing");
+    let ok = http
+        .post(&drain)
+        .header("cookie", &session)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status().as_u16(), 303);
+    // a read-only session cannot drain even with its own CSRF token
+    let resp = http
+        .post(format!("{}/login", app.url))
+        .form(&[("token", "tok-r")])
+        .send()
+        .await
+        .unwrap();
+    let rsession = resp.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let html = http
+        .get(format!("{}/", app.url))
+        .header("cookie", &rsession)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let rcsrf = html
+        .split("data-csrf=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string();
+    let resp = http
+        .post(&drain)
+        .header("cookie", &rsession)
+        .form(&[("csrf", rcsrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 403);
+}

@@ -1,0 +1,8 @@
+//! Integration tests against real Redis servers and real muster nodes.
+//! One binary for all of them, so the crate links once.
+
+mod common;
+
+mod binary;
+mod http_api;
+mod nodes;

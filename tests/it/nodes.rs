@@ -1,0 +1,206 @@
+//! Membership: nodes see each other, the dead are detected by Redis time
+//! and pruned, leaving is immediate, and a Redis outage marks nobody dead.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::*;
+
+fn node_state(list: &Value, id: &str) -> Option<String> {
+    list["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["id"] == id)
+        .map(|n| n["state"].as_str().unwrap_or("").to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_see_each_other() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let b = TestApp::start(&redis).await;
+    let c = TestApp::start(&redis).await;
+    for app in [&a, &b, &c] {
+        let (status, list) = app.get("/api/v1/nodes").await;
+        assert_eq!(status, 200);
+        for id in [&a.node_id, &b.node_id, &c.node_id] {
+            assert_eq!(node_state(&list, id).as_deref(), Some("alive"), "{list}");
+        }
+        assert_eq!(list["alive"], 3);
+    }
+    let events = redis.events("muster").await;
+    let joined = events.iter().filter(|(t, _, _)| t == "node.joined").count();
+    assert_eq!(joined, 3, "one node.joined per node");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_is_dead_within_ttl_plus_heartbeat_then_pruned() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let mut b = TestApp::start(&redis).await;
+    let ttl = Duration::from_millis(600);
+    let heartbeat = Duration::from_millis(100);
+    // Past the start-up grace, so the measurement is of steady state.
+    tokio::time::sleep(ttl).await;
+    let victim = b.node_id.clone();
+    b.kill().await;
+    let killed = Instant::now();
+    let dead = wait_until(Duration::from_secs(5), || async {
+        let (_, list) = a.get("/api/v1/nodes").await;
+        node_state(&list, &victim).as_deref() == Some("dead")
+    })
+    .await;
+    assert!(dead, "the killed node is marked dead");
+    let took = killed.elapsed();
+    // The heartbeat may have been sent just before the kill: dead at most
+    // ttl + one prune interval after it (plus scheduling slack on a busy machine).
+    assert!(
+        took <= ttl + heartbeat + Duration::from_millis(400),
+        "marked dead after {took:?}"
+    );
+    let events = redis.events("muster").await;
+    let dead_events: Vec<_> = events
+        .iter()
+        .filter(|(t, n, _)| t == "node.dead" && *n == victim)
+        .collect();
+    assert_eq!(dead_events.len(), 1, "node.dead is emitted exactly once");
+    // After dead_retention (2 s in tests) it is forgotten.
+    let pruned = wait_until(Duration::from_secs(5), || async {
+        let (_, list) = a.get("/api/v1/nodes").await;
+        node_state(&list, &victim).is_none()
+    })
+    .await;
+    assert!(pruned, "the dead node is pruned after dead_retention_ms");
+    let exists: i64 = redis.cmd(&["EXISTS", &format!("{{muster}}:node:{victim}")]).await;
+    assert_eq!(exists, 0, "its info hash is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_leave_is_seen_at_once() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let mut b = TestApp::start(&redis).await;
+    let id = b.node_id.clone();
+    b.shutdown().await;
+    let (_, list) = a.get("/api/v1/nodes").await;
+    assert_eq!(node_state(&list, &id), None, "gone immediately: {list}");
+    let events = redis.events("muster").await;
+    assert!(events.iter().any(|(t, n, _)| t == "node.left" && *n == id));
+    assert!(
+        !events.iter().any(|(t, _, _)| t == "node.dead"),
+        "a leave is not a death"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_makes_nodes_unready_but_marks_nobody_dead() {
+    // AOF with fsync always, so the registry survives the restart and the
+    // stale scores are really there when Redis returns.
+    let mut redis = TestRedis::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    // b reaches Redis through a proxy, so it can come back later than a.
+    let proxy = FaultProxy::start(redis.port).await;
+    let a = TestApp::start(&redis).await;
+    let b = TestApp::start_with(&redis, |c| c.redis.url = proxy.url()).await;
+    assert_eq!(a.get("/readyz").await.0, 200);
+    redis.kill();
+    proxy.block();
+    let unready = wait_until(Duration::from_secs(5), || async {
+        a.get("/readyz").await.0 == 503 && b.get("/readyz").await.0 == 503
+    })
+    .await;
+    assert!(unready, "both nodes report not-ready while Redis is down");
+    let (_, body) = a.get("/readyz").await;
+    assert!(body["detail"].as_str().unwrap_or("").contains("Redis"), "{body}");
+    // Down for well over a ttl (600 ms): every score is stale on return.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    redis.restart();
+    // a is back at once and prunes; b is back 300 ms later, inside the grace.
+    let a_back = wait_until(Duration::from_secs(10), || async { a.get("/readyz").await.0 == 200 }).await;
+    assert!(a_back);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.unblock();
+    let ready = wait_until(Duration::from_secs(10), || async { b.get("/readyz").await.0 == 200 }).await;
+    assert!(ready, "both nodes recover when Redis returns");
+    // Let several prune passes run after the grace.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let events = redis.events("muster").await;
+    let dead: Vec<_> = events.iter().filter(|(t, _, _)| t == "node.dead").collect();
+    assert!(dead.is_empty(), "nobody was marked dead: {dead:?}");
+    let (_, list) = a.get("/api/v1/nodes").await;
+    assert_eq!(node_state(&list, &a.node_id).as_deref(), Some("alive"));
+    assert_eq!(node_state(&list, &b.node_id).as_deref(), Some("alive"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_workers_join_and_expire() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let (status, hb) = a
+        .put(
+            "/api/v1/nodes/worker-1/heartbeat",
+            serde_json::json!({"ttl_ms": 800, "labels": {"zone": "a"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{hb}");
+    assert_eq!(hb["joined"], true);
+    let (_, hb2) = a
+        .put("/api/v1/nodes/worker-1/heartbeat", serde_json::json!({"ttl_ms": 800}))
+        .await;
+    assert_eq!(hb2["joined"], false);
+    let (_, node) = a.get("/api/v1/nodes/worker-1").await;
+    assert_eq!(node["kind"], "worker");
+    assert_eq!(node["state"], "alive");
+    let dead = wait_until(Duration::from_secs(5), || async {
+        let (_, n) = a.get("/api/v1/nodes/worker-1").await;
+        n["state"] == "dead"
+    })
+    .await;
+    assert!(dead, "a worker that stops heartbeating is dead after its own ttl");
+    // bad ids and ttl
+    assert_eq!(
+        a.put("/api/v1/nodes/bad%20id/heartbeat", serde_json::json!({})).await.0,
+        400
+    );
+    assert_eq!(
+        a.put("/api/v1/nodes/w/heartbeat", serde_json::json!({"ttl_ms": 1}))
+            .await
+            .0,
+        400
+    );
+    assert_eq!(
+        a.put(
+            &format!("/api/v1/nodes/{}/heartbeat", "x".repeat(65)),
+            serde_json::json!({})
+        )
+        .await
+        .0,
+        400
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_is_seen_cluster_wide_and_by_the_node() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let b = TestApp::start(&redis).await;
+    let (status, _) = a.post(&format!("/api/v1/nodes/{}/drain", b.node_id), Value::Null).await;
+    assert_eq!(status, 204);
+    let (_, node) = a.get(&format!("/api/v1/nodes/{}", b.node_id)).await;
+    assert_eq!(node["state"], "draining");
+    let learned = wait_until(Duration::from_secs(3), || async { b.state().health.draining() }).await;
+    assert!(learned, "the drained node learns it from its heartbeat");
+    assert_eq!(a.post("/api/v1/nodes/nobody/drain", Value::Null).await.0, 404);
+    let events = redis.events("muster").await;
+    assert_eq!(events.iter().filter(|(t, _, _)| t == "node.draining").count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_nodes_bounds_the_registry() {
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| c.nodes.max_nodes = 2).await;
+    assert_eq!(a.put("/api/v1/nodes/w1/heartbeat", serde_json::json!({})).await.0, 200);
+    let (status, body) = a.put("/api/v1/nodes/w2/heartbeat", serde_json::json!({})).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("max_nodes"));
+}
