@@ -15,10 +15,12 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::Auth;
 use crate::config::Config;
+use crate::events::Bus;
 use crate::health::Health;
 use crate::nodes::Nodes;
 use crate::store::Store;
 use crate::store::embedded::EmbeddedRedis;
+use crate::tasks::Tasks;
 
 /// Everything a handler may need; cheap to clone.
 #[derive(Clone)]
@@ -29,6 +31,11 @@ pub struct AppState {
     pub advertise: Arc<str>,
     pub store: Store,
     pub nodes: Arc<Nodes>,
+    pub tasks: Arc<Tasks>,
+    pub bus: Arc<Bus>,
+    /// Cancelled when the node starts shutting down: long polls and
+    /// WebSockets end early.
+    pub shutdown: tokio_util::sync::CancellationToken,
     pub health: Arc<Health>,
     pub auth: Arc<Auth>,
     pub metrics: PrometheusHandle,
@@ -68,6 +75,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(crate::system::router())
         .merge(crate::nodes::routes::router())
+        .merge(crate::tasks::routes::router())
 }
 
 /// The whole HTTP surface of a node.

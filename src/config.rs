@@ -172,6 +172,8 @@ pub struct TasksConfig {
     pub dead_retention_ms: u64,
     /// Upper bound on distinct queues.
     pub max_queues: u32,
+    /// Upper bound on groups with a configured limit.
+    pub max_groups: u32,
     /// How often each node trims expired index entries.
     pub janitor_interval_ms: u64,
 }
@@ -187,6 +189,7 @@ impl Default for TasksConfig {
             retention_ms: 24 * 3600 * 1000,
             dead_retention_ms: 7 * 24 * 3600 * 1000,
             max_queues: 1000,
+            max_groups: 10_000,
             janitor_interval_ms: 5000,
         }
     }
@@ -343,6 +346,9 @@ impl Config {
         }
         if t.max_queues == 0 {
             return err("tasks.max_queues", "must be greater than 0");
+        }
+        if t.max_groups == 0 {
+            return err("tasks.max_groups", "must be greater than 0");
         }
         if self.orphans.interval_ms == 0 {
             return err("orphans.interval_ms", "must be greater than 0");

@@ -7,6 +7,10 @@
 //! - [`store`]: the one Redis client (embedded child, standalone, TLS, unix),
 //!   key builders, the Lua script wrapper with its shared prelude.
 //! - [`nodes`]: membership by heartbeat into a sorted set scored by Redis time.
+//! - [`tasks`]: queues, atomic claim with fencing tokens, retries, dead
+//!   letters, idempotency, concurrency groups, retention.
+//! - [`events`]: the cluster event stream, tailed once per node and fanned
+//!   out to local consumers (claim wake-ups, WebSockets).
 //! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
 //!   problem+json errors.
 //! - [`system`]: probes, `/metrics`, the Redis summary, the OpenAPI document.
@@ -22,11 +26,13 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod health;
 pub mod http;
 pub mod nodes;
 pub mod store;
 pub mod system;
+pub mod tasks;
 pub mod validate;
 pub mod web;
 
@@ -190,6 +196,9 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         events_max_len: cfg.events.max_len,
     };
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
+    let tasks = tasks::Tasks::new(store.clone(), cfg.tasks.clone(), &ctx);
+    let bus = events::Bus::new(4096);
+    let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
         Duration::from_millis(cfg.nodes.ttl_ms),
         Duration::from_millis(cfg.nodes.heartbeat_ms),
@@ -202,6 +211,9 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         advertise: advertise.clone().into(),
         store: store.clone(),
         nodes: nodes.clone(),
+        tasks: tasks.clone(),
+        bus: bus.clone(),
+        shutdown: CancellationToken::new(),
         health: health.clone(),
         auth: Arc::new(Auth::new(&cfg.auth)),
         metrics: metrics_handle(),
@@ -233,12 +245,11 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
 
     let cancel = CancellationToken::new();
     let loops_cancel = CancellationToken::new();
-    let loops = vec![nodes::worker::spawn(
-        nodes.clone(),
-        me,
-        health.clone(),
-        loops_cancel.clone(),
-    )];
+    let loops = vec![
+        nodes::worker::spawn(nodes.clone(), me, health.clone(), loops_cancel.clone()),
+        events::tailer::spawn(store.clone(), bus.clone(), tail_from, loops_cancel.clone()),
+        tasks::worker::spawn(tasks.clone(), loops_cancel.clone()),
+    ];
 
     let router = app::router(state.clone());
     let server_cancel = cancel.clone();
@@ -260,6 +271,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
             _ = join_cancel.cancelled() => {}
             _ = join_kill.cancelled() => {
                 tracing::warn!(node = %id, "killed: stopping without leaving the cluster");
+                st.shutdown.cancel();
                 server.abort();
                 loops_cancel.cancel();
                 for l in loops {
@@ -274,6 +286,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         }
         tracing::info!(node = %id, "shutting down");
         st.health.set_stopping();
+        st.shutdown.cancel();
         // Long polls and WebSockets watch the same token; give in-flight
         // requests a bounded time to finish.
         let mut server = server;

@@ -18,7 +18,6 @@ pub mod worker;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use redis::Value;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -383,15 +382,5 @@ fn node_info(id: String, expires_at: i64, info: &BTreeMap<String, String>, now: 
         heartbeat_age_ms: last_seen.map(|s| (now - s).max(0)),
         ttl_ms,
         id,
-    }
-}
-
-/// Decodes a script reply that redis-rs could not type directly.
-pub fn int_of(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
     }
 }

@@ -26,10 +26,20 @@ pub struct Lua {
 
 impl Lua {
     pub fn new(name: &'static str, source: &str, ctx: &ScriptCtx) -> Self {
-        let prelude = PRELUDE
+        Self::with_libs(name, &[], source, ctx)
+    }
+
+    /// A script preceded by the prelude and then by shared helper files (a
+    /// subsystem's `lib.lua`), since Redis scripts cannot include files.
+    pub fn with_libs(name: &'static str, libs: &[&str], source: &str, ctx: &ScriptCtx) -> Self {
+        let mut code = PRELUDE
             .replace("__PREFIX__", &ctx.prefix)
             .replace("__EVENTS_MAXLEN__", &ctx.events_max_len.to_string());
-        let code = format!("{prelude}\n-- script: {name}\n{source}");
+        for lib in libs {
+            code.push('\n');
+            code.push_str(lib);
+        }
+        code.push_str(&format!("\n-- script: {name}\n{source}"));
         Lua {
             name,
             script: redis::Script::new(&code),

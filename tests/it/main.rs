@@ -6,3 +6,4 @@ mod common;
 mod binary;
 mod http_api;
 mod nodes;
+mod tasks;

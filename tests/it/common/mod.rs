@@ -157,18 +157,26 @@ impl TestRedis {
         self.cmd(&["DBSIZE"]).await
     }
 
-    /// Every event in the stream, as (type, node, fields).
+    /// Every event in the stream, as (type, node, fields), read in pages.
     pub async fn events(&self, prefix: &str) -> Vec<(String, String, Value)> {
         let mut c = self.conn().await;
-        let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-            .arg(format!("{{{prefix}}}:events"))
-            .arg("-")
-            .arg("+")
-            .query_async(&mut c)
-            .await
-            .unwrap_or_default();
-        rows.into_iter()
-            .map(|(_, fields)| {
+        let key = format!("{{{prefix}}}:events");
+        let mut out = Vec::new();
+        let mut start = "-".to_string();
+        loop {
+            let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+                .arg(&key)
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let Some(last) = rows.last().map(|r| r.0.clone()) else {
+                break;
+            };
+            for (_, fields) in rows {
                 let mut ty = String::new();
                 let mut node = String::new();
                 let mut obj = serde_json::Map::new();
@@ -181,9 +189,11 @@ impl TestRedis {
                         }
                     }
                 }
-                (ty, node, Value::Object(obj))
-            })
-            .collect()
+                out.push((ty, node, Value::Object(obj)));
+            }
+            start = format!("({last}");
+        }
+        out
     }
 }
 

@@ -1,0 +1,108 @@
+//! The node's one reader of the event stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{Bus, Event};
+use crate::store::{Store, StoreError, classify};
+
+/// A stream entry as XREAD/XRANGE return it.
+pub type Entry = (String, Vec<(String, String)>);
+
+const BLOCK_MS: u64 = 1000;
+const BATCH: usize = 1000;
+
+/// The id of the newest entry, or `0-0` for an empty stream.
+pub async fn last_id(store: &Store) -> Result<String, StoreError> {
+    let rows: Vec<Entry> = store
+        .query(
+            "events_last",
+            redis::cmd("XREVRANGE")
+                .arg(store.keys().events())
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1),
+        )
+        .await?;
+    Ok(rows
+        .into_iter()
+        .next()
+        .map(|(id, _)| id)
+        .unwrap_or_else(|| "0-0".into()))
+}
+
+/// Tails the stream from `start` (exclusive) until `cancel`, publishing every
+/// entry on `bus` in stream order.
+pub fn spawn(store: Store, bus: Arc<Bus>, start: String, cancel: CancellationToken) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let key = store.keys().events();
+        let mut last = start;
+        let mut backoff = Duration::from_millis(50);
+        'reconnect: loop {
+            let mut conn = tokio::select! {
+                c = store.dedicated() => match c {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "event tailer cannot connect; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(backoff) => {}
+                            _ = cancel.cancelled() => return,
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                        continue 'reconnect;
+                    }
+                },
+                _ = cancel.cancelled() => return,
+            };
+            loop {
+                let mut cmd = redis::cmd("XREAD");
+                cmd.arg("COUNT")
+                    .arg(BATCH)
+                    .arg("BLOCK")
+                    .arg(BLOCK_MS)
+                    .arg("STREAMS")
+                    .arg(&key)
+                    .arg(&last);
+                let read = tokio::time::timeout(
+                    Duration::from_millis(BLOCK_MS) + store.timeout(),
+                    cmd.query_async::<Option<Vec<(String, Vec<Entry>)>>>(&mut conn),
+                );
+                let res = tokio::select! {
+                    r = read => r,
+                    _ = cancel.cancelled() => return,
+                };
+                match res {
+                    Ok(Ok(reply)) => {
+                        backoff = Duration::from_millis(50);
+                        for (_, entries) in reply.unwrap_or_default() {
+                            for (id, fields) in entries {
+                                last = id.clone();
+                                metrics::counter!("muster_events_read_total").increment(1);
+                                bus.publish(Arc::new(Event::from_fields(id, fields)));
+                            }
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %classify(&e), resume_after = %last, "event tailer lost Redis; resuming");
+                        break;
+                    }
+                    Err(_) => {
+                        tracing::warn!(resume_after = %last, "event tailer read timed out; reconnecting");
+                        break;
+                    }
+                }
+            }
+            // Whatever happened while we were away may have made tasks claimable.
+            bus.wakers.wake_all();
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = cancel.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    })
+}

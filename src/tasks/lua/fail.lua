@@ -1,0 +1,38 @@
+-- fail.lua: the holder of the current token reports a failed execution.
+--
+-- With attempts left (and the failure retryable) the task is retried after an
+-- exponential backoff with jitter; otherwise it is dead. A task whose cancel was
+-- requested is cancelled instead.
+--
+-- KEYS[1]  P:task:<id>
+-- ARGV[1]  id
+-- ARGV[2]  token (decimal)
+-- ARGV[3]  error message
+-- ARGV[4]  retryable: '1' or '0'
+-- ARGV[5]  jitter in [0, 1), drawn by the caller
+-- ARGV[6]  retention_ms (cancelled)
+-- ARGV[7]  dead_retention_ms
+--
+-- Returns {code, state, attempt, run_at}
+--   code  1 failed (state 'delayed' with run_at, or 'dead'), 2 cancelled,
+--         -1 stale token or not running, -2 unknown task
+-- Emits task.failed, then task.retrying, task.dead or task.cancelled.
+local id, token, err, retryable, jitter = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', tonumber(ARGV[5])
+local retention, dead_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+local now = now_ms()
+local f = redis.call('HMGET', KEYS[1], 'state', 'token', 'queue', 'group', 'owner', 'attempts', 'max_attempts',
+  'backoff_base', 'backoff_cap', 'cancel_requested')
+if not f[1] then return {-2, '', 0, 0} end
+if f[1] ~= 'running' or f[2] ~= token then return {-1, f[1], tonumber(f[6]), 0} end
+local q, g, owner, attempt = f[3], f[4] or '', f[5], tonumber(f[6])
+release_running(id, q, g, owner)
+redis.call('HSET', KEYS[1], 'error', err, 'e' .. attempt, now .. '|failed')
+emit('task.failed', now, owner, subj(id, q, g), {attempt = attempt, error = string.sub(err, 1, 200)})
+if f[10] == '1' then
+  finish(id, q, 'cancelled', now, retention)
+  emit('task.cancelled', now, owner, {'task', id, 'queue', q}, {attempt = attempt})
+  return {2, 'cancelled', attempt, 0}
+end
+local state, run_at = fail_or_retry(id, q, attempt, tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), jitter,
+  retryable, now, dead_ttl, owner, 'failed')
+return {1, state, attempt, run_at}

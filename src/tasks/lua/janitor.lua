@@ -1,0 +1,32 @@
+-- janitor.lua: one queue's periodic upkeep, run by every node (idempotent):
+-- promotes due delayed tasks, trims finished tasks past retention from the
+-- indexes (their hashes expire by TTL), and forgets an empty, unpaused queue.
+--
+-- KEYS[1]  P:q:<queue>:meta
+-- ARGV[1]  queue
+-- ARGV[2]  retention_ms (succeeded, cancelled)
+-- ARGV[3]  dead_retention_ms
+-- ARGV[4]  '1' to also trim the cross-queue dead index P:dead (once per pass)
+--
+-- Returns {promoted, trimmed, forgotten (1 or 0), queued, delayed, running, dead}
+local q, retention, dead_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = now_ms()
+local promoted = promote_due(q, now, 1000)
+local trimmed = redis.call('ZREMRANGEBYSCORE', qkey(q, 'succeeded'), '-inf', now - retention)
+  + redis.call('ZREMRANGEBYSCORE', qkey(q, 'cancelled'), '-inf', now - retention)
+  + redis.call('ZREMRANGEBYSCORE', qkey(q, 'dead'), '-inf', now - dead_ttl)
+if ARGV[4] == '1' then redis.call('ZREMRANGEBYSCORE', P .. ':dead', '-inf', now - dead_ttl) end
+local counts = {}
+local total = 0
+for i, s in ipairs({'queued', 'delayed', 'running', 'dead', 'succeeded', 'cancelled'}) do
+  counts[i] = redis.call('ZCARD', qkey(q, s))
+  total = total + counts[i]
+end
+local forgotten = 0
+if total == 0 and redis.call('HGET', KEYS[1], 'paused') ~= '1'
+   and redis.call('EXISTS', qkey(q, 'ready')) == 0 then
+  redis.call('SREM', P .. ':queues', q)
+  redis.call('DEL', KEYS[1])
+  forgotten = 1
+end
+return {promoted, trimmed, forgotten, counts[1], counts[2], counts[3], counts[4]}

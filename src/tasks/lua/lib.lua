@@ -1,0 +1,181 @@
+-- lib.lua: task helpers shared by every task script (prepended after the prelude).
+--
+-- Key layout (P is the hash-tagged prefix; q a queue, g a group, id a task id):
+--   P:task:<id>             hash   the task; TTL once finished (retention)
+--   P:queues                set    known queue names (bounded by max_queues)
+--   P:q:<q>:meta            hash   paused flag
+--   P:q:<q>:queued          zset   queued tasks, by order score (listing, counts)
+--   P:q:<q>:ready           zset   what a claim looks at: ungrouped queued tasks, and one
+--                                  token "~g:<g>" per group that has room and queued tasks,
+--                                  scored by that group's head (no head-of-line blocking)
+--   P:q:<q>:g:<g>           zset   queued tasks of group g in q, FIFO by order score
+--   P:q:<q>:delayed         zset   delayed and retrying tasks, by run_at (Redis ms)
+--   P:q:<q>:running         zset   running tasks, by start time
+--   P:q:<q>:succeeded|cancelled|dead  zset  finished tasks, by finish time (trimmed)
+--   P:dead                  zset   dead tasks of every queue, by finish time (trimmed)
+--   P:group_limits          hash   group -> limit (bounded by max_groups)
+--   P:group:<g>:running     set    running task ids of g, cluster-wide (the slots)
+--   P:group:<g>:queues      set    queues that hold queued tasks of g
+--   P:q:<q>:groups          set    groups that have queued tasks in q
+--   P:node:<node>:tasks     set    running task ids owned by a node (orphan cleaner)
+--   P:deadlines             zset   running tasks with a timeout, by deadline
+--   P:fence, P:epoch        string the fencing counter and epoch
+--   P:seq, P:fseq           string order counters (back and front of a queue)
+--   P:idem:<key>            string idempotency key -> task id; TTL the window
+--   P:alias:<alias>         string alias -> task id; TTL once the task finished
+--
+-- Order score: (1000 - priority) * 2^42 + 2^41 + seq, with seq > 0 for the back of
+-- the queue and < 0 for the front: higher priority first, then FIFO. Exact below 2^53.
+local TWO42 = 4398046511104
+local TWO41 = 2199023255552
+local TWO32 = 4294967296
+local GROUP_LIMITS = P .. ':group_limits'
+local DEADLINES = P .. ':deadlines'
+
+local function tkey(id) return P .. ':task:' .. id end
+local function qkey(q, s) return P .. ':q:' .. q .. ':' .. s end
+local function gqkey(q, g) return P .. ':q:' .. q .. ':g:' .. g end
+local function grunning(g) return P .. ':group:' .. g .. ':running' end
+local function gqueues(g) return P .. ':group:' .. g .. ':queues' end
+local function ntasks(node) return P .. ':node:' .. node .. ':tasks' end
+
+-- Event subjects of a task; the group is included so that nodes can wake
+-- claimers of every queue when a group slot frees up.
+local function subj(id, q, g)
+  if g and g ~= '' then return {'task', id, 'queue', q, 'group', g} end
+  return {'task', id, 'queue', q}
+end
+
+local function order_score(priority, front)
+  local seq
+  if front then
+    seq = -redis.call('INCR', P .. ':fseq')
+  else
+    seq = redis.call('INCR', P .. ':seq')
+  end
+  return (1000 - priority) * TWO42 + TWO41 + seq
+end
+
+-- The next fencing token: epoch in the high bits, a counter below 2^32. When an
+-- epoch's counter space is used up the epoch advances, so tokens only grow.
+local function next_token()
+  local epoch = tonumber(redis.call('GET', P .. ':epoch') or '1')
+  local c = redis.call('INCR', P .. ':fence')
+  if c >= TWO32 then
+    epoch = epoch + 1
+    redis.call('SET', P .. ':epoch', epoch)
+    redis.call('SET', P .. ':fence', 1)
+    c = 1
+  end
+  return epoch * TWO32 + c
+end
+
+local function group_has_room(g)
+  local limit = redis.call('HGET', GROUP_LIMITS, g)
+  if not limit then return true end
+  return redis.call('SCARD', grunning(g)) < tonumber(limit)
+end
+
+-- Publishes group g's token in q's ready set at the score of g's head, or removes it
+-- when g has no queued task in q or no free slot.
+local function refresh_group_token(q, g)
+  local token = '~g:' .. g
+  local head = redis.call('ZRANGE', gqkey(q, g), 0, 0, 'WITHSCORES')
+  if #head == 0 then
+    redis.call('ZREM', qkey(q, 'ready'), token)
+    redis.call('SREM', gqueues(g), q)
+    redis.call('SREM', qkey(q, 'groups'), g)
+  elseif group_has_room(g) then
+    redis.call('ZADD', qkey(q, 'ready'), head[2], token)
+  else
+    redis.call('ZREM', qkey(q, 'ready'), token)
+  end
+end
+
+local function refresh_group_everywhere(g)
+  local qs = redis.call('SMEMBERS', gqueues(g))
+  for i = 1, #qs do refresh_group_token(qs[i], g) end
+end
+
+-- Makes a task queued (claimable) at `score`.
+local function make_queued(id, q, g, score, now)
+  redis.call('ZADD', qkey(q, 'queued'), score, id)
+  if g ~= '' then
+    redis.call('ZADD', gqkey(q, g), score, id)
+    redis.call('SADD', gqueues(g), q)
+    redis.call('SADD', qkey(q, 'groups'), g)
+    refresh_group_token(q, g)
+  else
+    redis.call('ZADD', qkey(q, 'ready'), score, id)
+  end
+  redis.call('HSET', tkey(id), 'state', 'queued', 'order', score, 'updated_at', now)
+end
+
+-- Takes a queued task out of the claim structures.
+local function unqueue(id, q, g)
+  redis.call('ZREM', qkey(q, 'queued'), id)
+  if g ~= '' then
+    redis.call('ZREM', gqkey(q, g), id)
+    refresh_group_token(q, g)
+  else
+    redis.call('ZREM', qkey(q, 'ready'), id)
+  end
+end
+
+-- Frees everything a running task holds: its place in the running set, its owner's
+-- index, its deadline, and its group slot (which may let the group's next task run).
+local function release_running(id, q, g, owner)
+  redis.call('ZREM', qkey(q, 'running'), id)
+  if owner and owner ~= '' then redis.call('SREM', ntasks(owner), id) end
+  redis.call('ZREM', DEADLINES, id)
+  if g ~= '' then
+    redis.call('SREM', grunning(g), id)
+    refresh_group_everywhere(g)
+  end
+end
+
+-- Moves a task to a terminal state and starts its retention clock.
+local function finish(id, q, state, now, ttl)
+  redis.call('ZADD', qkey(q, state), now, id)
+  if state == 'dead' then redis.call('ZADD', P .. ':dead', now, id) end
+  redis.call('HSET', tkey(id), 'state', state, 'finished_at', now, 'updated_at', now)
+  redis.call('PEXPIRE', tkey(id), ttl)
+  local alias = redis.call('HGET', tkey(id), 'alias')
+  if alias and alias ~= '' then redis.call('PEXPIRE', P .. ':alias:' .. alias, ttl) end
+end
+
+-- Moves due delayed tasks of q to queued (at most `limit`). Returns how many.
+local function promote_due(q, now, limit)
+  local due = redis.call('ZRANGEBYSCORE', qkey(q, 'delayed'), '-inf', now, 'LIMIT', 0, limit)
+  for i = 1, #due do
+    local id = due[i]
+    redis.call('ZREM', qkey(q, 'delayed'), id)
+    local f = redis.call('HMGET', tkey(id), 'priority', 'group', 'state')
+    if f[1] and f[3] == 'delayed' then
+      make_queued(id, q, f[2] or '', order_score(tonumber(f[1]), false), now)
+    end
+  end
+  return #due
+end
+
+-- Retry delay: base * 2^(attempt-1), capped, with jitter in [half, full] of it.
+local function backoff_ms(attempt, base, cap, jitter)
+  local d = base * math.pow(2, attempt - 1)
+  if d > cap then d = cap end
+  return math.floor(d * (0.5 + 0.5 * jitter))
+end
+
+-- After a failed execution: retry later (attempts left, retryable) or dead.
+-- Returns the new state ('delayed' or 'dead') and the retry time (or 0).
+local function fail_or_retry(id, q, attempt, max_attempts, base, cap, jitter, retryable, now, dead_ttl, node, reason)
+  if retryable and attempt < max_attempts then
+    local run_at = now + backoff_ms(attempt, base, cap, jitter)
+    redis.call('ZADD', qkey(q, 'delayed'), run_at, id)
+    redis.call('HSET', tkey(id), 'state', 'delayed', 'run_at', run_at, 'updated_at', now)
+    emit('task.retrying', now, node, {'task', id, 'queue', q}, {attempt = attempt, run_at = run_at, reason = reason})
+    return 'delayed', run_at
+  end
+  finish(id, q, 'dead', now, dead_ttl)
+  emit('task.dead', now, node, {'task', id, 'queue', q}, {attempt = attempt, reason = reason})
+  return 'dead', 0
+end

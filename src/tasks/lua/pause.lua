@@ -1,0 +1,22 @@
+-- pause.lua: pauses or resumes a queue; a paused queue hands out no tasks.
+--
+-- KEYS[1]  P:q:<queue>:meta
+-- ARGV[1]  queue
+-- ARGV[2]  '1' pause, '0' resume
+-- ARGV[3]  actor, for the event
+-- ARGV[4]  max_queues
+--
+-- Returns 1 changed, 0 already so, -2 too many queues.
+-- Emits queue.paused or queue.resumed when it changed.
+local q, paused, actor = ARGV[1], ARGV[2], ARGV[3]
+if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
+  if redis.call('SCARD', P .. ':queues') >= tonumber(ARGV[4]) then return -2 end
+  redis.call('SADD', P .. ':queues', q)
+end
+local cur = redis.call('HGET', KEYS[1], 'paused') or '0'
+if cur == paused then return 0 end
+redis.call('HSET', KEYS[1], 'paused', paused)
+local etype = 'queue.resumed'
+if paused == '1' then etype = 'queue.paused' end
+emit(etype, now_ms(), actor, {'queue', q}, nil)
+return 1
