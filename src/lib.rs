@@ -24,6 +24,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod bench;
 pub mod config;
 pub mod error;
 pub mod events;

@@ -26,6 +26,45 @@ enum Command {
     Serve(ServeArgs),
     /// Print the effective configuration (defaults, file, environment, flags) as TOML.
     Config(ServeArgs),
+    /// Measure end-to-end task throughput through a running node.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Clone)]
+struct BenchArgs {
+    /// The node to drive.
+    #[arg(long, default_value = "http://127.0.0.1:7700")]
+    url: String,
+    /// Bearer token (or MUSTER_TOKEN).
+    #[arg(long, env = "MUSTER_TOKEN")]
+    token: Option<String>,
+    /// Tasks in the peak phase.
+    #[arg(long, default_value_t = 50_000)]
+    tasks: usize,
+    /// Concurrent REST workers (batch claim + batch complete).
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Tasks per submit, claim and complete request.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Concurrent submitters.
+    #[arg(long, default_value_t = 2)]
+    producers: usize,
+    /// Queue to use (a -warm and a -half queue are used too).
+    #[arg(long, default_value = "bench")]
+    queue: String,
+    /// Redis for INFO and redis-benchmark; default: the node's own.
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// Skip the half-load latency phase.
+    #[arg(long)]
+    no_half_load: bool,
+    /// Skip the redis-benchmark baseline.
+    #[arg(long)]
+    no_baseline: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Clone, Default)]
@@ -87,6 +126,7 @@ fn main() -> ExitCode {
     };
     match command {
         Command::Serve(args) => runtime.block_on(serve(merge(&cli.serve, args))),
+        Command::Bench(args) => runtime.block_on(bench(args)),
         Command::Config(args) => match load_config(&merge(&cli.serve, args)) {
             Ok(cfg) => {
                 match toml_string(&cfg) {
@@ -151,6 +191,39 @@ async fn serve(args: ServeArgs) -> ExitCode {
     shutdown_signal().await;
     running.shutdown().await;
     ExitCode::SUCCESS
+}
+
+async fn bench(a: BenchArgs) -> ExitCode {
+    if a.tasks == 0 || a.workers == 0 || !(1..=1000).contains(&a.batch) {
+        eprintln!("muster bench: --tasks and --workers must be positive and --batch between 1 and 1000");
+        return ExitCode::from(2);
+    }
+    let opts = muster::bench::BenchOptions {
+        url: a.url,
+        token: a.token,
+        tasks: a.tasks,
+        workers: a.workers,
+        batch: a.batch,
+        producers: a.producers,
+        queue: a.queue,
+        redis_url: a.redis_url,
+        skip_half_load: a.no_half_load,
+        skip_baseline: a.no_baseline,
+    };
+    match muster::bench::run(opts).await {
+        Ok(report) => {
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            } else {
+                print!("{}", muster::bench::render(&report));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("muster bench: {e:#}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -28,56 +28,61 @@ pub struct Event {
     pub node: String,
     /// Subject ids: task, queue, group, schedule, barrier, workflow, ...
     pub subjects: BTreeMap<String, String>,
-    /// The event as JSON text: `{"id", "type", "ts", "node", <subjects>, "data"}`.
-    pub json: Arc<str>,
+    /// The `data` field as stored (JSON text).
+    pub data: String,
+    /// The event as JSON text, built on first use (most events are only
+    /// looked at for their queue, to wake claimers).
+    json: std::sync::OnceLock<Arc<str>>,
 }
 
 impl Event {
     /// Builds an event from a stream entry's fields.
     pub fn from_fields(id: String, fields: Vec<(String, String)>) -> Event {
         let mut kind = String::new();
-        let mut ts = 0;
+        // The stream id's millisecond part is the Redis time of the event.
+        let ts = id.split('-').next().and_then(|ms| ms.parse().ok()).unwrap_or(0);
         let mut node = String::new();
-        let mut data = Value::Null;
+        let mut data = String::new();
         let mut subjects = BTreeMap::new();
         for (k, v) in fields {
             match k.as_str() {
                 "type" => kind = v,
-                "ts" => ts = v.parse().unwrap_or(0),
                 "node" => node = v,
-                "data" => data = serde_json::from_str(&v).unwrap_or(Value::String(v)),
+                "data" => data = v,
                 _ => {
                     subjects.insert(k, v);
                 }
             }
         }
-        // Lua's cjson encodes an empty table as {} and an array-like one as
-        // [...]; an empty data object reads as {}.
-        let mut obj = Map::new();
-        obj.insert("id".into(), Value::String(id.clone()));
-        obj.insert("type".into(), Value::String(kind.clone()));
-        obj.insert("ts".into(), Value::from(ts));
-        obj.insert("node".into(), Value::String(node.clone()));
-        for (k, v) in &subjects {
-            obj.insert(k.clone(), Value::String(v.clone()));
-        }
-        obj.insert(
-            "data".into(),
-            if data.is_null() {
-                Value::Object(Map::new())
-            } else {
-                data
-            },
-        );
-        let json: Arc<str> = Value::Object(obj).to_string().into();
         Event {
             id,
             kind,
             ts,
             node,
             subjects,
-            json,
+            data,
+            json: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The event as JSON: `{"id", "type", "ts", "node", <subjects>, "data"}`.
+    pub fn json(&self) -> Arc<str> {
+        self.json
+            .get_or_init(|| {
+                let mut obj = Map::new();
+                obj.insert("id".into(), Value::String(self.id.clone()));
+                obj.insert("type".into(), Value::String(self.kind.clone()));
+                obj.insert("ts".into(), Value::from(self.ts));
+                obj.insert("node".into(), Value::String(self.node.clone()));
+                for (k, v) in &self.subjects {
+                    obj.insert(k.clone(), Value::String(v.clone()));
+                }
+                // Lua's cjson encodes an empty table as {}; a missing field reads as {}.
+                let data = serde_json::from_str(&self.data).unwrap_or_else(|_| Value::Object(Map::new()));
+                obj.insert("data".into(), data);
+                Value::Object(obj).to_string().into()
+            })
+            .clone()
     }
 
     pub fn subject(&self, name: &str) -> Option<&str> {

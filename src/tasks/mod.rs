@@ -266,6 +266,8 @@ struct Scripts {
     pause: Lua,
     set_group: Lua,
     janitor: Lua,
+    counts: Lua,
+    list_queued: Lua,
 }
 
 /// Bounds the `queue` label of metrics: the first 100 queues seen get their
@@ -321,6 +323,12 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// The i-th element of a script reply, or Nil: a short reply is decoded as
+/// absent fields, never a panic.
+fn at(reply: &[Value], i: usize) -> &Value {
+    reply.get(i).unwrap_or(&Value::Nil)
+}
+
 fn raw(json: &str) -> Box<RawValue> {
     RawValue::from_string(json.to_string())
         .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("null is JSON"))
@@ -345,6 +353,8 @@ impl Tasks {
             pause: l("queue_pause", include_str!("lua/pause.lua")),
             set_group: l("group_set", include_str!("lua/set_group.lua")),
             janitor: l("queue_janitor", include_str!("lua/janitor.lua")),
+            counts: l("queue_counts", include_str!("lua/counts.lua")),
+            list_queued: l("queue_list_queued", include_str!("lua/list_queued.lua")),
         };
         Arc::new(Tasks {
             store,
@@ -400,12 +410,12 @@ impl Tasks {
         }
         let reply: Vec<Value> = self
             .store
-            .eval(&self.scripts.enqueue, &[self.qkey(queue, "queued")], &args)
+            .eval(&self.scripts.enqueue, &[self.qkey(queue, "ready")], &args)
             .await?;
         let label = self.labels.label(queue);
         let mut out = Vec::with_capacity(items.len());
         for chunk in reply.chunks(3) {
-            let (code, id, state) = (int(&chunk[0]), text(&chunk[1]), text(&chunk[2]));
+            let (code, id, state) = (int(at(chunk, 0)), text(at(chunk, 1)), text(at(chunk, 2)));
             out.push(match code {
                 1 => {
                     metrics::counter!("muster_tasks_enqueued_total", "queue" => label.clone()).increment(1);
@@ -441,18 +451,18 @@ impl Tasks {
             if c.len() < 9 {
                 break;
             }
-            let group = text(&c[6]);
+            let group = text(at(c, 6));
             tasks.push(Claimed {
-                id: text(&c[0]),
+                id: text(at(c, 0)),
                 queue: queue.to_string(),
-                token: int(&c[1]) as u64,
-                attempt: int(&c[2]) as u32,
-                payload: raw(&text(&c[3])),
-                max_attempts: int(&c[4]) as u32,
-                timeout_ms: int(&c[5]) as u64,
+                token: int(at(c, 1)) as u64,
+                attempt: int(at(c, 2)) as u32,
+                payload: raw(&text(at(c, 3))),
+                max_attempts: int(at(c, 4)) as u32,
+                timeout_ms: int(at(c, 5)) as u64,
                 group: (!group.is_empty()).then_some(group),
-                priority: int(&c[7]) as i32,
-                created_at: int(&c[8]),
+                priority: int(at(c, 7)) as i32,
+                created_at: int(at(c, 8)),
             });
         }
         if !tasks.is_empty() {
@@ -476,7 +486,7 @@ impl Tasks {
         let mut out = Vec::with_capacity(items.len());
         let mut done = 0u64;
         for ((id, _, _), c) in items.iter().zip(reply.chunks(3)) {
-            let (code, state, attempt) = (int(&c[0]), text(&c[1]), int(&c[2]));
+            let (code, state, attempt) = (int(at(c, 0)), text(at(c, 1)), int(at(c, 2)));
             out.push(match code {
                 1 => {
                     done += 1;
@@ -516,7 +526,12 @@ impl Tasks {
                 ],
             )
             .await?;
-        let (code, state, attempt, run_at) = (int(&reply[0]), text(&reply[1]), int(&reply[2]), int(&reply[3]));
+        let (code, state, attempt, run_at) = (
+            int(at(&reply, 0)),
+            text(at(&reply, 1)),
+            int(at(&reply, 2)),
+            int(at(&reply, 3)),
+        );
         match code {
             -2 => Err(TaskError::NotFound(id.into())),
             -1 => Err(stale(id, state, attempt)),
@@ -556,10 +571,10 @@ impl Tasks {
                 ],
             )
             .await?;
-        match int(&reply[0]) {
+        match int(at(&reply, 0)) {
             -2 => Err(TaskError::NotFound(id.into())),
-            -1 => Err(stale(id, text(&reply[1]), 0)),
-            _ => Ok(int(&reply[2]) == 1),
+            -1 => Err(stale(id, text(at(&reply, 1)), 0)),
+            _ => Ok(int(at(&reply, 2)) == 1),
         }
     }
 
@@ -574,17 +589,17 @@ impl Tasks {
                 &[id.into(), self.cfg.retention_ms.to_string(), actor.into()],
             )
             .await?;
-        match int(&reply[0]) {
+        match int(at(&reply, 0)) {
             -2 => Err(TaskError::NotFound(id.into())),
             0 => Err(TaskError::Conflict {
                 message: format!(
                     "task {id} is already {}; only queued, delayed and running tasks can be cancelled",
-                    text(&reply[1])
+                    text(at(&reply, 1))
                 ),
-                state: text(&reply[1]),
+                state: text(at(&reply, 1)),
                 attempt: 0,
             }),
-            _ => Ok(text(&reply[1])),
+            _ => Ok(text(at(&reply, 1))),
         }
     }
 
@@ -594,11 +609,11 @@ impl Tasks {
             .store
             .eval(&self.scripts.retry, &[self.tkey(id)], &[id.into(), actor.into()])
             .await?;
-        match int(&reply[0]) {
+        match int(at(&reply, 0)) {
             -2 => Err(TaskError::NotFound(id.into())),
             0 => Err(TaskError::Conflict {
-                message: format!("task {id} is {}; only dead tasks can be retried", text(&reply[1])),
-                state: text(&reply[1]),
+                message: format!("task {id} is {}; only dead tasks can be retried", text(at(&reply, 1))),
+                state: text(at(&reply, 1)),
                 attempt: 0,
             }),
             _ => Ok(()),
@@ -611,11 +626,11 @@ impl Tasks {
             .store
             .eval(&self.scripts.delete, &[self.tkey(id)], &[id.into(), actor.into()])
             .await?;
-        match int(&reply[0]) {
+        match int(at(&reply, 0)) {
             -2 => Err(TaskError::NotFound(id.into())),
             0 => Err(TaskError::Conflict {
-                message: format!("task {id} is {}; cancel it before deleting it", text(&reply[1])),
-                state: text(&reply[1]),
+                message: format!("task {id} is {}; cancel it before deleting it", text(at(&reply, 1))),
+                state: text(at(&reply, 1)),
                 attempt: 0,
             }),
             _ => Ok(()),
@@ -682,16 +697,36 @@ impl Tasks {
         let maps: Vec<BTreeMap<String, String>> = self.store.pipe("task_get", &p).await?;
         Ok(maps
             .iter()
-            .map(|m| if m.is_empty() { None } else { Some(task_from(m)) })
+            .zip(ids)
+            .map(|(m, id)| if m.is_empty() { None } else { Some(task_from(id, m)) })
             .collect())
     }
 
     /// Tasks of `queue` in `state`, a page at a time. Queued tasks are listed
     /// in claim order; the others newest first.
     pub async fn list(&self, queue: &str, state: &str, limit: usize, cursor: usize) -> Result<TaskPage, TaskError> {
+        if state == "queued" {
+            let reply: Vec<Value> = self
+                .store
+                .eval(
+                    &self.scripts.list_queued,
+                    &[self.qkey(queue, "ready")],
+                    &[queue.to_string(), cursor.to_string(), (limit + 1).to_string()],
+                )
+                .await?;
+            let total = reply.first().map(int).unwrap_or(0) as u64;
+            let mut ids: Vec<String> = reply.iter().skip(1).map(text).collect();
+            let more = ids.len() > limit;
+            ids.truncate(limit);
+            let tasks = self.get_many(&ids).await?.into_iter().flatten().collect();
+            return Ok(TaskPage {
+                tasks,
+                next_cursor: more.then(|| (cursor + limit).to_string()),
+                total,
+            });
+        }
         let key = self.qkey(queue, state);
-        self.page(&key, state == "queued" || state == "delayed", limit, cursor)
-            .await
+        self.page(&key, state == "delayed", limit, cursor).await
     }
 
     /// Dead tasks of every queue, newest first.
@@ -721,44 +756,37 @@ impl Tasks {
     /// Every known queue with its counts, in two pipelined round trips.
     pub async fn queues(&self) -> Result<Vec<QueueStats>, TaskError> {
         let k = self.store.keys();
-        let mut p = redis::pipe();
-        p.cmd("TIME").cmd("SMEMBERS").arg(format!("{}:queues", k.prefix()));
-        let ((secs, micros), mut names): ((i64, i64), Vec<String>) = self.store.pipe("queues_list", &p).await?;
+        let mut names: Vec<String> = self
+            .store
+            .query(
+                "queues_list",
+                redis::cmd("SMEMBERS").arg(format!("{}:queues", k.prefix())),
+            )
+            .await?;
         names.sort();
-        let now = secs * 1000 + micros / 1000;
-        self.stats_for(&names, now).await
+        self.stats_for(&names).await
     }
 
-    /// Counts of the named queues as of Redis time `now`.
-    pub async fn stats_for(&self, names: &[String], now: i64) -> Result<Vec<QueueStats>, TaskError> {
+    /// Counts of the named queues, read atomically.
+    pub async fn stats_for(&self, names: &[String]) -> Result<Vec<QueueStats>, TaskError> {
         if names.is_empty() {
             return Ok(Vec::new());
         }
-        let since = now - 60_000;
-        let mut p = redis::pipe();
-        for q in names {
-            for s in ["queued", "delayed", "running", "dead", "succeeded", "cancelled"] {
-                p.cmd("ZCARD").arg(self.qkey(q, s));
-            }
-            for s in ["succeeded", "cancelled", "dead"] {
-                p.cmd("ZCOUNT").arg(self.qkey(q, s)).arg(since).arg("+inf");
-            }
-            p.cmd("HGET").arg(self.qkey(q, "meta")).arg("paused");
-        }
-        let vals: Vec<Value> = self.store.pipe("queues_stats", &p).await?;
+        let key = format!("{}:queues", self.store.keys().prefix());
+        let vals: Vec<Value> = self.store.eval(&self.scripts.counts, &[key], names).await?;
         Ok(names
             .iter()
-            .zip(vals.chunks(10))
+            .zip(vals.get(1..).unwrap_or(&[]).chunks(10))
             .map(|(q, c)| QueueStats {
                 name: q.clone(),
-                queued: int(&c[0]) as u64,
-                delayed: int(&c[1]) as u64,
-                running: int(&c[2]) as u64,
-                dead: int(&c[3]) as u64,
-                succeeded: int(&c[4]) as u64,
-                cancelled: int(&c[5]) as u64,
-                finished_last_minute: (int(&c[6]) + int(&c[7]) + int(&c[8])) as u64,
-                paused: text(&c[9]) == "1",
+                queued: int(at(c, 0)) as u64,
+                delayed: int(at(c, 1)) as u64,
+                running: int(at(c, 2)) as u64,
+                dead: int(at(c, 3)) as u64,
+                succeeded: int(at(c, 4)) as u64,
+                cancelled: int(at(c, 5)) as u64,
+                finished_last_minute: int(at(c, 6)) as u64,
+                paused: text(at(c, 7)) == "1",
             })
             .collect())
     }
@@ -854,7 +882,7 @@ fn stale(id: &str, state: String, attempt: i64) -> TaskError {
 }
 
 /// Builds a task from its hash.
-fn task_from(m: &BTreeMap<String, String>) -> Task {
+fn task_from(id: &str, m: &BTreeMap<String, String>) -> Task {
     let num = |f: &str| m.get(f).and_then(|v| v.parse::<i64>().ok());
     let attempts = num("attempts").unwrap_or(0) as u32;
     let mut attempt_log = Vec::new();
@@ -877,7 +905,7 @@ fn task_from(m: &BTreeMap<String, String>) -> Task {
         });
     }
     Task {
-        id: m.get("id").cloned().unwrap_or_default(),
+        id: id.to_string(),
         queue: m.get("queue").cloned().unwrap_or_default(),
         state: m.get("state").cloned().unwrap_or_default(),
         payload: raw(m.get("payload").map(String::as_str).unwrap_or("null")),
@@ -894,8 +922,17 @@ fn task_from(m: &BTreeMap<String, String>) -> Task {
         run_at: num("run_at"),
         started_at: num("started_at"),
         finished_at: num("finished_at"),
-        updated_at: num("updated_at").unwrap_or(0),
-        progress: num("progress").unwrap_or(0).clamp(0, 100) as u8,
+        // Hot paths do not write updated_at; the latest recorded time is it.
+        updated_at: ["updated_at", "created_at", "started_at", "finished_at", "run_at"]
+            .iter()
+            .filter_map(|f| num(f))
+            .max()
+            .unwrap_or(0),
+        progress: if m.get("state").is_some_and(|s| s == "succeeded") {
+            100
+        } else {
+            num("progress").unwrap_or(0).clamp(0, 100) as u8
+        },
         fields: opt(m.get("fields")).map(|f| raw(&f)),
         result: opt(m.get("result")).map(|r| raw(&r)),
         error: opt(m.get("error")),

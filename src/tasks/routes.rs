@@ -391,10 +391,9 @@ pub struct QueueDetail {
 async fn get_queue(State(s): State<AppState>, caller: Caller, Path(queue): Path<String>) -> Result<Json<QueueDetail>> {
     caller.require(Role::Read)?;
     validate::name("queue", &queue)?;
-    let now = s.store.time_ms().await?;
     let stats = s
         .tasks
-        .stats_for(std::slice::from_ref(&queue), now)
+        .stats_for(std::slice::from_ref(&queue))
         .await?
         .pop()
         .unwrap_or_default();

@@ -5,6 +5,7 @@
 //! service method as the REST API and redirects back (post/redirect/get).
 
 pub mod assets;
+pub mod tasks;
 
 use std::time::SystemTime;
 
@@ -34,10 +35,16 @@ pub fn router() -> Router<AppState> {
         .route("/ui/nodes/{id}/drain", post(ui_drain_node))
         .route("/static/{*path}", get(assets::serve))
         .route("/favicon.ico", get(assets::favicon))
+        .merge(tasks::router())
 }
 
 /// The navigation, in order. Later subsystems add their pages here.
-pub const NAV: &[(&str, &str)] = &[("Overview", "/"), ("Nodes", "/nodes")];
+pub const NAV: &[(&str, &str)] = &[
+    ("Overview", "/"),
+    ("Nodes", "/nodes"),
+    ("Queues", "/queues"),
+    ("Dead letters", "/dead"),
+];
 
 /// What every page's layout shows.
 pub struct Layout {

@@ -496,7 +496,8 @@ async fn retries_backoff_dead_letters_retry_and_discard() {
     assert_eq!(s, 200);
     assert_eq!(f["state"], "delayed");
     let (_, task) = a.get(&format!("/api/v1/tasks/{id}")).await;
-    let delay = f["retry_at"].as_i64().unwrap() - task["updated_at"].as_i64().unwrap();
+    let failed_at = task["attempt_log"][0]["ended_at"].as_i64().unwrap();
+    let delay = f["retry_at"].as_i64().unwrap() - failed_at;
     assert!(
         (150..=300).contains(&delay),
         "backoff with jitter in [base/2, base]: {delay}"
@@ -910,9 +911,17 @@ async fn g4_keys_return_to_baseline_after_retention() {
         }
         let ttl: i64 = redis.cmd(&["PTTL", k]).await;
         let bounded_index = k.starts_with("{muster}:q:leak:") || k == "{muster}:dead" || k == "{muster}:queues";
-        if !(ttl > 0 || ttl == -2 || bounded_index) {
+        if ttl == -1 && !bounded_index {
             let dump: HashMap<String, String> = redis.cmd(&["HGETALL", k]).await;
-            panic!("{k} has no TTL and is not a trimmed index: {dump:?}");
+            let id = k.rsplit(':').next().unwrap();
+            let evs: Vec<_> = redis
+                .events("muster")
+                .await
+                .into_iter()
+                .filter(|e| e.2["task"] == id)
+                .collect();
+            let ttl2: i64 = redis.cmd(&["PTTL", k]).await;
+            panic!("{k} has no TTL ({ttl} then {ttl2}) and is not a trimmed index: {dump:?} {evs:?}");
         }
     }
     // After retention (1 s) and the idempotency window (3 s): back to baseline.

@@ -17,5 +17,5 @@ if redis.call('HGET', KEYS[2], 'state') == 'draining' then
   return 2
 end
 redis.call('HSET', KEYS[2], 'state', 'draining')
-emit('node.draining', now, ARGV[1], {}, {by = ARGV[2]})
+emit('node.draining', ARGV[1], {by = ARGV[2]})
 return 1

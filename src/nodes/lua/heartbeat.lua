@@ -38,7 +38,7 @@ redis.call('HSET', KEYS[2], 'id', id, 'kind', ARGV[5], 'addr', ARGV[6], 'version
 redis.call('HDEL', KEYS[2], 'dead_at')
 redis.call('PEXPIRE', KEYS[2], info_ttl)
 if joined then
-  emit('node.joined', now, id, {}, {kind = ARGV[5], addr = ARGV[6], version = ARGV[7]})
+  emit('node.joined', id, {kind = ARGV[5], addr = ARGV[6], version = ARGV[7]})
   return {1, now, expires, state}
 end
 return {0, now, expires, state}

@@ -17,7 +17,7 @@ local now = now_ms()
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   return 0
 end
-emit('node.left', now, ARGV[1], {}, {reason = ARGV[2]})
+emit('node.left', ARGV[1], {reason = ARGV[2]})
 if redis.call('SCARD', KEYS[3]) > 0 then
   redis.call('ZADD', KEYS[1], 0, ARGV[1])
   if redis.call('EXISTS', KEYS[2]) == 1 then

@@ -43,7 +43,7 @@ for i = 1, #rows, 2 do
     redis.call('HSET', h, 'dead_at', now)
     local state = redis.call('HGET', h, 'state')
     if state ~= 'left' then
-      emit('node.dead', now, id, {}, {expired_at = score})
+      emit('node.dead', id, {expired_at = score})
       marked = marked + 1
     end
   end

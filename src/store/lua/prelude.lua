@@ -8,7 +8,7 @@
 --                and `..` switch to exponent notation above 1e14).
 -- emit(...)      appends one event to the stream, in the caller's atomic step (G9).
 local P = '__PREFIX__'
-local EVENTS_MAXLEN = __EVENTS_MAXLEN__
+local EVENTS_MAXLEN = '__EVENTS_MAXLEN__'
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -19,16 +19,21 @@ local function int(n)
   return string.format('%d', n)
 end
 
--- etype: event type ("task.claimed"); ts: Redis ms; node: the acting node id or '';
--- subjects: flat list of field, value pairs (task, queue, ...), values strings;
--- data: a table encoded as JSON into the `data` field, or nil.
+-- etype: event type ("task.claimed"); node: the acting node id or '';
+-- data: the event's data as a table (encoded with cjson) or as JSON text (hot
+-- paths build it by hand: cjson is slow); ...: subject field, value pairs
+-- (task, queue, group, ...), strings. The event's time is the stream id's
+-- millisecond part, which is Redis time.
+-- The first event of a script call trims the stream (MAXLEN ~); later ones in the
+-- same call skip it, which bounds the stream just as well at a fraction of the cost.
 -- Returns the stream id.
-local function emit(etype, ts, node, subjects, data)
-  local args = {P .. ':events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'type', etype, 'ts', int(ts), 'node', node or ''}
-  for i = 1, #subjects do args[#args + 1] = subjects[i] end
-  if data ~= nil then
-    args[#args + 1] = 'data'
-    args[#args + 1] = cjson.encode(data)
+local events_trimmed = false
+local function emit(etype, node, data, ...)
+  if type(data) == 'table' then data = cjson.encode(data) end
+  if events_trimmed then
+    return redis.call('XADD', P .. ':events', '*', 'type', etype, 'node', node or '', 'data', data or '{}', ...)
   end
-  return redis.call('XADD', unpack(args))
+  events_trimmed = true
+  return redis.call('XADD', P .. ':events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'type', etype, 'node', node or '',
+    'data', data or '{}', ...)
 end

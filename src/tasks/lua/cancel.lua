@@ -20,12 +20,12 @@ if state == 'queued' then
 elseif state == 'delayed' then
   redis.call('ZREM', qkey(q, 'delayed'), id)
 elseif state == 'running' then
-  redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'updated_at', now)
-  emit('task.cancel_requested', now, actor, {'task', id, 'queue', q}, {attempt = tonumber(f[4])})
+  redis.call('HSET', KEYS[1], 'cancel_requested', '1', 'updated_at', int(now))
+  emit('task.cancel_requested', actor, {attempt = tonumber(f[4])}, 'task', id, 'queue', q)
   return {2, 'running'}
 else
   return {0, state}
 end
-finish(id, q, 'cancelled', now, retention)
-emit('task.cancelled', now, actor, subj(id, q, g), {attempt = tonumber(f[4])})
+finish(id, q, 'cancelled', int(now), retention)
+emit_task('task.cancelled', actor, '{"attempt":' .. (f[4] or '0') .. '}', id, q, g)
 return {1, 'cancelled'}

@@ -18,6 +18,7 @@
 -- Emits task.claimed per task.
 local q, node, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
+local nows = int(now)
 local score = redis.call('ZSCORE', P .. ':nodes', node)
 if not score or tonumber(score) <= now then return {-1, -1} end
 local nstate = redis.call('HGET', P .. ':node:' .. node, 'state')
@@ -25,54 +26,91 @@ if nstate == 'draining' or nstate == 'left' then return {-2, -1} end
 local out = {0, -1}
 if redis.call('HGET', qkey(q, 'meta'), 'paused') ~= '1' then
   promote_due(q, now, 1000)
-  local n = 0
-  while n < max do
-    local head = redis.call('ZRANGE', KEYS[1], 0, 0)
+  -- 1. Pick ids in claim order. Plain ids at the head are taken in one read;
+  --    a group token yields that group's head and the ready set is read again,
+  --    because the token's new score may belong before the next plain id.
+  local picked = {}
+  local from_group = {}
+  local plain = {}
+  local guard = 0
+  while #picked < max and guard < 10000 do
+    guard = guard + 1
+    local head = redis.call('ZRANGE', KEYS[1], 0, max - #picked - 1)
     if #head == 0 then break end
-    local m = head[1]
-    local id = nil
-    if string.sub(m, 1, 3) == '~g:' then
-      local g = string.sub(m, 4)
-      local first = redis.call('ZRANGE', gqkey(q, g), 0, 0)
-      if #first == 0 or not group_has_room(g) then
-        refresh_group_token(q, g)
-      else
-        id = first[1]
-        redis.call('ZREM', gqkey(q, g), id)
-        if redis.call('EXISTS', tkey(id)) == 1 then
+    local reread = false
+    for i = 1, #head do
+      local m = head[i]
+      if string.sub(m, 1, 3) == '~g:' then
+        local g = string.sub(m, 4)
+        local first = redis.call('ZRANGE', gqkey(q, g), 0, 0)
+        if #first > 0 and group_has_room(g) then
+          local id = first[1]
+          redis.call('ZREM', gqkey(q, g), id)
           redis.call('SADD', grunning(g), id)
-        else
-          id = nil
+          picked[#picked + 1] = id
+          from_group[id] = g
         end
         refresh_group_token(q, g)
+        reread = true
+        break
+      else
+        picked[#picked + 1] = m
+        plain[#plain + 1] = m
       end
-    else
-      id = m
-      redis.call('ZREM', KEYS[1], id)
-      if redis.call('EXISTS', tkey(id)) == 0 then id = nil end
     end
-    if id then
-      redis.call('ZREM', qkey(q, 'queued'), id)
-      local t = tkey(id)
-      local f = redis.call('HMGET', t, 'payload', 'attempts', 'max_attempts', 'timeout_ms', 'group', 'priority', 'created_at')
-      local attempt = tonumber(f[2]) + 1
-      local token = next_token()
-      local tok = int(token)
-      redis.call('HSET', t, 'state', 'running', 'owner', node, 'token', tok, 'attempts', attempt,
-        'started_at', now, 'updated_at', now, 'cancel_requested', 0, 'progress', 0,
-        'a' .. attempt, node .. '|' .. tok .. '|' .. now)
-      redis.call('ZADD', qkey(q, 'running'), now, id)
-      redis.call('SADD', ntasks(node), id)
-      local timeout = tonumber(f[4])
-      if timeout > 0 then redis.call('ZADD', DEADLINES, now + timeout, id) end
-      emit('task.claimed', now, node, {'task', id, 'queue', q}, {attempt = attempt, token = tok})
-      n = n + 1
-      out[#out + 1] = id; out[#out + 1] = token; out[#out + 1] = attempt; out[#out + 1] = f[1]
-      out[#out + 1] = tonumber(f[3]); out[#out + 1] = timeout; out[#out + 1] = f[5]
-      out[#out + 1] = tonumber(f[6]); out[#out + 1] = tonumber(f[7])
+    if #plain > 0 then
+      redis.call('ZREM', KEYS[1], unpack(plain))
+      plain = {}
     end
+    if not reread then break end
   end
-  out[1] = n
+  -- 2. Hand them out.
+  if #picked > 0 then
+    local token = next_tokens(#picked)
+    local running, mine, deadlines = {}, {}, {}
+    local n = 0
+    for i = 1, #picked do
+      local id = picked[i]
+      local t = tkey(id)
+      local f = redis.call('HMGET', t, 'payload', 'attempts', 'max_attempts', 'timeout_ms', 'priority', 'created_at', 'progress')
+      if f[1] then
+        local attempt = tonumber(f[2] or '0') + 1
+        local tok = int(token + i - 1)
+        local a = int(attempt)
+        if f[7] and f[7] ~= '0' then
+          redis.call('HSET', t, 'state', 'running', 'owner', node, 'token', tok, 'attempts', a,
+            'started_at', nows, 'a' .. a, node .. '|' .. tok .. '|' .. nows, 'progress', '0')
+        else
+          redis.call('HSET', t, 'state', 'running', 'owner', node, 'token', tok, 'attempts', a,
+            'started_at', nows, 'a' .. a, node .. '|' .. tok .. '|' .. nows)
+        end
+        running[#running + 1] = nows; running[#running + 1] = id
+        mine[#mine + 1] = id
+        local timeout = tonumber(f[4] or '0')
+        if timeout > 0 then
+          deadlines[#deadlines + 1] = int(now + timeout); deadlines[#deadlines + 1] = id
+        end
+        local g = from_group[id] or ''
+        emit_task('task.claimed', node, '{"attempt":' .. a .. ',"token":' .. tok .. '}', id, q, g)
+        n = n + 1
+        out[#out + 1] = id; out[#out + 1] = token + i - 1; out[#out + 1] = attempt; out[#out + 1] = f[1]
+        out[#out + 1] = tonumber(f[3]); out[#out + 1] = timeout; out[#out + 1] = g
+        out[#out + 1] = tonumber(f[5]); out[#out + 1] = tonumber(f[6])
+      elseif from_group[id] then
+        -- the task vanished while queued: give its slot back
+        redis.call('SREM', grunning(from_group[id]), id)
+        refresh_group_everywhere(from_group[id])
+      end
+    end
+    local b = batch_new()
+    if #running > 0 then batch_add(b, qkey(q, 'running'), unpack(running)) end
+    if #deadlines > 0 then batch_add(b, DEADLINES, unpack(deadlines)) end
+    batch_flush(b, 'ZADD')
+    b = batch_new()
+    if #mine > 0 then batch_add(b, ntasks(node), unpack(mine)) end
+    batch_flush(b, 'SADD')
+    out[1] = n
+  end
 end
 local nxt = redis.call('ZRANGE', qkey(q, 'delayed'), 0, 0, 'WITHSCORES')
 if #nxt > 0 then out[2] = tonumber(nxt[2]) end

@@ -11,24 +11,46 @@
 --   code  1 succeeded, -1 stale token or not running (state is the current one),
 --         -2 unknown task
 -- Emits task.succeeded per completed task.
-local retention, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local retention, n = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
+local nows = int(now)
 local out = {}
+local zrem, srem, zadd = batch_new(), batch_new(), batch_new()
+local groups = {}
+local deadlines = {}
 for i = 0, n - 1 do
   local id, token, result = ARGV[3 + i * 3], ARGV[4 + i * 3], ARGV[5 + i * 3]
   local t = tkey(id)
-  local f = redis.call('HMGET', t, 'state', 'token', 'queue', 'group', 'owner', 'attempts')
+  local f = redis.call('HMGET', t, 'state', 'token', 'queue', 'group', 'owner', 'attempts', 'alias', 'timeout_ms')
   if not f[1] then
     out[#out + 1] = -2; out[#out + 1] = ''; out[#out + 1] = 0
   elseif f[1] ~= 'running' or f[2] ~= token then
     out[#out + 1] = -1; out[#out + 1] = f[1]; out[#out + 1] = tonumber(f[6])
   else
-    local q, g, owner, attempt = f[3], f[4] or '', f[5], tonumber(f[6])
-    release_running(id, q, g, owner)
-    redis.call('HSET', t, 'result', result, 'progress', 100, 'e' .. attempt, now .. '|succeeded')
-    finish(id, q, 'succeeded', now, retention)
-    emit('task.succeeded', now, owner, subj(id, q, g), {attempt = attempt})
-    out[#out + 1] = 1; out[#out + 1] = 'succeeded'; out[#out + 1] = attempt
+    local q, g, owner, attempt = f[3], f[4] or '', f[5], f[6]
+    if result ~= '' then
+      redis.call('HSET', t, 'state', 'succeeded', 'finished_at', nows, 'e' .. attempt, nows .. '|succeeded',
+        'result', result)
+    else
+      redis.call('HSET', t, 'state', 'succeeded', 'finished_at', nows, 'e' .. attempt, nows .. '|succeeded')
+    end
+    redis.call('PEXPIRE', t, retention)
+    if f[7] and f[7] ~= '' then redis.call('PEXPIRE', P .. ':alias:' .. f[7], retention) end
+    batch_add(zrem, qkey(q, 'running'), id)
+    batch_add(srem, ntasks(owner), id)
+    batch_add(zadd, qkey(q, 'succeeded'), nows, id)
+    if f[8] then deadlines[#deadlines + 1] = id end
+    if g ~= '' then
+      batch_add(srem, grunning(g), id)
+      groups[g] = true
+    end
+    emit_task('task.succeeded', owner, '{"attempt":' .. attempt .. '}', id, q, g)
+    out[#out + 1] = 1; out[#out + 1] = 'succeeded'; out[#out + 1] = tonumber(attempt)
   end
 end
+if #deadlines > 0 then batch_add(zrem, DEADLINES, unpack(deadlines)) end
+batch_flush(zrem, 'ZREM')
+batch_flush(srem, 'SREM')
+batch_flush(zadd, 'ZADD')
+for g in pairs(groups) do refresh_group_everywhere(g) end
 return out

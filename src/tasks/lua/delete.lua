@@ -18,5 +18,5 @@ if f[3] and f[3] ~= '' and redis.call('GET', P .. ':alias:' .. f[3]) == id then
   redis.call('DEL', P .. ':alias:' .. f[3])
 end
 redis.call('DEL', KEYS[1])
-emit('task.deleted', now_ms(), actor, {'task', id, 'queue', q}, {state = state})
+emit('task.deleted', actor, {state = state}, 'task', id, 'queue', q)
 return {1, state}

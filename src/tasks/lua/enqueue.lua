@@ -4,7 +4,7 @@
 -- (within its window) is not created again; the original id is returned (G5).
 -- Aliases are unique while their task lives.
 --
--- KEYS[1]  P:q:<queue>:queued     (routes the call; all other keys share its slot)
+-- KEYS[1]  P:q:<queue>:ready      (routes the call; all other keys share its slot)
 -- ARGV[1]  queue
 -- ARGV[2]  idempotency window, ms
 -- ARGV[3]  max_queues
@@ -18,8 +18,9 @@
 --   code  1 created, 2 replay of an idempotency key (id is the original task's),
 --         -1 alias taken (id is the holder), -2 too many queues
 -- Emits task.enqueued per created task.
-local q, window, max_queues, node, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local q, window, max_queues, node, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local now = now_ms()
+local nows = int(now)
 local out = {}
 if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
   if redis.call('SCARD', P .. ':queues') >= max_queues then
@@ -30,11 +31,14 @@ if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
   end
   redis.call('SADD', P .. ':queues', q)
 end
+local seq = next_seqs(n)
+local ready = {}
+local delayed = {}
 for i = 0, n - 1 do
   local b = 6 + i * 12
-  local id, payload, g, priority = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
-  local delay, run_at, max_attempts, timeout = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), ARGV[b + 6], ARGV[b + 7]
-  local alias, idem, base, cap = ARGV[b + 8], ARGV[b + 9], ARGV[b + 10], ARGV[b + 11]
+  local id, payload, g, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local delay, run_at = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local alias, idem = ARGV[b + 8], ARGV[b + 9]
   local done = false
   if idem ~= '' then
     local prev = redis.call('GET', P .. ':idem:' .. idem)
@@ -52,26 +56,43 @@ for i = 0, n - 1 do
     end
   end
   if not done then
-    local t = tkey(id)
-    redis.call('HSET', t, 'id', id, 'queue', q, 'payload', payload, 'group', g, 'priority', priority,
-      'max_attempts', max_attempts, 'attempts', 0, 'timeout_ms', timeout, 'alias', alias, 'idem', idem,
-      'backoff_base', base, 'backoff_cap', cap, 'created_at', now, 'updated_at', now, 'progress', 0,
-      'cancel_requested', 0, 'node', node)
-    if idem ~= '' then redis.call('SET', P .. ':idem:' .. idem, id, 'PX', window) end
-    if alias ~= '' then redis.call('SET', P .. ':alias:' .. alias, id) end
     local due = now
     if run_at > 0 then due = run_at elseif delay > 0 then due = now + delay end
-    local state
-    if due > now then
-      redis.call('ZADD', qkey(q, 'delayed'), due, id)
-      redis.call('HSET', t, 'state', 'delayed', 'run_at', due)
-      state = 'delayed'
-    else
-      make_queued(id, q, g, order_score(priority, false), now)
-      state = 'queued'
+    local state, score = 'queued', order_score(tonumber(prio), seq + i)
+    local fields = {'queue', q, 'payload', payload, 'priority', prio, 'max_attempts', ARGV[b + 6],
+      'backoff_base', ARGV[b + 10], 'backoff_cap', ARGV[b + 11], 'created_at', nows, 'node', node}
+    if ARGV[b + 7] ~= '0' then fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = ARGV[b + 7] end
+    if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
+    if alias ~= '' then
+      fields[#fields + 1] = 'alias'; fields[#fields + 1] = alias
+      redis.call('SET', P .. ':alias:' .. alias, id)
     end
-    emit('task.enqueued', now, node, {'task', id, 'queue', q}, {state = state, group = g, priority = priority})
+    if idem ~= '' then
+      fields[#fields + 1] = 'idem'; fields[#fields + 1] = idem
+      redis.call('SET', P .. ':idem:' .. idem, id, 'PX', window)
+    end
+    if due > now then
+      state = 'delayed'
+      fields[#fields + 1] = 'run_at'; fields[#fields + 1] = int(due)
+      delayed[#delayed + 1] = int(due); delayed[#delayed + 1] = id
+    elseif g ~= '' then
+      redis.call('ZADD', gqkey(q, g), score, id)
+      redis.call('SADD', gqueues(g), q)
+      redis.call('SADD', qkey(q, 'groups'), g)
+    else
+      ready[#ready + 1] = score; ready[#ready + 1] = id
+    end
+    fields[#fields + 1] = 'state'; fields[#fields + 1] = state
+    redis.call('HSET', tkey(id), unpack(fields))
+    if state == 'queued' and g ~= '' then refresh_group_token(q, g) end
+    emit_task('task.enqueued', node, '{"state":"' .. state .. '"}', id, q, g)
     out[#out + 1] = 1; out[#out + 1] = id; out[#out + 1] = state
   end
 end
+local b = batch_new()
+if #ready > 0 then batch_add(b, KEYS[1], unpack(ready)) end
+batch_flush(b, 'ZADD')
+b = batch_new()
+if #delayed > 0 then batch_add(b, qkey(q, 'delayed'), unpack(delayed)) end
+batch_flush(b, 'ZADD')
 return out

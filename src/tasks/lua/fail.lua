@@ -23,14 +23,14 @@ local now = now_ms()
 local f = redis.call('HMGET', KEYS[1], 'state', 'token', 'queue', 'group', 'owner', 'attempts', 'max_attempts',
   'backoff_base', 'backoff_cap', 'cancel_requested')
 if not f[1] then return {-2, '', 0, 0} end
-if f[1] ~= 'running' or f[2] ~= token then return {-1, f[1], tonumber(f[6]), 0} end
-local q, g, owner, attempt = f[3], f[4] or '', f[5], tonumber(f[6])
+if f[1] ~= 'running' or f[2] ~= token then return {-1, f[1], tonumber(f[6] or '0'), 0} end
+local q, g, owner, attempt = f[3], f[4] or '', f[5], tonumber(f[6] or '0')
 release_running(id, q, g, owner)
-redis.call('HSET', KEYS[1], 'error', err, 'e' .. attempt, now .. '|failed')
-emit('task.failed', now, owner, subj(id, q, g), {attempt = attempt, error = string.sub(err, 1, 200)})
+redis.call('HSET', KEYS[1], 'error', err, 'e' .. attempt, int(now) .. '|failed')
+emit_task('task.failed', owner, {attempt = attempt, error = string.sub(err, 1, 200)}, id, q, g)
 if f[10] == '1' then
-  finish(id, q, 'cancelled', now, retention)
-  emit('task.cancelled', now, owner, {'task', id, 'queue', q}, {attempt = attempt})
+  finish(id, q, 'cancelled', int(now), retention)
+  emit('task.cancelled', owner, {attempt = attempt}, 'task', id, 'queue', q)
   return {2, 'cancelled', attempt, 0}
 end
 local state, run_at = fail_or_retry(id, q, attempt, tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), jitter,

@@ -15,11 +15,10 @@ local f = redis.call('HMGET', KEYS[1], 'state', 'token', 'queue', 'owner', 'canc
 if not f[1] then return {-2, '', 0} end
 if f[1] ~= 'running' or f[2] ~= token then return {-1, f[1], 0} end
 local now = now_ms()
-redis.call('HSET', KEYS[1], 'updated_at', now)
+redis.call('HSET', KEYS[1], 'updated_at', int(now))
 if progress ~= '' or fields ~= '' then
   if progress ~= '' then redis.call('HSET', KEYS[1], 'progress', progress) end
   if fields ~= '' then redis.call('HSET', KEYS[1], 'fields', fields) end
-  emit('task.progress', now, f[4], {'task', id, 'queue', f[3]},
-    {attempt = tonumber(f[6]), progress = tonumber(progress)})
+  emit('task.progress', f[4], {attempt = tonumber(f[6] or '0'), progress = tonumber(progress)}, 'task', id, 'queue', f[3])
 end
-return {1, 'running', tonumber(f[5])}
+return {1, 'running', tonumber(f[5] or '0')}

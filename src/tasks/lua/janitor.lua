@@ -12,19 +12,21 @@
 local q, retention, dead_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local promoted = promote_due(q, now, 1000)
-local trimmed = redis.call('ZREMRANGEBYSCORE', qkey(q, 'succeeded'), '-inf', now - retention)
-  + redis.call('ZREMRANGEBYSCORE', qkey(q, 'cancelled'), '-inf', now - retention)
-  + redis.call('ZREMRANGEBYSCORE', qkey(q, 'dead'), '-inf', now - dead_ttl)
-if ARGV[4] == '1' then redis.call('ZREMRANGEBYSCORE', P .. ':dead', '-inf', now - dead_ttl) end
-local counts = {}
-local total = 0
-for i, s in ipairs({'queued', 'delayed', 'running', 'dead', 'succeeded', 'cancelled'}) do
-  counts[i] = redis.call('ZCARD', qkey(q, s))
-  total = total + counts[i]
+local trimmed = redis.call('ZREMRANGEBYSCORE', qkey(q, 'succeeded'), '-inf', int(now - retention))
+  + redis.call('ZREMRANGEBYSCORE', qkey(q, 'cancelled'), '-inf', int(now - retention))
+  + redis.call('ZREMRANGEBYSCORE', qkey(q, 'dead'), '-inf', int(now - dead_ttl))
+if ARGV[4] == '1' then redis.call('ZREMRANGEBYSCORE', P .. ':dead', '-inf', int(now - dead_ttl)) end
+local queued = queued_count(q)
+local counts = {queued}
+local total = queued
+for _, s in ipairs({'delayed', 'running', 'dead', 'succeeded', 'cancelled'}) do
+  local c = redis.call('ZCARD', qkey(q, s))
+  counts[#counts + 1] = c
+  total = total + c
 end
 local forgotten = 0
 if total == 0 and redis.call('HGET', KEYS[1], 'paused') ~= '1'
-   and redis.call('EXISTS', qkey(q, 'ready')) == 0 then
+   and redis.call('EXISTS', qkey(q, 'ready')) == 0 and redis.call('EXISTS', qkey(q, 'groups')) == 0 then
   redis.call('SREM', P .. ':queues', q)
   redis.call('DEL', KEYS[1])
   forgotten = 1

@@ -4,11 +4,12 @@
 --   P:task:<id>             hash   the task; TTL once finished (retention)
 --   P:queues                set    known queue names (bounded by max_queues)
 --   P:q:<q>:meta            hash   paused flag
---   P:q:<q>:queued          zset   queued tasks, by order score (listing, counts)
---   P:q:<q>:ready           zset   what a claim looks at: ungrouped queued tasks, and one
---                                  token "~g:<g>" per group that has room and queued tasks,
---                                  scored by that group's head (no head-of-line blocking)
+--   P:q:<q>:ready           zset   what a claim looks at: queued tasks without a group,
+--                                  and one token "~g:<g>" per group that has room and
+--                                  queued tasks here, scored by that group's head task
+--                                  (so a full group never blocks the tasks behind it)
 --   P:q:<q>:g:<g>           zset   queued tasks of group g in q, FIFO by order score
+--   P:q:<q>:groups          set    groups that have queued tasks in q
 --   P:q:<q>:delayed         zset   delayed and retrying tasks, by run_at (Redis ms)
 --   P:q:<q>:running         zset   running tasks, by start time
 --   P:q:<q>:succeeded|cancelled|dead  zset  finished tasks, by finish time (trimmed)
@@ -16,7 +17,6 @@
 --   P:group_limits          hash   group -> limit (bounded by max_groups)
 --   P:group:<g>:running     set    running task ids of g, cluster-wide (the slots)
 --   P:group:<g>:queues      set    queues that hold queued tasks of g
---   P:q:<q>:groups          set    groups that have queued tasks in q
 --   P:node:<node>:tasks     set    running task ids owned by a node (orphan cleaner)
 --   P:deadlines             zset   running tasks with a timeout, by deadline
 --   P:fence, P:epoch        string the fencing counter and epoch
@@ -26,6 +26,10 @@
 --
 -- Order score: (1000 - priority) * 2^42 + 2^41 + seq, with seq > 0 for the back of
 -- the queue and < 0 for the front: higher priority first, then FIFO. Exact below 2^53.
+--
+-- Speed: arguments are passed to redis.call as strings where possible (Lua numbers
+-- are formatted on every call), and batch scripts gather per-key work into one
+-- variadic call (ZADD, ZREM, SADD, SREM) per key.
 local TWO42 = 4398046511104
 local TWO41 = 2199023255552
 local TWO32 = 4294967296
@@ -39,35 +43,60 @@ local function grunning(g) return P .. ':group:' .. g .. ':running' end
 local function gqueues(g) return P .. ':group:' .. g .. ':queues' end
 local function ntasks(node) return P .. ':node:' .. node .. ':tasks' end
 
--- Event subjects of a task; the group is included so that nodes can wake
--- claimers of every queue when a group slot frees up.
-local function subj(id, q, g)
-  if g and g ~= '' then return {'task', id, 'queue', q, 'group', g} end
-  return {'task', id, 'queue', q}
+-- Emits a task event; the group is a subject when there is one, so that nodes
+-- can wake claimers of every queue when a group slot frees up.
+local function emit_task(etype, node, data, id, q, g)
+  if g and g ~= '' then return emit(etype, node, data, 'task', id, 'queue', q, 'group', g) end
+  return emit(etype, node, data, 'task', id, 'queue', q)
 end
 
-local function order_score(priority, front)
-  local seq
-  if front then
-    seq = -redis.call('INCR', P .. ':fseq')
-  else
-    seq = redis.call('INCR', P .. ':seq')
+-- Collects members per key and sends one variadic command per key.
+local function batch_new() return {keys = {}, members = {}} end
+local function batch_add(b, key, ...)
+  local m = b.members[key]
+  if not m then
+    m = {}
+    b.members[key] = m
+    b.keys[#b.keys + 1] = key
   end
-  return (1000 - priority) * TWO42 + TWO41 + seq
+  local args = {...}
+  for i = 1, #args do m[#m + 1] = args[i] end
+end
+local function batch_flush(b, cmd)
+  for _, key in ipairs(b.keys) do
+    local m = b.members[key]
+    for j = 1, #m, 4000 do
+      redis.call(cmd, key, unpack(m, j, math.min(j + 3999, #m)))
+    end
+  end
 end
 
--- The next fencing token: epoch in the high bits, a counter below 2^32. When an
--- epoch's counter space is used up the epoch advances, so tokens only grow.
-local function next_token()
+local function order_score(priority, seq)
+  return int((1000 - priority) * TWO42 + TWO41 + seq)
+end
+
+-- n consecutive back-of-queue sequence numbers: returns the first.
+local function next_seqs(n)
+  return redis.call('INCRBY', P .. ':seq', n) - n + 1
+end
+
+local function front_seq()
+  return -redis.call('INCR', P .. ':fseq')
+end
+
+-- n consecutive fencing tokens: epoch in the high bits, a counter below 2^32.
+-- Returns the first token. When an epoch's counter space is used up the epoch
+-- advances, so tokens only grow.
+local function next_tokens(n)
   local epoch = tonumber(redis.call('GET', P .. ':epoch') or '1')
-  local c = redis.call('INCR', P .. ':fence')
+  local c = redis.call('INCRBY', P .. ':fence', n)
   if c >= TWO32 then
     epoch = epoch + 1
-    redis.call('SET', P .. ':epoch', epoch)
-    redis.call('SET', P .. ':fence', 1)
-    c = 1
+    redis.call('SET', P .. ':epoch', int(epoch))
+    redis.call('SET', P .. ':fence', int(n))
+    c = n
   end
-  return epoch * TWO32 + c
+  return epoch * TWO32 + c - n + 1
 end
 
 local function group_has_room(g)
@@ -97,9 +126,8 @@ local function refresh_group_everywhere(g)
   for i = 1, #qs do refresh_group_token(qs[i], g) end
 end
 
--- Makes a task queued (claimable) at `score`.
-local function make_queued(id, q, g, score, now)
-  redis.call('ZADD', qkey(q, 'queued'), score, id)
+-- Makes a task queued (claimable) at `score` (a string).
+local function make_queued(id, q, g, score, nows)
   if g ~= '' then
     redis.call('ZADD', gqkey(q, g), score, id)
     redis.call('SADD', gqueues(g), q)
@@ -108,12 +136,11 @@ local function make_queued(id, q, g, score, now)
   else
     redis.call('ZADD', qkey(q, 'ready'), score, id)
   end
-  redis.call('HSET', tkey(id), 'state', 'queued', 'order', score, 'updated_at', now)
+  redis.call('HSET', tkey(id), 'state', 'queued', 'updated_at', nows)
 end
 
 -- Takes a queued task out of the claim structures.
 local function unqueue(id, q, g)
-  redis.call('ZREM', qkey(q, 'queued'), id)
   if g ~= '' then
     redis.call('ZREM', gqkey(q, g), id)
     refresh_group_token(q, g)
@@ -135,10 +162,10 @@ local function release_running(id, q, g, owner)
 end
 
 -- Moves a task to a terminal state and starts its retention clock.
-local function finish(id, q, state, now, ttl)
-  redis.call('ZADD', qkey(q, state), now, id)
-  if state == 'dead' then redis.call('ZADD', P .. ':dead', now, id) end
-  redis.call('HSET', tkey(id), 'state', state, 'finished_at', now, 'updated_at', now)
+local function finish(id, q, state, nows, ttl)
+  redis.call('ZADD', qkey(q, state), nows, id)
+  if state == 'dead' then redis.call('ZADD', P .. ':dead', nows, id) end
+  redis.call('HSET', tkey(id), 'state', state, 'finished_at', nows, 'updated_at', nows)
   redis.call('PEXPIRE', tkey(id), ttl)
   local alias = redis.call('HGET', tkey(id), 'alias')
   if alias and alias ~= '' then redis.call('PEXPIRE', P .. ':alias:' .. alias, ttl) end
@@ -146,16 +173,31 @@ end
 
 -- Moves due delayed tasks of q to queued (at most `limit`). Returns how many.
 local function promote_due(q, now, limit)
-  local due = redis.call('ZRANGEBYSCORE', qkey(q, 'delayed'), '-inf', now, 'LIMIT', 0, limit)
+  local due = redis.call('ZRANGEBYSCORE', qkey(q, 'delayed'), '-inf', int(now), 'LIMIT', 0, limit)
+  if #due == 0 then return 0 end
+  local nows = int(now)
+  local seq = next_seqs(#due)
   for i = 1, #due do
     local id = due[i]
     redis.call('ZREM', qkey(q, 'delayed'), id)
     local f = redis.call('HMGET', tkey(id), 'priority', 'group', 'state')
     if f[1] and f[3] == 'delayed' then
-      make_queued(id, q, f[2] or '', order_score(tonumber(f[1]), false), now)
+      make_queued(id, q, f[2] or '', order_score(tonumber(f[1]), seq + i - 1), nows)
     end
   end
   return #due
+end
+
+-- Queued tasks of q: the plain ids in its ready set plus every group's queue
+-- (group tokens in the ready set are not tasks).
+local function queued_count(q)
+  local n = redis.call('ZCARD', qkey(q, 'ready'))
+  local gs = redis.call('SMEMBERS', qkey(q, 'groups'))
+  for i = 1, #gs do
+    if redis.call('ZSCORE', qkey(q, 'ready'), '~g:' .. gs[i]) then n = n - 1 end
+    n = n + redis.call('ZCARD', gqkey(q, gs[i]))
+  end
+  return n
 end
 
 -- Retry delay: base * 2^(attempt-1), capped, with jitter in [half, full] of it.
@@ -170,12 +212,12 @@ end
 local function fail_or_retry(id, q, attempt, max_attempts, base, cap, jitter, retryable, now, dead_ttl, node, reason)
   if retryable and attempt < max_attempts then
     local run_at = now + backoff_ms(attempt, base, cap, jitter)
-    redis.call('ZADD', qkey(q, 'delayed'), run_at, id)
-    redis.call('HSET', tkey(id), 'state', 'delayed', 'run_at', run_at, 'updated_at', now)
-    emit('task.retrying', now, node, {'task', id, 'queue', q}, {attempt = attempt, run_at = run_at, reason = reason})
+    redis.call('ZADD', qkey(q, 'delayed'), int(run_at), id)
+    redis.call('HSET', tkey(id), 'state', 'delayed', 'run_at', int(run_at), 'updated_at', int(now))
+    emit('task.retrying', node, {attempt = attempt, run_at = run_at, reason = reason}, 'task', id, 'queue', q)
     return 'delayed', run_at
   end
-  finish(id, q, 'dead', now, dead_ttl)
-  emit('task.dead', now, node, {'task', id, 'queue', q}, {attempt = attempt, reason = reason})
+  finish(id, q, 'dead', int(now), dead_ttl)
+  emit('task.dead', node, {attempt = attempt, reason = reason}, 'task', id, 'queue', q)
   return 'dead', 0
 end

@@ -18,5 +18,5 @@ if cur == paused then return 0 end
 redis.call('HSET', KEYS[1], 'paused', paused)
 local etype = 'queue.resumed'
 if paused == '1' then etype = 'queue.paused' end
-emit(etype, now_ms(), actor, {'queue', q}, nil)
+emit(etype, actor, nil, 'queue', q)
 return 1

@@ -17,8 +17,8 @@ redis.call('ZREM', P .. ':dead', id)
 redis.call('PERSIST', KEYS[1])
 if f[5] and f[5] ~= '' then redis.call('PERSIST', P .. ':alias:' .. f[5]) end
 redis.call('SADD', P .. ':queues', q)
-redis.call('HSET', KEYS[1], 'attempts', 0, 'cancel_requested', 0, 'error', '')
+redis.call('HSET', KEYS[1], 'attempts', '0', 'cancel_requested', '0', 'error', '')
 redis.call('HDEL', KEYS[1], 'finished_at')
-make_queued(id, q, g, order_score(tonumber(f[4]), false), now)
-emit('task.enqueued', now, actor, {'task', id, 'queue', q}, {state = 'queued', retry = true})
+make_queued(id, q, g, order_score(tonumber(f[4]), next_seqs(1)), int(now))
+emit('task.enqueued', actor, {state = 'queued', retry = true}, 'task', id, 'queue', q)
 return {1, 'queued'}

@@ -19,5 +19,5 @@ else
   redis.call('HSET', KEYS[1], g, limit)
 end
 refresh_group_everywhere(g)
-emit('group.updated', now_ms(), ARGV[4], {'group', g}, {limit = tonumber(limit)})
+emit('group.updated', ARGV[4], {limit = tonumber(limit)}, 'group', g)
 return {1, redis.call('SCARD', grunning(g))}

@@ -1,0 +1,420 @@
+//! `muster bench`: end-to-end task throughput through a running node, with
+//! the Redis bound measured in the same run.
+//!
+//! Phase 1 (peak): producers submit `tasks` tasks in batches while `workers`
+//! REST workers drain them with batch claim and batch complete, as fast as
+//! they can. Phase 2 (half load): the same at half the measured peak rate;
+//! claim latency is measured there, where it reflects service time rather
+//! than queueing. Around phase 1 the bench reads `INFO commandstats` and
+//! `INFO cpu` from the node's Redis, and afterwards runs `redis-benchmark`
+//! (unpipelined EVALSHA of a trivial script) against the same Redis, so the
+//! result is also a ratio to what this Redis can do on this machine.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub url: String,
+    pub token: Option<String>,
+    pub tasks: usize,
+    pub workers: usize,
+    pub batch: usize,
+    pub producers: usize,
+    pub queue: String,
+    /// Redis to read stats from and run redis-benchmark against; default: the
+    /// node's own (from `GET /api/v1/redis`).
+    pub redis_url: Option<String>,
+    /// Skip phase 2.
+    pub skip_half_load: bool,
+    /// Skip redis-benchmark.
+    pub skip_baseline: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub samples: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BenchReport {
+    pub tasks: usize,
+    pub workers: usize,
+    pub batch: usize,
+    pub peak_tasks_per_sec: f64,
+    pub peak_seconds: f64,
+    pub claim_latency_peak: Latency,
+    pub half_load_tasks_per_sec: f64,
+    pub claim_latency_half_load: Latency,
+    /// Commands executed by Redis per task, counting the ones inside scripts.
+    pub redis_commands_per_task: f64,
+    /// Commands sent by the node per task (EVALSHA and plain commands).
+    pub redis_round_trips_per_task: f64,
+    /// Fraction of one core Redis used during phase 1.
+    pub redis_cpu_utilisation: f64,
+    pub redis_benchmark_evalsha_per_sec: Option<f64>,
+    /// peak_tasks_per_sec / redis_benchmark_evalsha_per_sec.
+    pub ratio_to_redis: Option<f64>,
+    pub redis_version: String,
+    pub redis_address: String,
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await?;
+        Ok((
+            status,
+            if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes)?
+            },
+        ))
+    }
+
+    async fn put(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+        let mut req = self.http.put(format!("{}{path}", self.base)).json(body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await?;
+        Ok((resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null)))
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        let mut req = self.http.get(format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        Ok(req.send().await?.error_for_status()?.json().await?)
+    }
+}
+
+fn percentiles(mut v: Vec<f64>) -> Latency {
+    if v.is_empty() {
+        return Latency::default();
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+    Latency {
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+        max_ms: v[v.len() - 1],
+        samples: v.len(),
+    }
+}
+
+/// Sums `calls=` of every command in `INFO commandstats`, and of the ones a
+/// client sends itself (scripts and the plain commands muster uses).
+fn command_calls(info: &str) -> (u64, u64) {
+    let mut all = 0;
+    let mut sent = 0;
+    for line in info.lines() {
+        let Some(rest) = line.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        let Some((name, stats)) = rest.split_once(':') else {
+            continue;
+        };
+        let calls: u64 = stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        all += calls;
+        if matches!(
+            name,
+            "evalsha" | "eval" | "xread" | "time" | "ping" | "smembers" | "zrange" | "hgetall" | "zcard" | "get"
+        ) {
+            sent += calls;
+        }
+    }
+    (all, sent)
+}
+
+fn cpu_seconds(info: &str) -> f64 {
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_sys:")
+                .or_else(|| l.strip_prefix("used_cpu_user:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+async fn info(conn: &mut redis::aio::MultiplexedConnection, section: &str) -> anyhow::Result<String> {
+    Ok(redis::cmd("INFO").arg(section).query_async(conn).await?)
+}
+
+/// Runs the benchmark and returns its report.
+pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
+    let client = Arc::new(Client {
+        http: reqwest::Client::builder().pool_max_idle_per_host(256).build()?,
+        base: opts.url.trim_end_matches('/').to_string(),
+        token: opts.token.clone(),
+    });
+    let summary = client.get("/api/v1/redis").await?;
+    let redis_url = match &opts.redis_url {
+        Some(u) => u.clone(),
+        None => summary["address"].as_str().unwrap_or("").to_string(),
+    };
+    if redis_url.contains("***") {
+        anyhow::bail!("the node's Redis URL has a password; pass it with --redis-url");
+    }
+    let redis_client = redis::Client::open(redis_url.as_str())?;
+    let mut rconn = redis_client.get_multiplexed_async_connection().await?;
+    let mut report = BenchReport {
+        tasks: opts.tasks,
+        workers: opts.workers,
+        batch: opts.batch,
+        redis_version: summary["version"].as_str().unwrap_or("").into(),
+        redis_address: redis_url.clone(),
+        ..Default::default()
+    };
+    for w in 0..opts.workers {
+        let (s, b) = client
+            .put(
+                &format!("/api/v1/nodes/bench-w{w}/heartbeat"),
+                &json!({"ttl_ms": 600_000}),
+            )
+            .await?;
+        anyhow::ensure!(s == 200, "worker registration failed: {s} {b}");
+    }
+    // Warm-up: loads the scripts and the connection pools.
+    let warm = format!("{}-warm", opts.queue);
+    phase(&client, &warm, 2000.min(opts.tasks), &opts, None).await?;
+
+    let before = info(&mut rconn, "commandstats").await?;
+    let cpu_before = cpu_seconds(&info(&mut rconn, "cpu").await?);
+    let peak = phase(&client, &opts.queue, opts.tasks, &opts, None).await?;
+    let after = info(&mut rconn, "commandstats").await?;
+    let cpu_after = cpu_seconds(&info(&mut rconn, "cpu").await?);
+    let (all0, sent0) = command_calls(&before);
+    let (all1, sent1) = command_calls(&after);
+    report.peak_seconds = peak.seconds;
+    report.peak_tasks_per_sec = opts.tasks as f64 / peak.seconds;
+    report.claim_latency_peak = percentiles(peak.claim_ms);
+    report.redis_commands_per_task = (all1 - all0) as f64 / opts.tasks as f64;
+    report.redis_round_trips_per_task = (sent1 - sent0) as f64 / opts.tasks as f64;
+    report.redis_cpu_utilisation = (cpu_after - cpu_before) / peak.seconds;
+
+    if !opts.skip_half_load {
+        let rate = report.peak_tasks_per_sec / 2.0;
+        let n = ((rate * 5.0) as usize).clamp(1000, opts.tasks.max(1000));
+        let half = phase(&client, &format!("{}-half", opts.queue), n, &opts, Some(rate)).await?;
+        report.half_load_tasks_per_sec = n as f64 / half.seconds;
+        report.claim_latency_half_load = percentiles(half.claim_ms);
+    }
+    if !opts.skip_baseline {
+        report.redis_benchmark_evalsha_per_sec = redis_benchmark(&mut rconn, &redis_url).await.ok();
+        report.ratio_to_redis = report
+            .redis_benchmark_evalsha_per_sec
+            .map(|r| report.peak_tasks_per_sec / r);
+    }
+    Ok(report)
+}
+
+struct PhaseResult {
+    seconds: f64,
+    claim_ms: Vec<f64>,
+}
+
+/// Submits `n` tasks (at `rate` per second, or as fast as possible) while the
+/// workers drain the queue; returns when all are complete.
+async fn phase(
+    client: &Arc<Client>,
+    queue: &str,
+    n: usize,
+    opts: &BenchOptions,
+    rate: Option<f64>,
+) -> anyhow::Result<PhaseResult> {
+    let completed = Arc::new(AtomicU64::new(0));
+    let submitted = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicBool::new(false));
+    let claim_ms: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    let per_producer = n.div_ceil(opts.producers.max(1));
+    let payload = json!({"kind": "bench", "data": "x".repeat(64)});
+    for p in 0..opts.producers.max(1) {
+        let client = client.clone();
+        let submitted = submitted.clone();
+        let failed = failed.clone();
+        let queue = queue.to_string();
+        let payload = payload.clone();
+        let batch = opts.batch;
+        let count = per_producer.min(n.saturating_sub(p * per_producer));
+        let producers = opts.producers.max(1) as f64;
+        handles.push(tokio::spawn(async move {
+            let mut sent = 0;
+            while sent < count {
+                let k = batch.min(count - sent);
+                if let Some(r) = rate {
+                    let due = start + Duration::from_secs_f64((sent as f64) / (r / producers));
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                let tasks: Vec<Value> = (0..k).map(|_| json!({"payload": payload})).collect();
+                match client
+                    .post(&format!("/api/v1/queues/{queue}/tasks/batch"), &json!({"tasks": tasks}))
+                    .await
+                {
+                    Ok((200, _)) => {}
+                    other => {
+                        tracing::error!(?other, "submit failed");
+                        failed.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+                sent += k;
+                submitted.fetch_add(k as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    for w in 0..opts.workers {
+        let client = client.clone();
+        let completed = completed.clone();
+        let failed = failed.clone();
+        let claim_ms = claim_ms.clone();
+        let queue = queue.to_string();
+        let batch = opts.batch;
+        handles.push(tokio::spawn(async move {
+            let node = format!("bench-w{w}");
+            let mut local = Vec::new();
+            while completed.load(Ordering::Relaxed) < n as u64 && !failed.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let res = client
+                    .post(
+                        &format!("/api/v1/queues/{queue}/claim"),
+                        &json!({"node": node, "max": batch, "wait_ms": 0}),
+                    )
+                    .await;
+                local.push(t.elapsed().as_secs_f64() * 1000.0);
+                let tasks = match res {
+                    Ok((200, body)) => body["tasks"].as_array().cloned().unwrap_or_default(),
+                    Ok((204, _)) => {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
+                    other => {
+                        tracing::error!(?other, "claim failed");
+                        failed.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                };
+                let items: Vec<Value> = tasks
+                    .iter()
+                    .map(|t| json!({"id": t["id"], "token": t["token"], "result": true}))
+                    .collect();
+                match client.post("/api/v1/tasks/complete", &Value::Array(items)).await {
+                    Ok((200, _)) => {
+                        completed.fetch_add(tasks.len() as u64, Ordering::Relaxed);
+                    }
+                    other => {
+                        tracing::error!(?other, "complete failed");
+                        failed.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+            claim_ms.lock().await.extend(local);
+        }));
+    }
+    for h in handles {
+        h.await?;
+    }
+    anyhow::ensure!(!failed.load(Ordering::Relaxed), "a request failed; see the log");
+    let seconds = start.elapsed().as_secs_f64();
+    let claim_ms = std::mem::take(&mut *claim_ms.lock().await);
+    Ok(PhaseResult { seconds, claim_ms })
+}
+
+/// `redis-benchmark` EVALSHA of `return 1`, unpipelined, 50 clients.
+async fn redis_benchmark(conn: &mut redis::aio::MultiplexedConnection, url: &str) -> anyhow::Result<f64> {
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg("return 1")
+        .query_async(conn)
+        .await?;
+    let mut cmd = tokio::process::Command::new("redis-benchmark");
+    if let Some(path) = url.strip_prefix("unix://") {
+        cmd.args(["-s", path]);
+    } else {
+        let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+        let addr = info.addr().to_string();
+        let (host, port) = addr.rsplit_once(':').unwrap_or((&addr, "6379"));
+        cmd.args(["-h", host, "-p", port]);
+    }
+    cmd.args(["-n", "200000", "-c", "50", "-P", "1", "--csv", "EVALSHA", &sha, "0"]);
+    let out = cmd.output().await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "test","rps",...
+    for line in text.lines() {
+        let cols: Vec<&str> = line.split(',').map(|c| c.trim_matches('"')).collect();
+        if cols.len() >= 2 && cols[0].starts_with("EVALSHA") {
+            return Ok(cols[1].parse()?);
+        }
+    }
+    anyhow::bail!("could not read redis-benchmark's output: {text}")
+}
+
+/// A human-readable summary.
+pub fn render(r: &BenchReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "tasks {}  workers {}  batch {}  Redis {} at {}\n",
+        r.tasks, r.workers, r.batch, r.redis_version, r.redis_address
+    ));
+    s.push_str(&format!(
+        "peak:       {:>9.0} tasks/s ({:.2} s)\n",
+        r.peak_tasks_per_sec, r.peak_seconds
+    ));
+    s.push_str(&format!(
+        "  claim latency p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms ({} claims)\n",
+        r.claim_latency_peak.p50_ms,
+        r.claim_latency_peak.p99_ms,
+        r.claim_latency_peak.max_ms,
+        r.claim_latency_peak.samples
+    ));
+    s.push_str(&format!(
+        "  Redis: {:.1} commands/task ({:.2} round trips/task), {:.0}% of a core\n",
+        r.redis_commands_per_task,
+        r.redis_round_trips_per_task,
+        r.redis_cpu_utilisation * 100.0
+    ));
+    if r.half_load_tasks_per_sec > 0.0 {
+        s.push_str(&format!(
+            "half load:  {:>9.0} tasks/s; claim latency p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms\n",
+            r.half_load_tasks_per_sec,
+            r.claim_latency_half_load.p50_ms,
+            r.claim_latency_half_load.p99_ms,
+            r.claim_latency_half_load.max_ms
+        ));
+    }
+    if let (Some(b), Some(ratio)) = (r.redis_benchmark_evalsha_per_sec, r.ratio_to_redis) {
+        s.push_str(&format!(
+            "redis-benchmark EVALSHA (unpipelined, 50 clients): {b:.0}/s; muster/Redis = {ratio:.2}\n"
+        ));
+    }
+    s
+}

@@ -1,0 +1,237 @@
+//! Dashboard pages of the task store: Queues, Queue, Task, Dead letters.
+
+use askama::Template;
+use askama_web::WebTemplate;
+use axum::Form;
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+
+use super::filters;
+use super::{CsrfForm, Layout, back, check_csrf};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result};
+use crate::tasks::{GroupInfo, QueueStats, STATES, Task, TaskPage};
+use crate::validate;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/queues", get(queues_page))
+        .route("/queues/{queue}", get(queue_page))
+        .route("/tasks/{id}", get(task_page))
+        .route("/dead", get(dead_page))
+        .route("/ui/queues/{queue}/pause", post(ui_pause))
+        .route("/ui/queues/{queue}/resume", post(ui_resume))
+        .route("/ui/tasks/{id}/cancel", post(ui_cancel))
+        .route("/ui/tasks/{id}/retry", post(ui_retry))
+        .route("/ui/tasks/{id}/discard", post(ui_discard))
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/queues.html")]
+pub struct QueuesPage {
+    pub layout: Layout,
+    pub queues: Vec<QueueStats>,
+}
+
+async fn queues_page(State(s): State<AppState>, caller: Caller) -> Result<QueuesPage> {
+    caller.require(Role::Read)?;
+    let queues = s.tasks.queues().await?;
+    Ok(QueuesPage {
+        layout: Layout::new(&s, Some(&caller), "Queues", "Queues"),
+        queues,
+    })
+}
+
+#[derive(Deserialize)]
+pub struct PageQuery {
+    state: Option<String>,
+    cursor: Option<usize>,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/queue.html")]
+pub struct QueuePage {
+    pub layout: Layout,
+    pub stats: QueueStats,
+    pub tabs: Vec<(&'static str, u64)>,
+    pub state: String,
+    pub groups: Vec<GroupInfo>,
+    pub page: TaskPage,
+    pub cursor: usize,
+}
+
+async fn queue_page(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(queue): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> Result<QueuePage> {
+    caller.require(Role::Read)?;
+    validate::name("queue", &queue)?;
+    let state = q.state.unwrap_or_else(|| "queued".into());
+    if !STATES.contains(&state.as_str()) {
+        return Err(ApiError::bad_request(format!(
+            "`state` must be one of {}",
+            STATES.join(", ")
+        )));
+    }
+    let cursor = q.cursor.unwrap_or(0).min(1_000_000);
+    let stats = s
+        .tasks
+        .stats_for(std::slice::from_ref(&queue))
+        .await?
+        .pop()
+        .unwrap_or_default();
+    let tabs = vec![
+        ("queued", stats.queued),
+        ("delayed", stats.delayed),
+        ("running", stats.running),
+        ("succeeded", stats.succeeded),
+        ("cancelled", stats.cancelled),
+        ("dead", stats.dead),
+    ];
+    let groups = s.tasks.groups(Some(&queue)).await?;
+    let page = s.tasks.list(&queue, &state, 50, cursor).await?;
+    Ok(QueuePage {
+        layout: Layout::new(&s, Some(&caller), &format!("Queue {queue}"), "Queues"),
+        stats,
+        tabs,
+        state,
+        groups,
+        page,
+        cursor,
+    })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/task.html")]
+pub struct TaskPageView {
+    pub layout: Layout,
+    pub task: Task,
+    pub payload: String,
+    pub fields: Option<String>,
+    pub result: Option<String>,
+    pub can_cancel: bool,
+    pub finished: bool,
+}
+
+fn pretty(raw: &serde_json::value::RawValue) -> String {
+    serde_json::from_str::<serde_json::Value>(raw.get())
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .unwrap_or_else(|_| raw.get().to_string())
+}
+
+async fn task_page(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<TaskPageView> {
+    caller.require(Role::Read)?;
+    validate::name("id", &id)?;
+    let task = s
+        .tasks
+        .get(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no task `{id}`")))?;
+    let active = matches!(task.state.as_str(), "queued" | "delayed" | "running");
+    Ok(TaskPageView {
+        layout: Layout::new(&s, Some(&caller), &format!("Task {id}"), "Queues"),
+        payload: pretty(&task.payload),
+        fields: task.fields.as_deref().map(pretty),
+        result: task.result.as_deref().map(pretty),
+        can_cancel: active && caller.role >= Role::Worker && !task.cancel_requested,
+        finished: !active,
+        task,
+    })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/dead.html")]
+pub struct DeadPage {
+    pub layout: Layout,
+    pub page: TaskPage,
+    pub cursor: usize,
+}
+
+async fn dead_page(State(s): State<AppState>, caller: Caller, Query(q): Query<PageQuery>) -> Result<DeadPage> {
+    caller.require(Role::Read)?;
+    let cursor = q.cursor.unwrap_or(0).min(1_000_000);
+    let page = s.tasks.dead(50, cursor).await?;
+    Ok(DeadPage {
+        layout: Layout::new(&s, Some(&caller), "Dead letters", "Dead letters"),
+        page,
+        cursor,
+    })
+}
+
+async fn ui_pause(
+    State(s): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> Result<Response> {
+    check_csrf(&caller, &f.csrf)?;
+    caller.require(Role::Admin)?;
+    validate::name("queue", &queue)?;
+    s.tasks.set_paused(&queue, true, &caller.name).await?;
+    Ok(back(&headers, "/queues").into_response())
+}
+
+async fn ui_resume(
+    State(s): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> Result<Response> {
+    check_csrf(&caller, &f.csrf)?;
+    caller.require(Role::Admin)?;
+    validate::name("queue", &queue)?;
+    s.tasks.set_paused(&queue, false, &caller.name).await?;
+    Ok(back(&headers, "/queues").into_response())
+}
+
+async fn ui_cancel(
+    State(s): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> Result<Response> {
+    check_csrf(&caller, &f.csrf)?;
+    caller.require(Role::Worker)?;
+    validate::name("id", &id)?;
+    s.tasks.cancel(&id, &caller.name).await?;
+    Ok(back(&headers, &format!("/tasks/{id}")).into_response())
+}
+
+async fn ui_retry(
+    State(s): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> Result<Response> {
+    check_csrf(&caller, &f.csrf)?;
+    caller.require(Role::Admin)?;
+    validate::name("id", &id)?;
+    s.tasks.retry(&id, &caller.name).await?;
+    Ok(back(&headers, "/dead").into_response())
+}
+
+async fn ui_discard(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> Result<Response> {
+    check_csrf(&caller, &f.csrf)?;
+    caller.require(Role::Admin)?;
+    validate::name("id", &id)?;
+    s.tasks.delete(&id, &caller.name).await?;
+    // The task page is gone; go to the dead letters.
+    Ok(axum::response::Redirect::to("/dead").into_response())
+}
