@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::events::Bus;
 use crate::health::Health;
 use crate::nodes::Nodes;
+use crate::orphans::Orphans;
 use crate::store::Store;
 use crate::store::embedded::EmbeddedRedis;
 use crate::tasks::Tasks;
@@ -32,6 +33,7 @@ pub struct AppState {
     pub store: Store,
     pub nodes: Arc<Nodes>,
     pub tasks: Arc<Tasks>,
+    pub orphans: Arc<Orphans>,
     pub bus: Arc<Bus>,
     /// Cancelled when the node starts shutting down: long polls and
     /// WebSockets end early.
@@ -76,6 +78,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::system::router())
         .merge(crate::nodes::routes::router())
         .merge(crate::tasks::routes::router())
+        .merge(crate::orphans::routes::router())
 }
 
 /// The whole HTTP surface of a node.

@@ -58,6 +58,14 @@ impl Health {
             && !self.stopping.load(Ordering::Relaxed)
     }
 
+    /// Whether this node's registration is fresh with a margin of one
+    /// heartbeat: a node cut off from Redis stops handing out work before
+    /// the cluster can consider it dead.
+    pub fn fresh(&self) -> bool {
+        let margin = self.ttl.saturating_sub(self.heartbeat);
+        self.since_heartbeat().is_some_and(|d| d < margin)
+    }
+
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }

@@ -9,6 +9,8 @@
 //! - [`nodes`]: membership by heartbeat into a sorted set scored by Redis time.
 //! - [`tasks`]: queues, atomic claim with fencing tokens, retries, dead
 //!   letters, idempotency, concurrency groups, retention.
+//! - [`orphans`]: the cleaner that recovers tasks of dead owners, and the
+//!   timeout monitor.
 //! - [`events`]: the cluster event stream, tailed once per node and fanned
 //!   out to local consumers (claim wake-ups, WebSockets).
 //! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
@@ -31,6 +33,7 @@ pub mod events;
 pub mod health;
 pub mod http;
 pub mod nodes;
+pub mod orphans;
 pub mod store;
 pub mod system;
 pub mod tasks;
@@ -198,6 +201,14 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
     };
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
     let tasks = tasks::Tasks::new(store.clone(), cfg.tasks.clone(), &ctx);
+    let orphans = orphans::Orphans::new(
+        store.clone(),
+        cfg.orphans.clone(),
+        &cfg.nodes,
+        cfg.tasks.clone(),
+        node_id.clone(),
+        &ctx,
+    );
     let bus = events::Bus::new(4096);
     let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
@@ -213,6 +224,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         store: store.clone(),
         nodes: nodes.clone(),
         tasks: tasks.clone(),
+        orphans: orphans.clone(),
         bus: bus.clone(),
         shutdown: CancellationToken::new(),
         health: health.clone(),
@@ -250,6 +262,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         nodes::worker::spawn(nodes.clone(), me, health.clone(), loops_cancel.clone()),
         events::tailer::spawn(store.clone(), bus.clone(), tail_from, loops_cancel.clone()),
         tasks::worker::spawn(tasks.clone(), loops_cancel.clone()),
+        orphans::worker::spawn(orphans.clone(), loops_cancel.clone()),
     ];
 
     let router = app::router(state.clone());

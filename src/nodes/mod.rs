@@ -156,6 +156,10 @@ pub struct Prune {
     pub grace_until: i64,
 }
 
+/// The shared liveness rules (who is dead, the post-stall grace), prepended to
+/// every script that decides about other nodes.
+pub const LIVENESS: &str = include_str!("lua/liveness.lua");
+
 struct Scripts {
     heartbeat: Lua,
     prune: Lua,
@@ -174,7 +178,7 @@ impl Nodes {
     pub fn new(store: Store, cfg: NodesConfig, ctx: &ScriptCtx) -> Arc<Nodes> {
         let scripts = Scripts {
             heartbeat: Lua::new("node_heartbeat", include_str!("lua/heartbeat.lua"), ctx),
-            prune: Lua::new("node_prune", include_str!("lua/prune.lua"), ctx),
+            prune: Lua::with_libs("node_prune", &[LIVENESS], include_str!("lua/prune.lua"), ctx),
             drain: Lua::new("node_drain", include_str!("lua/drain.lua"), ctx),
             leave: Lua::new("node_leave", include_str!("lua/leave.lua"), ctx),
         };
@@ -233,7 +237,7 @@ impl Nodes {
             .store
             .eval(
                 &self.scripts.prune,
-                &[k.nodes(), format!("{}:pass", k.nodes()), format!("{}:grace", k.nodes())],
+                &[k.nodes()],
                 &[
                     self.cfg.ttl_ms.to_string(),
                     self.cfg.dead_retention_ms.to_string(),

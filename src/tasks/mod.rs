@@ -301,7 +301,8 @@ pub struct Tasks {
     pub labels: QueueLabels,
 }
 
-const LIB: &str = include_str!("lua/lib.lua");
+/// The task helpers (`lua/lib.lua`), also prepended to the orphan scripts.
+pub const LIB: &str = include_str!("lua/lib.lua");
 
 fn int(v: &Value) -> i64 {
     match v {

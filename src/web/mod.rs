@@ -30,6 +30,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(overview_page))
         .route("/nodes", get(nodes_page))
+        .route("/orphans", get(orphans_page))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/ui/nodes/{id}/drain", post(ui_drain_node))
@@ -120,6 +121,25 @@ async fn nodes_page(State(s): State<AppState>, caller: Caller) -> Result<NodesPa
     Ok(NodesPage {
         layout: Layout::new(&s, Some(&caller), "Nodes", "Nodes"),
         list,
+    })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/orphans.html")]
+pub struct OrphansPage {
+    pub layout: Layout,
+    pub report: crate::orphans::routes::OrphanReport,
+    pub counts: Vec<(String, u64)>,
+}
+
+async fn orphans_page(State(s): State<AppState>, caller: Caller) -> Result<OrphansPage> {
+    caller.require(Role::Read)?;
+    let report = crate::orphans::routes::report(&s, 200).await?;
+    let counts = report.counts.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    Ok(OrphansPage {
+        layout: Layout::new(&s, Some(&caller), "Orphans", "Orphans"),
+        report,
+        counts,
     })
 }
 

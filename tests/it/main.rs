@@ -6,4 +6,5 @@ mod common;
 mod binary;
 mod http_api;
 mod nodes;
+mod orphans;
 mod tasks;

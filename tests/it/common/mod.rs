@@ -153,6 +153,25 @@ impl TestRedis {
         cmd.query_async(&mut c).await.unwrap()
     }
 
+    /// Stalls the server for `d` with `DEBUG SLEEP` (needs
+    /// `--enable-debug-command yes`); returns at once, the stall runs on.
+    pub fn stall(&self, d: Duration) {
+        Command::new("redis-cli")
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "DEBUG",
+                "SLEEP",
+                &format!("{:.3}", d.as_secs_f64()),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-cli is installed with redis-server");
+        // Let the command reach the server before the caller goes on.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     pub async fn dbsize(&self) -> i64 {
         self.cmd(&["DBSIZE"]).await
     }

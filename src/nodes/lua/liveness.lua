@@ -1,0 +1,40 @@
+-- liveness.lua: who is dead, decided in one place (prepended to prune.lua, and to
+-- the orphan cleaner's and timeout monitor's scripts).
+--
+-- Keys: P:nodes (zset, id -> heartbeat expiry, Redis ms), P:nodes:pass (Redis ms of
+-- the last liveness pass by any node; TTL), P:nodes:grace (Redis ms until which
+-- nobody is declared dead; TTL).
+--
+-- Stall safety (G3, fail closed): if no node ran a pass for longer than one ttl —
+-- Redis was unreachable or stalled, or the whole cluster was down — then expired
+-- entries may belong to live nodes that could not reach Redis. Everyone gets one
+-- ttl of grace to heartbeat before anything is declared dead or orphaned.
+local NODES = P .. ':nodes'
+
+-- Records this pass; returns the Redis ms until which the grace holds (0: none).
+local function liveness_pass(now, ttl)
+  local last = tonumber(redis.call('GET', NODES .. ':pass') or '0')
+  redis.call('SET', NODES .. ':pass', int(now), 'PX', int(ttl * 10))
+  local grace = tonumber(redis.call('GET', NODES .. ':grace') or '0')
+  if last == 0 or now - last > ttl then
+    if redis.call('ZCOUNT', NODES, '-inf', int(now)) > 0 then
+      grace = now + ttl
+      redis.call('SET', NODES .. ':grace', int(grace), 'PX', int(ttl * 2))
+    end
+  end
+  if grace > now then return grace end
+  return 0
+end
+
+-- Marks an expired node dead once (event node.dead). Returns true if it did now.
+local function mark_dead(id, expired_at, now)
+  local h = P .. ':node:' .. id
+  if redis.call('EXISTS', h) == 1 and not redis.call('HGET', h, 'dead_at') then
+    redis.call('HSET', h, 'dead_at', int(now))
+    if redis.call('HGET', h, 'state') ~= 'left' then
+      emit('node.dead', id, '{"expired_at":' .. int(expired_at) .. '}')
+      return true
+    end
+  end
+  return false
+end

@@ -1,0 +1,71 @@
+//! REST route of the orphan cleaner.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::OrphanRecord;
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result};
+use crate::http::ApiQuery;
+use crate::nodes::{NodeInfo, NodeState};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_orphans))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OrphanReport {
+    /// Recent recoveries, newest first.
+    pub recovered: Vec<OrphanRecord>,
+    /// Totals per action since the namespace began (requeued, dead, cancelled).
+    pub counts: BTreeMap<String, u64>,
+    /// Nodes whose heartbeat is overdue (suspect), expired but not yet marked
+    /// dead (late), or dead with tasks still to recover.
+    pub suspects: Vec<NodeInfo>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OrphanParams {
+    /// 1 to 1000; default 100.
+    pub limit: Option<usize>,
+}
+
+pub async fn report(s: &AppState, limit: usize) -> Result<OrphanReport> {
+    let (recovered, counts) = s.orphans.history(limit).await?;
+    let nodes = s.nodes.list().await?;
+    let suspects = nodes
+        .nodes
+        .into_iter()
+        .filter(|n| n.suspect || matches!(n.state, NodeState::Late | NodeState::Dead))
+        .collect();
+    Ok(OrphanReport {
+        recovered,
+        counts: counts.into_iter().collect(),
+        suspects,
+    })
+}
+
+/// Recovered tasks, suspect nodes and totals.
+#[utoipa::path(get, path = "/api/v1/orphans", tag = "orphans", params(OrphanParams),
+    responses((status = 200, body = OrphanReport)))]
+async fn list_orphans(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiQuery(p): ApiQuery<OrphanParams>,
+) -> Result<Json<OrphanReport>> {
+    caller.require(Role::Read)?;
+    let limit = p.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
+    }
+    Ok(Json(report(&s, limit).await?))
+}

@@ -1,0 +1,79 @@
+//! The cleaner loop: every `orphans.interval_ms`, recover the tasks of dead
+//! owners and fail the tasks past their timeout; every tenth pass, sweep each
+//! queue's indexes. A failed Redis call skips the step (fail closed).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use super::Orphans;
+
+pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(orphans.config().interval_ms));
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut pass: u64 = 0;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = cancel.cancelled() => return,
+            }
+            pass += 1;
+            match orphans.recover().await {
+                Ok(r) => {
+                    for (action, n) in [("requeued", r.requeued), ("dead", r.dead), ("cancelled", r.cancelled)] {
+                        if n > 0 {
+                            metrics::counter!("muster_orphans_recovered_total", "action" => action).increment(n as u64);
+                        }
+                    }
+                    if r.requeued + r.dead + r.cancelled > 0 {
+                        tracing::info!(
+                            requeued = r.requeued,
+                            dead = r.dead,
+                            cancelled = r.cancelled,
+                            "recovered orphaned tasks"
+                        );
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "cleaner pass skipped"),
+            }
+            match orphans.timeouts().await {
+                Ok(t) if t.timed_out > 0 => {
+                    metrics::counter!("muster_task_timeouts_total").increment(t.timed_out as u64);
+                    tracing::info!(
+                        timed_out = t.timed_out,
+                        retried = t.retried,
+                        dead = t.dead,
+                        "tasks timed out"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "timeout pass skipped"),
+            }
+            if pass % 10 == 0 {
+                let queues: Result<Vec<String>, _> = orphans
+                    .store
+                    .query(
+                        "queues_names",
+                        redis::cmd("SMEMBERS").arg(format!("{}:queues", orphans.store.keys().prefix())),
+                    )
+                    .await;
+                for q in queues.unwrap_or_default() {
+                    match orphans.sweep(&q).await {
+                        Ok((recovered, removed)) if recovered + removed > 0 => {
+                            tracing::info!(queue = %q, recovered, removed, "sweep repaired indexes");
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::debug!(error = %e, "sweep skipped");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,298 @@
+//! The orphan cleaner and timeout monitor (G3), in-process nodes on real Redis.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::tasks::{claim, submit};
+
+/// Registers a worker with a short ttl.
+async fn join_ttl(app: &TestApp, worker: &str, ttl_ms: u64) {
+    let (s, b) = app
+        .put(&format!("/api/v1/nodes/{worker}/heartbeat"), json!({"ttl_ms": ttl_ms}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+}
+
+/// Registers a worker and keeps it alive until the returned handle is
+/// aborted (the "kill").
+async fn heartbeat_forever(app: &TestApp, worker: &str, ttl_ms: u64) -> tokio::task::JoinHandle<()> {
+    join_ttl(app, worker, ttl_ms).await;
+    let url = format!("{}/api/v1/nodes/{worker}/heartbeat", app.url);
+    tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        loop {
+            let _ = http.put(&url).json(&json!({"ttl_ms": ttl_ms})).send().await;
+            tokio::time::sleep(Duration::from_millis(ttl_ms / 4)).await;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_task_is_requeued_at_the_front_within_ttl_plus_interval() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let b = TestApp::start(&redis).await;
+    let ttl = 500;
+    let hb = heartbeat_forever(&a, "doomed", ttl).await;
+    join_ttl(&a, "rescuer", 60_000).await;
+    let victim = submit(&a, "orph", json!({"payload": "important"})).await;
+    let behind = submit(&a, "orph", json!({"payload": "later"})).await;
+    let got = claim(&a, "orph", "doomed", 1, 0).await;
+    assert_eq!(got[0]["id"], victim.as_str());
+    let old_token = got[0]["token"].as_u64().unwrap();
+    // The worker dies: no more heartbeats.
+    hb.abort();
+    let killed = Instant::now();
+    let recovered = wait_until(Duration::from_secs(5), || async {
+        let (_, t) = b.get(&format!("/api/v1/tasks/{victim}")).await;
+        t["state"] == "queued"
+    })
+    .await;
+    assert!(recovered, "the orphan is requeued");
+    let took = killed.elapsed();
+    // ttl after the last heartbeat (at most ttl/4 before the kill) plus one
+    // cleaner interval (100 ms in tests), plus scheduling slack.
+    assert!(
+        took < Duration::from_millis(ttl + 100 + 500),
+        "recovered after {took:?}"
+    );
+    // At the front of its queue, ahead of the task that was behind it.
+    let next = claim(&b, "orph", "rescuer", 1, 0).await;
+    assert_eq!(next[0]["id"], victim.as_str(), "requeued at the front");
+    assert_eq!(next[0]["attempt"], 2);
+    assert!(next[0]["token"].as_u64().unwrap() > old_token);
+    // The dead worker's token is dead.
+    let (s, r) = a
+        .post(&format!("/api/v1/tasks/{victim}/complete"), json!({"token": old_token}))
+        .await;
+    assert_eq!(s, 409, "{r}");
+    let _ = behind;
+    // History, API, event, metric.
+    let (_, report) = a.get("/api/v1/orphans").await;
+    let rec = &report["recovered"][0];
+    assert_eq!(rec["task"], victim.as_str());
+    assert_eq!(rec["owner"], "doomed");
+    assert_eq!(rec["action"], "requeued");
+    assert_eq!(rec["attempt"], 1);
+    assert_eq!(report["counts"]["requeued"], 1);
+    let events = redis.events("muster").await;
+    let rec_events: Vec<_> = events.iter().filter(|(t, _, _)| t == "orphan.recovered").collect();
+    assert_eq!(rec_events.len(), 1, "recovered once, though two nodes run the cleaner");
+    assert!(events.iter().any(|(t, n, _)| t == "node.dead" && n == "doomed"));
+    let (_, task) = a.get(&format!("/api/v1/tasks/{victim}")).await;
+    assert_eq!(task["attempt_log"][0]["outcome"], "orphaned");
+    let html = a
+        .http
+        .get(format!("{}/orphans", a.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains(&victim) && html.contains("doomed"));
+    let metrics = a
+        .http
+        .get(format!("{}/metrics", a.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("muster_orphans_recovered_total{action=\"requeued\"}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_with_no_attempts_left_is_dead_and_its_group_slot_freed() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    a.put("/api/v1/groups/solo", json!({"limit": 1})).await;
+    let hb = heartbeat_forever(&a, "short", 500).await;
+    join_ttl(&a, "other", 60_000).await;
+    let id = submit(&a, "last", json!({"max_attempts": 1, "group": "solo"})).await;
+    let next = submit(&a, "last", json!({"group": "solo"})).await;
+    claim(&a, "last", "short", 1, 0).await;
+    assert!(claim(&a, "last", "other", 1, 0).await.is_empty(), "the group is full");
+    hb.abort();
+    let dead = wait_until(Duration::from_secs(5), || async {
+        a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "dead"
+    })
+    .await;
+    assert!(dead);
+    let got = claim(&a, "last", "other", 1, 2000).await;
+    assert_eq!(got[0]["id"], next.as_str(), "the dead owner's slot was released");
+    let (_, d) = a.get("/api/v1/dead").await;
+    assert_eq!(d["tasks"][0]["id"], id.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_keeps_heartbeating_keeps_its_task() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let hb = heartbeat_forever(&a, "steady", 500).await;
+    let id = submit(&a, "keep", json!({})).await;
+    let t = claim(&a, "keep", "steady", 1, 0).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (s, _) = a
+        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
+        .await;
+    assert_eq!(s, 200, "never recovered from a live owner");
+    hb.abort();
+    let (_, r) = a.get("/api/v1/orphans").await;
+    assert!(r["recovered"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_worker_recovers_its_tasks_at_once() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join_ttl(&a, "gone", 60_000).await;
+    let id = submit(&a, "rm", json!({})).await;
+    claim(&a, "rm", "gone", 1, 0).await;
+    assert_eq!(a.delete("/api/v1/nodes/gone").await.0, 204);
+    let back = wait_until(Duration::from_secs(3), || async {
+        a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "queued"
+    })
+    .await;
+    assert!(back, "an admin removal recovers at the next cleaner pass");
+    // Once its tasks are recovered the node is forgotten (dead retention 2 s in tests).
+    let forgotten = wait_until(Duration::from_secs(5), || async {
+        a.get("/api/v1/nodes/gone").await.0 == 404
+    })
+    .await;
+    assert!(forgotten);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeout_monitor_fails_overdue_tasks_and_late_completes_get_409() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join_ttl(&a, "slow", 60_000).await;
+    let id = submit(
+        &a,
+        "to",
+        json!({"timeout_ms": 300, "max_attempts": 2, "backoff_base_ms": 0, "backoff_cap_ms": 0}),
+    )
+    .await;
+    let t1 = claim(&a, "to", "slow", 1, 0).await;
+    let retried = wait_until(Duration::from_secs(3), || async {
+        let t = a.get(&format!("/api/v1/tasks/{id}")).await.1;
+        t["state"] == "delayed" || t["state"] == "queued"
+    })
+    .await;
+    assert!(retried, "timed out and scheduled for retry");
+    let (s, r) = a
+        .post(
+            &format!("/api/v1/tasks/{id}/complete"),
+            json!({"token": t1[0]["token"]}),
+        )
+        .await;
+    assert_eq!(s, 409, "the late complete is refused: {r}");
+    let t2 = claim(&a, "to", "slow", 1, 2000).await;
+    assert_eq!(t2[0]["attempt"], 2);
+    let dead = wait_until(Duration::from_secs(3), || async {
+        a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "dead"
+    })
+    .await;
+    assert!(dead, "second timeout, no attempts left");
+    let (_, task) = a.get(&format!("/api/v1/tasks/{id}")).await;
+    assert!(task["error"].as_str().unwrap().contains("timed out"));
+    assert_eq!(task["attempt_log"][1]["outcome"], "timed_out");
+    let events = redis.events("muster").await;
+    assert!(
+        events
+            .iter()
+            .any(|(t, _, f)| t == "task.failed" && f["data"].as_str().unwrap().contains("timeout"))
+    );
+    let metrics = a
+        .http
+        .get(format!("{}/metrics", a.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("muster_task_timeouts_total"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_stall_longer_than_the_ttl_orphans_nothing() {
+    let redis = TestRedis::start_with(&["--enable-debug-command", "yes"]);
+    let a = TestApp::start_with(&redis, |c| c.redis.timeout_ms = 5000).await;
+    let ttl = 600u64;
+    let hb = heartbeat_forever(&a, "alive", ttl).await;
+    let id = submit(&a, "stall", json!({"timeout_ms": 60_000})).await;
+    let t = claim(&a, "stall", "alive", 1, 0).await;
+    // Stall Redis for twice the ttl.
+    redis.stall(Duration::from_millis(2 * ttl));
+    // Well past the stall: several cleaner passes with the worker heartbeating.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (s, r) = a
+        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
+        .await;
+    assert_eq!(s, 200, "the owner can still complete: {r}");
+    let (_, report) = a.get("/api/v1/orphans").await;
+    assert!(report["recovered"].as_array().unwrap().is_empty(), "{report}");
+    let events = redis.events("muster").await;
+    assert!(
+        !events.iter().any(|(t, _, _)| t == "node.dead"),
+        "nobody was declared dead"
+    );
+    hb.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_recovers_tasks_of_owners_missing_from_the_registry() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join_ttl(&a, "ghost", 60_000).await;
+    let id = submit(&a, "sw", json!({})).await;
+    claim(&a, "sw", "ghost", 1, 0).await;
+    // Someone deletes the worker's registration and index by hand.
+    let _: () = redis.cmd(&["ZREM", "{muster}:nodes", "ghost"]).await;
+    let _: () = redis
+        .cmd(&["DEL", "{muster}:node:ghost", "{muster}:node:ghost:tasks"])
+        .await;
+    // And leaves a dangling entry in the ready set.
+    let _: () = redis
+        .cmd(&["ZADD", "{muster}:q:sw:ready", "1", "01ARZ3NDEKTSV4RRFFQ69G5FAV"])
+        .await;
+    let fixed = wait_until(Duration::from_secs(5), || async {
+        a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "queued"
+    })
+    .await;
+    assert!(fixed, "the sweep (every tenth pass) recovered it");
+    let gone = wait_until(Duration::from_secs(3), || async {
+        let n: i64 = redis.cmd(&["ZCARD", "{muster}:q:sw:ready"]).await;
+        n == 1
+    })
+    .await;
+    assert!(gone, "the dangling ready entry was removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_redis_stops_handing_out_work() {
+    let redis = TestRedis::start();
+    let proxy = FaultProxy::start(redis.port).await;
+    let a = TestApp::start(&redis).await;
+    let b = TestApp::start_with(&redis, |c| c.redis.url = proxy.url()).await;
+    join_ttl(&a, "w", 60_000).await;
+    submit(&a, "cut", json!({})).await;
+    proxy.block();
+    let refused = wait_until(Duration::from_secs(5), || async {
+        b.post("/api/v1/queues/cut/claim", json!({"node": "w"})).await.0 == 503
+    })
+    .await;
+    assert!(refused, "no claims through a node that cannot reach Redis");
+    proxy.unblock();
+    let ok = wait_until(Duration::from_secs(10), || async {
+        b.post("/api/v1/queues/cut/claim", json!({"node": "w"})).await.0 == 200
+    })
+    .await;
+    assert!(ok, "claims resume when Redis is back");
+    let _ = Value::Null;
+}
