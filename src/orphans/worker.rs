@@ -53,7 +53,7 @@ pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()>
                 Ok(_) => {}
                 Err(e) => tracing::debug!(error = %e, "timeout pass skipped"),
             }
-            if pass % 10 == 0 {
+            if pass.is_multiple_of(10) {
                 let queues: Result<Vec<String>, _> = orphans
                     .store
                     .query(
