@@ -156,7 +156,7 @@ impl TestRedis {
     /// Stalls the server for `d` with `DEBUG SLEEP` (needs
     /// `--enable-debug-command yes`); returns at once, the stall runs on.
     pub fn stall(&self, d: Duration) {
-        Command::new("redis-cli")
+        let mut child = Command::new("redis-cli")
             .args([
                 "-p",
                 &self.port.to_string(),
@@ -168,6 +168,7 @@ impl TestRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-cli is installed with redis-server");
+        std::thread::spawn(move || child.wait());
         // Let the command reach the server before the caller goes on.
         std::thread::sleep(Duration::from_millis(50));
     }
