@@ -4,6 +4,7 @@
 mod common;
 
 mod binary;
+mod chaos;
 mod http_api;
 mod nodes;
 mod orphans;

@@ -177,7 +177,8 @@ impl TestRedis {
         self.cmd(&["DBSIZE"]).await
     }
 
-    /// Every event in the stream, as (type, node, fields), read in pages.
+    /// Every event in the stream, as (type, node, fields), read in pages; the
+    /// stream id is in the `_id` field.
     pub async fn events(&self, prefix: &str) -> Vec<(String, String, Value)> {
         let mut c = self.conn().await;
         let key = format!("{{{prefix}}}:events");
@@ -196,7 +197,7 @@ impl TestRedis {
             let Some(last) = rows.last().map(|r| r.0.clone()) else {
                 break;
             };
-            for (_, fields) in rows {
+            for (sid, fields) in rows {
                 let mut ty = String::new();
                 let mut node = String::new();
                 let mut obj = serde_json::Map::new();
@@ -209,6 +210,7 @@ impl TestRedis {
                         }
                     }
                 }
+                obj.insert("_id".into(), Value::String(sid));
                 out.push((ty, node, Value::Object(obj)));
             }
             start = format!("({last}");
