@@ -96,16 +96,19 @@ fn wall_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
+/// Tasks each worker holds right now: worker -> task -> (token, attempt).
+type Held = HashMap<String, HashMap<String, (u64, u64)>>;
+/// Killed workers: (worker, wall ms of the kill, (task, token) held then).
+type Kills = Vec<(String, i64, Vec<(String, u64)>)>;
+
 /// What the workers and the controller share.
 struct Shared {
     urls: Vec<String>,
     http: reqwest::Client,
     /// Accepted completions: (task, attempt, token).
     completions: Mutex<Vec<(String, u64, u64)>>,
-    /// Tasks each worker holds right now: worker -> task -> (token, attempt).
-    held: Mutex<HashMap<String, HashMap<String, (u64, u64)>>>,
-    /// Killed workers: (worker, wall ms of the kill, tasks held then).
-    kills: Mutex<Vec<(String, i64, Vec<(String, u64)>)>>,
+    held: Mutex<Held>,
+    kills: Mutex<Kills>,
     stop: AtomicBool,
     next_node: AtomicUsize,
     calls_failed_over: AtomicU64,
@@ -393,17 +396,19 @@ async fn run_chaos(plan: Plan) {
         }
         // Completions may lag behind terminal states (ambiguous responses):
         // also stop when the queue is drained.
-        if producer.is_finished() && restarted_redis && stalled_redis && down.is_none() {
-            if let Some((200, q)) = shared
+        if producer.is_finished()
+            && restarted_redis
+            && stalled_redis
+            && down.is_none()
+            && let Some((200, q)) = shared
                 .call(reqwest::Method::GET, &format!("/api/v1/queues/{QUEUE}"), None)
                 .await
-            {
-                let open = q["queued"].as_u64().unwrap_or(1)
-                    + q["delayed"].as_u64().unwrap_or(1)
-                    + q["running"].as_u64().unwrap_or(1);
-                if open == 0 && done + 50 >= plan.tasks {
-                    break;
-                }
+        {
+            let open = q["queued"].as_u64().unwrap_or(1)
+                + q["delayed"].as_u64().unwrap_or(1)
+                + q["running"].as_u64().unwrap_or(1);
+            if open == 0 && done + 50 >= plan.tasks {
+                break;
             }
         }
     }
