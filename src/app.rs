@@ -35,6 +35,10 @@ pub struct AppState {
     pub tasks: Arc<Tasks>,
     pub orphans: Arc<Orphans>,
     pub bus: Arc<Bus>,
+    /// The cached live view the dashboard reads.
+    pub live: Arc<crate::events::live::Live>,
+    /// One permit per WebSocket subscriber (`events.max_clients`).
+    pub ws_slots: Arc<tokio::sync::Semaphore>,
     /// Cancelled when the node starts shutting down: long polls and
     /// WebSockets end early.
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -79,6 +83,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::nodes::routes::router())
         .merge(crate::tasks::routes::router())
         .merge(crate::orphans::routes::router())
+        .merge(crate::events::routes::router())
 }
 
 /// The whole HTTP surface of a node.

@@ -45,6 +45,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Free-form labels shown on the Nodes page.
     pub labels: BTreeMap<String, String>,
+    /// Kernel send buffer of each HTTP connection, in bytes (0: the kernel's
+    /// autotuning, up to several MiB per connection). Bounds the memory a slow
+    /// WebSocket client can pin, and lets the node notice it sooner.
+    pub socket_send_buffer_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +60,7 @@ impl Default for ServerConfig {
             advertise_url: String::new(),
             max_body_bytes: 1024 * 1024,
             labels: BTreeMap::new(),
+            socket_send_buffer_bytes: 256 * 1024,
         }
     }
 }
@@ -221,11 +226,30 @@ impl Default for OrphansConfig {
 pub struct EventsConfig {
     /// Approximate length the event stream is trimmed to (`XADD MAXLEN ~`).
     pub max_len: u64,
+    /// Most WebSocket subscribers per node; beyond it 503.
+    pub max_clients: u32,
+    /// Events buffered per WebSocket client; a client further behind gets a
+    /// `lagged` message and is closed (it reconnects with `since`).
+    pub client_buffer: u32,
+    /// A send to a WebSocket client that takes longer than this closes it.
+    pub send_timeout_ms: u64,
+    /// Keep-alive ping interval; a client silent for two intervals is closed.
+    pub ping_ms: u64,
+    /// How often the node's cached live view (node states, queue counts) is
+    /// rebuilt from Redis, so a lost event cannot leave it wrong.
+    pub reconcile_ms: u64,
 }
 
 impl Default for EventsConfig {
     fn default() -> Self {
-        Self { max_len: 100_000 }
+        Self {
+            max_len: 100_000,
+            max_clients: 1024,
+            client_buffer: 1024,
+            send_timeout_ms: 10_000,
+            ping_ms: 20_000,
+            reconcile_ms: 5000,
+        }
     }
 }
 
@@ -353,8 +377,18 @@ impl Config {
         if self.orphans.interval_ms == 0 {
             return err("orphans.interval_ms", "must be greater than 0");
         }
-        if self.events.max_len < 100 {
+        let e = &self.events;
+        if e.max_len < 100 {
             return err("events.max_len", "must be at least 100");
+        }
+        if e.client_buffer < 8 {
+            return err("events.client_buffer", "must be at least 8");
+        }
+        if e.send_timeout_ms == 0 || e.ping_ms == 0 || e.reconcile_ms == 0 {
+            return err(
+                "events.reconcile_ms",
+                "send_timeout_ms, ping_ms and reconcile_ms must be greater than 0",
+            );
         }
         Ok(())
     }

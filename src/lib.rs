@@ -209,7 +209,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         node_id.clone(),
         &ctx,
     );
-    let bus = events::Bus::new(4096);
+    let bus = events::Bus::new(65_536);
     let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
         Duration::from_millis(cfg.nodes.ttl_ms),
@@ -226,6 +226,8 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         tasks: tasks.clone(),
         orphans: orphans.clone(),
         bus: bus.clone(),
+        live: Arc::new(events::live::Live::default()),
+        ws_slots: Arc::new(tokio::sync::Semaphore::new(cfg.events.max_clients as usize)),
         shutdown: CancellationToken::new(),
         health: health.clone(),
         auth: Arc::new(Auth::new(&cfg.auth)),
@@ -263,10 +265,18 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         events::tailer::spawn(store.clone(), bus.clone(), tail_from, loops_cancel.clone()),
         tasks::worker::spawn(tasks.clone(), loops_cancel.clone()),
         orphans::worker::spawn(orphans.clone(), loops_cancel.clone()),
+        events::live::spawn(state.clone(), loops_cancel.clone()),
     ];
 
     let router = app::router(state.clone());
     let server_cancel = cancel.clone();
+    let send_buffer = cfg.server.socket_send_buffer_bytes;
+    let listener = axum::serve::ListenerExt::tap_io(listener, move |tcp: &mut tokio::net::TcpStream| {
+        let _ = tcp.set_nodelay(true);
+        if send_buffer > 0 {
+            let _ = socket2::SockRef::from(&*tcp).set_send_buffer_size(send_buffer);
+        }
+    });
     let server = tokio::spawn(async move {
         let serve = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
             .with_graceful_shutdown(async move { server_cancel.cancelled().await });

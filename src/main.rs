@@ -28,6 +28,52 @@ enum Command {
     Config(ServeArgs),
     /// Measure end-to-end task throughput through a running node.
     Bench(BenchArgs),
+    /// Follow the cluster's events.
+    #[command(subcommand)]
+    Events(EventsCommand),
+    /// Measure event relay latency with many WebSocket clients on one node.
+    BenchWs {
+        #[arg(long, default_value = "http://127.0.0.1:7700")]
+        url: String,
+        #[arg(long, env = "MUSTER_TOKEN")]
+        token: Option<String>,
+        /// WebSocket clients to open.
+        #[arg(long, default_value_t = 1000)]
+        clients: usize,
+        /// Tasks submitted per second while they listen.
+        #[arg(long, default_value_t = 100)]
+        rate: usize,
+        /// How long to submit.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum EventsCommand {
+    /// Print events as JSON lines, resuming after disconnects.
+    Tail {
+        /// A node's URL.
+        #[arg(long, default_value = "http://127.0.0.1:7700")]
+        url: String,
+        /// Bearer token (or MUSTER_TOKEN).
+        #[arg(long, env = "MUSTER_TOKEN")]
+        token: Option<String>,
+        /// Event types or prefixes, comma-separated: `task.*,node.dead`.
+        #[arg(long)]
+        topics: Option<String>,
+        /// Only events of this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Start after this event id (replays what the stream retains); default: new events only.
+        #[arg(long)]
+        since: Option<String>,
+        /// Exit after this many events.
+        #[arg(long)]
+        limit: Option<u64>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -127,6 +173,60 @@ fn main() -> ExitCode {
     match command {
         Command::Serve(args) => runtime.block_on(serve(merge(&cli.serve, args))),
         Command::Bench(args) => runtime.block_on(bench(args)),
+        Command::BenchWs {
+            url,
+            token,
+            clients,
+            rate,
+            seconds,
+            json,
+        } => {
+            let opts = muster::bench::WsBenchOptions {
+                url,
+                token,
+                clients,
+                rate,
+                seconds,
+            };
+            match runtime.block_on(muster::bench::run_ws(opts)) {
+                Ok(r) if json => {
+                    println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Ok(r) => {
+                    print!("{}", muster::bench::render_ws(&r));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("muster bench-ws: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Events(EventsCommand::Tail {
+            url,
+            token,
+            topics,
+            queue,
+            since,
+            limit,
+        }) => {
+            let opts = muster::events::tail::TailOptions {
+                url,
+                token,
+                topics,
+                queue,
+                since,
+                limit,
+            };
+            match runtime.block_on(muster::events::tail::run(opts)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("muster events tail: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Config(args) => match load_config(&merge(&cli.serve, args)) {
             Ok(cfg) => {
                 match toml_string(&cfg) {

@@ -6,11 +6,18 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 /// (path under /static/, content type, body)
-const ASSETS: &[(&str, &str, &str)] = &[(
-    "css/muster.css",
-    "text/css; charset=utf-8",
-    include_str!("../../static/css/muster.css"),
-)];
+const ASSETS: &[(&str, &str, &str)] = &[
+    (
+        "css/muster.css",
+        "text/css; charset=utf-8",
+        include_str!("../../static/css/muster.css"),
+    ),
+    (
+        "js/live.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../static/js/live.js"),
+    ),
+];
 
 pub async fn serve(Path(path): Path<String>) -> Response {
     match ASSETS.iter().find(|(p, _, _)| *p == path) {

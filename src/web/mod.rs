@@ -13,7 +13,7 @@ use askama::Template;
 use askama_web::WebTemplate;
 use axum::Form;
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -31,6 +31,7 @@ pub fn router() -> Router<AppState> {
         .route("/", get(overview_page))
         .route("/nodes", get(nodes_page))
         .route("/orphans", get(orphans_page))
+        .route("/events", get(events_page))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/ui/nodes/{id}/drain", post(ui_drain_node))
@@ -45,6 +46,8 @@ pub const NAV: &[(&str, &str)] = &[
     ("Nodes", "/nodes"),
     ("Queues", "/queues"),
     ("Dead letters", "/dead"),
+    ("Orphans", "/orphans"),
+    ("Events", "/events"),
 ];
 
 /// What every page's layout shows.
@@ -89,6 +92,28 @@ pub struct OverviewPage {
     pub advertise: String,
     pub ready: String,
     pub uptime: String,
+    pub queued: i64,
+    pub running: i64,
+    pub dead_tasks: i64,
+    pub chart_points: String,
+    pub throughput_now: String,
+    pub throughput_max: u32,
+}
+
+/// The SVG polyline of a throughput series in a 600 x 100 box (the same
+/// drawing live.js does on updates).
+pub fn chart_points(series: &[u32]) -> String {
+    if series.len() < 2 {
+        return "0,100 600,100".into();
+    }
+    let max = series.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let step = 600.0 / (series.len() - 1) as f64;
+    series
+        .iter()
+        .enumerate()
+        .map(|(i, v)| format!("{:.1},{:.1}", i as f64 * step, 100.0 - *v as f64 * 100.0 / max))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 async fn overview_page(State(s): State<AppState>, caller: Caller) -> Result<OverviewPage> {
@@ -96,7 +121,24 @@ async fn overview_page(State(s): State<AppState>, caller: Caller) -> Result<Over
     let list = s.nodes.list().await.ok();
     let redis = crate::system::redis_summary(&s).await.map_err(|e| e.to_string());
     let uptime = SystemTime::now().duration_since(s.started_at).unwrap_or_default();
+    let live = s.live.snapshot();
+    let sum = |f: fn(&crate::events::live::LiveQueue) -> i64| live.queues.values().map(f).sum::<i64>();
+    let recent = &live.throughput[live.throughput.len().saturating_sub(10)..];
+    let throughput_now = if recent.is_empty() {
+        "0.0".to_string()
+    } else {
+        format!(
+            "{:.1}",
+            recent.iter().map(|v| *v as f64).sum::<f64>() / recent.len() as f64
+        )
+    };
     Ok(OverviewPage {
+        queued: sum(|q| q.queued),
+        running: sum(|q| q.running),
+        dead_tasks: sum(|q| q.dead),
+        chart_points: chart_points(&live.throughput),
+        throughput_now,
+        throughput_max: live.throughput.iter().copied().max().unwrap_or(0),
         layout: Layout::new(&s, Some(&caller), "Overview", "Overview"),
         alive: list.as_ref().map_or(0, |l| l.alive),
         draining: list.as_ref().map_or(0, |l| l.draining),
@@ -141,6 +183,86 @@ async fn orphans_page(State(s): State<AppState>, caller: Caller) -> Result<Orpha
         report,
         counts,
     })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/events.html")]
+pub struct EventsPage {
+    pub layout: Layout,
+    pub topics: String,
+    pub topics_attr: String,
+    pub queue: Option<String>,
+    pub since: Option<String>,
+    pub events: Vec<EventRow>,
+    pub count: usize,
+    pub oldest: Option<String>,
+    pub error: Option<String>,
+}
+
+pub struct EventRow {
+    pub ts: i64,
+    pub kind: String,
+    pub node: String,
+    pub subjects: Vec<(String, String)>,
+    pub data: String,
+}
+
+#[derive(Deserialize)]
+pub struct EventsQuery {
+    topics: Option<String>,
+    queue: Option<String>,
+}
+
+async fn events_page(State(s): State<AppState>, caller: Caller, Query(q): Query<EventsQuery>) -> Result<EventsPage> {
+    caller.require(Role::Read)?;
+    let topics = q.topics.unwrap_or_default();
+    let queue = q.queue.filter(|v| !v.is_empty());
+    let mut page = EventsPage {
+        layout: Layout::new(&s, Some(&caller), "Events", "Events"),
+        topics_attr: if topics.is_empty() { "*".into() } else { topics.clone() },
+        topics,
+        queue,
+        since: None,
+        events: Vec::new(),
+        count: 0,
+        oldest: None,
+        error: None,
+    };
+    let filter = match crate::events::Filter::parse(Some(&page.topics), page.queue.as_deref()) {
+        Ok(f) => f,
+        Err(e) => {
+            page.error = Some(e);
+            page.topics_attr = "none".into();
+            return Ok(page);
+        }
+    };
+    // The page's live updates resume right after what it shows: after its
+    // newest event, or after the stream's end as read before the replay.
+    let end = crate::events::tailer::last_id(&s.store).await?;
+    let info = crate::events::retained(&s.store).await?;
+    let replay = crate::events::routes::replay(&s, None, 100, &filter, info).await?;
+    page.oldest = replay.oldest.clone();
+    page.since = Some(replay.next.clone().unwrap_or(end));
+    for raw in replay.events.iter().rev() {
+        let v: serde_json::Value = serde_json::from_str(raw.get()).unwrap_or_default();
+        let mut subjects = Vec::new();
+        if let Some(obj) = v.as_object() {
+            for (k, val) in obj {
+                if !["id", "type", "ts", "node", "data"].contains(&k.as_str()) {
+                    subjects.push((k.clone(), val.as_str().unwrap_or("").to_string()));
+                }
+            }
+        }
+        page.events.push(EventRow {
+            ts: v["ts"].as_i64().unwrap_or(0),
+            kind: v["type"].as_str().unwrap_or("").into(),
+            node: v["node"].as_str().unwrap_or("").into(),
+            subjects,
+            data: v["data"].to_string(),
+        });
+    }
+    page.count = page.events.len();
+    Ok(page)
 }
 
 #[derive(Template, WebTemplate)]

@@ -4,7 +4,9 @@
 mod common;
 
 mod binary;
+mod browser;
 mod chaos;
+mod events;
 mod http_api;
 mod nodes;
 mod orphans;

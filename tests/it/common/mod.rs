@@ -253,6 +253,7 @@ pub fn test_config(redis_url: &str, data_dir: &Path) -> Config {
     cfg.nodes.dead_retention_ms = 2000;
     cfg.orphans.interval_ms = 100;
     cfg.tasks.janitor_interval_ms = 200;
+    cfg.events.reconcile_ms = 500;
     cfg
 }
 

@@ -1,0 +1,300 @@
+//! The node's cached live view for the dashboard: node states, queue counts,
+//! orphan totals and throughput over the last ten minutes.
+//!
+//! Invariant: events only make the view fresh between reconciliations; every
+//! `events.reconcile_ms` it is rebuilt from Redis (and the recent throughput
+//! recounted from the stream), so a lost or dropped event cannot leave it
+//! wrong for longer than one interval.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+
+use super::{Event, StreamId, read_after};
+use crate::app::AppState;
+
+/// Seconds of throughput history.
+pub const WINDOW_SECS: usize = 600;
+
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct LiveQueue {
+    pub queued: i64,
+    pub delayed: i64,
+    pub running: i64,
+    pub dead: i64,
+    pub paused: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct LiveNode {
+    pub id: String,
+    pub kind: String,
+    /// alive, draining, late, dead or left.
+    pub state: String,
+}
+
+/// What the dashboard shows, as of `version`.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct Snapshot {
+    /// Bumped on every change.
+    pub version: u64,
+    /// Redis ms of the last reconciliation with Redis.
+    pub reconciled_at: i64,
+    pub nodes_alive: i64,
+    pub nodes_draining: i64,
+    pub nodes_dead: i64,
+    pub nodes: BTreeMap<String, LiveNode>,
+    pub queues: BTreeMap<String, LiveQueue>,
+    /// Recovered orphans by action since the namespace began.
+    pub orphans: BTreeMap<String, u64>,
+    /// Tasks finished (succeeded or dead) per second, oldest first; the last
+    /// entry is the second `throughput_end` (Unix seconds, Redis time).
+    pub throughput: Vec<u32>,
+    pub throughput_end: i64,
+}
+
+impl Snapshot {
+    /// Moves the throughput window so that it ends at `sec`.
+    fn advance_to(&mut self, sec: i64) {
+        if self.throughput.len() != WINDOW_SECS {
+            self.throughput = vec![0; WINDOW_SECS];
+        }
+        if sec > self.throughput_end {
+            let shift = (sec - self.throughput_end).min(WINDOW_SECS as i64) as usize;
+            self.throughput.rotate_left(shift);
+            for v in &mut self.throughput[WINDOW_SECS - shift..] {
+                *v = 0;
+            }
+            self.throughput_end = sec;
+        }
+    }
+
+    fn count_finish(&mut self, ts_ms: i64) {
+        let sec = ts_ms / 1000;
+        self.advance_to(sec);
+        let back = self.throughput_end - sec;
+        if (0..WINDOW_SECS as i64).contains(&back) {
+            let i = WINDOW_SECS - 1 - back as usize;
+            self.throughput[i] = self.throughput[i].saturating_add(1);
+        }
+    }
+
+    /// Applies one event incrementally (approximate between reconciliations).
+    fn apply(&mut self, ev: &Event) {
+        fn q<'a>(s: &'a mut Snapshot, ev: &Event) -> &'a mut LiveQueue {
+            s.queues
+                .entry(ev.subject("queue").unwrap_or("").to_string())
+                .or_default()
+        }
+        let data_has = |needle: &str| ev.data.contains(needle);
+        match ev.kind.as_str() {
+            "node.joined" => {
+                let n = self.nodes.entry(ev.node.clone()).or_default();
+                n.id = ev.node.clone();
+                n.state = "alive".into();
+                if data_has("\"worker\"") {
+                    n.kind = "worker".into();
+                } else {
+                    n.kind = "node".into();
+                }
+            }
+            "node.draining" => self.nodes.entry(ev.node.clone()).or_default().state = "draining".into(),
+            "node.dead" => self.nodes.entry(ev.node.clone()).or_default().state = "dead".into(),
+            "node.left" => {
+                self.nodes.remove(&ev.node);
+            }
+            "task.enqueued" => {
+                if data_has("\"delayed\"") {
+                    q(self, ev).delayed += 1
+                } else {
+                    q(self, ev).queued += 1
+                }
+            }
+            "task.claimed" => {
+                let e = q(self, ev);
+                e.queued -= 1;
+                e.running += 1;
+            }
+            "task.succeeded" => {
+                q(self, ev).running -= 1;
+                self.count_finish(ev.ts);
+            }
+            "task.failed" => q(self, ev).running -= 1,
+            "task.retrying" => q(self, ev).delayed += 1,
+            "task.dead" => {
+                q(self, ev).dead += 1;
+                self.count_finish(ev.ts);
+            }
+            "orphan.recovered" => {
+                let action = if data_has("\"requeued\"") {
+                    "requeued"
+                } else if data_has("\"dead\"") {
+                    "dead"
+                } else {
+                    "cancelled"
+                };
+                let e = q(self, ev);
+                e.running -= 1;
+                if action == "requeued" {
+                    e.queued += 1;
+                }
+                *self.orphans.entry(action.to_string()).or_default() += 1;
+            }
+            "queue.paused" => q(self, ev).paused = true,
+            "queue.resumed" => q(self, ev).paused = false,
+            _ => return,
+        }
+        for v in self.queues.values_mut() {
+            v.queued = v.queued.max(0);
+            v.running = v.running.max(0);
+            v.delayed = v.delayed.max(0);
+        }
+        self.recount_nodes();
+        self.version += 1;
+    }
+
+    fn recount_nodes(&mut self) {
+        self.nodes_alive = self
+            .nodes
+            .values()
+            .filter(|n| n.state == "alive" || n.state == "draining")
+            .count() as i64;
+        self.nodes_draining = self.nodes.values().filter(|n| n.state == "draining").count() as i64;
+        self.nodes_dead = self.nodes.len() as i64 - self.nodes_alive;
+    }
+}
+
+/// The cache and its upkeep.
+#[derive(Default)]
+pub struct Live {
+    snap: RwLock<Snapshot>,
+    drop_events: AtomicBool,
+}
+
+impl Live {
+    pub fn snapshot(&self) -> Snapshot {
+        self.snap.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// For tests of convergence: ignore incoming events, as if they were lost.
+    pub fn drop_events(&self, drop: bool) {
+        self.drop_events.store(drop, Ordering::Relaxed);
+    }
+
+    pub fn apply(&self, ev: &Event) {
+        if self.drop_events.load(Ordering::Relaxed) {
+            return;
+        }
+        self.snap.write().unwrap_or_else(|p| p.into_inner()).apply(ev);
+    }
+
+    /// Rebuilds the view from Redis; recounts the throughput of the last
+    /// `recount_ms` from the stream.
+    pub async fn reconcile(&self, s: &AppState, recount_ms: i64) -> Result<(), crate::error::ApiError> {
+        let nodes = s.nodes.list().await?;
+        let queues = s.tasks.queues().await?;
+        let (_, orphan_counts) = s.orphans.history(0).await?;
+        let now = nodes.now;
+        // Recount finished tasks per second over the recent window from the stream.
+        let from = now - recount_ms;
+        let mut recent: BTreeMap<i64, u32> = BTreeMap::new();
+        let mut after = StreamId(from.max(0) as u64, 0);
+        'scan: for _ in 0..100 {
+            let page = read_after(&s.store, after, 1000).await?;
+            let n = page.len();
+            for ev in &page {
+                if ev.kind == "task.succeeded" || ev.kind == "task.dead" {
+                    *recent.entry(ev.ts / 1000).or_default() += 1;
+                }
+                if let Some(id) = StreamId::parse(&ev.id) {
+                    after = id;
+                }
+            }
+            if n < 1000 {
+                break 'scan;
+            }
+        }
+        let mut snap = self.snap.write().unwrap_or_else(|p| p.into_inner());
+        snap.nodes = nodes
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.id.clone(),
+                    LiveNode {
+                        id: n.id.clone(),
+                        kind: n.kind.clone(),
+                        state: n.state.to_string(),
+                    },
+                )
+            })
+            .collect();
+        snap.recount_nodes();
+        snap.queues = queues
+            .iter()
+            .map(|q| {
+                (
+                    q.name.clone(),
+                    LiveQueue {
+                        queued: q.queued as i64,
+                        delayed: q.delayed as i64,
+                        running: q.running as i64,
+                        dead: q.dead as i64,
+                        paused: q.paused,
+                    },
+                )
+            })
+            .collect();
+        snap.orphans = orphan_counts.into_iter().collect();
+        // Advance the window to now, then overwrite the recounted seconds.
+        snap.advance_to(now / 1000);
+        let end = snap.throughput_end;
+        for sec in (from / 1000)..=end {
+            let back = end - sec;
+            if (0..WINDOW_SECS as i64).contains(&back) {
+                let i = WINDOW_SECS - 1 - back as usize;
+                snap.throughput[i] = recent.get(&sec).copied().unwrap_or(0);
+            }
+        }
+        snap.reconciled_at = now;
+        snap.version += 1;
+        Ok(())
+    }
+}
+
+/// Feeds the cache from the bus and reconciles it on a timer.
+pub fn spawn(s: AppState, cancel: CancellationToken) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut rx = s.bus.subscribe();
+        let every = Duration::from_millis(s.cfg.events.reconcile_ms);
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first reconciliation fills the whole throughput window.
+        let mut recount = (WINDOW_SECS as i64) * 1000;
+        loop {
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    Ok(ev) => s.live.apply(&ev),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => tick.reset_immediately(),
+                    Err(_) => return,
+                },
+                _ = tick.tick() => {
+                    match s.live.reconcile(&s, recount).await {
+                        Ok(()) => recount = (s.cfg.events.reconcile_ms as i64) * 3,
+                        Err(e) => tracing::debug!(error = %e, "live view reconciliation failed"),
+                    }
+                }
+                _ = cancel.cancelled() => return,
+            }
+        }
+    })
+}
+
+/// Shared handle type.
+pub type SharedLive = Arc<Live>;

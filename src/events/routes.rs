@@ -1,0 +1,211 @@
+//! Event routes: the WebSocket feed, the same replay over plain HTTP, and the
+//! node's cached live view.
+
+use axum::Json;
+use axum::extract::{State, WebSocketUpgrade};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::live::Snapshot;
+use super::{Filter, StreamId, read_after, retained};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result};
+use crate::http::ApiQuery;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_events))
+        .routes(routes!(events_ws))
+        .routes(routes!(get_live))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WsParams {
+    /// Comma-separated event types or prefixes: `task.*,node.dead`; default all.
+    pub topics: Option<String>,
+    /// Only events of this queue.
+    pub queue: Option<String>,
+    /// Resume after this stream id (exclusive); `0` replays all that is retained.
+    pub since: Option<String>,
+    /// Bearer token, for clients that cannot set headers (browsers).
+    pub token: Option<String>,
+}
+
+fn parse_since(since: Option<&str>) -> Result<Option<StreamId>> {
+    match since {
+        None | Some("") => Ok(None),
+        Some(s) => StreamId::parse(s).map(Some).ok_or_else(|| {
+            ApiError::bad_request(
+                "`since` must be a stream id such as 1795388490502-0 (the `id` of the last event you saw)",
+            )
+        }),
+    }
+}
+
+/// The cluster event feed over a WebSocket. Each text message is one event
+/// `{"id", "type", "ts", "node", <subjects>, "data"}`, or a control message:
+/// `{"type": "gap", "oldest"}` (events after `since` were trimmed),
+/// `{"type": "lagged", "last_id"}` (the client fell behind and is closed;
+/// reconnect with `since=last_id`).
+#[utoipa::path(get, path = "/api/v1/events/ws", tag = "events", params(WsParams),
+    responses((status = 101, description = "Switching to the WebSocket protocol"),
+              (status = 400, description = "Bad topics, queue or since"),
+              (status = 503, description = "Too many subscribers on this node (events.max_clients)")))]
+async fn events_ws(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiQuery(p): ApiQuery<WsParams>,
+    ws: WebSocketUpgrade,
+) -> Result<Response> {
+    caller.require(Role::Read)?;
+    let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
+    let since = parse_since(p.since.as_deref())?;
+    let permit = s.ws_slots.clone().try_acquire_owned().map_err(|_| {
+        ApiError::Unavailable(format!(
+            "this node already serves {} event subscribers (events.max_clients); connect to another node",
+            s.cfg.events.max_clients
+        ))
+    })?;
+    if s.health.stopping() {
+        return Err(ApiError::Unavailable("this node is shutting down".into()));
+    }
+    Ok(ws
+        .on_upgrade(move |socket| super::ws::serve(socket, s, filter, since, permit))
+        .into_response())
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReplayParams {
+    /// Events after this stream id (exclusive); default: the last `limit` events.
+    pub since: Option<String>,
+    /// 1 to 1000; default 100.
+    pub limit: Option<usize>,
+    pub topics: Option<String>,
+    pub queue: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    /// Matching events, oldest first.
+    #[schema(value_type = Vec<Object>)]
+    pub events: Vec<Box<RawValue>>,
+    /// Pass as `since` to continue (the last entry looked at, matching or not).
+    pub next: Option<String>,
+    /// True when events after `since` were already trimmed from the stream.
+    pub gap: bool,
+    /// The oldest event the stream still holds.
+    pub oldest: Option<String>,
+}
+
+/// The event stream over plain HTTP, with the same filters as the WebSocket.
+#[utoipa::path(get, path = "/api/v1/events", tag = "events", params(ReplayParams),
+    responses((status = 200, body = EventPage), (status = 400, description = "Bad parameters")))]
+async fn list_events(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiQuery(p): ApiQuery<ReplayParams>,
+) -> Result<Json<EventPage>> {
+    caller.require(Role::Read)?;
+    let limit = p.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
+    }
+    let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
+    let since = parse_since(p.since.as_deref())?;
+    let info = retained(&s.store).await?;
+    Ok(Json(replay(&s, since, limit, &filter, info).await?))
+}
+
+/// Reads matching events after `since` (or the latest ones), scanning at most
+/// ten pages of the stream.
+pub async fn replay(
+    s: &AppState,
+    since: Option<StreamId>,
+    limit: usize,
+    filter: &Filter,
+    info: super::Retained,
+) -> Result<EventPage> {
+    let mut events = Vec::new();
+    let mut next = since;
+    let gap = since.is_some_and(|s| info.lost_after(s));
+    let start = match since {
+        Some(id) => id,
+        None => {
+            // The latest `limit` matching events: walk back from the end.
+            let rows: Vec<super::tailer::Entry> = s
+                .store
+                .query(
+                    "events_latest",
+                    redis::cmd("XREVRANGE")
+                        .arg(s.store.keys().events())
+                        .arg("+")
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(limit * 10),
+                )
+                .await?;
+            let mut evs: Vec<super::Event> = rows
+                .into_iter()
+                .map(|(id, f)| super::Event::from_fields(id, f))
+                .filter(|e| filter.matches(e))
+                .take(limit)
+                .collect();
+            evs.reverse();
+            let next = evs.last().map(|e| e.id.clone());
+            let events = evs
+                .iter()
+                .filter_map(|e| RawValue::from_string(e.json().to_string()).ok())
+                .collect();
+            return Ok(EventPage {
+                events,
+                next,
+                gap: false,
+                oldest: info.first.map(|f| f.to_string()),
+            });
+        }
+    };
+    let mut after = start;
+    for _ in 0..10 {
+        let page = read_after(&s.store, after, limit.max(100)).await?;
+        let n = page.len();
+        for ev in page {
+            if let Some(id) = StreamId::parse(&ev.id) {
+                after = id;
+                next = Some(id);
+            }
+            if filter.matches(&ev) {
+                if let Ok(raw) = RawValue::from_string(ev.json().to_string()) {
+                    events.push(raw);
+                }
+                if events.len() >= limit {
+                    break;
+                }
+            }
+        }
+        if events.len() >= limit || n < limit.max(100) {
+            break;
+        }
+    }
+    Ok(EventPage {
+        events,
+        next: next.map(|n| n.to_string()),
+        gap,
+        oldest: info.first.map(|f| f.to_string()),
+    })
+}
+
+/// This node's cached live view (what the dashboard shows): node states,
+/// queue counts, orphan totals, throughput over the last ten minutes.
+#[utoipa::path(get, path = "/api/v1/live", tag = "events", responses((status = 200, body = Snapshot)))]
+async fn get_live(State(s): State<AppState>, caller: Caller) -> Result<Json<Snapshot>> {
+    caller.require(Role::Read)?;
+    Ok(Json(s.live.snapshot()))
+}

@@ -1,0 +1,119 @@
+//! A browser test of the live dashboard: headless Chromium (Debian's
+//! `chromium` and `chromium-driver`) driven over WebDriver by fantoccini.
+//! The Overview page must update its counts without a reload when a task is
+//! submitted over REST. A screenshot is saved under `target/`.
+//!
+//! Without Chromium the test says so and passes; `.ci/run` installs it and
+//! sets MUSTER_REQUIRE_BROWSER=1, which turns its absence into a failure.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fantoccini::{ClientBuilder, Locator};
+use serde_json::json;
+
+use crate::common::*;
+
+struct Driver(Child);
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn find(bin: &str) -> Option<String> {
+    ["/usr/bin/", "/usr/local/bin/", "/usr/lib/chromium/"]
+        .iter()
+        .map(|d| format!("{d}{bin}"))
+        .find(|p| std::path::Path::new(p).exists())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_updates_live_in_a_real_browser() {
+    let (Some(driver_bin), Some(chromium)) = (find("chromedriver"), find("chromium")) else {
+        if std::env::var("MUSTER_REQUIRE_BROWSER").is_ok_and(|v| v == "1") {
+            panic!("chromium and chromium-driver are required (apt-get install -y chromium chromium-driver)");
+        }
+        eprintln!("SKIPPED the browser test: install chromium and chromium-driver to run it");
+        return;
+    };
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let port = free_port();
+    let _driver = Driver(
+        Command::new(driver_bin)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts"),
+    );
+    let profile = tempfile::tempdir().unwrap();
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-quic", "--no-first-run", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--window-size=1280,900",
+                     format!("--user-data-dir={}", profile.path().display())]
+        }),
+    );
+    let webdriver = format!("http://127.0.0.1:{port}");
+    let mut client = None;
+    for _ in 0..100 {
+        match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps.clone())
+            .connect(&webdriver)
+            .await
+        {
+            Ok(c) => {
+                client = Some(c);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let c = client.expect("a WebDriver session");
+    c.goto(&format!("{}/", app.url)).await.unwrap();
+    // The page's WebSocket is up ...
+    let mut live = false;
+    for _ in 0..100 {
+        let status = c.find(Locator::Id("live-status")).await.unwrap().text().await.unwrap();
+        if status == "live" {
+            live = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(live, "the page connected to the event feed");
+    let before = c.find(Locator::Id("total-queued")).await.unwrap().text().await.unwrap();
+    assert_eq!(before, "0");
+    // ... a marker proves there is no reload ...
+    c.execute("window.__muster_marker = 42; return null;", vec![])
+        .await
+        .unwrap();
+    // ... and a task submitted over REST shows up.
+    for i in 0..3 {
+        let (s, _) = app.post("/api/v1/queues/browser/tasks", json!({"payload": i})).await;
+        assert_eq!(s, 201);
+    }
+    let mut after = String::new();
+    for _ in 0..100 {
+        after = c.find(Locator::Id("total-queued")).await.unwrap().text().await.unwrap();
+        if after == "3" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(after, "3", "the count changed without a reload");
+    let marker = c.execute("return window.__muster_marker;", vec![]).await.unwrap();
+    assert_eq!(marker, json!(42), "same page, no reload");
+    let png = c.screenshot().await.unwrap();
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("browser-overview.png"), png).unwrap();
+    c.close().await.unwrap();
+}
