@@ -34,6 +34,7 @@ pub struct AppState {
     pub nodes: Arc<Nodes>,
     pub tasks: Arc<Tasks>,
     pub orphans: Arc<Orphans>,
+    pub workflows: Arc<crate::workflows::Workflows>,
     pub bus: Arc<Bus>,
     /// The cached live view the dashboard reads.
     pub live: Arc<crate::events::live::Live>,
@@ -84,6 +85,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::tasks::routes::router())
         .merge(crate::orphans::routes::router())
         .merge(crate::events::routes::router())
+        .merge(crate::workflows::routes::router())
 }
 
 /// The whole HTTP surface of a node.

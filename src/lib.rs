@@ -11,6 +11,7 @@
 //!   letters, idempotency, concurrency groups, retention.
 //! - [`orphans`]: the cleaner that recovers tasks of dead owners, and the
 //!   timeout monitor.
+//! - [`workflows`]: DAGs of tasks whose successors are dispatched exactly once.
 //! - [`events`]: the cluster event stream, tailed once per node and fanned
 //!   out to local consumers (claim wake-ups, WebSockets).
 //! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
@@ -39,6 +40,7 @@ pub mod system;
 pub mod tasks;
 pub mod validate;
 pub mod web;
+pub mod workflows;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -209,6 +211,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         node_id.clone(),
         &ctx,
     );
+    let workflows = workflows::Workflows::new(store.clone(), cfg.tasks.clone(), &ctx);
     let bus = events::Bus::new(65_536);
     let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
@@ -225,6 +228,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         nodes: nodes.clone(),
         tasks: tasks.clone(),
         orphans: orphans.clone(),
+        workflows: workflows.clone(),
         bus: bus.clone(),
         live: Arc::new(events::live::Live::default()),
         ws_slots: Arc::new(tokio::sync::Semaphore::new(cfg.events.max_clients as usize)),
@@ -266,6 +270,11 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         tasks::worker::spawn(tasks.clone(), loops_cancel.clone()),
         orphans::worker::spawn(orphans.clone(), loops_cancel.clone()),
         events::live::spawn(state.clone(), loops_cancel.clone()),
+        workflows::worker::spawn(
+            workflows.clone(),
+            Duration::from_millis(cfg.tasks.janitor_interval_ms),
+            loops_cancel.clone(),
+        ),
     ];
 
     let router = app::router(state.clone());

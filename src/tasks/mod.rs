@@ -301,8 +301,13 @@ pub struct Tasks {
     pub labels: QueueLabels,
 }
 
-/// The task helpers (`lua/lib.lua`), also prepended to the orphan scripts.
-pub const LIB: &str = include_str!("lua/lib.lua");
+/// The task helpers (`lua/lib.lua`) followed by the workflow hook that every
+/// terminal transition calls; prepended to every script that changes tasks.
+pub const LIB: &str = concat!(
+    include_str!("lua/lib.lua"),
+    "\n",
+    include_str!("../workflows/lua/hook.lua")
+);
 
 fn int(v: &Value) -> i64 {
     match v {

@@ -6,6 +6,7 @@
 
 pub mod assets;
 pub mod tasks;
+pub mod workflows;
 
 use std::time::SystemTime;
 
@@ -38,6 +39,7 @@ pub fn router() -> Router<AppState> {
         .route("/static/{*path}", get(assets::serve))
         .route("/favicon.ico", get(assets::favicon))
         .merge(tasks::router())
+        .merge(workflows::router())
 }
 
 /// The navigation, in order. Later subsystems add their pages here.
@@ -47,6 +49,7 @@ pub const NAV: &[(&str, &str)] = &[
     ("Queues", "/queues"),
     ("Dead letters", "/dead"),
     ("Orphans", "/orphans"),
+    ("Workflows", "/workflows"),
     ("Events", "/events"),
 ];
 

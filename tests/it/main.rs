@@ -11,3 +11,4 @@ mod http_api;
 mod nodes;
 mod orphans;
 mod tasks;
+mod workflows;

@@ -10,7 +10,8 @@
 -- Returns a flat list, 3 entries per task: code, state, attempt
 --   code  1 succeeded, -1 stale token or not running (state is the current one),
 --         -2 unknown task
--- Emits task.succeeded per completed task.
+-- Emits task.succeeded per completed task. A workflow task's completion also
+-- dispatches its ready successors (workflows/lua/hook.lua), in this same call.
 local retention, n = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local nows = int(now)
@@ -21,7 +22,7 @@ local deadlines = {}
 for i = 0, n - 1 do
   local id, token, result = ARGV[3 + i * 3], ARGV[4 + i * 3], ARGV[5 + i * 3]
   local t = tkey(id)
-  local f = redis.call('HMGET', t, 'state', 'token', 'queue', 'group', 'owner', 'attempts', 'alias', 'timeout_ms')
+  local f = redis.call('HMGET', t, 'state', 'token', 'queue', 'group', 'owner', 'attempts', 'alias', 'timeout_ms', 'wf')
   if not f[1] then
     out[#out + 1] = -2; out[#out + 1] = ''; out[#out + 1] = 0
   elseif f[1] ~= 'running' or f[2] ~= token then
@@ -45,6 +46,7 @@ for i = 0, n - 1 do
       groups[g] = true
     end
     emit_task('task.succeeded', owner, '{"attempt":' .. attempt .. '}', id, q, g)
+    if f[9] then wf_on_end(id, 'succeeded', nows) end
     out[#out + 1] = 1; out[#out + 1] = 'succeeded'; out[#out + 1] = tonumber(attempt)
   end
 end

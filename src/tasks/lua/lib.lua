@@ -30,6 +30,10 @@
 -- Speed: arguments are passed to redis.call as strings where possible (Lua numbers
 -- are formatted on every call), and batch scripts gather per-key work into one
 -- variadic call (ZADD, ZREM, SADD, SREM) per key.
+-- Workflow advancement, defined by workflows/lua/hook.lua (appended after this
+-- library): called whenever a task reaches a terminal state.
+local wf_on_end
+
 local TWO42 = 4398046511104
 local TWO41 = 2199023255552
 local TWO32 = 4294967296
@@ -169,6 +173,7 @@ local function finish(id, q, state, nows, ttl)
   redis.call('PEXPIRE', tkey(id), ttl)
   local alias = redis.call('HGET', tkey(id), 'alias')
   if alias and alias ~= '' then redis.call('PEXPIRE', P .. ':alias:' .. alias, ttl) end
+  wf_on_end(id, state, nows)
 end
 
 -- Moves due delayed tasks of q to queued (at most `limit`). Returns how many.

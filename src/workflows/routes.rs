@@ -1,0 +1,143 @@
+//! REST routes of workflows.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{NewWorkflow, Workflow, WorkflowSummary, plan};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result};
+use crate::http::{ApiJson, ApiQuery};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_workflow, list_workflows))
+        .routes(routes!(get_workflow))
+        .routes(routes!(cancel_workflow))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatedWorkflow {
+    pub id: String,
+    /// True when the idempotency key returned an existing workflow.
+    pub replayed: bool,
+}
+
+fn check_id(id: &str) -> Result<()> {
+    if id.len() == 26 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "`id` must be a 26-character workflow id (got {})",
+            crate::validate::shorten(id)
+        )))
+    }
+}
+
+/// Starts a workflow: a DAG of tasks. Tasks without dependencies are queued
+/// at once; each other task is queued, exactly once, when all its
+/// dependencies succeeded. 201 for a new workflow, 200 for a replay of its
+/// idempotency key (also accepted as the `Idempotency-Key` header).
+#[utoipa::path(post, path = "/api/v1/workflows", tag = "workflows", request_body = NewWorkflow,
+    responses((status = 201, body = CreatedWorkflow), (status = 200, body = CreatedWorkflow, description = "Replay"),
+              (status = 400, description = "Invalid DAG: duplicate key, unknown dependency, cycle (named)"),
+              (status = 413, description = "A payload is too large")))]
+async fn create_workflow(
+    State(s): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiJson(mut w): ApiJson<NewWorkflow>,
+) -> Result<Response> {
+    caller.require(Role::Worker)?;
+    if let Some(h) = headers.get("idempotency-key") {
+        let h = h
+            .to_str()
+            .map_err(|_| ApiError::bad_request("the Idempotency-Key header must be ASCII"))?;
+        match &w.idempotency_key {
+            Some(k) if k != h => {
+                return Err(ApiError::bad_request(
+                    "the Idempotency-Key header and `idempotency_key` differ; send one",
+                ));
+            }
+            _ => w.idempotency_key = Some(h.to_string()),
+        }
+    }
+    let plan = plan(&w, s.tasks.config())?;
+    let (id, new) = s.workflows.create(&plan, &s.node_id).await?;
+    let status = if new { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(CreatedWorkflow { id, replayed: !new })).into_response())
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WorkflowListParams {
+    /// running, succeeded, failed or cancelled.
+    pub state: Option<String>,
+    /// 1 to 200; default 50.
+    pub limit: Option<usize>,
+    pub cursor: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkflowList {
+    pub workflows: Vec<WorkflowSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<usize>,
+}
+
+/// Workflows, newest first.
+#[utoipa::path(get, path = "/api/v1/workflows", tag = "workflows", params(WorkflowListParams),
+    responses((status = 200, body = WorkflowList)))]
+async fn list_workflows(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiQuery(p): ApiQuery<WorkflowListParams>,
+) -> Result<Json<WorkflowList>> {
+    caller.require(Role::Read)?;
+    if let Some(st) = &p.state
+        && !["running", "succeeded", "failed", "cancelled"].contains(&st.as_str())
+    {
+        return Err(ApiError::bad_request(
+            "`state` must be running, succeeded, failed or cancelled",
+        ));
+    }
+    let limit = p.limit.unwrap_or(50);
+    if !(1..=200).contains(&limit) {
+        return Err(ApiError::bad_request("`limit` must be between 1 and 200"));
+    }
+    let (workflows, next_cursor) = s
+        .workflows
+        .list(p.state.as_deref(), limit, p.cursor.unwrap_or(0).min(1_000_000))
+        .await?;
+    Ok(Json(WorkflowList { workflows, next_cursor }))
+}
+
+/// A workflow with each task's state.
+#[utoipa::path(get, path = "/api/v1/workflows/{id}", tag = "workflows",
+    params(("id" = String, Path, description = "Workflow id")),
+    responses((status = 200, body = Workflow), (status = 404, description = "Unknown workflow")))]
+async fn get_workflow(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Workflow>> {
+    caller.require(Role::Read)?;
+    check_id(&id)?;
+    Ok(Json(s.workflows.get(&id).await?))
+}
+
+/// Cancels a running workflow: what has not started is cancelled, running
+/// tasks are asked to stop.
+#[utoipa::path(post, path = "/api/v1/workflows/{id}/cancel", tag = "workflows",
+    params(("id" = String, Path, description = "Workflow id")),
+    responses((status = 204, description = "Cancelled"), (status = 404, description = "Unknown workflow"),
+              (status = 409, description = "Already finished")))]
+async fn cancel_workflow(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    check_id(&id)?;
+    s.workflows.cancel(&id, &caller.name).await?;
+    Ok(crate::http::no_content())
+}
