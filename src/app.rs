@@ -45,6 +45,7 @@ pub struct AppState {
     pub started_at: SystemTime,
     /// The OpenAPI document, rendered once when the router is built.
     pub openapi: Arc<OnceLock<String>>,
+    pub schedules: Arc<crate::schedules::Schedules>,
 }
 
 #[derive(OpenApi)]
@@ -79,6 +80,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::nodes::routes::router())
         .merge(crate::tasks::routes::router())
         .merge(crate::orphans::routes::router())
+        .merge(crate::schedules::routes::router())
 }
 
 /// The whole HTTP surface of a node.

@@ -11,6 +11,8 @@
 //!   letters, idempotency, concurrency groups, retention.
 //! - [`orphans`]: the cleaner that recovers tasks of dead owners, and the
 //!   timeout monitor.
+//! - [`schedules`]: cron schedules, fired exactly once per occurrence across
+//!   the cluster by every node's scheduler.
 //! - [`events`]: the cluster event stream, tailed once per node and fanned
 //!   out to local consumers (claim wake-ups, WebSockets).
 //! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
@@ -34,6 +36,7 @@ pub mod health;
 pub mod http;
 pub mod nodes;
 pub mod orphans;
+pub mod schedules;
 pub mod store;
 pub mod system;
 pub mod tasks;
@@ -209,6 +212,13 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         node_id.clone(),
         &ctx,
     );
+    let schedules = schedules::Schedules::new(
+        store.clone(),
+        cfg.schedules.clone(),
+        cfg.tasks.clone(),
+        node_id.clone(),
+        &ctx,
+    );
     let bus = events::Bus::new(4096);
     let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
@@ -233,6 +243,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         embedded: embedded.clone(),
         started_at: SystemTime::now(),
         openapi: Arc::new(OnceLock::new()),
+        schedules: schedules.clone(),
     };
 
     // Join before serving, so /readyz is green as soon as it answers.
@@ -256,6 +267,16 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         Err(e) => tracing::warn!(error = %e, "first heartbeat failed; retrying in the background"),
     }
 
+    // Config schedules are in Redis before the node serves; on failure the
+    // scheduler loop retries.
+    let reconciled = match schedules.reconcile().await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not write the config schedules; retrying in the background");
+            false
+        }
+    };
+
     let cancel = CancellationToken::new();
     let loops_cancel = CancellationToken::new();
     let loops = vec![
@@ -263,6 +284,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         events::tailer::spawn(store.clone(), bus.clone(), tail_from, loops_cancel.clone()),
         tasks::worker::spawn(tasks.clone(), loops_cancel.clone()),
         orphans::worker::spawn(orphans.clone(), loops_cancel.clone()),
+        schedules::worker::spawn(schedules.clone(), reconciled, loops_cancel.clone()),
     ];
 
     let router = app::router(state.clone());

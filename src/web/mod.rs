@@ -5,6 +5,7 @@
 //! service method as the REST API and redirects back (post/redirect/get).
 
 pub mod assets;
+pub mod schedules;
 pub mod tasks;
 
 use std::time::SystemTime;
@@ -37,6 +38,7 @@ pub fn router() -> Router<AppState> {
         .route("/static/{*path}", get(assets::serve))
         .route("/favicon.ico", get(assets::favicon))
         .merge(tasks::router())
+        .merge(schedules::router())
 }
 
 /// The navigation, in order. Later subsystems add their pages here.
@@ -45,6 +47,7 @@ pub const NAV: &[(&str, &str)] = &[
     ("Nodes", "/nodes"),
     ("Queues", "/queues"),
     ("Dead letters", "/dead"),
+    ("Schedules", "/schedules"),
 ];
 
 /// What every page's layout shows.

@@ -8,4 +8,5 @@ mod chaos;
 mod http_api;
 mod nodes;
 mod orphans;
+mod schedules;
 mod tasks;
