@@ -76,7 +76,7 @@ async fn rewind(redis: &TestRedis, id: &str, cursor: i64) {
 }
 
 /// Every task of a queue (any state), grouped by the occurrence in its
-/// idempotency key `schedule:<id>:<T>`.
+/// idempotency key `schedule:<id>:<T>` (or `schedule:<id>:trigger:<T>`).
 async fn tasks_by_occurrence(app: &TestApp, queue: &str, id: &str) -> BTreeMap<i64, Vec<Value>> {
     let mut out: BTreeMap<i64, Vec<Value>> = BTreeMap::new();
     let prefix = format!("schedule:{id}:");
@@ -90,6 +90,7 @@ async fn tasks_by_occurrence(app: &TestApp, queue: &str, id: &str) -> BTreeMap<i
             for t in page["tasks"].as_array().unwrap() {
                 let key = t["idempotency_key"].as_str().unwrap_or("");
                 if let Some(rest) = key.strip_prefix(&prefix) {
+                    let rest = rest.strip_prefix("trigger:").unwrap_or(rest);
                     let occ: i64 = rest.parse().expect("a scheduled occurrence");
                     out.entry(occ).or_default().push(t.clone());
                 }
@@ -701,6 +702,8 @@ async fn schedules_api_config_pages_trigger_and_events() {
     assert_eq!(st, 204);
     let c3 = TestApp::start_with(&redis, from_config).await;
     assert_eq!(get(&c3, "nightly").await["enabled"], false);
+    let (st, _) = c3.post("/api/v1/schedules/nightly/enable", json!({})).await;
+    assert_eq!(st, 204);
 
     // API schedules: create, list, replace, trigger, delete.
     let created = create(
