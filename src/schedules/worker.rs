@@ -112,7 +112,7 @@ impl Schedules {
                 match r.code {
                     1 => {
                         cursor = r.cursor;
-                        if !after.is_some_and(|a| a <= horizon) {
+                        if after.is_none_or(|a| a > horizon) {
                             break;
                         }
                     }

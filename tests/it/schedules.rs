@@ -522,7 +522,12 @@ async fn g7_overlap_forbid_skips_while_the_previous_task_is_live() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g7_overlap_replace_cancels_the_previous_task_and_stales_its_token() {
     let redis = TestRedis::start();
-    let a = TestApp::start_with(&redis, fast).await;
+    // No orphan sweep during the test: it would repair a slot left behind.
+    let a = TestApp::start_with(&redis, |c| {
+        fast(c);
+        c.orphans.interval_ms = 60_000;
+    })
+    .await;
     join(&a, "w").await;
     // A group of one: the replacement can only run if the old task's slot is freed.
     a.put("/api/v1/groups/one", json!({"limit": 1})).await;
@@ -556,8 +561,13 @@ async fn g7_overlap_replace_cancels_the_previous_task_and_stales_its_token() {
         let (st, reply) = a.post(&format!("/api/v1/tasks/{old}/{action}"), body).await;
         assert_eq!(st, 409, "{action} with the replaced task's token: {reply}");
     }
-    // Its group slot was freed: a replacement runs in the group of one.
-    let next = claim(&a, "fresh", "w", 1, 2000).await;
+    // Everything the running task held is released: its worker's index and its
+    // group slot, so a replacement runs in the group of one at once.
+    let held: i64 = redis.cmd(&["SISMEMBER", "{muster}:node:w:tasks", &old]).await;
+    assert_eq!(held, 0, "still in the worker's index");
+    let slot: i64 = redis.cmd(&["SISMEMBER", "{muster}:group:one:running", &old]).await;
+    assert_eq!(slot, 0, "still holds its group slot");
+    let next = claim(&a, "fresh", "w", 1, 0).await;
     assert_eq!(next.len(), 1, "a replacement is claimable in the group of one");
     let claimed = next[0]["id"].as_str().unwrap().to_string();
     assert_ne!(claimed, old);
