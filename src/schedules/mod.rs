@@ -271,9 +271,9 @@ pub fn check(def: &ScheduleDef, tasks: &TasksConfig) -> Result<Checked, ApiError
     }
     crate::validate::name("queue", &def.queue)?;
     const WEEK_MS: u64 = 7 * 24 * 3600 * 1000;
-    if def.starting_deadline_ms.is_some_and(|d| d == 0 || d > WEEK_MS) {
+    if def.starting_deadline_ms.is_some_and(|d| !(1000..=WEEK_MS).contains(&d)) {
         return Err(ApiError::bad_request(
-            "`starting_deadline_ms` must be between 1 and 604800000 (7 days), or absent for no deadline",
+            "`starting_deadline_ms` must be between 1000 (1 s) and 604800000 (7 days), or absent for no deadline",
         ));
     }
     let t = &def.task;
@@ -411,7 +411,7 @@ pub struct Schedule {
     pub updated_at: i64,
     /// The latest occurrence that has its outcome (Unix ms); later ones are pending.
     pub cursor: i64,
-    /// The next 5 occurrences after the cursor (Unix ms), while enabled.
+    /// The next 5 occurrences (Unix ms) after now (Redis time), while enabled.
     pub next: Vec<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_task: Option<String>,
@@ -783,38 +783,51 @@ impl Schedules {
             return Ok(Vec::new());
         }
         let mut p = redis::pipe();
+        p.cmd("TIME");
         for id in &ids {
             p.cmd("HGETALL").arg(self.key(id));
         }
-        let maps: Vec<BTreeMap<String, String>> = self.store.pipe("schedule_list", &p).await?;
-        Ok(ids
-            .iter()
-            .zip(maps)
-            .filter(|(_, m)| !m.is_empty())
-            .map(|(id, m)| schedule_from(id, &m, Vec::new()))
-            .collect())
+        let replies: Vec<Value> = self.store.pipe("schedule_list", &p).await?;
+        let now = redis_ms(replies.first());
+        let mut out = Vec::with_capacity(ids.len());
+        for (id, v) in ids.iter().zip(replies.into_iter().skip(1)) {
+            let m: BTreeMap<String, String> =
+                redis::from_redis_value(v).map_err(|e| StoreError::Decode(e.to_string()))?;
+            if !m.is_empty() {
+                out.push(schedule_from(id, &m, now, Vec::new()));
+            }
+        }
+        Ok(out)
     }
 
     /// One schedule with up to `history` history entries, or None.
     pub async fn get(&self, id: &str, history: usize) -> Result<Option<Schedule>, StoreError> {
         let mut p = redis::pipe();
+        p.cmd("TIME");
         p.cmd("HGETALL").arg(self.key(id));
-        p.cmd("LRANGE").arg(self.history_key(id)).arg(0).arg(history as i64 - 1);
-        let (m, rows): (BTreeMap<String, String>, Vec<String>) = self.store.pipe("schedule_get", &p).await?;
+        // LRANGE 0 -1 would be the whole list: ask for none as an empty range.
+        let (start, stop) = if history == 0 { (1, 0) } else { (0, history as i64 - 1) };
+        p.cmd("LRANGE").arg(self.history_key(id)).arg(start).arg(stop);
+        let ((s, us), m, rows): ((i64, i64), BTreeMap<String, String>, Vec<String>) =
+            self.store.pipe("schedule_get", &p).await?;
         if m.is_empty() {
             return Ok(None);
         }
-        let hist = if history == 0 {
-            Vec::new()
-        } else {
-            rows.iter().filter_map(|r| serde_json::from_str(r).ok()).collect()
-        };
-        Ok(Some(schedule_from(id, &m, hist)))
+        let hist = rows.iter().filter_map(|r| serde_json::from_str(r).ok()).collect();
+        Ok(Some(schedule_from(id, &m, s * 1000 + us / 1000, hist)))
     }
 }
 
-/// Builds the API view of a schedule from its hash.
-fn schedule_from(id: &str, m: &BTreeMap<String, String>, history: Vec<HistoryEntry>) -> Schedule {
+/// Redis time in ms from a TIME reply (0 if it is not one).
+fn redis_ms(v: Option<&Value>) -> i64 {
+    match v.map(|v| redis::from_redis_value::<(i64, i64)>(v.clone())) {
+        Some(Ok((s, us))) => s * 1000 + us / 1000,
+        _ => 0,
+    }
+}
+
+/// Builds the API view of a schedule from its hash; `now` is Redis time.
+fn schedule_from(id: &str, m: &BTreeMap<String, String>, now: i64, history: Vec<HistoryEntry>) -> Schedule {
     let num = |f: &str| m.get(f).and_then(|v| v.parse::<i64>().ok());
     let spec: Option<ScheduleDef> = m.get("spec").and_then(|s| serde_json::from_str(s).ok());
     let enabled = m.get("enabled").is_some_and(|v| v == "1");
@@ -823,7 +836,7 @@ fn schedule_from(id: &str, m: &BTreeMap<String, String>, history: Vec<HistoryEnt
     let cursor = num("cursor").unwrap_or(0);
     let timing = Timing::parse(&expression, &timezone).ok();
     let next = match (&timing, enabled) {
-        (Some(t), true) => t.next(cursor, 5),
+        (Some(t), true) => t.next(cursor.max(now), 5),
         _ => Vec::new(),
     };
     let overlap = match m.get("overlap").map(String::as_str) {

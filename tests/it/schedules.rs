@@ -627,6 +627,7 @@ async fn invalid_schedules_get_400_saying_what_is_wrong() {
         (with("queue", json!("no spaces")), "`queue`"),
         (with("overlap", json!("sometimes")), "sometimes"),
         (with("starting_deadline_ms", json!(0)), "starting_deadline_ms"),
+        (with("starting_deadline_ms", json!(500)), "starting_deadline_ms"),
         (with("task", json!({"priority": 5000})), "priority"),
         (with("task", json!({"alias": "x"})), "alias"),
         (with("task", json!({"group": "a b"})), "group"),
@@ -747,6 +748,18 @@ async fn schedules_api_config_pages_trigger_and_events() {
     assert_eq!(st, 200, "{replaced}");
     assert_eq!(replaced["expression"], "0 * * * *");
     assert!(replaced["version"].as_u64() > created["version"].as_u64());
+    // A new expression starts a new timeline: its past is not an outage.
+    assert_eq!(replaced["cursor"], replaced["updated_at"]);
+    // Other changes keep the cursor: outcomes stand, pending occurrences stay pending.
+    let (st, again) = a
+        .put(
+            "/api/v1/schedules/hourly",
+            json!({"expression": "0 * * * *", "queue": "jobs", "task": {"priority": 3}}),
+        )
+        .await;
+    assert_eq!(st, 200, "{again}");
+    assert_eq!(again["cursor"], replaced["cursor"]);
+    assert_eq!(again["task"]["priority"], 3);
     let (st, t) = a.post("/api/v1/schedules/hourly/trigger", json!({})).await;
     assert_eq!(st, 201, "{t}");
     let task_id = t["task"].as_str().unwrap();

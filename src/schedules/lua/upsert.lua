@@ -2,8 +2,10 @@
 --
 -- A new schedule's cursor is Redis now: it fires the occurrences after its
 -- creation. A replaced definition keeps the cursor (occurrences up to it keep
--- their outcomes), except that a schedule going from disabled to enabled starts
--- from now: the time it was disabled is not an outage to catch up on.
+-- their outcomes, and any still pending are fired by the new definition), except
+-- that the cursor moves up to now when the expression or time zone changes (a new
+-- timeline has no past to catch up on) or the schedule goes from disabled to
+-- enabled (the time it was disabled is not an outage).
 --
 -- KEYS[1]  P:schedule:<s>
 -- ARGV[1]  schedule id
@@ -22,7 +24,7 @@
 -- Emits schedule.created or schedule.updated.
 local s, mode, actor, max, chash = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local n = tonumber(ARGV[6])
-local old = redis.call('HMGET', KEYS[1], 'version', 'enabled', 'source', 'config_hash')
+local old = redis.call('HMGET', KEYS[1], 'version', 'enabled', 'source', 'config_hash', 'expr', 'tz', 'cursor')
 local exists = old[1] ~= false
 if exists and mode == 'create' then return {-1, tonumber(old[1])} end
 if exists and mode == 'config' and old[3] == 'config' and old[4] == chash then return {3, tonumber(old[1])} end
@@ -30,12 +32,13 @@ if not exists and redis.call('SCARD', P .. ':schedules') >= max then return {-3,
 local now = now_ms()
 local nows = int(now)
 local fields = {}
-local enabled = '1'
+local new = {}
 for i = 0, n - 1 do
   local f, v = ARGV[7 + 2 * i], ARGV[8 + 2 * i]
   fields[#fields + 1] = f; fields[#fields + 1] = v
-  if f == 'enabled' then enabled = v end
+  new[f] = v
 end
+local enabled = new.enabled or '1'
 local source = 'api'
 if mode == 'config' then source = 'config' end
 fields[#fields + 1] = 'source'; fields[#fields + 1] = source
@@ -45,8 +48,8 @@ redis.call('HSET', KEYS[1], unpack(fields))
 if not exists then
   redis.call('HSET', KEYS[1], 'created_at', nows, 'cursor', nows, 'fired', '0', 'skipped', '0', 'missed', '0')
   redis.call('SADD', P .. ':schedules', s)
-elseif old[2] ~= '1' and enabled == '1' then
-  redis.call('HSET', KEYS[1], 'cursor', nows)
+elseif (old[2] ~= '1' and enabled == '1') or old[5] ~= new.expr or old[6] ~= new.tz then
+  if tonumber(old[7] or '0') < now then redis.call('HSET', KEYS[1], 'cursor', nows) end
 end
 local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
 local etype = 'schedule.updated'
