@@ -230,9 +230,14 @@ impl Timing {
         v
     }
 
-    /// The expression in words, e.g. "Every 5 minutes".
+    /// The expression in words, e.g. "Every 5 minutes." (croner's English,
+    /// minus its "At every ...").
     pub fn describe(&self) -> String {
-        self.cron.describe()
+        let words = self.cron.describe();
+        match words.strip_prefix("At every ") {
+            Some(rest) => format!("Every {rest}"),
+            None => words,
+        }
     }
 
     /// A Unix ms time as a wall-clock time in the schedule's zone, with the
@@ -467,6 +472,10 @@ pub struct Schedules {
     /// Ids defined in this node's config.toml: the API may not change them.
     config_ids: HashSet<String>,
     scripts: Scripts,
+    /// Wakes this node's scheduler when a schedule is written through it, so
+    /// a new schedule's first occurrence is not up to `interval_ms` late here
+    /// (other nodes see it at their next pass).
+    pub(crate) changed: tokio::sync::Notify,
 }
 
 /// The schedule helpers (`lua/lib.lua`), prepended after the task library.
@@ -521,6 +530,7 @@ impl Schedules {
                 fire: l("schedule_fire", include_str!("lua/fire.lua")),
                 trigger: l("schedule_trigger", include_str!("lua/trigger.lua")),
             },
+            changed: tokio::sync::Notify::new(),
         })
     }
 
@@ -603,7 +613,10 @@ impl Schedules {
         match self.upsert(c, "create", actor, "").await? {
             (-1, _) => Err(ScheduleError::Exists(c.def.id.clone())),
             (-3, _) => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
-            _ => Ok(()),
+            _ => {
+                self.changed.notify_one();
+                Ok(())
+            }
         }
     }
 
@@ -614,7 +627,10 @@ impl Schedules {
         }
         match self.upsert(c, "put", actor, "").await? {
             (-3, _) => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
-            (code, _) => Ok(code == 1),
+            (code, _) => {
+                self.changed.notify_one();
+                Ok(code == 1)
+            }
         }
     }
 
@@ -672,7 +688,10 @@ impl Schedules {
             .await?;
         match r.first().copied().unwrap_or(-1) {
             -1 => Err(ScheduleError::NotFound(id.into())),
-            code => Ok(code == 1),
+            code => {
+                self.changed.notify_one();
+                Ok(code == 1)
+            }
         }
     }
 

@@ -155,6 +155,7 @@ pub fn spawn(schedules: Arc<Schedules>, reconciled: bool, cancel: CancellationTo
             };
             tokio::select! {
                 _ = tokio::time::sleep(sleep) => {}
+                _ = schedules.changed.notified() => {}
                 _ = cancel.cancelled() => return,
             }
         }
