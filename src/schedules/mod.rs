@@ -719,11 +719,10 @@ impl Schedules {
         match code {
             1 => {
                 metrics::counter!("muster_schedule_fires_total", "result" => "fired").increment(1);
-                let queue = self.get(id, 0).await?.map(|s| s.queue).unwrap_or_default();
                 Ok(Triggered {
                     schedule: id.into(),
                     task,
-                    queue,
+                    queue: text(at(&reply, 3)),
                     occurrence,
                 })
             }

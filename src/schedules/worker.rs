@@ -14,7 +14,7 @@
 //! proposing the same occurrence is the normal case; the script serializes
 //! them and all but the first are no-ops.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -64,7 +64,8 @@ impl TimingCache {
     }
 
     fn retain(&mut self, ids: &[String]) {
-        self.map.retain(|k, _| ids.contains(k));
+        let live: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        self.map.retain(|k, _| live.contains(k.as_str()));
     }
 }
 
@@ -108,7 +109,15 @@ impl Schedules {
                 if due.is_empty() {
                     break;
                 }
-                let r = self.fire(id, version, &due, after).await?;
+                let r = match self.fire(id, version, &due, after).await {
+                    Ok(r) => r,
+                    Err(e @ StoreError::Unavailable(_)) => return Err(e),
+                    Err(e) => {
+                        // A script or decode error concerns this schedule only.
+                        tracing::warn!(schedule = %id, error = %e, "firing failed");
+                        break;
+                    }
+                };
                 match r.code {
                     1 => {
                         cursor = r.cursor;

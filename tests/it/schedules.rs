@@ -762,6 +762,7 @@ async fn schedules_api_config_pages_trigger_and_events() {
     assert_eq!(again["task"]["priority"], 3);
     let (st, t) = a.post("/api/v1/schedules/hourly/trigger", json!({})).await;
     assert_eq!(st, 201, "{t}");
+    assert_eq!(t["queue"], "jobs");
     let task_id = t["task"].as_str().unwrap();
     let (_, task) = a.get(&format!("/api/v1/tasks/{task_id}")).await;
     assert_eq!(task["queue"], "jobs");

@@ -14,7 +14,7 @@
 -- ARGV[7]  max_queues
 -- ARGV[8]  retention_ms of a task cancelled by 'replace'
 --
--- Returns {code, task id, occurrence}
+-- Returns {code, task id, occurrence, queue}
 --   code  1 fired (the task id), -1 no such schedule,
 --         -4 skipped: overlap 'forbid' and the previous task (its id) is live,
 --         -5 too many queues (tasks.max_queues)
@@ -24,7 +24,7 @@ local s, actor = ARGV[1], ARGV[2]
 local o = {node = ARGV[3], window = ARGV[6], max_queues = tonumber(ARGV[7])}
 local hist_max, retention = tonumber(ARGV[5]), ARGV[8]
 local sf = hash_table(KEYS[1])
-if not sf.version then return {-1, '', 0} end
+if not sf.version then return {-1, '', 0, ''} end
 local now = now_ms()
 local nows = int(now)
 local gate, prev = overlap_gate(s, sf, nows, nows, retention, actor)
@@ -33,14 +33,14 @@ if gate == 'skip' then
     by = actor}, hist_max)
   redis.call('HINCRBY', KEYS[1], 'skipped', 1)
   emit('schedule.skipped', actor, {occurrence = now, live_task = prev, manual = true}, 'schedule', s, 'task', prev)
-  return {-4, prev, now}
+  return {-4, prev, now, sf.queue}
 end
 local c, id = submit_task(s, sf, ARGV[4], 'schedule:' .. s .. ':trigger:' .. nows, nows, nows, o)
-if c == -2 then return {-5, '', now} end
+if c == -2 then return {-5, '', now, sf.queue} end
 redis.call('HSET', KEYS[1], 'last_task', id, 'last_t', nows, 'last_at', nows, 'last_node', o.node)
 redis.call('HINCRBY', KEYS[1], 'fired', 1)
 push_history(s, {result = 'fired', t = now, at = now, node = o.node, task = id, late_ms = 0, manual = true,
   by = actor, replaced = prev}, hist_max)
 emit('schedule.fired', actor, {occurrence = now, late_ms = 0, manual = true, replaced = prev},
   'schedule', s, 'task', id, 'queue', sf.queue)
-return {1, id, now}
+return {1, id, now, sf.queue}
