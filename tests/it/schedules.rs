@@ -895,3 +895,114 @@ async fn g4_schedule_keys_return_to_baseline() {
     let extra: Vec<_> = now.difference(&baseline).take(10).collect();
     assert!(back, "keys left over: {extra:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fire_script_outcomes_and_limits() {
+    let redis = TestRedis::start();
+    // The node's own scheduler proposes nothing: its clock is a day behind, so
+    // no occurrence after a cursor of today is within its reach. The test
+    // calls the script itself.
+    let a = TestApp::start_with(&redis, |c| {
+        c.schedules.clock_offset_ms = -86_400_000;
+        c.schedules.max_schedules = 2;
+        c.tasks.max_queues = 1;
+    })
+    .await;
+    let mut def = every_second("direct", "direct");
+    def["enabled"] = json!(false);
+    let created = create(&a, def).await;
+    let v = created["version"].as_u64().unwrap();
+    let s = &a.state().schedules;
+    let now = redis_now(&redis).await;
+    let t1 = now - now.rem_euclid(1000) - 3000;
+    let occ = [t1, t1 + 1000];
+    // -3 disabled, -1 unknown, -2 changed since the caller read it.
+    assert_eq!(s.fire("direct", v, &occ, Some(t1 + 2000)).await.unwrap().code, -3);
+    assert_eq!(s.fire("nope", v, &occ, Some(t1 + 2000)).await.unwrap().code, -1);
+    rewind(&redis, "direct", t1 - 1000).await;
+    assert_eq!(s.fire("direct", v + 1, &occ, Some(t1 + 2000)).await.unwrap().code, -2);
+    // 1: both due (3 s late is on time within max_skew_ms), both fired.
+    let r = s.fire("direct", v, &occ, Some(t1 + 2000)).await.unwrap();
+    assert_eq!((r.code, r.fired, r.cursor), (1, 2, t1 + 1000));
+    // The same proposal again, from any node, changes nothing; each of the three
+    // guards is enough on its own: the cursor, the occurrence records (SET NX),
+    // the tasks' idempotency keys. Each step hides the other two.
+    let records: Vec<String> = occ
+        .iter()
+        .map(|t| format!("{{muster}}:schedule:direct:fire:{t}"))
+        .collect();
+    let idem: Vec<String> = occ
+        .iter()
+        .map(|t| format!("{{muster}}:idem:schedule:direct:{t}"))
+        .collect();
+    let hide = |keys: Vec<String>| {
+        let redis = &redis;
+        async move {
+            for k in keys {
+                let _: () = redis.cmd(&["RENAME", &k, &format!("{k}.hidden")]).await;
+            }
+        }
+    };
+    let unhide = |keys: Vec<String>| {
+        let redis = &redis;
+        async move {
+            for k in keys {
+                let _: () = redis.cmd(&["RENAME", &format!("{k}.hidden"), &k]).await;
+            }
+        }
+    };
+    // The cursor alone.
+    hide([records.clone(), idem.clone()].concat()).await;
+    let r = s.fire("direct", v, &occ, Some(t1 + 2000)).await.unwrap();
+    assert_eq!((r.code, r.fired, r.skipped, r.missed), (1, 0, 0, 0), "the cursor");
+    unhide([records.clone(), idem.clone()].concat()).await;
+    // The occurrence records alone.
+    rewind(&redis, "direct", t1 - 1000).await;
+    hide(idem.clone()).await;
+    let r = s.fire("direct", v, &occ, Some(t1 + 2000)).await.unwrap();
+    assert_eq!(
+        (r.code, r.fired, r.skipped, r.missed),
+        (1, 0, 0, 0),
+        "the occurrence records"
+    );
+    unhide(idem.clone()).await;
+    // The idempotency keys alone.
+    rewind(&redis, "direct", t1 - 1000).await;
+    for k in &records {
+        let _: i64 = redis.cmd(&["DEL", k]).await;
+    }
+    let r = s.fire("direct", v, &occ, Some(t1 + 2000)).await.unwrap();
+    assert_eq!(
+        (r.code, r.fired, r.skipped, r.missed),
+        (1, 0, 0, 0),
+        "the idempotency keys"
+    );
+    let tasks = tasks_by_occurrence(&a, "direct", "direct").await;
+    assert_eq!(tasks.keys().copied().collect::<Vec<_>>(), occ.to_vec());
+    assert!(tasks.values().all(|v| v.len() == 1));
+    // 0: not due yet, with the wait in Redis time.
+    let future = redis_now(&redis).await + 5000;
+    let r = s.fire("direct", v, &[future], None).await.unwrap();
+    assert_eq!(r.code, 0);
+    assert!(r.wait_ms > 3000 && r.wait_ms <= 5000, "{}", r.wait_ms);
+    assert_eq!(fired(&a, "direct").await, 2);
+
+    // Limits: schedules (upsert -3) and queues (trigger -5, fire: missed).
+    let mut other = every_second("other", "other");
+    other["enabled"] = json!(false);
+    let v2 = create(&a, other).await["version"].as_u64().unwrap();
+    let (st, b) = a.post("/api/v1/schedules", every_second("third", "direct")).await;
+    assert_eq!(st, 409, "{b}");
+    assert!(b["detail"].as_str().unwrap().contains("schedules.max_schedules"));
+    let (st, b) = a.post("/api/v1/schedules/other/trigger", json!({})).await;
+    assert_eq!(st, 409, "{b}");
+    assert!(b["detail"].as_str().unwrap().contains("tasks.max_queues"));
+    rewind(&redis, "other", t1 - 1000).await;
+    let r = s.fire("other", v2, &occ, Some(t1 + 2000)).await.unwrap();
+    assert_eq!((r.code, r.fired, r.missed), (1, 0, 2));
+    let h = &get(&a, "other").await["history"][0];
+    assert_eq!(
+        (h["result"].as_str(), h["reason"].as_str()),
+        (Some("missed"), Some("too_many_queues"))
+    );
+}

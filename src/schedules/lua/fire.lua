@@ -7,7 +7,8 @@
 -- exactly one outcome, decided here:
 --   missed           lateness (now - T) > starting_deadline_ms; or, without backfill,
 --                    a late occurrence (lateness > grace) whose successor is due too
---                    (after an outage only the latest due occurrence runs)
+--                    (after an outage only the latest due occurrence runs); or
+--                    the queue is new and the cluster has tasks.max_queues queues
 --   skipped_overlap  overlap 'forbid' while the previous firing's task is live
 --   fired            the task is submitted with idempotency key schedule:<s>:<T>;
 --                    with overlap 'replace' a live previous task is cancelled first
@@ -86,6 +87,8 @@ for i = 0, n - 1 do
       miss(t, 'deadline')
     elseif late > grace and not backfill and succ > 0 and succ <= now then
       miss(t, 'superseded')
+    elseif not queue_has_room(sf.queue, o.max_queues) then
+      miss(t, 'too_many_queues')
     elseif redis.call('SET', sfire(s, ts), 'pending', 'NX', 'PX', record_ttl) then
       local idem = 'schedule:' .. s .. ':' .. ts
       local earlier = redis.call('GET', P .. ':idem:' .. idem)
@@ -102,7 +105,8 @@ for i = 0, n - 1 do
           emit('schedule.skipped', node, {occurrence = t, live_task = prev}, 'schedule', s, 'task', prev)
         else
           local c, id = submit_task(s, sf, task_id, idem, ts, nows, o)
-          if c == -2 then
+          if c ~= 1 then
+            -- Not reached: the queue had room and the idempotency key was free.
             redis.call('DEL', sfire(s, ts))
             miss(t, 'too_many_queues')
           else

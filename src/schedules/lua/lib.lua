@@ -65,6 +65,12 @@ local function cancel_live(id, nows, retention, actor, reason)
   return true
 end
 
+-- Whether a task may be submitted to queue q: it is known, or there is room
+-- for one more queue (tasks.max_queues).
+local function queue_has_room(q, max_queues)
+  return redis.call('SISMEMBER', P .. ':queues', q) == 1 or redis.call('SCARD', P .. ':queues') < max_queues
+end
+
 -- Submits the schedule's task, exactly as enqueue.lua submits a task that has no
 -- delay, run_at or alias: the same hash fields (plus schedule and occurrence), the
 -- idempotency key with its window, the queue registration bounded by max_queues,

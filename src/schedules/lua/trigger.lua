@@ -27,6 +27,7 @@ local sf = hash_table(KEYS[1])
 if not sf.version then return {-1, '', 0, ''} end
 local now = now_ms()
 local nows = int(now)
+if not queue_has_room(sf.queue, o.max_queues) then return {-5, '', now, sf.queue} end
 local gate, prev = overlap_gate(s, sf, nows, nows, retention, actor)
 if gate == 'skip' then
   push_history(s, {result = 'skipped_overlap', t = now, at = now, node = o.node, task = prev, manual = true,
