@@ -50,6 +50,7 @@ pub struct AppState {
     pub started_at: SystemTime,
     /// The OpenAPI document, rendered once when the router is built.
     pub openapi: Arc<OnceLock<String>>,
+    pub schedules: Arc<crate::schedules::Schedules>,
 }
 
 #[derive(OpenApi)]
@@ -86,6 +87,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::orphans::routes::router())
         .merge(crate::events::routes::router())
         .merge(crate::workflows::routes::router())
+        .merge(crate::schedules::routes::router())
 }
 
 /// The whole HTTP surface of a node.

@@ -27,6 +27,7 @@ pub struct Config {
     pub tasks: TasksConfig,
     pub orphans: OrphansConfig,
     pub events: EventsConfig,
+    pub schedules: SchedulesConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -253,6 +254,45 @@ impl Default for EventsConfig {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulesConfig {
+    /// How far a node's clock may be off Redis time without an occurrence
+    /// firing late: each node proposes occurrences up to its own clock plus
+    /// this. Also the lateness up to which an occurrence counts as on time;
+    /// beyond it the occurrence was missed by an outage (see `backfill`).
+    pub max_skew_ms: u64,
+    /// Longest sleep of the scheduler loop; new and changed schedules are
+    /// picked up within it.
+    pub interval_ms: u64,
+    /// History entries (fired, skipped, missed) kept per schedule.
+    pub history_max: u32,
+    /// TTL of each occurrence record (`SET NX`); at least twice `max_skew_ms`.
+    pub record_ttl_ms: u64,
+    /// Upper bound on schedules in the cluster.
+    pub max_schedules: u32,
+    /// For tests only: shifts this node's scheduler clock (ms, may be
+    /// negative), to show that a wrong clock neither duplicates nor misses.
+    pub clock_offset_ms: i64,
+    /// `[[schedules.items]]`: written into Redis at every start; config wins
+    /// for its ids.
+    pub items: Vec<crate::schedules::ScheduleDef>,
+}
+
+impl Default for SchedulesConfig {
+    fn default() -> Self {
+        Self {
+            max_skew_ms: 30_000,
+            interval_ms: 1000,
+            history_max: 100,
+            record_ttl_ms: 600_000,
+            max_schedules: 1000,
+            clock_offset_ms: 0,
+            items: Vec::new(),
+        }
+    }
+}
+
 /// Why a configuration was refused. The message names the key.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -390,6 +430,52 @@ impl Config {
                 "send_timeout_ms, ping_ms and reconcile_ms must be greater than 0",
             );
         }
+        self.validate_schedules()?;
+        Ok(())
+    }
+
+    /// The `[schedules]` section and every `[[schedules.items]]` entry.
+    fn validate_schedules(&self) -> Result<(), ConfigError> {
+        let err = |key: &str, msg: &str| Err(ConfigError(format!("invalid value for key `{key}`: {msg}")));
+        let c = &self.schedules;
+        if c.max_skew_ms > 3_600_000 {
+            return err("schedules.max_skew_ms", "must be at most 3600000 (one hour)");
+        }
+        if c.interval_ms == 0 || c.interval_ms > 60_000 {
+            return err("schedules.interval_ms", "must be between 1 and 60000");
+        }
+        if c.history_max == 0 || c.history_max > 10_000 {
+            return err("schedules.history_max", "must be between 1 and 10000");
+        }
+        if c.record_ttl_ms < 1000 || c.record_ttl_ms < 2 * c.max_skew_ms {
+            return err(
+                "schedules.record_ttl_ms",
+                "must be at least 1000 and at least twice schedules.max_skew_ms",
+            );
+        }
+        if c.max_schedules == 0 {
+            return err("schedules.max_schedules", "must be greater than 0");
+        }
+        if c.clock_offset_ms.abs() > 24 * 3600 * 1000 {
+            return err(
+                "schedules.clock_offset_ms",
+                "must be within one day (and is for tests only)",
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, item) in c.items.iter().enumerate() {
+            if let Err(e) = crate::schedules::check(item, &self.tasks) {
+                return Err(ConfigError(format!(
+                    "invalid value for key `schedules.items[{i}]`: {e}"
+                )));
+            }
+            if !seen.insert(item.id.as_str()) {
+                return Err(ConfigError(format!(
+                    "invalid value for key `schedules.items[{i}].id`: `{}` is defined twice",
+                    item.id
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -467,6 +553,32 @@ mod tests {
         assert!(e.0.contains("server.listen"), "{}", e.0);
         let e = Config::from_toml("[nodes]\nttl_ms = 1000\nheartbeat_ms = 1000\n").unwrap_err();
         assert!(e.0.contains("nodes.ttl_ms"), "{}", e.0);
+    }
+
+    #[test]
+    fn schedules_are_checked_at_load() {
+        let ok = "[schedules]\nmax_skew_ms = 1000\n[[schedules.items]]\nid = \"nightly\"\nexpression = \"0 3 * * *\"\n\
+                  timezone = \"Europe/Berlin\"\nqueue = \"reports\"\ntask = { payload = { kind = \"nightly\" }, priority = 5 }\n\
+                  overlap = \"forbid\"\n";
+        let cfg = Config::from_toml(ok).unwrap();
+        assert_eq!(cfg.schedules.items[0].id, "nightly");
+        assert_eq!(cfg.schedules.items[0].overlap, crate::schedules::Overlap::Forbid);
+        let e = Config::from_toml(&ok.replace("Europe/Berlin", "Europe/Berlni")).unwrap_err();
+        assert!(
+            e.0.contains("schedules.items[0]") && e.0.contains("timezone"),
+            "{}",
+            e.0
+        );
+        let e = Config::from_toml(&ok.replace("0 3 * * *", "0 3 * *")).unwrap_err();
+        assert!(
+            e.0.contains("schedules.items[0]") && e.0.contains("expression"),
+            "{}",
+            e.0
+        );
+        let e = Config::from_toml(&ok.replace("overlap", "overlapp")).unwrap_err();
+        assert!(e.0.contains("overlapp"), "{}", e.0);
+        let e = Config::from_toml("[schedules]\nrecord_ttl_ms = 1000\n").unwrap_err();
+        assert!(e.0.contains("schedules.record_ttl_ms"), "{}", e.0);
     }
 
     #[test]

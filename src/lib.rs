@@ -12,6 +12,8 @@
 //! - [`orphans`]: the cleaner that recovers tasks of dead owners, and the
 //!   timeout monitor.
 //! - [`workflows`]: DAGs of tasks whose successors are dispatched exactly once.
+//! - [`schedules`]: cron schedules, fired exactly once per occurrence across
+//!   the cluster by every node's scheduler.
 //! - [`events`]: the cluster event stream, tailed once per node and fanned
 //!   out to local consumers (claim wake-ups, WebSockets).
 //! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
@@ -35,6 +37,7 @@ pub mod health;
 pub mod http;
 pub mod nodes;
 pub mod orphans;
+pub mod schedules;
 pub mod store;
 pub mod system;
 pub mod tasks;
@@ -212,6 +215,13 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         &ctx,
     );
     let workflows = workflows::Workflows::new(store.clone(), cfg.tasks.clone(), &ctx);
+    let schedules = schedules::Schedules::new(
+        store.clone(),
+        cfg.schedules.clone(),
+        cfg.tasks.clone(),
+        node_id.clone(),
+        &ctx,
+    );
     let bus = events::Bus::new(65_536);
     let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
@@ -239,6 +249,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         embedded: embedded.clone(),
         started_at: SystemTime::now(),
         openapi: Arc::new(OnceLock::new()),
+        schedules: schedules.clone(),
     };
 
     // Join before serving, so /readyz is green as soon as it answers.
@@ -262,6 +273,16 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         Err(e) => tracing::warn!(error = %e, "first heartbeat failed; retrying in the background"),
     }
 
+    // Config schedules are in Redis before the node serves; on failure the
+    // scheduler loop retries.
+    let reconciled = match schedules.reconcile().await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not write the config schedules; retrying in the background");
+            false
+        }
+    };
+
     let cancel = CancellationToken::new();
     let loops_cancel = CancellationToken::new();
     let loops = vec![
@@ -275,6 +296,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
             Duration::from_millis(cfg.tasks.janitor_interval_ms),
             loops_cancel.clone(),
         ),
+        schedules::worker::spawn(schedules.clone(), reconciled, loops_cancel.clone()),
     ];
 
     let router = app::router(state.clone());

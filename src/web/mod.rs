@@ -5,6 +5,7 @@
 //! service method as the REST API and redirects back (post/redirect/get).
 
 pub mod assets;
+pub mod schedules;
 pub mod tasks;
 pub mod workflows;
 
@@ -40,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/favicon.ico", get(assets::favicon))
         .merge(tasks::router())
         .merge(workflows::router())
+        .merge(schedules::router())
 }
 
 /// The navigation, in order. Later subsystems add their pages here.
@@ -50,6 +52,7 @@ pub const NAV: &[(&str, &str)] = &[
     ("Dead letters", "/dead"),
     ("Orphans", "/orphans"),
     ("Workflows", "/workflows"),
+    ("Schedules", "/schedules"),
     ("Events", "/events"),
 ];
 

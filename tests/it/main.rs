@@ -10,5 +10,6 @@ mod events;
 mod http_api;
 mod nodes;
 mod orphans;
+mod schedules;
 mod tasks;
 mod workflows;

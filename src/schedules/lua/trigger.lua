@@ -1,0 +1,47 @@
+-- trigger.lua: fires a schedule now, outside its expression ("trigger now").
+--
+-- The occurrence is Redis now; the task's idempotency key is
+-- schedule:<s>:trigger:<now>. The overlap policy applies as for any occurrence.
+-- The cursor does not move: the schedule's own occurrences are unaffected.
+--
+-- KEYS[1]  P:schedule:<s>
+-- ARGV[1]  schedule id
+-- ARGV[2]  actor (the caller's name, for history and events)
+-- ARGV[3]  node id (the task's submitter)
+-- ARGV[4]  a fresh task id
+-- ARGV[5]  history_max
+-- ARGV[6]  idempotency window of the task, ms
+-- ARGV[7]  max_queues
+-- ARGV[8]  retention_ms of a task cancelled by 'replace'
+--
+-- Returns {code, task id, occurrence, queue}
+--   code  1 fired (the task id), -1 no such schedule,
+--         -4 skipped: overlap 'forbid' and the previous task (its id) is live,
+--         -5 too many queues (tasks.max_queues)
+-- Emits schedule.fired with manual = true (after task.enqueued, and task.cancelled
+-- for 'replace'), or schedule.skipped.
+local s, actor = ARGV[1], ARGV[2]
+local o = {node = ARGV[3], window = ARGV[6], max_queues = tonumber(ARGV[7])}
+local hist_max, retention = tonumber(ARGV[5]), ARGV[8]
+local sf = hash_table(KEYS[1])
+if not sf.version then return {-1, '', 0, ''} end
+local now = now_ms()
+local nows = int(now)
+if not queue_has_room(sf.queue, o.max_queues) then return {-5, '', now, sf.queue} end
+local gate, prev = overlap_gate(s, sf, nows, nows, retention, actor)
+if gate == 'skip' then
+  push_history(s, {result = 'skipped_overlap', t = now, at = now, node = o.node, task = prev, manual = true,
+    by = actor}, hist_max)
+  redis.call('HINCRBY', KEYS[1], 'skipped', 1)
+  emit('schedule.skipped', actor, {occurrence = now, live_task = prev, manual = true}, 'schedule', s, 'task', prev)
+  return {-4, prev, now, sf.queue}
+end
+local c, id = submit_task(s, sf, ARGV[4], 'schedule:' .. s .. ':trigger:' .. nows, nows, nows, o)
+if c == -2 then return {-5, '', now, sf.queue} end
+redis.call('HSET', KEYS[1], 'last_task', id, 'last_t', nows, 'last_at', nows, 'last_node', o.node)
+redis.call('HINCRBY', KEYS[1], 'fired', 1)
+push_history(s, {result = 'fired', t = now, at = now, node = o.node, task = id, late_ms = 0, manual = true,
+  by = actor, replaced = prev}, hist_max)
+emit('schedule.fired', actor, {occurrence = now, late_ms = 0, manual = true, replaced = prev},
+  'schedule', s, 'task', id, 'queue', sf.queue)
+return {1, id, now, sf.queue}

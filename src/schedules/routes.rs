@@ -1,0 +1,179 @@
+//! REST routes of the schedules.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{Schedule, ScheduleDef, ScheduleError, Triggered};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result};
+use crate::http::{ApiJson, ApiQuery, no_content};
+use crate::validate;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_schedules, create_schedule))
+        .routes(routes!(get_schedule, put_schedule, delete_schedule))
+        .routes(routes!(trigger_schedule))
+        .routes(routes!(enable_schedule))
+        .routes(routes!(disable_schedule))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScheduleList {
+    pub schedules: Vec<Schedule>,
+}
+
+/// Every schedule with its next fire times and totals.
+#[utoipa::path(get, path = "/api/v1/schedules", tag = "schedules",
+    responses((status = 200, body = ScheduleList)))]
+async fn list_schedules(State(s): State<AppState>, caller: Caller) -> Result<Json<ScheduleList>> {
+    caller.require(Role::Read)?;
+    Ok(Json(ScheduleList {
+        schedules: s.schedules.list().await?,
+    }))
+}
+
+/// Creates a schedule. It fires the occurrences after its creation.
+#[utoipa::path(post, path = "/api/v1/schedules", tag = "schedules",
+    request_body = ScheduleDef,
+    responses((status = 201, body = Schedule, description = "Created"),
+               (status = 400, description = "Invalid id, expression, time zone, queue or task"),
+               (status = 409, description = "The id exists, is defined in config.toml, or too many schedules")))]
+async fn create_schedule(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiJson(def): ApiJson<ScheduleDef>,
+) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    let c = s.schedules.check(&def)?;
+    s.schedules.create(&c, &caller.name).await?;
+    let created = s
+        .schedules
+        .get(&def.id, 0)
+        .await?
+        .ok_or_else(|| ApiError::internal("the schedule vanished right after it was created"))?;
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct GetParams {
+    /// History entries to include, newest first: 0 to 1000, default 50.
+    pub history: Option<usize>,
+}
+
+/// One schedule with its recent history (fired, skipped and missed occurrences).
+#[utoipa::path(get, path = "/api/v1/schedules/{id}", tag = "schedules",
+    params(("id" = String, Path, description = "Schedule id"), GetParams),
+    responses((status = 200, body = Schedule), (status = 404, description = "Unknown schedule")))]
+async fn get_schedule(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiQuery(p): ApiQuery<GetParams>,
+) -> Result<Json<Schedule>> {
+    caller.require(Role::Read)?;
+    validate::name("id", &id)?;
+    let history = p.history.unwrap_or(50);
+    if history > 1000 {
+        return Err(ApiError::bad_request("`history` must be between 0 and 1000"));
+    }
+    s.schedules
+        .get(&id, history)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ScheduleError::NotFound(id).into())
+}
+
+/// Creates or replaces a schedule. A replaced schedule keeps its cursor:
+/// occurrences that already have an outcome are not fired again.
+#[utoipa::path(put, path = "/api/v1/schedules/{id}", tag = "schedules",
+    params(("id" = String, Path, description = "Schedule id")),
+    request_body = ScheduleDef,
+    responses((status = 200, body = Schedule, description = "Replaced"),
+               (status = 201, body = Schedule, description = "Created"),
+               (status = 400, description = "Invalid field, or the body's id differs from the path"),
+               (status = 409, description = "Defined in config.toml, or too many schedules")))]
+async fn put_schedule(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(mut def): ApiJson<ScheduleDef>,
+) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::name("id", &id)?;
+    if def.id.is_empty() {
+        def.id = id.clone();
+    } else if def.id != id {
+        return Err(ApiError::bad_request(format!(
+            "the body's `id` ({}) differs from the path ({id}); leave it out or make them equal",
+            validate::shorten(&def.id)
+        )));
+    }
+    let c = s.schedules.check(&def)?;
+    let created = s.schedules.put(&c, &caller.name).await?;
+    let view = s
+        .schedules
+        .get(&id, 0)
+        .await?
+        .ok_or_else(|| ApiError::internal("the schedule vanished right after it was written"))?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(view)).into_response())
+}
+
+/// Deletes a schedule and its history. Its tasks live on.
+#[utoipa::path(delete, path = "/api/v1/schedules/{id}", tag = "schedules",
+    params(("id" = String, Path, description = "Schedule id")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "Unknown schedule"),
+               (status = 409, description = "Defined in config.toml")))]
+async fn delete_schedule(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::name("id", &id)?;
+    s.schedules.delete(&id, &caller.name).await?;
+    Ok(no_content())
+}
+
+/// Fires the schedule now, outside its expression. The overlap policy
+/// applies: with `forbid` and a live previous task the answer is 409.
+#[utoipa::path(post, path = "/api/v1/schedules/{id}/trigger", tag = "schedules",
+    params(("id" = String, Path, description = "Schedule id")),
+    responses((status = 201, body = Triggered, description = "Fired"),
+               (status = 404, description = "Unknown schedule"),
+               (status = 409, description = "Skipped by the overlap policy (the live task is in `task`), or too many queues")))]
+async fn trigger_schedule(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::name("id", &id)?;
+    let t = s.schedules.trigger(&id, &caller.name).await?;
+    Ok((StatusCode::CREATED, Json(t)).into_response())
+}
+
+/// Enables a schedule: it fires the occurrences after now (those while it was
+/// disabled are neither run nor counted as missed).
+#[utoipa::path(post, path = "/api/v1/schedules/{id}/enable", tag = "schedules",
+    params(("id" = String, Path, description = "Schedule id")),
+    responses((status = 204, description = "Enabled"), (status = 404, description = "Unknown schedule")))]
+async fn enable_schedule(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::name("id", &id)?;
+    s.schedules.set_enabled(&id, true, &caller.name).await?;
+    Ok(no_content())
+}
+
+/// Disables a schedule: it fires nothing until enabled.
+#[utoipa::path(post, path = "/api/v1/schedules/{id}/disable", tag = "schedules",
+    params(("id" = String, Path, description = "Schedule id")),
+    responses((status = 204, description = "Disabled"), (status = 404, description = "Unknown schedule")))]
+async fn disable_schedule(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::name("id", &id)?;
+    s.schedules.set_enabled(&id, false, &caller.name).await?;
+    Ok(no_content())
+}
