@@ -23,6 +23,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::config::{NodesConfig, OrphansConfig, TasksConfig};
+use crate::store::reply::int;
 use crate::store::{Lua, ScriptCtx, Store, StoreError};
 
 const LIB: &str = include_str!("lua/lib.lua");
@@ -78,14 +79,6 @@ pub struct Orphans {
     tasks: TasksConfig,
     node_id: String,
     scripts: Scripts,
-}
-
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::Int(i) => *i,
-        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
-        _ => 0,
-    }
 }
 
 impl Orphans {

@@ -46,6 +46,7 @@ use utoipa::ToSchema;
 
 use crate::config::{SchedulesConfig, TasksConfig};
 use crate::error::ApiError;
+use crate::store::reply::{at, int, text};
 use crate::store::{Lua, ScriptCtx, Store, StoreError};
 use crate::tasks::{NewTask, TaskSpec};
 
@@ -480,29 +481,6 @@ pub struct Schedules {
 
 /// The schedule helpers (`lua/lib.lua`), prepended after the task library.
 pub const LIB: &str = include_str!("lua/lib.lua");
-
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::Int(i) => *i,
-        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
-        Value::SimpleString(s) => s.parse().unwrap_or(0),
-        Value::Double(d) => *d as i64,
-        _ => 0,
-    }
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
-        _ => String::new(),
-    }
-}
-
-fn at(reply: &[Value], i: usize) -> &Value {
-    reply.get(i).unwrap_or(&Value::Nil)
-}
 
 impl Schedules {
     pub fn new(

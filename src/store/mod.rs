@@ -13,6 +13,7 @@
 
 pub mod embedded;
 pub mod keys;
+pub mod reply;
 pub mod script;
 
 use std::sync::Arc;

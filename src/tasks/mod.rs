@@ -27,6 +27,7 @@ use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
 use crate::error::ApiError;
+use crate::store::reply::{at, int, text};
 use crate::store::{Lua, ScriptCtx, Store, StoreError};
 
 /// Every state a task can be in.
@@ -308,32 +309,6 @@ pub const LIB: &str = concat!(
     "\n",
     include_str!("../workflows/lua/hook.lua")
 );
-
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::Int(i) => *i,
-        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
-        Value::SimpleString(s) => s.parse().unwrap_or(0),
-        Value::Double(d) => *d as i64,
-        _ => 0,
-    }
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
-        Value::Okay => "OK".into(),
-        _ => String::new(),
-    }
-}
-
-/// The i-th element of a script reply, or Nil: a short reply is decoded as
-/// absent fields, never a panic.
-fn at(reply: &[Value], i: usize) -> &Value {
-    reply.get(i).unwrap_or(&Value::Nil)
-}
 
 fn raw(json: &str) -> Box<RawValue> {
     RawValue::from_string(json.to_string())

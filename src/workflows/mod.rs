@@ -24,6 +24,7 @@ use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
 use crate::error::ApiError;
+use crate::store::reply::text;
 use crate::store::{Lua, ScriptCtx, Store, StoreError};
 use crate::tasks::TaskSpec;
 
@@ -171,15 +172,6 @@ pub struct Workflows {
     store: Store,
     tasks: TasksConfig,
     scripts: Scripts,
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
-        _ => String::new(),
-    }
 }
 
 /// Validates a workflow: sizes, names, task options, unique keys, known
