@@ -229,8 +229,10 @@ pub struct EventsConfig {
     pub max_len: u64,
     /// Most WebSocket subscribers per node; beyond it 503.
     pub max_clients: u32,
-    /// Events buffered per WebSocket client; a client further behind gets a
-    /// `lagged` message and is closed (it reconnects with `since`).
+    /// How many events the node's event bus keeps: how far a WebSocket
+    /// client may fall behind. A client further behind, or whose socket takes
+    /// longer than `send_timeout_ms` to accept a write, gets a `lagged`
+    /// message and is closed (it reconnects with `since`).
     pub client_buffer: u32,
     /// A send to a WebSocket client that takes longer than this closes it.
     pub send_timeout_ms: u64,
@@ -246,7 +248,7 @@ impl Default for EventsConfig {
         Self {
             max_len: 100_000,
             max_clients: 1024,
-            client_buffer: 1024,
+            client_buffer: 8192,
             send_timeout_ms: 10_000,
             ping_ms: 20_000,
             reconcile_ms: 5000,

@@ -222,7 +222,8 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         node_id.clone(),
         &ctx,
     );
-    let bus = events::Bus::new(65_536);
+    // The bus keeps client_buffer events: how far any subscriber may fall behind.
+    let bus = events::Bus::new(cfg.events.client_buffer as usize);
     let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
         Duration::from_millis(cfg.nodes.ttl_ms),

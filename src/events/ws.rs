@@ -4,14 +4,16 @@
 //! - No hole and no duplicate at the replay/live seam: the client subscribes
 //!   to the node's event bus *before* replaying from Redis, and every event
 //!   with an id at or below the last one handled is skipped.
-//! - Each client has its own buffer of `events.client_buffer` messages,
-//!   drained into the socket by a writer task. A client whose buffer stays
-//!   full for `events.send_timeout_ms` (or that falls behind the node's
-//!   shared event ring) is *lagged*: its unsent buffer is dropped, it gets a
-//!   `lagged` message with the id of the last event written to its socket,
-//!   and it is closed. It reconnects with `since` and misses nothing still
-//!   retained. Only this client's own tasks ever wait for it, so a slow
-//!   client never slows the tailer or any other client.
+//! - A client may be at most `events.client_buffer` events behind the node's
+//!   bus (the bus's ring holds that many), and a write to it may take at
+//!   most `events.send_timeout_ms`. A client that breaks either bound is
+//!   *lagged*: it gets a `lagged` message
+//!   carrying the id of the last event queued to its socket before it, and
+//!   is closed. It reconnects with `since` and misses nothing still retained.
+//!   Only this client's own task ever waits for its socket, and the bus never
+//!   waits for anyone, so a slow client never slows the tailer or others.
+//! - Events that arrive together are written with one flush (one system
+//!   call) instead of one each.
 //! - When `since` is older than what the stream retains, a `gap` message
 //!   with the oldest retained id comes first.
 
@@ -19,18 +21,67 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
-use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{OwnedSemaphorePermit, broadcast};
 
 use super::{Event, Filter, StreamId, read_after, retained};
 use crate::app::AppState;
 
 const REPLAY_PAGE: usize = 500;
+/// Most events written with one flush.
+const BATCH: usize = 256;
 
-/// A message for the writer, with the stream id it carries (events only).
-type Outgoing = (Message, Option<StreamId>);
+/// The writing half of one client, with what it has queued so far.
+struct Out {
+    sink: SplitSink<WebSocket, Message>,
+    within: Duration,
+    /// The last event id queued to the socket: everything up to it precedes
+    /// any later `lagged` message on the wire.
+    last_queued: Option<StreamId>,
+    relayed: metrics::Counter,
+    lag: metrics::Histogram,
+}
+
+impl Out {
+    /// Queues an event (no system call yet).
+    async fn feed(&mut self, ev: &Event) -> bool {
+        if self.sink.feed(Message::Text(ev.frame())).await.is_err() {
+            return false;
+        }
+        self.last_queued = ev.sid.or(self.last_queued);
+        self.relayed.increment(1);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        self.lag.record(((now_ms - ev.ts).max(0) as f64) / 1000.0);
+        true
+    }
+
+    /// Writes what is queued; false when the client did not take it in time.
+    async fn flush(&mut self) -> bool {
+        matches!(tokio::time::timeout(self.within, self.sink.flush()).await, Ok(Ok(())))
+    }
+
+    async fn send_text(&mut self, text: String) -> bool {
+        matches!(
+            tokio::time::timeout(self.within, self.sink.send(Message::Text(Utf8Bytes::from(text)))).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
+/// How a session ended.
+enum End {
+    /// The client left, went silent, or its socket failed.
+    Gone,
+    /// The client fell behind.
+    Lagged,
+    /// The node is stopping.
+    Shutdown,
+}
 
 /// Serves one client until it leaves, lags, goes silent, or the node stops.
 pub async fn serve(
@@ -42,93 +93,15 @@ pub async fn serve(
 ) {
     metrics::gauge!("muster_ws_clients").increment(1.0);
     let cfg = s.cfg.events.clone();
-    let send_timeout = Duration::from_millis(cfg.send_timeout_ms);
     // Subscribe first: anything published from now on is caught live.
     let mut rx = s.bus.subscribe();
-    let (mut sink, mut stream) = socket.split();
-    let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(cfg.client_buffer as usize);
-    // Set when the client lagged: the writer drops what is buffered.
-    let lagged = CancellationToken::new();
-    // Set when the client is done for any other reason: the writer stops.
-    let stop = CancellationToken::new();
-    let written: Arc<Mutex<Option<StreamId>>> = Arc::default();
-
-    let writer = {
-        let lagged = lagged.clone();
-        let stop = stop.clone();
-        let written = written.clone();
-        tokio::spawn(async move {
-            loop {
-                let next = tokio::select! {
-                    m = out_rx.recv() => m,
-                    _ = lagged.cancelled() => None,
-                    _ = stop.cancelled() => None,
-                };
-                let Some((msg, id)) = next else { break };
-                // Write everything already buffered in one flush: one syscall
-                // for a burst of events instead of one per event.
-                let mut msgs = vec![msg];
-                let mut batch_id = id;
-                while msgs.len() < 256 {
-                    match out_rx.try_recv() {
-                        Ok((m, i)) => {
-                            msgs.push(m);
-                            if i.is_some() {
-                                batch_id = i;
-                            }
-                        }
-                        Err(_) => break,
-                    }
-                }
-                let batch = async {
-                    for m in msgs {
-                        sink.feed(m).await?;
-                    }
-                    sink.flush().await
-                };
-                tokio::pin!(batch);
-                // No deadline while the client keeps up; once it lagged (or
-                // the session ends), one send_timeout to finish this batch.
-                let done = tokio::select! {
-                    r = &mut batch => r.is_ok(),
-                    _ = async { tokio::select! { _ = lagged.cancelled() => {}, _ = stop.cancelled() => {} } } => {
-                        matches!(tokio::time::timeout(send_timeout, &mut batch).await, Ok(Ok(())))
-                    }
-                };
-                if !done {
-                    return;
-                }
-                if batch_id.is_some() {
-                    *written.lock().unwrap_or_else(|p| p.into_inner()) = batch_id;
-                }
-            }
-            if lagged.is_cancelled() {
-                // Drop the unsent buffer; tell the client where to resume.
-                out_rx.close();
-                let last = *written.lock().unwrap_or_else(|p| p.into_inner());
-                let last = last.map(|l| l.to_string()).unwrap_or_default();
-                let msg = json!({"type": "lagged", "last_id": last}).to_string();
-                let bye = async {
-                    sink.send(Message::Text(Utf8Bytes::from(msg))).await?;
-                    sink.send(Message::Close(Some(CloseFrame {
-                        code: 4000,
-                        reason: "lagged".into(),
-                    })))
-                    .await
-                };
-                let _ = tokio::time::timeout(send_timeout, bye).await;
-            } else {
-                // Flush what is queued (a close frame, say), briefly.
-                let flush = async {
-                    while let Ok((msg, _)) = out_rx.try_recv() {
-                        sink.send(msg).await?;
-                    }
-                    Ok::<(), axum::Error>(())
-                };
-                let _ = tokio::time::timeout(Duration::from_millis(500), flush).await;
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(200), sink.close()).await;
-        })
+    let (sink, mut stream) = socket.split();
+    let mut out = Out {
+        sink,
+        within: Duration::from_millis(cfg.send_timeout_ms),
+        last_queued: None,
+        relayed: metrics::counter!("muster_events_relayed_total"),
+        lag: metrics::histogram!("muster_event_relay_lag_seconds"),
     };
 
     // Inbound frames: anything from the client (pongs included) shows it is
@@ -148,49 +121,85 @@ pub async fn serve(
         })
     };
 
-    let mut last: Option<StreamId> = None;
-    let mut ok = true;
-    let relay = Relay {
-        out: out_tx.clone(),
-        within: send_timeout,
-        relayed: metrics::counter!("muster_events_relayed_total"),
-        lag: metrics::histogram!("muster_event_relay_lag_seconds"),
-    };
+    let end = session(&s, &mut out, &mut rx, &filter, since, &last_heard, &mut gone_rx).await;
+    match end {
+        End::Lagged => {
+            metrics::counter!("muster_ws_lagged_total").increment(1);
+            let last = out.last_queued.map(|l| l.to_string()).unwrap_or_default();
+            let bye = async {
+                if out
+                    .send_text(json!({"type": "lagged", "last_id": last}).to_string())
+                    .await
+                {
+                    let close = Message::Close(Some(CloseFrame {
+                        code: 4000,
+                        reason: "lagged".into(),
+                    }));
+                    let _ = tokio::time::timeout(out.within, out.sink.send(close)).await;
+                }
+            };
+            bye.await;
+        }
+        End::Shutdown => {
+            let close = Message::Close(Some(CloseFrame {
+                code: 1001,
+                reason: "node shutting down".into(),
+            }));
+            let _ = tokio::time::timeout(Duration::from_millis(500), out.sink.send(close)).await;
+        }
+        End::Gone => {}
+    }
+    let _ = tokio::time::timeout(Duration::from_millis(200), out.sink.close()).await;
+    reader.abort();
+    drop(permit);
+    metrics::gauge!("muster_ws_clients").decrement(1.0);
+}
+
+async fn session(
+    s: &AppState,
+    out: &mut Out,
+    rx: &mut broadcast::Receiver<Arc<Event>>,
+    filter: &Filter,
+    since: Option<StreamId>,
+    last_heard: &Mutex<Instant>,
+    gone_rx: &mut tokio::sync::oneshot::Receiver<()>,
+) -> End {
+    let mut last: Option<StreamId> = since;
     if let Some(since) = since {
-        last = Some(since);
         match retained(&s.store).await {
             Ok(r) if r.lost_after(since) => {
                 let oldest = r.first.map(|f| f.to_string()).unwrap_or_default();
-                let msg = json!({"type": "gap", "since": since.to_string(), "oldest": oldest}).to_string();
-                ok = queue(&out_tx, (Message::Text(Utf8Bytes::from(msg)), None), send_timeout).await;
+                if !out
+                    .send_text(json!({"type": "gap", "since": since.to_string(), "oldest": oldest}).to_string())
+                    .await
+                {
+                    return End::Lagged;
+                }
             }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the event stream for a replay");
-                stop.cancel();
-                ok = false;
+                return End::Gone;
             }
         }
         // Replay what the stream retains after `since`, a page at a time.
-        while ok {
+        loop {
             let page = match read_after(&s.store, last.unwrap_or(since), REPLAY_PAGE).await {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(error = %e, "replay failed");
-                    stop.cancel();
-                    ok = false;
-                    break;
+                    return End::Gone;
                 }
             };
             let n = page.len();
-            for ev in page {
-                let id = ev.sid;
-                if filter.matches(&ev) && !relay.deliver(&ev).await {
-                    lagged.cancel();
-                    ok = false;
-                    break;
+            for ev in &page {
+                if filter.matches(ev) && !out.feed(ev).await {
+                    return End::Gone;
                 }
-                last = id.or(last);
+                last = ev.sid.or(last);
+            }
+            if !out.flush().await {
+                return End::Lagged;
             }
             if n < REPLAY_PAGE {
                 break;
@@ -198,93 +207,57 @@ pub async fn serve(
         }
     }
 
-    let mut ping = tokio::time::interval(Duration::from_millis(cfg.ping_ms));
+    let ping_every = Duration::from_millis(s.cfg.events.ping_ms);
+    let mut ping = tokio::time::interval(ping_every);
     ping.tick().await;
-    if ok {
-        loop {
-            tokio::select! {
-                ev = rx.recv() => match ev {
-                    Ok(ev) => {
-                        let id = ev.sid;
-                        if let (Some(id), Some(l)) = (id, last)
-                            && id <= l
-                        {
-                            continue;
-                        }
-                        last = id.or(last);
-                        if filter.matches(&ev) && !relay.deliver(&ev).await {
-                            lagged.cancel();
-                            break;
-                        }
+    loop {
+        tokio::select! {
+            ev = rx.recv() => {
+                let first = match ev {
+                    Ok(ev) => ev,
+                    Err(broadcast::error::RecvError::Lagged(_)) => return End::Lagged,
+                    Err(broadcast::error::RecvError::Closed) => return End::Gone,
+                };
+                // This event and whatever else is already waiting, in one flush.
+                let mut batch = vec![first];
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(ev) => batch.push(ev),
+                        Err(broadcast::error::TryRecvError::Lagged(_)) => return End::Lagged,
+                        Err(_) => break,
                     }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        lagged.cancel();
-                        break;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
-                _ = ping.tick() => {
-                    let quiet = last_heard.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
-                    if quiet > Duration::from_millis(cfg.ping_ms * 2) {
-                        tracing::debug!("WebSocket client silent for two ping intervals; closing");
-                        break;
-                    }
-                    let _ = out_tx.try_send((Message::Ping(Default::default()), None));
                 }
-                _ = &mut gone_rx => break,
-                _ = s.shutdown.cancelled() => {
-                    let close = Message::Close(Some(CloseFrame { code: 1001, reason: "node shutting down".into() }));
-                    let _ = out_tx.try_send((close, None));
-                    break;
+                let mut queued = false;
+                for ev in &batch {
+                    if let (Some(id), Some(l)) = (ev.sid, last)
+                        && id <= l
+                    {
+                        continue;
+                    }
+                    last = ev.sid.or(last);
+                    if filter.matches(ev) {
+                        if !out.feed(ev).await {
+                            return End::Gone;
+                        }
+                        queued = true;
+                    }
+                }
+                if queued && !out.flush().await {
+                    return End::Lagged;
                 }
             }
+            _ = ping.tick() => {
+                let quiet = last_heard.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
+                if quiet > ping_every * 2 {
+                    tracing::debug!("WebSocket client silent for two ping intervals; closing");
+                    return End::Gone;
+                }
+                if out.sink.feed(Message::Ping(Default::default())).await.is_err() || !out.flush().await {
+                    return End::Lagged;
+                }
+            }
+            _ = &mut *gone_rx => return End::Gone,
+            _ = s.shutdown.cancelled() => return End::Shutdown,
         }
-    }
-    if lagged.is_cancelled() {
-        metrics::counter!("muster_ws_lagged_total").increment(1);
-    }
-    stop.cancel();
-    drop(relay);
-    drop(out_tx);
-    let _ = writer.await;
-    reader.abort();
-    drop(permit);
-    metrics::gauge!("muster_ws_clients").decrement(1.0);
-}
-
-/// Puts a message in the client's buffer, waiting at most `within` for
-/// room: false when the client did not drain its buffer in time (it lags).
-async fn queue(out: &mpsc::Sender<Outgoing>, msg: Outgoing, within: Duration) -> bool {
-    match out.try_send(msg) {
-        Ok(()) => true,
-        Err(mpsc::error::TrySendError::Full(msg)) => {
-            matches!(tokio::time::timeout(within, out.send(msg)).await, Ok(Ok(())))
-        }
-        Err(mpsc::error::TrySendError::Closed(_)) => false,
-    }
-}
-
-/// Delivers events into one client's buffer, with its metric handles
-/// resolved once rather than per event.
-struct Relay {
-    out: mpsc::Sender<Outgoing>,
-    within: Duration,
-    relayed: metrics::Counter,
-    lag: metrics::Histogram,
-}
-
-impl Relay {
-    /// Queues one event for the client; false when it lags.
-    async fn deliver(&self, ev: &Event) -> bool {
-        let sent = queue(&self.out, (Message::Text(ev.frame()), ev.sid), self.within).await;
-        if sent {
-            self.relayed.increment(1);
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or(0);
-            self.lag.record(((now_ms - ev.ts).max(0) as f64) / 1000.0);
-        }
-        sent
     }
 }

@@ -170,7 +170,6 @@ async fn a_gap_message_comes_first_when_since_was_trimmed() {
 async fn a_slow_client_is_lagged_and_closed_without_slowing_others() {
     let redis = TestRedis::start();
     let a = TestApp::start_with(&redis, |c| {
-        c.events.client_buffer = 16;
         c.events.send_timeout_ms = 1000;
         c.server.socket_send_buffer_bytes = 16 * 1024;
     })
