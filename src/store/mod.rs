@@ -376,6 +376,13 @@ impl Store {
     }
 }
 
+/// Whether a `redis_version` is at least [`MIN_VERSION`].
+fn version_supported(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= MIN_VERSION
+}
+
 enum RetryableOr {
     Retry(StoreError),
     Fail(StoreError),
@@ -427,6 +434,15 @@ pub fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::redact;
+
+    #[test]
+    fn refuses_redis_older_than_7() {
+        assert!(super::version_supported("7.0.15"));
+        assert!(super::version_supported("7.2.4"));
+        assert!(super::version_supported("8.0.0"));
+        assert!(!super::version_supported("6.2.14"));
+        assert!(!super::version_supported(""));
+    }
 
     #[test]
     fn redacts_passwords() {
