@@ -194,9 +194,7 @@ impl Store {
             version: field("redis_version"),
             mode: field("redis_mode"),
         };
-        let mut parts = info.version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-        if (major, minor) < MIN_VERSION {
+        if !version_supported(&info.version) {
             return Err(StoreError::Unavailable(format!(
                 "Redis {} at {} is too old: muster needs Redis {}.{} or newer",
                 info.version, self.inner.address, MIN_VERSION.0, MIN_VERSION.1

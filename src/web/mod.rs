@@ -349,17 +349,48 @@ async fn logout(caller: Caller, Form(form): Form<CsrfForm>) -> Result<Response> 
     Ok(resp)
 }
 
-async fn ui_drain_node(
-    State(s): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
-    Form(form): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &form.csrf)?;
-    caller.require(Role::Admin)?;
-    crate::validate::node_id("id", &id)?;
-    s.nodes.drain(&id, &caller.name).await?;
+async fn ui_drain_node(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    crate::validate::node_id("id", &f.name)?;
+    s.nodes.drain(&f.name, &f.caller.name).await?;
     Ok(Redirect::to("/nodes").into_response())
+}
+
+/// A dashboard form posted to `/ui/<thing>/{name}/<action>`: the caller, the
+/// path's name (validated) and the CSRF token checked before the handler
+/// runs. The handler checks the role it needs and calls the service.
+pub struct UiForm {
+    pub caller: Caller,
+    pub name: String,
+    headers: HeaderMap,
+}
+
+impl UiForm {
+    /// Back to the referring page (ours only), or `default`.
+    pub fn back(&self, default: &str) -> Response {
+        back(&self.headers, default).into_response()
+    }
+}
+
+impl axum::extract::FromRequest<AppState> for UiForm {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        use axum::extract::FromRequestParts;
+        let (mut parts, body) = req.into_parts();
+        let caller = Caller::from_request_parts(&mut parts, state).await?;
+        let Path(name) = Path::<String>::from_request_parts(&mut parts, state)
+            .await
+            .map_err(|e| ApiError::bad_request(e.body_text()))?;
+        crate::validate::name("name", &name)?;
+        let headers = parts.headers.clone();
+        let req = axum::extract::Request::from_parts(parts, body);
+        let Form(form) = Form::<CsrfForm>::from_request(req, state).await.map_err(|_| {
+            ApiError::Forbidden("the form's CSRF token is missing; reload the page and try again".into())
+        })?;
+        check_csrf(&caller, &form.csrf)?;
+        Ok(UiForm { caller, name, headers })
+    }
 }
 
 /// Where to go back to after a form: the referring page when it is ours.

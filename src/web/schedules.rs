@@ -3,15 +3,13 @@
 
 use askama::Template;
 use askama_web::WebTemplate;
-use axum::Form;
 use axum::Router;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 
 use super::filters;
-use super::{CsrfForm, Layout, back, check_csrf};
+use super::{Layout, UiForm};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::config::Role;
@@ -127,57 +125,26 @@ async fn schedule_page(State(s): State<AppState>, caller: Caller, Path(id): Path
     })
 }
 
-async fn ui_enable(
-    State(s): State<AppState>,
-    caller: Caller,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Admin)?;
-    validate::name("id", &id)?;
-    s.schedules.set_enabled(&id, true, &caller.name).await?;
-    Ok(back(&headers, &format!("/schedules/{id}")).into_response())
+async fn ui_enable(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.schedules.set_enabled(&f.name, true, &f.caller.name).await?;
+    Ok(f.back(&format!("/schedules/{}", f.name)))
 }
 
-async fn ui_disable(
-    State(s): State<AppState>,
-    caller: Caller,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Admin)?;
-    validate::name("id", &id)?;
-    s.schedules.set_enabled(&id, false, &caller.name).await?;
-    Ok(back(&headers, &format!("/schedules/{id}")).into_response())
+async fn ui_disable(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.schedules.set_enabled(&f.name, false, &f.caller.name).await?;
+    Ok(f.back(&format!("/schedules/{}", f.name)))
 }
 
-async fn ui_trigger(
-    State(s): State<AppState>,
-    caller: Caller,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Admin)?;
-    validate::name("id", &id)?;
-    s.schedules.trigger(&id, &caller.name).await?;
-    Ok(back(&headers, &format!("/schedules/{id}")).into_response())
+async fn ui_trigger(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.schedules.trigger(&f.name, &f.caller.name).await?;
+    Ok(f.back(&format!("/schedules/{}", f.name)))
 }
 
-async fn ui_delete(
-    State(s): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Admin)?;
-    validate::name("id", &id)?;
-    s.schedules.delete(&id, &caller.name).await?;
+async fn ui_delete(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.schedules.delete(&f.name, &f.caller.name).await?;
     Ok(Redirect::to("/schedules").into_response())
 }

@@ -2,16 +2,14 @@
 
 use askama::Template;
 use askama_web::WebTemplate;
-use axum::Form;
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::filters;
-use super::{CsrfForm, Layout, back, check_csrf};
+use super::{Layout, UiForm};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::config::Role;
@@ -166,72 +164,33 @@ async fn dead_page(State(s): State<AppState>, caller: Caller, Query(q): Query<Pa
     })
 }
 
-async fn ui_pause(
-    State(s): State<AppState>,
-    caller: Caller,
-    headers: HeaderMap,
-    Path(queue): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Admin)?;
-    validate::name("queue", &queue)?;
-    s.tasks.set_paused(&queue, true, &caller.name).await?;
-    Ok(back(&headers, "/queues").into_response())
+async fn ui_pause(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.tasks.set_paused(&f.name, true, &f.caller.name).await?;
+    Ok(f.back("/queues"))
 }
 
-async fn ui_resume(
-    State(s): State<AppState>,
-    caller: Caller,
-    headers: HeaderMap,
-    Path(queue): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Admin)?;
-    validate::name("queue", &queue)?;
-    s.tasks.set_paused(&queue, false, &caller.name).await?;
-    Ok(back(&headers, "/queues").into_response())
+async fn ui_resume(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.tasks.set_paused(&f.name, false, &f.caller.name).await?;
+    Ok(f.back("/queues"))
 }
 
-async fn ui_cancel(
-    State(s): State<AppState>,
-    caller: Caller,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Worker)?;
-    validate::name("id", &id)?;
-    s.tasks.cancel(&id, &caller.name).await?;
-    Ok(back(&headers, &format!("/tasks/{id}")).into_response())
+async fn ui_cancel(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Worker)?;
+    s.tasks.cancel(&f.name, &f.caller.name).await?;
+    Ok(f.back(&format!("/tasks/{}", f.name)))
 }
 
-async fn ui_retry(
-    State(s): State<AppState>,
-    caller: Caller,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Admin)?;
-    validate::name("id", &id)?;
-    s.tasks.retry(&id, &caller.name).await?;
-    Ok(back(&headers, "/dead").into_response())
+async fn ui_retry(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.tasks.retry(&f.name, &f.caller.name).await?;
+    Ok(f.back("/dead"))
 }
 
-async fn ui_discard(
-    State(s): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Admin)?;
-    validate::name("id", &id)?;
-    s.tasks.delete(&id, &caller.name).await?;
+async fn ui_discard(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.tasks.delete(&f.name, &f.caller.name).await?;
     // The task page is gone; go to the dead letters.
     Ok(axum::response::Redirect::to("/dead").into_response())
 }

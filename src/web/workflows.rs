@@ -5,7 +5,6 @@ use std::collections::HashMap;
 
 use askama::Template;
 use askama_web::WebTemplate;
-use axum::Form;
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -13,11 +12,11 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::filters;
-use super::{CsrfForm, Layout, check_csrf};
+use super::{Layout, UiForm};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::config::Role;
-use crate::error::{ApiError, Result};
+use crate::error::Result;
 use crate::workflows::{Workflow, WorkflowSummary};
 
 pub fn router() -> Router<AppState> {
@@ -177,15 +176,8 @@ async fn workflow_page(State(s): State<AppState>, caller: Caller, Path(id): Path
     })
 }
 
-async fn ui_cancel(
-    State(s): State<AppState>,
-    caller: Caller,
-    Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> Result<Response> {
-    check_csrf(&caller, &f.csrf)?;
-    caller.require(Role::Admin)?;
-    crate::validate::name("id", &id).map_err(|_| ApiError::bad_request("bad workflow id"))?;
-    s.workflows.cancel(&id, &caller.name).await?;
-    Ok(Redirect::to(&format!("/workflows/{id}")).into_response())
+async fn ui_cancel(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.workflows.cancel(&f.name, &f.caller.name).await?;
+    Ok(Redirect::to(&format!("/workflows/{}", f.name)).into_response())
 }

@@ -934,3 +934,82 @@ async fn g4_keys_return_to_baseline_after_retention() {
     let extra: Vec<_> = now.difference(&baseline).take(10).collect();
     assert!(back, "keys left over: {extra:?} ({} in all)", now.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_forms_pause_cancel_retry_and_discard() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let html = http
+        .get(format!("{}/queues", a.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = html
+        .split("data-csrf=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string();
+    let form = |path: &str| {
+        let url = format!("{}{path}", a.url);
+        let csrf = csrf.clone();
+        let http = http.clone();
+        async move {
+            http.post(url)
+                .form(&[("csrf", csrf.as_str())])
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let queued = submit(&a, "ui", json!({})).await;
+    let dying = submit(&a, "ui", json!({"max_attempts": 1})).await;
+    // pause / resume
+    assert_eq!(form("/ui/queues/ui/pause").await, 303);
+    assert_eq!(a.get("/api/v1/queues/ui").await.1["paused"], true);
+    assert_eq!(form("/ui/queues/ui/resume").await, 303);
+    // a forged token changes nothing
+    let forged = http
+        .post(format!("{}/ui/queues/ui/pause", a.url))
+        .form(&[("csrf", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 403);
+    assert_eq!(a.get("/api/v1/queues/ui").await.1["paused"], false);
+    // cancel from the task page
+    assert_eq!(form(&format!("/ui/tasks/{queued}/cancel")).await, 303);
+    assert_eq!(a.get(&format!("/api/v1/tasks/{queued}")).await.1["state"], "cancelled");
+    // retry and discard a dead letter
+    let t = claim(&a, "ui", "w", 1, 0).await;
+    assert_eq!(t[0]["id"], dying.as_str());
+    a.post(
+        &format!("/api/v1/tasks/{dying}/fail"),
+        json!({"token": t[0]["token"], "error": "x"}),
+    )
+    .await;
+    assert_eq!(form(&format!("/ui/tasks/{dying}/retry")).await, 303);
+    assert_eq!(a.get(&format!("/api/v1/tasks/{dying}")).await.1["state"], "queued");
+    let t = claim(&a, "ui", "w", 1, 0).await;
+    a.post(
+        &format!("/api/v1/tasks/{dying}/fail"),
+        json!({"token": t[0]["token"], "error": "y"}),
+    )
+    .await;
+    assert_eq!(form(&format!("/ui/tasks/{dying}/discard")).await, 303);
+    assert_eq!(a.get(&format!("/api/v1/tasks/{dying}")).await.0, 404);
+    // bad names are refused before anything happens
+    assert_eq!(form("/ui/queues/bad%20name/pause").await, 400);
+}
