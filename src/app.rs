@@ -45,6 +45,8 @@ pub struct AppState {
     pub started_at: SystemTime,
     /// The OpenAPI document, rendered once when the router is built.
     pub openapi: Arc<OnceLock<String>>,
+    pub barriers: Arc<crate::barriers::Barriers>,
+    pub locks: Arc<crate::locks::Locks>,
 }
 
 #[derive(OpenApi)]
@@ -79,6 +81,8 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::nodes::routes::router())
         .merge(crate::tasks::routes::router())
         .merge(crate::orphans::routes::router())
+        .merge(crate::barriers::routes::router())
+        .merge(crate::locks::routes::router())
 }
 
 /// The whole HTTP surface of a node.

@@ -16,6 +16,10 @@
 //! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
 //!   problem+json errors.
 //! - [`system`]: probes, `/metrics`, the Redis summary, the OpenAPI document.
+//! - [`barriers`]: barrier rounds decided once in Redis (G8), etcd-style
+//!   Barrier and DoubleBarrier.
+//! - [`locks`]: locks with fencing tokens and FIFO waiters, leader elections.
+//! - [`longpoll`]: long polls woken by cluster events.
 //! - [`web`]: the server-rendered dashboard.
 //! - [`app`]: the shared state and the router.
 //!
@@ -39,6 +43,10 @@ pub mod system;
 pub mod tasks;
 pub mod validate;
 pub mod web;
+
+pub mod barriers;
+pub mod locks;
+pub mod longpoll;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -209,6 +217,20 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         node_id.clone(),
         &ctx,
     );
+    let barriers = barriers::Barriers::new(
+        store.clone(),
+        cfg.barriers.clone(),
+        cfg.nodes.ttl_ms,
+        node_id.clone(),
+        &ctx,
+    );
+    let locks = locks::Locks::new(
+        store.clone(),
+        cfg.locks.clone(),
+        cfg.nodes.ttl_ms,
+        node_id.clone(),
+        &ctx,
+    );
     let bus = events::Bus::new(4096);
     let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
@@ -233,6 +255,8 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         embedded: embedded.clone(),
         started_at: SystemTime::now(),
         openapi: Arc::new(OnceLock::new()),
+        barriers: barriers.clone(),
+        locks: locks.clone(),
     };
 
     // Join before serving, so /readyz is green as soon as it answers.
@@ -263,6 +287,8 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         events::tailer::spawn(store.clone(), bus.clone(), tail_from, loops_cancel.clone()),
         tasks::worker::spawn(tasks.clone(), loops_cancel.clone()),
         orphans::worker::spawn(orphans.clone(), loops_cancel.clone()),
+        barriers::worker::spawn(barriers.clone(), loops_cancel.clone()),
+        locks::worker::spawn(locks.clone(), loops_cancel.clone()),
     ];
 
     let router = app::router(state.clone());
