@@ -596,6 +596,36 @@ impl Barriers {
             .collect())
     }
 
+    /// The newest round of each barrier, in two pipelined round trips.
+    pub async fn latest_rounds(&self, names: &[String]) -> Result<Vec<Option<Round>>, BarrierError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for n in names {
+            p.cmd("ZRANGE").arg(self.k_rounds(n)).arg(0).arg(0).arg("REV");
+        }
+        let ids: Vec<Vec<String>> = self.store.pipe("barrier_latest", &p).await?;
+        let mut p = redis::pipe();
+        let mut wanted = Vec::new();
+        for (n, r) in names.iter().zip(&ids) {
+            if let Some(r) = r.first() {
+                p.cmd("HGETALL").arg(self.k_round(n, r));
+                wanted.push((n, r));
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(vec![None; names.len()]);
+        }
+        let maps: Vec<BTreeMap<String, String>> = self.store.pipe("barrier_latest_get", &p).await?;
+        let found: BTreeMap<&String, Round> = wanted
+            .into_iter()
+            .zip(maps)
+            .filter_map(|((n, r), m)| round_from(n, r, &m).map(|round| (n, round)))
+            .collect();
+        Ok(names.iter().map(|n| found.get(n).cloned()).collect())
+    }
+
     /// Decides rounds past their deadline (the background loop). Returns
     /// (released, aborted) decided by this node.
     pub async fn decide_due(&self) -> Result<(i64, i64), BarrierError> {
@@ -610,6 +640,7 @@ impl Barriers {
                         self.node_id.clone(),
                         self.cfg.round_retention_ms.to_string(),
                         "100".into(),
+                        self.cfg.rounds_kept.to_string(),
                     ],
                 )
                 .await?;
@@ -681,8 +712,8 @@ impl Barriers {
             .arg("held_at")
             .cmd("PTTL")
             .arg(self.k_hold(name));
-        let ((secs, micros), (holder, held_at), pttl): ((i64, i64), (Option<String>, Option<i64>), i64) =
-            self.store.pipe("barrier_hold_get", &p).await?;
+        type Reply = ((i64, i64), (Option<String>, Option<i64>), i64);
+        let ((secs, micros), (holder, held_at), pttl): Reply = self.store.pipe("barrier_hold_get", &p).await?;
         let now = secs * 1000 + micros / 1000;
         let lifts_in = if holder.is_some() { pttl.max(0) } else { 0 };
         Ok((

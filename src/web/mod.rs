@@ -7,6 +7,8 @@
 pub mod assets;
 pub mod tasks;
 
+pub mod barriers;
+
 use std::time::SystemTime;
 
 use askama::Template;
@@ -37,6 +39,7 @@ pub fn router() -> Router<AppState> {
         .route("/static/{*path}", get(assets::serve))
         .route("/favicon.ico", get(assets::favicon))
         .merge(tasks::router())
+        .merge(barriers::router())
 }
 
 /// The navigation, in order. Later subsystems add their pages here.
@@ -45,6 +48,8 @@ pub const NAV: &[(&str, &str)] = &[
     ("Nodes", "/nodes"),
     ("Queues", "/queues"),
     ("Dead letters", "/dead"),
+    ("Barriers", "/barriers"),
+    ("Locks", "/locks"),
 ];
 
 /// What every page's layout shows.

@@ -9,3 +9,6 @@ mod http_api;
 mod nodes;
 mod orphans;
 mod tasks;
+
+mod barriers;
+mod locks;

@@ -6,8 +6,8 @@
 -- (see decide in lib.lua): `released` by the arrival that completes the set of
 -- participants; at the deadline, `released` if at most max_missing are missing and
 -- `aborted` otherwise. An arrival at or after the deadline first decides the round
--- (without counting itself) and is then recorded as late. Opening a round deletes
--- the oldest decided rounds beyond rounds_kept.
+-- (without counting itself) and is then recorded as late. Opening or deciding a round
+-- deletes the oldest decided rounds beyond rounds_kept.
 --
 -- KEYS[1]  P:barrier:<b>            config hash
 -- KEYS[2]  P:barrier:<b>:r:<r>      the round
@@ -46,18 +46,7 @@ if not parts then
   redis.call('ZADD', DEADLINES, deadline, b .. '/' .. r)
   redis.call('ZADD', KEYS[3], nows, r)
   redis.call('PEXPIRE', KEYS[3], int(tonumber(cfg[4]) + tonumber(retention)))
-  -- Keep the last `kept` rounds; never drop an undecided one (it is bounded by its deadline).
-  local extra = redis.call('ZCARD', KEYS[3]) - kept
-  if extra > 0 then
-    local old = redis.call('ZRANGE', KEYS[3], 0, extra - 1)
-    for _, o in ipairs(old) do
-      local ok = round_key(b, o)
-      if redis.call('HEXISTS', ok, 'verdict') == 1 or redis.call('EXISTS', ok) == 0 then
-        redis.call('ZREM', KEYS[3], o)
-        redis.call('DEL', ok)
-      end
-    end
-  end
+  trim_rounds(b, KEYS[3], kept)
   emit('barrier.round_opened', me, '{"by":"' .. who .. '","deadline":' .. deadline .. ',"n":' .. cfg[2] ..
     ',"max_missing":' .. cfg[3] .. '}', 'barrier', b, 'round', r)
   parts = cfg[1]
@@ -70,7 +59,7 @@ local f = redis.call('HMGET', rk, 'verdict', 'deadline')
 local verdict = f[1]
 if not verdict and now >= tonumber(f[2]) then
   -- The deadline passed and nobody has decided yet: decide first, without this arrival.
-  verdict = decide_at_deadline(rk, b, r, now, me, retention)
+  verdict = decide_at_deadline(rk, b, r, now, me, retention, kept)
   decided = verdict or ''
   verdict = redis.call('HGET', rk, 'verdict')
 end
@@ -86,7 +75,7 @@ elseif redis.call('HSETNX', rk, 'a:' .. who, nows) == 1 then
   emit('barrier.arrived', me, '{"participant":"' .. who .. '","arrived":' .. arrived .. '}', 'barrier', b,
     'round', r)
   if arrived >= tonumber(redis.call('HGET', rk, 'n')) then
-    decide(rk, b, r, 'released', 'all_arrived', now, me, retention)
+    decide(rk, b, r, 'released', 'all_arrived', now, me, retention, kept)
     decided = 'released'
   end
 end

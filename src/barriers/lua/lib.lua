@@ -37,15 +37,31 @@ local function split_parts(parts)
   return out
 end
 
+-- Keeps the newest `kept` rounds of barrier b in its index (KEY idx) and deletes older
+-- decided ones; an undecided round is never dropped (it is bounded by its deadline,
+-- and trimmed when it is decided).
+local function trim_rounds(b, idx, kept)
+  local extra = redis.call('ZCARD', idx) - kept
+  if extra <= 0 then return end
+  for _, o in ipairs(redis.call('ZRANGE', idx, 0, extra - 1)) do
+    local ok = round_key(b, o)
+    if redis.call('HEXISTS', ok, 'verdict') == 1 or redis.call('EXISTS', ok) == 0 then
+      redis.call('ZREM', idx, o)
+      redis.call('DEL', ok)
+    end
+  end
+end
+
 -- Sets the verdict of round r of barrier b exactly once: HSETNX of `verdict` is the
 -- one decision; a second caller finds the field set and changes nothing. Emits
 -- barrier.released or barrier.aborted with the arrived and missing participants.
--- Returns true when this call decided.
-local function decide(rk, b, r, verdict, reason, now, node, retention)
+-- Trims the barrier's rounds to `kept`. Returns true when this call decided.
+local function decide(rk, b, r, verdict, reason, now, node, retention, kept)
   if redis.call('HSETNX', rk, 'verdict', verdict) == 0 then return false end
   redis.call('HSET', rk, 'decided_at', int(now), 'reason', reason)
   redis.call('ZREM', DEADLINES, b .. '/' .. r)
   redis.call('PEXPIRE', rk, retention)
+  trim_rounds(b, P .. ':barrier:' .. b .. ':rounds', kept)
   local f = redis.call('HMGET', rk, 'parts', 'opened_at', 'arrived', 'n', 'max_missing')
   local arrived, missing = {}, {}
   for _, id in ipairs(split_parts(f[1] or '')) do
@@ -65,12 +81,12 @@ end
 -- Decides an open round whose deadline has passed (now >= deadline) by the rule:
 -- released when at most max_missing participants are missing, else aborted.
 -- Returns the verdict set by this call, or false.
-local function decide_at_deadline(rk, b, r, now, node, retention)
+local function decide_at_deadline(rk, b, r, now, node, retention, kept)
   local f = redis.call('HMGET', rk, 'n', 'max_missing', 'arrived')
   local missing = tonumber(f[1]) - tonumber(f[3] or '0')
   local verdict = 'aborted'
   if missing <= tonumber(f[2]) then verdict = 'released' end
-  if decide(rk, b, r, verdict, 'deadline', now, node, retention) then return verdict end
+  if decide(rk, b, r, verdict, 'deadline', now, node, retention, kept) then return verdict end
   return false
 end
 
