@@ -312,18 +312,32 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
         .await;
     assert_eq!(s, 200, "{v}");
     a.post("/api/v1/double-barriers/d/leave", json!({"node": "dw"})).await;
-    assert_eq!(a.delete("/api/v1/barriers/bounded").await.0, 204);
-    // Every key left has a TTL or is a bounded index.
+    // Every key left has a TTL, or is bounded: the stream (MAXLEN), the
+    // barrier's config and the set of names (max_barriers), the
+    // DoubleBarrier index (trimmed by idle time and swept by the loop).
+    let bounded = [
+        "{muster}:events",
+        "{muster}:barriers",
+        "{muster}:barrier:bounded",
+        "{muster}:dbarriers",
+    ];
     for k in redis.cmd::<Vec<String>>(&["KEYS", "*"]).await {
         if baseline.contains(&k) {
             continue;
         }
         let ttl: i64 = redis.cmd(&["PTTL", &k]).await;
-        // The stream is bounded by MAXLEN; the DoubleBarrier index is trimmed
-        // by idle time and swept by the loop.
-        let bounded = k == "{muster}:events" || k == "{muster}:dbarriers";
-        assert!(ttl > 0 || bounded, "{k} has no TTL");
+        assert!(ttl > 0 || bounded.contains(&k.as_str()), "{k} has no TTL");
     }
+    // Decided rounds (and their index) expire after round_retention_ms on their own.
+    let expired = wait_until(Duration::from_secs(5), || async {
+        redis
+            .cmd::<Vec<String>>(&["KEYS", "{muster}:barrier:bounded:r*"])
+            .await
+            .is_empty()
+    })
+    .await;
+    assert!(expired, "rounds and their index expire");
+    assert_eq!(a.delete("/api/v1/barriers/bounded").await.0, 204);
     let back = wait_until(Duration::from_secs(10), || async {
         let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
         now.difference(&baseline)

@@ -123,6 +123,11 @@ async fn waiters_are_served_in_fifo_order() {
         assert!(queued, "{w} waits in line");
     }
     assert_eq!(waiters(&b, "fifo").await, names.to_vec());
+    // The line lapses on its own if every waiter vanished.
+    for k in ["{muster}:lock:fifo:q", "{muster}:lock:fifo:qx"] {
+        let ttl: i64 = redis.cmd(&["PTTL", k]).await;
+        assert!(ttl > 0, "{k} has no TTL");
+    }
     // A try-lock does not jump the line even when the lock is free for a moment.
     assert_eq!(release(&a, "fifo", &held["token"]).await, 204);
     for t in tasks {
