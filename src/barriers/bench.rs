@@ -4,7 +4,8 @@
 //! the verdict (spread over the given nodes, round robin); once the round
 //! shows all of them arrived, the last participant arrives and the clock
 //! starts. Each waiter's latency is the time from sending the last arrival
-//! to receiving its own `released` answer: the decision script, the event
+//! to having received its own `released` answer (before the load generator
+//! parses it): the decision script, the event
 //! through the stream, each node's tailer, the wake-up, the re-read and the
 //! HTTP response. The report gives p50/p99/max over every waiter, and over
 //! the slowest waiter of each round (the time until everyone may run).
@@ -71,6 +72,17 @@ struct Client {
 
 impl Client {
     async fn send(&self, method: reqwest::Method, url: String, body: Option<Value>) -> Result<(u16, Value), String> {
+        self.send_timed(method, url, body).await.map(|(_, s, v)| (s, v))
+    }
+
+    /// Also returns when the whole answer had arrived (before the client
+    /// parses it: parsing is the load generator's cost, not the server's).
+    async fn send_timed(
+        &self,
+        method: reqwest::Method,
+        url: String,
+        body: Option<Value>,
+    ) -> Result<(Instant, u16, Value), String> {
         let mut req = self.http.request(method, url);
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
@@ -80,8 +92,9 @@ impl Client {
         }
         let resp = req.send().await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        let text = resp.text().await.map_err(|e| e.to_string())?;
-        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+        let at = Instant::now();
+        Ok((at, status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
     }
 }
 
@@ -166,8 +179,7 @@ async fn one_round(
         let url = format!("{}/api/v1/barriers/{name}/rounds/{round}/arrive", urls[i % urls.len()]);
         let body = json!({"node": p, "wait_ms": 30_000});
         tasks.push(tokio::spawn(async move {
-            let r = c.send(reqwest::Method::POST, url, Some(body)).await;
-            (Instant::now(), r)
+            c.send_timed(reqwest::Method::POST, url, Some(body)).await
         }));
     }
     // Every waiter has arrived (and is waiting) before the last one comes.
@@ -188,17 +200,16 @@ async fn one_round(
         urls[(parts.len() - 1) % urls.len()]
     );
     let t0 = Instant::now();
-    let (status, v) = c
-        .send(reqwest::Method::POST, url, Some(json!({"node": last, "wait_ms": 0})))
+    let (at, status, v) = c
+        .send_timed(reqwest::Method::POST, url, Some(json!({"node": last, "wait_ms": 0})))
         .await?;
-    let last_call = ms(t0.elapsed());
+    let last_call = ms(at.saturating_duration_since(t0));
     if status != 200 || v["verdict"] != "released" {
         return Err(format!("round {round}: the last arrival got {status} {v}"));
     }
     let mut lat = Vec::with_capacity(tasks.len());
     for t in tasks {
-        let (at, r) = t.await.map_err(|e| e.to_string())?;
-        let (status, v) = r?;
+        let (at, status, v) = t.await.map_err(|e| e.to_string())??;
         if status != 200 || v["verdict"] != "released" || v["may_run"] != true {
             return Err(format!("round {round}: a waiter got {status} {v}"));
         }

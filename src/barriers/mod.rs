@@ -30,8 +30,9 @@ pub mod cli;
 pub mod routes;
 pub mod worker;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redis::Value;
 use serde::Serialize;
@@ -267,6 +268,12 @@ struct Scripts {
 /// The barrier helpers (`lua/lib.lua`).
 const LIB: &str = include_str!("lua/lib.lua");
 
+/// A decided round shared by the waiters of one node (see [`Barriers::decided`]).
+type SharedRound = Arc<tokio::sync::OnceCell<Option<Arc<Round>>>>;
+
+/// How long a node keeps a decided round it read for its waiters.
+const DECIDED_KEEP: Duration = Duration::from_secs(5);
+
 /// The barrier service.
 pub struct Barriers {
     store: Store,
@@ -274,6 +281,11 @@ pub struct Barriers {
     node_ttl_ms: u64,
     node_id: String,
     scripts: Scripts,
+    /// Decided rounds read in the last few seconds, by (barrier, round): when
+    /// a round is decided, all its waiters on this node wake at once, and one
+    /// read serves them all (a decided round's verdict and arrivals never
+    /// change). Single-flight: the others await the first read.
+    decided: Mutex<HashMap<(String, String), (Instant, SharedRound)>>,
 }
 
 fn int(v: &Value) -> i64 {
@@ -359,6 +371,7 @@ impl Barriers {
             cfg,
             node_ttl_ms,
             node_id,
+            decided: Mutex::new(HashMap::new()),
             scripts: Scripts {
                 configure: l("barrier_configure", include_str!("lua/configure.lua")),
                 delete: l("barrier_delete", include_str!("lua/delete.lua")),
@@ -566,6 +579,39 @@ impl Barriers {
         p.cmd("TIME").cmd("HGETALL").arg(self.k_round(name, round));
         let ((secs, micros), m): ((i64, i64), BTreeMap<String, String>) = self.store.pipe("barrier_round", &p).await?;
         Ok(round_from(name, round, &m).map(|r| (r, secs * 1000 + micros / 1000)))
+    }
+
+    /// The round as its waiters see it after a decision event: one read per
+    /// node serves every waiter of the round. Undecided (or missing) rounds
+    /// are not kept, so a later call reads again.
+    pub async fn decided(&self, name: &str, round: &str) -> Result<Option<Arc<Round>>, BarrierError> {
+        let key = (name.to_string(), round.to_string());
+        let cell = {
+            let mut map = self.decided.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            map.retain(|_, (at, _)| now.duration_since(*at) < DECIDED_KEEP);
+            map.entry(key.clone())
+                .or_insert_with(|| (now, Arc::new(tokio::sync::OnceCell::new())))
+                .1
+                .clone()
+        };
+        let got = cell
+            .get_or_try_init(|| async {
+                Ok::<_, BarrierError>(self.round(name, round).await?.map(|(r, _)| Arc::new(r)))
+            })
+            .await
+            .cloned();
+        match got {
+            Ok(Some(r)) if !r.is_open() => Ok(Some(r)),
+            other => {
+                // Not decided (or an error): forget it so the next call reads again.
+                let mut map = self.decided.lock().unwrap_or_else(|p| p.into_inner());
+                if map.get(&key).is_some_and(|(_, c)| Arc::ptr_eq(c, &cell)) {
+                    map.remove(&key);
+                }
+                other
+            }
+        }
     }
 
     /// The latest `limit` rounds of a barrier, newest first.

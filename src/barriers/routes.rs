@@ -1,6 +1,7 @@
 //! REST routes of barriers: rounds, etcd-style holds and DoubleBarriers.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Json;
@@ -243,12 +244,13 @@ pub struct ArriveRequest {
     pub wait_ms: Option<u64>,
 }
 
-/// A participant's view of a round.
+/// A participant's view of a round (serialized from the shared round, not
+/// copied: every waiter of a round answers at once).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ArriveResponse {
-    pub barrier: String,
-    pub round: String,
-    pub node: String,
+pub struct ArriveResponse<'a> {
+    pub barrier: &'a str,
+    pub round: &'a str,
+    pub node: &'a str,
     /// `pending` when `wait_ms` ran out before the decision.
     pub verdict: Verdict,
     /// True only for a participant that arrived before a `released` verdict.
@@ -256,14 +258,15 @@ pub struct ArriveResponse {
     /// The participant arrived after the verdict.
     pub late: bool,
     /// Participants that arrived before the verdict, in arrival order.
-    pub arrived: Vec<String>,
+    pub arrived: &'a [String],
     /// Participants that had not arrived before the verdict (or yet): the
     /// lost ones, whose work may be reassigned.
-    pub missing: Vec<String>,
+    pub missing: &'a [String],
     /// Redis ms of this participant's arrival before the verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arrived_at: Option<i64>,
-    pub participants: usize,
+    /// The participants of this round.
+    pub participants: &'a [String],
     pub max_missing: u32,
     /// Redis ms.
     pub opened_at: i64,
@@ -272,20 +275,20 @@ pub struct ArriveResponse {
     pub decided_at: Option<i64>,
 }
 
-impl ArriveResponse {
-    fn new(r: Round, node: &str) -> Self {
+impl<'a> ArriveResponse<'a> {
+    fn new(r: &'a Round, node: &'a str) -> Self {
         let arrived_at = r.arrived_at(node);
         ArriveResponse {
+            barrier: &r.barrier,
+            round: &r.round,
+            node,
+            verdict: r.verdict,
             may_run: r.verdict == Verdict::Released && arrived_at.is_some(),
             late: r.verdict != Verdict::Pending && arrived_at.is_none(),
-            node: node.to_string(),
-            participants: r.participants.len(),
+            arrived: &r.arrived,
+            missing: &r.missing,
             arrived_at,
-            barrier: r.barrier,
-            round: r.round,
-            verdict: r.verdict,
-            arrived: r.arrived,
-            missing: r.missing,
+            participants: &r.participants,
             max_missing: r.max_missing,
             opened_at: r.opened_at,
             deadline: r.deadline,
@@ -311,7 +314,7 @@ async fn arrive_round(
     caller: Caller,
     Path((name, round)): Path<(String, String)>,
     ApiJson(req): ApiJson<ArriveRequest>,
-) -> Result<Json<ArriveResponse>> {
+) -> Result<Response> {
     caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     validate::name("round", &round)?;
@@ -323,7 +326,7 @@ async fn arrive_round(
     let out = s.barriers.arrive(&name, &round, &req.node).await?;
     let waited_here = out.round.is_open() || out.decided_now.is_some();
     let mut round_deadline = longpoll::after_ms(out.round.deadline - out.now);
-    let mut r = out.round;
+    let mut r = Arc::new(out.round);
     let mut next_check = Instant::now() + RECHECK;
     while r.is_open() {
         let now = Instant::now();
@@ -331,9 +334,16 @@ async fn arrive_round(
             break;
         }
         let until = give_up.min(next_check).min(round_deadline);
+        // Only the decision (or the barrier's deletion) changes the answer;
+        // arrivals of others do not, and waking every waiter on each of them
+        // would cost O(participants²) reads per round.
         let wake = longpoll::wait(&mut rx, until, &s.shutdown, |ev| {
             ev.subject("barrier") == Some(name.as_str())
-                && (ev.kind == "barrier.deleted" || ev.subject("round") == Some(round.as_str()))
+                && match ev.kind.as_str() {
+                    "barrier.released" | "barrier.aborted" => ev.subject("round") == Some(round.as_str()),
+                    "barrier.deleted" => true,
+                    _ => false,
+                }
         })
         .await;
         if wake == Wake::Shutdown {
@@ -348,17 +358,16 @@ async fn arrive_round(
             } else {
                 give_up
             };
-            r = again.round;
+            r = Arc::new(again.round);
         } else {
             r = s
                 .barriers
-                .round(&name, &round)
+                .decided(&name, &round)
                 .await?
                 .ok_or_else(|| BarrierError::RoundNotFound {
                     barrier: name.clone(),
                     round: round.clone(),
-                })?
-                .0;
+                })?;
         }
         next_check = Instant::now() + RECHECK;
     }
@@ -368,7 +377,7 @@ async fn arrive_round(
     {
         metrics::histogram!("muster_barrier_wait_seconds").record((decided - arrived).max(0) as f64 / 1000.0);
     }
-    Ok(Json(ArriveResponse::new(r, &req.node)))
+    Ok(Json(ArriveResponse::new(&r, &req.node)).into_response())
 }
 
 // --- etcd-style Barrier ----------------------------------------------------
