@@ -47,6 +47,8 @@ pub struct AppState {
     pub openapi: Arc<OnceLock<String>>,
     pub barriers: Arc<crate::barriers::Barriers>,
     pub locks: Arc<crate::locks::Locks>,
+    /// Long polls of barriers, locks and elections, woken by events.
+    pub waiters: Arc<crate::longpoll::Waiters>,
 }
 
 #[derive(OpenApi)]

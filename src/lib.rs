@@ -232,6 +232,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         &ctx,
     );
     let bus = events::Bus::new(4096);
+    let waiters = Arc::new(longpoll::Waiters::default());
     let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
         Duration::from_millis(cfg.nodes.ttl_ms),
@@ -257,6 +258,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         openapi: Arc::new(OnceLock::new()),
         barriers: barriers.clone(),
         locks: locks.clone(),
+        waiters: waiters.clone(),
     };
 
     // Join before serving, so /readyz is green as soon as it answers.
@@ -289,6 +291,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         orphans::worker::spawn(orphans.clone(), loops_cancel.clone()),
         barriers::worker::spawn(barriers.clone(), loops_cancel.clone()),
         locks::worker::spawn(locks.clone(), loops_cancel.clone()),
+        longpoll::spawn(bus.clone(), waiters.clone(), loops_cancel.clone()),
     ];
 
     let router = app::router(state.clone());

@@ -321,8 +321,11 @@ async fn arrive_round(
     validate::node_id("node", &req.node)?;
     let wait = check_wait(&s, req.wait_ms)?;
     let give_up = Instant::now() + wait;
-    // Subscribe before arriving, so the decision cannot slip in between.
-    let mut rx = s.bus.subscribe();
+    // Listen before arriving, so the decision cannot slip in between.
+    let ticket = s.waiters.ticket(longpoll::round_key(&name, &round));
+    let notified = ticket.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
     let out = s.barriers.arrive(&name, &round, &req.node).await?;
     let waited_here = out.round.is_open() || out.decided_now.is_some();
     let mut round_deadline = longpoll::after_ms(out.round.deadline - out.now);
@@ -334,21 +337,14 @@ async fn arrive_round(
             break;
         }
         let until = give_up.min(next_check).min(round_deadline);
-        // Only the decision (or the barrier's deletion) changes the answer;
-        // arrivals of others do not, and waking every waiter on each of them
-        // would cost O(participants²) reads per round.
-        let wake = longpoll::wait(&mut rx, until, &s.shutdown, |ev| {
-            ev.subject("barrier") == Some(name.as_str())
-                && match ev.kind.as_str() {
-                    "barrier.released" | "barrier.aborted" => ev.subject("round") == Some(round.as_str()),
-                    "barrier.deleted" => true,
-                    _ => false,
-                }
-        })
-        .await;
-        if wake == Wake::Shutdown {
+        // Woken by the decision (or the barrier's deletion) only: arrivals of
+        // others do not change the answer, and waking every waiter on each of
+        // them would cost O(participants²) reads per round.
+        if longpoll::sleep(notified.as_mut(), until, &s.shutdown).await == Wake::Shutdown {
             break;
         }
+        notified.set(ticket.notified());
+        notified.as_mut().enable();
         if Instant::now() >= round_deadline {
             // The deadline passed: arriving again (a no-op for this
             // participant) decides the round if nobody has yet.
@@ -468,22 +464,19 @@ async fn wait_barrier(
     caller.require(Role::Read)?;
     validate::name("name", &name)?;
     let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
-    let mut rx = s.bus.subscribe();
+    let ticket = s.waiters.ticket(longpoll::hold_key(&name));
     loop {
+        let notified = ticket.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
         let (hold, lifts_in) = s.barriers.hold_state(&name).await?;
         let now = Instant::now();
-        if !hold.held || now >= give_up {
+        if !hold.held || now >= give_up || s.shutdown.is_cancelled() {
             return Ok(Json(hold));
         }
         // Until it is lifted, its TTL passes, or the re-check.
         let until = give_up.min(now + RECHECK).min(longpoll::after_ms(lifts_in + 1));
-        let wake = longpoll::wait(&mut rx, until, &s.shutdown, |ev| {
-            ev.kind == "barrier.lifted" && ev.subject("barrier") == Some(name.as_str())
-        })
-        .await;
-        if wake == Wake::Shutdown {
-            return Ok(Json(s.barriers.hold_state(&name).await?.0));
-        }
+        longpoll::sleep(notified, until, &s.shutdown).await;
     }
 }
 
@@ -580,7 +573,10 @@ async fn enter_double_barrier(
         return Err(ApiError::bad_request("`count` must be between 1 and 1000"));
     }
     let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
-    let mut rx = s.bus.subscribe();
+    let ticket = s.waiters.ticket(longpoll::dbarrier_key(&name));
+    let notified = ticket.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
     s.barriers.enter(&name, &req.node, req.count).await?;
     loop {
         let state = s.barriers.double_barrier(&name).await?;
@@ -596,10 +592,9 @@ async fn enter_double_barrier(
             }));
         }
         let until = give_up.min(Instant::now() + RECHECK);
-        longpoll::wait(&mut rx, until, &s.shutdown, |ev| {
-            ev.kind.starts_with("dbarrier.") && ev.subject("dbarrier") == Some(name.as_str())
-        })
-        .await;
+        longpoll::sleep(notified.as_mut(), until, &s.shutdown).await;
+        notified.set(ticket.notified());
+        notified.as_mut().enable();
     }
 }
 
@@ -619,7 +614,10 @@ async fn leave_double_barrier(
     validate::name("name", &name)?;
     validate::node_id("node", &req.node)?;
     let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
-    let mut rx = s.bus.subscribe();
+    let ticket = s.waiters.ticket(longpoll::dbarrier_key(&name));
+    let notified = ticket.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
     let left = s.barriers.leave(&name, &req.node).await?;
     loop {
         let state = s.barriers.double_barrier(&name).await?;
@@ -636,9 +634,8 @@ async fn leave_double_barrier(
             }));
         }
         let until = give_up.min(Instant::now() + RECHECK);
-        longpoll::wait(&mut rx, until, &s.shutdown, |ev| {
-            ev.kind.starts_with("dbarrier.") && ev.subject("dbarrier") == Some(name.as_str())
-        })
-        .await;
+        longpoll::sleep(notified.as_mut(), until, &s.shutdown).await;
+        notified.set(ticket.notified());
+        notified.as_mut().enable();
     }
 }

@@ -169,7 +169,7 @@ async fn acquire_lock(
     let queue = !wait.is_zero();
     // A waiter polls well within its place's TTL, so a live waiter keeps it.
     let refresh = RECHECK.min(Duration::from_millis(s.cfg.locks.waiter_ttl_ms / 3).max(Duration::from_millis(10)));
-    let mut rx = s.bus.subscribe();
+    let ticket = s.waiters.ticket(longpoll::lock_key(&name));
     let mut guard = QueueGuard {
         locks: s.locks.clone(),
         name: name.clone(),
@@ -177,6 +177,10 @@ async fn acquire_lock(
         armed: queue,
     };
     loop {
+        // Listen before trying, so a release in between is not missed.
+        let notified = ticket.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
         match s
             .locks
             .try_acquire(&name, &req.owner, ttl, req.node.as_deref(), queue)
@@ -209,13 +213,11 @@ async fn acquire_lock(
                 }
             }
         }
+        // Woken by a release, an expiry, the head of the line leaving, or a
+        // node's death (the lease may be tied to it); polled within the
+        // place's TTL so that a live waiter keeps it.
         let until = give_up.min(Instant::now() + refresh);
-        longpoll::wait(&mut rx, until, &s.shutdown, |ev| {
-            ev.kind == "node.dead"
-                || (ev.subject("lock") == Some(name.as_str())
-                    && matches!(ev.kind.as_str(), "lock.released" | "lock.expired" | "lock.waiter_left"))
-        })
-        .await;
+        longpoll::sleep(notified, until, &s.shutdown).await;
     }
 }
 
@@ -371,8 +373,11 @@ async fn campaign(
             Some(text)
         }
     };
-    let mut rx = s.bus.subscribe();
+    let ticket = s.waiters.ticket(longpoll::election_key(&name));
     loop {
+        let notified = ticket.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
         let c = s.locks.campaign(&name, &req.candidate, ttl, value.as_deref()).await?;
         if c.code > 0 || Instant::now() >= give_up || s.shutdown.is_cancelled() {
             return Ok(Json(CampaignResponse {
@@ -380,17 +385,13 @@ async fn campaign(
                 leadership: c.state,
             }));
         }
-        let lapses = c.state.expires_at.map(|e| e + 1);
+        // Woken by a resignation or an expiry; also at the lease's end.
         let mut until = give_up.min(Instant::now() + RECHECK);
-        if let Some(lapses) = lapses {
+        if let Some(lapses) = c.state.expires_at.map(|e| e + 1) {
             let now = s.store.time_ms().await.unwrap_or(lapses);
             until = until.min(longpoll::after_ms(lapses - now));
         }
-        longpoll::wait(&mut rx, until, &s.shutdown, |ev| {
-            ev.subject("election") == Some(name.as_str())
-                && matches!(ev.kind.as_str(), "election.resigned" | "election.expired")
-        })
-        .await;
+        longpoll::sleep(notified, until, &s.shutdown).await;
     }
 }
 
