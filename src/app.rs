@@ -51,6 +51,10 @@ pub struct AppState {
     /// The OpenAPI document, rendered once when the router is built.
     pub openapi: Arc<OnceLock<String>>,
     pub schedules: Arc<crate::schedules::Schedules>,
+    pub barriers: Arc<crate::barriers::Barriers>,
+    pub locks: Arc<crate::locks::Locks>,
+    /// Long polls of barriers, locks and elections, woken by events.
+    pub waiters: Arc<crate::longpoll::Waiters>,
 }
 
 #[derive(OpenApi)]
@@ -88,6 +92,8 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::events::routes::router())
         .merge(crate::workflows::routes::router())
         .merge(crate::schedules::routes::router())
+        .merge(crate::barriers::routes::router())
+        .merge(crate::locks::routes::router())
 }
 
 /// The whole HTTP surface of a node.

@@ -28,6 +28,8 @@ pub struct Config {
     pub orphans: OrphansConfig,
     pub events: EventsConfig,
     pub schedules: SchedulesConfig,
+    pub barriers: BarriersConfig,
+    pub locks: LocksConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -295,6 +297,65 @@ impl Default for SchedulesConfig {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BarriersConfig {
+    /// How long a decided round is kept (the TTL of its key).
+    pub round_retention_ms: u64,
+    /// Rounds kept per barrier: opening a round deletes the oldest decided ones.
+    pub rounds_kept: u32,
+    /// Upper bound on configured barriers (`PUT /api/v1/barriers/{name}`).
+    pub max_barriers: u32,
+    /// How often every node decides rounds whose deadline passed with nobody
+    /// calling, and evicts DoubleBarrier entrants whose node is dead.
+    pub interval_ms: u64,
+    /// Idle holds and DoubleBarriers expire after this; every call refreshes it.
+    pub idle_ttl_ms: u64,
+    /// Longest long poll (`wait_ms`) of arrive, wait, enter and leave.
+    pub max_wait_ms: u64,
+}
+
+impl Default for BarriersConfig {
+    fn default() -> Self {
+        Self {
+            round_retention_ms: 7 * 24 * 3600 * 1000,
+            rounds_kept: 100,
+            max_barriers: 1000,
+            interval_ms: 200,
+            idle_ttl_ms: 24 * 3600 * 1000,
+            max_wait_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocksConfig {
+    /// Lease of a lock or a leadership when the request gives no `ttl_ms`.
+    pub default_ttl_ms: u64,
+    /// Longest lease a request may ask for.
+    pub max_ttl_ms: u64,
+    /// A waiter in a lock's FIFO queue that stops polling (its request and node
+    /// gone) leaves the queue after this, so it cannot block the others.
+    pub waiter_ttl_ms: u64,
+    /// How often every node expires lapsed leases, so that waiters wake.
+    pub interval_ms: u64,
+    /// Longest long poll (`wait_ms`) of acquire and campaign.
+    pub max_wait_ms: u64,
+}
+
+impl Default for LocksConfig {
+    fn default() -> Self {
+        Self {
+            default_ttl_ms: 30_000,
+            max_ttl_ms: 24 * 3600 * 1000,
+            waiter_ttl_ms: 5000,
+            interval_ms: 200,
+            max_wait_ms: 30_000,
+        }
+    }
+}
+
 /// Why a configuration was refused. The message names the key.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -431,6 +492,41 @@ impl Config {
                 "events.reconcile_ms",
                 "send_timeout_ms, ping_ms and reconcile_ms must be greater than 0",
             );
+        }
+        let b = &self.barriers;
+        if b.round_retention_ms < 1000 {
+            return err("barriers.round_retention_ms", "must be at least 1000");
+        }
+        if !(1..=100_000).contains(&b.rounds_kept) {
+            return err("barriers.rounds_kept", "must be between 1 and 100000");
+        }
+        if b.max_barriers == 0 {
+            return err("barriers.max_barriers", "must be greater than 0");
+        }
+        if b.interval_ms == 0 {
+            return err("barriers.interval_ms", "must be greater than 0");
+        }
+        if b.idle_ttl_ms < 1000 {
+            return err("barriers.idle_ttl_ms", "must be at least 1000");
+        }
+        if !(1000..=600_000).contains(&b.max_wait_ms) {
+            return err("barriers.max_wait_ms", "must be between 1000 and 600000");
+        }
+        let l = &self.locks;
+        if l.max_ttl_ms < 100 {
+            return err("locks.max_ttl_ms", "must be at least 100");
+        }
+        if !(100..=l.max_ttl_ms).contains(&l.default_ttl_ms) {
+            return err("locks.default_ttl_ms", "must be between 100 and locks.max_ttl_ms");
+        }
+        if l.waiter_ttl_ms < 100 {
+            return err("locks.waiter_ttl_ms", "must be at least 100");
+        }
+        if l.interval_ms == 0 {
+            return err("locks.interval_ms", "must be greater than 0");
+        }
+        if !(1000..=600_000).contains(&l.max_wait_ms) {
+            return err("locks.max_wait_ms", "must be between 1000 and 600000");
         }
         self.validate_schedules()?;
         Ok(())

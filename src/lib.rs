@@ -19,6 +19,10 @@
 //! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
 //!   problem+json errors.
 //! - [`system`]: probes, `/metrics`, the Redis summary, the OpenAPI document.
+//! - [`barriers`]: barrier rounds decided once in Redis (G8), etcd-style
+//!   Barrier and DoubleBarrier.
+//! - [`locks`]: locks with fencing tokens and FIFO waiters, leader elections.
+//! - [`longpoll`]: long polls woken by cluster events.
 //! - [`web`]: the server-rendered dashboard.
 //! - [`app`]: the shared state and the router.
 //!
@@ -44,6 +48,10 @@ pub mod tasks;
 pub mod validate;
 pub mod web;
 pub mod workflows;
+
+pub mod barriers;
+pub mod locks;
+pub mod longpoll;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -222,8 +230,23 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         node_id.clone(),
         &ctx,
     );
+    let barriers = barriers::Barriers::new(
+        store.clone(),
+        cfg.barriers.clone(),
+        cfg.nodes.ttl_ms,
+        node_id.clone(),
+        &ctx,
+    );
+    let locks = locks::Locks::new(
+        store.clone(),
+        cfg.locks.clone(),
+        cfg.nodes.ttl_ms,
+        node_id.clone(),
+        &ctx,
+    );
     // The bus keeps client_buffer events: how far any subscriber may fall behind.
     let bus = events::Bus::new(cfg.events.client_buffer as usize);
+    let waiters = Arc::new(longpoll::Waiters::default());
     let tail_from = events::tailer::last_id(&store).await?;
     let health = Arc::new(Health::new(
         Duration::from_millis(cfg.nodes.ttl_ms),
@@ -251,6 +274,9 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         started_at: SystemTime::now(),
         openapi: Arc::new(OnceLock::new()),
         schedules: schedules.clone(),
+        barriers: barriers.clone(),
+        locks: locks.clone(),
+        waiters: waiters.clone(),
     };
 
     // Join before serving, so /readyz is green as soon as it answers.
@@ -298,6 +324,9 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
             loops_cancel.clone(),
         ),
         schedules::worker::spawn(schedules.clone(), reconciled, loops_cancel.clone()),
+        barriers::worker::spawn(barriers.clone(), loops_cancel.clone()),
+        locks::worker::spawn(locks.clone(), loops_cancel.clone()),
+        longpoll::spawn(bus.clone(), waiters.clone(), loops_cancel.clone()),
     ];
 
     let router = app::router(state.clone());

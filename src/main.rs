@@ -49,6 +49,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Barrier rounds for cron-started scripts, and the release-latency benchmark.
+    #[command(subcommand)]
+    Barrier(BarrierCommand),
+    /// Locks for scripts.
+    #[command(subcommand)]
+    Lock(LockCommand),
 }
 
 #[derive(Subcommand)]
@@ -74,6 +80,96 @@ enum EventsCommand {
         #[arg(long)]
         limit: Option<u64>,
     },
+}
+
+#[derive(Subcommand)]
+enum BarrierCommand {
+    /// Arrive at a round and wait for its verdict; print it as JSON. Exit 0:
+    /// this node may run; 3: aborted; 4: late; 5: no verdict within --wait; 1: error.
+    Arrive(ArriveArgs),
+    /// Measure the release latency after the last arrival through running nodes.
+    Bench(BarrierBenchArgs),
+}
+
+#[derive(Args, Clone)]
+struct ApiArgs {
+    /// The node to call (or MUSTER_URL).
+    #[arg(long, env = "MUSTER_URL", default_value = "http://127.0.0.1:7700")]
+    url: String,
+    /// Bearer token (or MUSTER_TOKEN).
+    #[arg(long, env = "MUSTER_TOKEN")]
+    token: Option<String>,
+}
+
+#[derive(Args, Clone)]
+struct ArriveArgs {
+    /// The barrier (configured with PUT /api/v1/barriers/{name}).
+    barrier: String,
+    /// The round id, the same for every participant of this cycle (its date, say).
+    round: String,
+    /// This participant's node id.
+    #[arg(long)]
+    node: String,
+    /// How long to wait for the verdict (500ms, 60s, 5m, ...).
+    #[arg(long, default_value = "60s", value_parser = muster::barriers::cli::parse_duration)]
+    wait: std::time::Duration,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+#[derive(Args, Clone)]
+struct BarrierBenchArgs {
+    /// Nodes to spread the participants over (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:7700")]
+    url: Vec<String>,
+    /// Bearer token (or MUSTER_TOKEN).
+    #[arg(long, env = "MUSTER_TOKEN")]
+    token: Option<String>,
+    #[arg(long, default_value_t = 50)]
+    participants: usize,
+    /// Measured rounds.
+    #[arg(long, default_value_t = 200)]
+    rounds: usize,
+    /// Rounds run first and not measured.
+    #[arg(long, default_value_t = 10)]
+    warmup: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum LockCommand {
+    /// Run a command while holding a lock: wait in line, renew the lease while
+    /// it runs, stop it if the lock is lost (exit 6), release it when it exits.
+    /// Exit: the command's code; 5 not acquired within --wait; 1 error.
+    Run(LockRunArgs),
+}
+
+#[derive(Args, Clone)]
+struct LockRunArgs {
+    /// The lock name.
+    name: String,
+    /// Lease length; renewed every third of it.
+    #[arg(long, default_value = "30s", value_parser = muster::barriers::cli::parse_duration)]
+    ttl: std::time::Duration,
+    /// Give up after waiting this long in line (exit 5). Default: wait as long as it takes.
+    #[arg(long, value_parser = muster::barriers::cli::parse_duration)]
+    wait: Option<std::time::Duration>,
+    /// Owner id shown to others. Default: <host>-<random>-<pid>.
+    #[arg(long)]
+    owner: Option<String>,
+    /// Tie the lease to this node's liveness as well.
+    #[arg(long)]
+    node: Option<String>,
+    /// After SIGTERM, how long the command gets before SIGKILL when the lock is lost.
+    #[arg(long, default_value = "10s", value_parser = muster::barriers::cli::parse_duration)]
+    kill_after: std::time::Duration,
+    #[command(flatten)]
+    api: ApiArgs,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
 }
 
 #[derive(Args, Clone)]
@@ -227,6 +323,30 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Barrier(BarrierCommand::Arrive(a)) => ExitCode::from(runtime.block_on(muster::barriers::cli::arrive(
+            muster::barriers::cli::ArriveArgs {
+                url: a.api.url,
+                token: a.api.token,
+                barrier: a.barrier,
+                round: a.round,
+                node: a.node,
+                wait: a.wait,
+            },
+        ))),
+        Command::Barrier(BarrierCommand::Bench(a)) => runtime.block_on(barrier_bench(a)),
+        Command::Lock(LockCommand::Run(a)) => {
+            ExitCode::from(runtime.block_on(muster::locks::cli::run(muster::locks::cli::RunArgs {
+                url: a.api.url,
+                token: a.api.token,
+                name: a.name,
+                command: a.command,
+                ttl: a.ttl,
+                wait: a.wait,
+                owner: a.owner,
+                node: a.node,
+                kill_after: a.kill_after,
+            })))
+        }
         Command::Config(args) => match load_config(&merge(&cli.serve, args)) {
             Ok(cfg) => {
                 match toml_string(&cfg) {
@@ -321,6 +441,30 @@ async fn bench(a: BenchArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("muster bench: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn barrier_bench(a: BarrierBenchArgs) -> ExitCode {
+    let opts = muster::barriers::bench::BenchOptions {
+        urls: a.url,
+        token: a.token,
+        participants: a.participants,
+        rounds: a.rounds,
+        warmup: a.warmup,
+    };
+    match muster::barriers::bench::run(opts).await {
+        Ok(report) => {
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            } else {
+                print!("{}", muster::barriers::bench::render(&report));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("muster barrier bench: {e}");
             ExitCode::from(1)
         }
     }

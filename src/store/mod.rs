@@ -234,13 +234,21 @@ impl Store {
 
     /// A connection of its own for blocking commands (`XREAD BLOCK`), which
     /// would stall every other caller on the shared multiplexed connection.
+    /// It has no response timeout of its own (redis-rs defaults to 500 ms,
+    /// shorter than a blocking read): the caller bounds every command.
     pub async fn dedicated(&self) -> StoreResult<Conn> {
         match &self.inner.client {
             Some(client) => {
-                let c = tokio::time::timeout(self.inner.timeout, client.get_multiplexed_async_connection())
-                    .await
-                    .map_err(|_| StoreError::Unavailable("timed out opening a connection".into()))?
-                    .map_err(|e| classify(&e))?;
+                let cfg = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.inner.timeout))
+                    .set_response_timeout(None);
+                let c = tokio::time::timeout(
+                    self.inner.timeout,
+                    client.get_multiplexed_async_connection_with_config(&cfg),
+                )
+                .await
+                .map_err(|_| StoreError::Unavailable("timed out opening a connection".into()))?
+                .map_err(|e| classify(&e))?;
                 Ok(Conn::Multiplexed(c))
             }
             None => Ok(self.conn()),

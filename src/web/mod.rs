@@ -9,6 +9,8 @@ pub mod schedules;
 pub mod tasks;
 pub mod workflows;
 
+pub mod barriers;
+
 use std::time::SystemTime;
 
 use askama::Template;
@@ -42,6 +44,7 @@ pub fn router() -> Router<AppState> {
         .merge(tasks::router())
         .merge(workflows::router())
         .merge(schedules::router())
+        .merge(barriers::router())
 }
 
 /// The navigation, in order. Later subsystems add their pages here.
@@ -53,6 +56,8 @@ pub const NAV: &[(&str, &str)] = &[
     ("Orphans", "/orphans"),
     ("Workflows", "/workflows"),
     ("Schedules", "/schedules"),
+    ("Barriers", "/barriers"),
+    ("Locks", "/locks"),
     ("Events", "/events"),
 ];
 

@@ -3,11 +3,13 @@
 
 mod common;
 
+mod barriers;
 mod binary;
 mod browser;
 mod chaos;
 mod events;
 mod http_api;
+mod locks;
 mod nodes;
 mod orphans;
 mod schedules;

@@ -1,0 +1,901 @@
+//! Barriers: fault-tolerant barrier rounds (G8), and the etcd-style Barrier
+//! (hold, release, wait) and DoubleBarrier (enter, leave).
+//!
+//! Invariants:
+//! - G8: a round has exactly one verdict. It is set by `decide` in
+//!   `lua/lib.lua`, an `HSETNX` of the `verdict` field inside the same script
+//!   as the check of the rule, so two nodes can never decide differently:
+//!   `released` when every participant arrived, or at the deadline when at
+//!   most `max_missing` are missing; `aborted` otherwise. Everyone, late
+//!   arrivals included, reads that one field.
+//! - `may_run` is true only for a participant that arrived before a
+//!   `released` verdict; the arrival and the decision are ordered by Redis
+//!   (both are writes of single scripts).
+//! - A round whose deadline passes with nobody calling is decided by the
+//!   background loop of any node (`decide_due.lua`, every
+//!   `barriers.interval_ms`), scanning a sorted set of deadlines in Redis time
+//!   (G11).
+//! - Waiters are woken by the decision event on the node's bus, not by
+//!   polling; a one-second re-check covers a lost event.
+//! - G4: rounds carry a TTL (timeout + retention), at most `rounds_kept`
+//!   decided rounds are kept per barrier, configs are bounded by
+//!   `max_barriers`, holds and DoubleBarriers expire when idle, and the
+//!   deadline index holds open rounds only.
+//! - A DoubleBarrier entrant's presence is tied to its node's liveness (the
+//!   rules of `nodes::LIVENESS`, post-stall grace included): a crashed
+//!   entrant is evicted, so the others never wait for it forever.
+
+pub mod bench;
+pub mod cli;
+pub mod routes;
+pub mod worker;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::config::BarriersConfig;
+use crate::error::ApiError;
+use crate::store::{Lua, ScriptCtx, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BarrierError {
+    #[error("no barrier `{0}`: configure it with PUT /api/v1/barriers/{0}")]
+    NotFound(String),
+    #[error("no round `{round}` of barrier `{barrier}` (it may have passed its retention)")]
+    RoundNotFound { barrier: String, round: String },
+    #[error("`{node}` is not a participant of round `{round}` of barrier `{barrier}`")]
+    NotParticipant {
+        barrier: String,
+        round: String,
+        node: String,
+    },
+    #[error("the cluster already has the maximum of {0} barriers (barriers.max_barriers)")]
+    TooMany(u32),
+    #[error("barrier `{barrier}` is held by `{holder}`")]
+    HeldByOther { barrier: String, holder: String },
+    #[error(
+        "DoubleBarrier `{name}` is full: {count} entrants are in (or have not all left yet); wait until they leave"
+    )]
+    TooManyEntrants { name: String, count: u32 },
+    #[error("DoubleBarrier `{name}` has count {count}; every entrant must use the same count")]
+    CountMismatch { name: String, count: u32 },
+    #[error(
+        "node `{0}` is not registered or its heartbeat expired: PUT /api/v1/nodes/{0}/heartbeat first, and keep heartbeating while inside"
+    )]
+    NodeNotAlive(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<BarrierError> for ApiError {
+    fn from(e: BarrierError) -> Self {
+        use serde_json::json;
+        match e {
+            BarrierError::NotFound(_) | BarrierError::RoundNotFound { .. } => ApiError::NotFound(e.to_string()),
+            BarrierError::NotParticipant { .. } => ApiError::Forbidden(e.to_string()),
+            BarrierError::HeldByOther { ref holder, .. } => {
+                ApiError::conflict(e.to_string(), json!({"holder": holder}))
+            }
+            BarrierError::TooManyEntrants { count, .. } => {
+                ApiError::conflict(e.to_string(), json!({"reason": "too_many", "count": count}))
+            }
+            BarrierError::CountMismatch { count, .. } => {
+                ApiError::conflict(e.to_string(), json!({"reason": "count_mismatch", "count": count}))
+            }
+            BarrierError::TooMany(_) | BarrierError::NodeNotAlive(_) => ApiError::conflict(e.to_string(), json!(null)),
+            BarrierError::Store(s) => s.into(),
+        }
+    }
+}
+
+/// A round's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Not decided yet (or the caller's `wait_ms` ran out first).
+    Pending,
+    /// The participants that arrived before the decision may run.
+    Released,
+    /// Nobody runs this round.
+    Aborted,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Pending => "pending",
+            Verdict::Released => "released",
+            Verdict::Aborted => "aborted",
+        }
+    }
+
+    fn parse(s: &str) -> Verdict {
+        match s {
+            "released" => Verdict::Released,
+            "aborted" => Verdict::Aborted,
+            _ => Verdict::Pending,
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A barrier's configuration.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BarrierConfigView {
+    pub name: String,
+    /// Node ids that take part in every round.
+    pub participants: Vec<String>,
+    /// How many participants may be missing at the deadline for the round to
+    /// be released anyway.
+    pub max_missing: u32,
+    /// A round's deadline, counted from its first arrival.
+    pub timeout_ms: u64,
+    /// Redis ms.
+    pub updated_at: i64,
+    pub updated_by: String,
+}
+
+/// One participant's arrival.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Arrival {
+    pub node: String,
+    /// Redis ms.
+    pub at: i64,
+}
+
+/// One round as stored.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Round {
+    pub barrier: String,
+    pub round: String,
+    pub verdict: Verdict,
+    /// The participants of this round (the barrier's, when it opened).
+    pub participants: Vec<String>,
+    pub max_missing: u32,
+    pub timeout_ms: u64,
+    /// Redis ms of the first arrival.
+    pub opened_at: i64,
+    /// Redis ms.
+    pub deadline: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<i64>,
+    /// `all_arrived` or `deadline`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Participants that arrived before the verdict, in arrival order.
+    pub arrived: Vec<String>,
+    /// Participants that had not arrived (before the verdict, or yet).
+    pub missing: Vec<String>,
+    /// Arrivals before the verdict with their times.
+    pub arrivals: Vec<Arrival>,
+    /// Arrivals after the verdict.
+    pub late: Vec<Arrival>,
+}
+
+impl Round {
+    /// The arrival time of `node` before the verdict, if it arrived.
+    pub fn arrived_at(&self, node: &str) -> Option<i64> {
+        self.arrivals.iter().find(|a| a.node == node).map(|a| a.at)
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.verdict == Verdict::Pending
+    }
+}
+
+/// What an arrival returned.
+#[derive(Debug, Clone)]
+pub struct ArriveOutcome {
+    pub round: Round,
+    /// The verdict this call set, if it decided the round.
+    pub decided_now: Option<Verdict>,
+    /// Redis ms at the call.
+    pub now: i64,
+}
+
+/// An etcd-style hold.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Hold {
+    pub barrier: String,
+    pub held: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_at: Option<i64>,
+    /// Redis ms when the hold lifts itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+}
+
+/// A DoubleBarrier's state.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DoubleBarrier {
+    pub name: String,
+    /// Entrants that make it ready; 0 when nobody is in.
+    pub count: u32,
+    /// Entrants in, with their entry time (Redis ms), in entry order.
+    pub entrants: Vec<Arrival>,
+    /// Whether the count was reached (until everyone has left).
+    pub ready: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready_at: Option<i64>,
+    /// Identifies the ready cycle (the stream id of its `dbarrier.ready` event).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cycle: Option<String>,
+}
+
+/// What an enter returned.
+#[derive(Debug, Clone)]
+pub struct Entered {
+    pub entered_now: bool,
+    pub count: u32,
+    pub entrants: u32,
+    pub ready_at: Option<i64>,
+}
+
+/// What a leave returned.
+#[derive(Debug, Clone)]
+pub struct Left {
+    pub left_now: bool,
+    pub entrants: u32,
+    /// The ready cycle the caller must see emptied; None when the barrier was
+    /// not ready (nobody needs to wait).
+    pub cycle: Option<String>,
+}
+
+struct Scripts {
+    configure: Lua,
+    delete: Lua,
+    arrive: Lua,
+    decide_due: Lua,
+    hold: Lua,
+    lift: Lua,
+    enter: Lua,
+    leave: Lua,
+    db_sweep: Lua,
+}
+
+/// The barrier helpers (`lua/lib.lua`).
+const LIB: &str = include_str!("lua/lib.lua");
+
+/// A decided round shared by the waiters of one node (see [`Barriers::decided`]).
+type SharedRound = Arc<tokio::sync::OnceCell<Option<Arc<Round>>>>;
+
+/// How long a node keeps a decided round it read for its waiters.
+const DECIDED_KEEP: Duration = Duration::from_secs(5);
+
+/// The barrier service.
+pub struct Barriers {
+    store: Store,
+    cfg: BarriersConfig,
+    node_ttl_ms: u64,
+    node_id: String,
+    scripts: Scripts,
+    /// Decided rounds read in the last few seconds, by (barrier, round): when
+    /// a round is decided, all its waiters on this node wake at once, and one
+    /// read serves them all (a decided round's verdict and arrivals never
+    /// change). Single-flight: the others await the first read.
+    decided: Mutex<HashMap<(String, String), (Instant, SharedRound)>>,
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        Value::SimpleString(s) => s.parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn at(reply: &[Value], i: usize) -> &Value {
+    reply.get(i).unwrap_or(&Value::Nil)
+}
+
+/// `",a,b,"` into `[a, b]`.
+fn split_parts(parts: &str) -> Vec<String> {
+    parts.split(',').filter(|p| !p.is_empty()).map(str::to_string).collect()
+}
+
+/// Builds a round from its hash; None when the hash is empty (gone).
+pub fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String>) -> Option<Round> {
+    if !m.contains_key("parts") {
+        return None;
+    }
+    let num = |f: &str| m.get(f).and_then(|v| v.parse::<i64>().ok());
+    let participants = split_parts(m.get("parts").map(String::as_str).unwrap_or(""));
+    let mut arrivals = Vec::new();
+    let mut late = Vec::new();
+    for (k, v) in m {
+        let at = v.parse().unwrap_or(0);
+        if let Some(node) = k.strip_prefix("a:") {
+            arrivals.push(Arrival { node: node.into(), at });
+        } else if let Some(node) = k.strip_prefix("l:") {
+            late.push(Arrival { node: node.into(), at });
+        }
+    }
+    arrivals.sort_by(|a, b| a.at.cmp(&b.at).then_with(|| a.node.cmp(&b.node)));
+    late.sort_by(|a, b| a.at.cmp(&b.at).then_with(|| a.node.cmp(&b.node)));
+    let arrived: Vec<String> = arrivals.iter().map(|a| a.node.clone()).collect();
+    let missing = participants.iter().filter(|p| !arrived.contains(p)).cloned().collect();
+    Some(Round {
+        barrier: barrier.into(),
+        round: round.into(),
+        verdict: Verdict::parse(m.get("verdict").map(String::as_str).unwrap_or("")),
+        max_missing: num("max_missing").unwrap_or(0) as u32,
+        timeout_ms: num("timeout_ms").unwrap_or(0) as u64,
+        opened_at: num("opened_at").unwrap_or(0),
+        deadline: num("deadline").unwrap_or(0),
+        decided_at: num("decided_at"),
+        reason: m.get("reason").cloned(),
+        participants,
+        arrived,
+        missing,
+        arrivals,
+        late,
+    })
+}
+
+fn pairs(values: &[Value]) -> BTreeMap<String, String> {
+    values
+        .chunks(2)
+        .filter(|c| c.len() == 2)
+        .map(|c| (text(&c[0]), text(&c[1])))
+        .collect()
+}
+
+impl Barriers {
+    pub fn new(store: Store, cfg: BarriersConfig, node_ttl_ms: u64, node_id: String, ctx: &ScriptCtx) -> Arc<Barriers> {
+        let libs = [crate::nodes::LIVENESS, LIB];
+        let l = |name, src| Lua::with_libs(name, &libs, src, ctx);
+        Arc::new(Barriers {
+            store,
+            cfg,
+            node_ttl_ms,
+            node_id,
+            decided: Mutex::new(HashMap::new()),
+            scripts: Scripts {
+                configure: l("barrier_configure", include_str!("lua/configure.lua")),
+                delete: l("barrier_delete", include_str!("lua/delete.lua")),
+                arrive: l("barrier_arrive", include_str!("lua/arrive.lua")),
+                decide_due: l("barrier_decide_due", include_str!("lua/decide_due.lua")),
+                hold: l("barrier_hold", include_str!("lua/hold.lua")),
+                lift: l("barrier_lift", include_str!("lua/lift.lua")),
+                enter: l("dbarrier_enter", include_str!("lua/enter.lua")),
+                leave: l("dbarrier_leave", include_str!("lua/leave.lua")),
+                db_sweep: l("dbarrier_sweep", include_str!("lua/db_sweep.lua")),
+            },
+        })
+    }
+
+    pub fn config(&self) -> &BarriersConfig {
+        &self.cfg
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn p(&self) -> &str {
+        self.store.keys().prefix()
+    }
+    fn k_index(&self) -> String {
+        format!("{}:barriers", self.p())
+    }
+    fn k_config(&self, b: &str) -> String {
+        format!("{}:barrier:{b}", self.p())
+    }
+    fn k_rounds(&self, b: &str) -> String {
+        format!("{}:barrier:{b}:rounds", self.p())
+    }
+    fn k_round(&self, b: &str, r: &str) -> String {
+        format!("{}:barrier:{b}:r:{r}", self.p())
+    }
+    fn k_deadlines(&self) -> String {
+        format!("{}:barriers:deadlines", self.p())
+    }
+    fn k_hold(&self, b: &str) -> String {
+        format!("{}:barrier:{b}:hold", self.p())
+    }
+    fn k_db(&self, b: &str) -> String {
+        format!("{}:dbarrier:{b}", self.p())
+    }
+    fn k_db_in(&self, b: &str) -> String {
+        format!("{}:dbarrier:{b}:in", self.p())
+    }
+    fn k_db_index(&self) -> String {
+        format!("{}:dbarriers", self.p())
+    }
+
+    /// Creates or updates a barrier (validated by the caller). Returns whether
+    /// it was created.
+    pub async fn configure(
+        &self,
+        name: &str,
+        participants: &[String],
+        max_missing: u32,
+        timeout_ms: u64,
+        actor: &str,
+    ) -> Result<bool, BarrierError> {
+        let parts = format!(",{},", participants.join(","));
+        let (code, _now): (i64, i64) = self
+            .store
+            .eval(
+                &self.scripts.configure,
+                &[self.k_index(), self.k_config(name)],
+                &[
+                    name.into(),
+                    parts,
+                    participants.len().to_string(),
+                    max_missing.to_string(),
+                    timeout_ms.to_string(),
+                    actor.into(),
+                    self.cfg.max_barriers.to_string(),
+                    self.node_id.clone(),
+                ],
+            )
+            .await?;
+        if code < 0 {
+            return Err(BarrierError::TooMany(self.cfg.max_barriers));
+        }
+        Ok(code == 1)
+    }
+
+    /// Deletes a barrier, its rounds and its hold.
+    pub async fn delete(&self, name: &str, actor: &str) -> Result<(), BarrierError> {
+        let code: i64 = self
+            .store
+            .eval(
+                &self.scripts.delete,
+                &[
+                    self.k_index(),
+                    self.k_config(name),
+                    self.k_rounds(name),
+                    self.k_deadlines(),
+                    self.k_hold(name),
+                ],
+                &[name.into(), actor.into(), self.node_id.clone()],
+            )
+            .await?;
+        if code == 0 {
+            return Err(BarrierError::NotFound(name.into()));
+        }
+        Ok(())
+    }
+
+    /// One barrier's configuration.
+    pub async fn get(&self, name: &str) -> Result<Option<BarrierConfigView>, BarrierError> {
+        Ok(self.get_many(&[name.to_string()]).await?.pop().flatten())
+    }
+
+    async fn get_many(&self, names: &[String]) -> Result<Vec<Option<BarrierConfigView>>, BarrierError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for n in names {
+            p.cmd("HGETALL").arg(self.k_config(n));
+        }
+        let maps: Vec<BTreeMap<String, String>> = self.store.pipe("barrier_get", &p).await?;
+        Ok(names
+            .iter()
+            .zip(maps)
+            .map(|(name, m)| {
+                let parts = m.get("parts")?;
+                Some(BarrierConfigView {
+                    name: name.clone(),
+                    participants: split_parts(parts),
+                    max_missing: m.get("max_missing").and_then(|v| v.parse().ok()).unwrap_or(0),
+                    timeout_ms: m.get("timeout_ms").and_then(|v| v.parse().ok()).unwrap_or(0),
+                    updated_at: m.get("updated_at").and_then(|v| v.parse().ok()).unwrap_or(0),
+                    updated_by: m.get("updated_by").cloned().unwrap_or_default(),
+                })
+            })
+            .collect())
+    }
+
+    /// Every configured barrier, by name.
+    pub async fn list(&self) -> Result<Vec<BarrierConfigView>, BarrierError> {
+        let mut names: Vec<String> = self
+            .store
+            .query("barriers_list", redis::cmd("SMEMBERS").arg(self.k_index()))
+            .await?;
+        names.sort();
+        Ok(self.get_many(&names).await?.into_iter().flatten().collect())
+    }
+
+    /// Participant `node` arrives at `round` (see `arrive.lua`).
+    pub async fn arrive(&self, name: &str, round: &str, node: &str) -> Result<ArriveOutcome, BarrierError> {
+        let reply: Vec<Value> = self
+            .store
+            .eval(
+                &self.scripts.arrive,
+                &[
+                    self.k_config(name),
+                    self.k_round(name, round),
+                    self.k_rounds(name),
+                    self.k_deadlines(),
+                ],
+                &[
+                    name.into(),
+                    round.into(),
+                    node.into(),
+                    self.node_id.clone(),
+                    self.cfg.round_retention_ms.to_string(),
+                    self.cfg.rounds_kept.to_string(),
+                ],
+            )
+            .await?;
+        match int(at(&reply, 0)) {
+            -1 => return Err(BarrierError::NotFound(name.into())),
+            -2 => {
+                return Err(BarrierError::NotParticipant {
+                    barrier: name.into(),
+                    round: round.into(),
+                    node: node.into(),
+                });
+            }
+            _ => {}
+        }
+        let decided = text(at(&reply, 1));
+        let now = int(at(&reply, 2));
+        let fields = pairs(reply.get(3..).unwrap_or(&[]));
+        let round = round_from(name, round, &fields).ok_or_else(|| BarrierError::RoundNotFound {
+            barrier: name.into(),
+            round: round.into(),
+        })?;
+        let decided_now = (!decided.is_empty()).then(|| Verdict::parse(&decided));
+        if let Some(v) = decided_now {
+            metrics::counter!("muster_barrier_rounds_total", "verdict" => v.as_str()).increment(1);
+        }
+        Ok(ArriveOutcome {
+            round,
+            decided_now,
+            now,
+        })
+    }
+
+    /// One round and the Redis time of the read, in one round trip.
+    pub async fn round(&self, name: &str, round: &str) -> Result<Option<(Round, i64)>, BarrierError> {
+        let mut p = redis::pipe();
+        p.cmd("TIME").cmd("HGETALL").arg(self.k_round(name, round));
+        let ((secs, micros), m): ((i64, i64), BTreeMap<String, String>) = self.store.pipe("barrier_round", &p).await?;
+        Ok(round_from(name, round, &m).map(|r| (r, secs * 1000 + micros / 1000)))
+    }
+
+    /// The round as its waiters see it after a decision event: one read per
+    /// node serves every waiter of the round. Undecided (or missing) rounds
+    /// are not kept, so a later call reads again.
+    pub async fn decided(&self, name: &str, round: &str) -> Result<Option<Arc<Round>>, BarrierError> {
+        let key = (name.to_string(), round.to_string());
+        let cell = {
+            let mut map = self.decided.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            map.retain(|_, (at, _)| now.duration_since(*at) < DECIDED_KEEP);
+            map.entry(key.clone())
+                .or_insert_with(|| (now, Arc::new(tokio::sync::OnceCell::new())))
+                .1
+                .clone()
+        };
+        let got = cell
+            .get_or_try_init(|| async {
+                Ok::<_, BarrierError>(self.round(name, round).await?.map(|(r, _)| Arc::new(r)))
+            })
+            .await
+            .cloned();
+        match got {
+            Ok(Some(r)) if !r.is_open() => Ok(Some(r)),
+            other => {
+                // Not decided (or an error): forget it so the next call reads again.
+                let mut map = self.decided.lock().unwrap_or_else(|p| p.into_inner());
+                if map.get(&key).is_some_and(|(_, c)| Arc::ptr_eq(c, &cell)) {
+                    map.remove(&key);
+                }
+                other
+            }
+        }
+    }
+
+    /// The latest `limit` rounds of a barrier, newest first.
+    pub async fn rounds(&self, name: &str, limit: usize) -> Result<Vec<Round>, BarrierError> {
+        let ids: Vec<String> = self
+            .store
+            .query(
+                "barrier_rounds",
+                redis::cmd("ZRANGE")
+                    .arg(self.k_rounds(name))
+                    .arg(0)
+                    .arg(limit.saturating_sub(1))
+                    .arg("REV"),
+            )
+            .await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for r in &ids {
+            p.cmd("HGETALL").arg(self.k_round(name, r));
+        }
+        let maps: Vec<BTreeMap<String, String>> = self.store.pipe("barrier_rounds_get", &p).await?;
+        Ok(ids
+            .iter()
+            .zip(maps)
+            .filter_map(|(r, m)| round_from(name, r, &m))
+            .collect())
+    }
+
+    /// The newest round of each barrier, in two pipelined round trips.
+    pub async fn latest_rounds(&self, names: &[String]) -> Result<Vec<Option<Round>>, BarrierError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for n in names {
+            p.cmd("ZRANGE").arg(self.k_rounds(n)).arg(0).arg(0).arg("REV");
+        }
+        let ids: Vec<Vec<String>> = self.store.pipe("barrier_latest", &p).await?;
+        let mut p = redis::pipe();
+        let mut wanted = Vec::new();
+        for (n, r) in names.iter().zip(&ids) {
+            if let Some(r) = r.first() {
+                p.cmd("HGETALL").arg(self.k_round(n, r));
+                wanted.push((n, r));
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(vec![None; names.len()]);
+        }
+        let maps: Vec<BTreeMap<String, String>> = self.store.pipe("barrier_latest_get", &p).await?;
+        let found: BTreeMap<&String, Round> = wanted
+            .into_iter()
+            .zip(maps)
+            .filter_map(|((n, r), m)| round_from(n, r, &m).map(|round| (n, round)))
+            .collect();
+        Ok(names.iter().map(|n| found.get(n).cloned()).collect())
+    }
+
+    /// Decides rounds past their deadline (the background loop). Returns
+    /// (released, aborted) decided by this node.
+    pub async fn decide_due(&self) -> Result<(i64, i64), BarrierError> {
+        let (mut released, mut aborted) = (0, 0);
+        for _ in 0..10 {
+            let (r, a, more): (i64, i64, i64) = self
+                .store
+                .eval(
+                    &self.scripts.decide_due,
+                    &[self.k_deadlines()],
+                    &[
+                        self.node_id.clone(),
+                        self.cfg.round_retention_ms.to_string(),
+                        "100".into(),
+                        self.cfg.rounds_kept.to_string(),
+                    ],
+                )
+                .await?;
+            released += r;
+            aborted += a;
+            if more == 0 {
+                break;
+            }
+        }
+        if released > 0 {
+            metrics::counter!("muster_barrier_rounds_total", "verdict" => "released").increment(released as u64);
+        }
+        if aborted > 0 {
+            metrics::counter!("muster_barrier_rounds_total", "verdict" => "aborted").increment(aborted as u64);
+        }
+        Ok((released, aborted))
+    }
+
+    /// Raises the etcd-style barrier `name` for `ttl_ms`. Returns the hold and
+    /// whether this call raised it.
+    pub async fn hold(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<(Hold, bool), BarrierError> {
+        let (code, who, held_at, expires): (i64, String, i64, i64) = self
+            .store
+            .eval(
+                &self.scripts.hold,
+                &[self.k_hold(name)],
+                &[name.into(), holder.into(), ttl_ms.to_string(), self.node_id.clone()],
+            )
+            .await?;
+        if code < 0 {
+            return Err(BarrierError::HeldByOther {
+                barrier: name.into(),
+                holder: who,
+            });
+        }
+        Ok((
+            Hold {
+                barrier: name.into(),
+                held: true,
+                holder: Some(who),
+                held_at: Some(held_at),
+                expires_at: Some(expires),
+            },
+            code == 1,
+        ))
+    }
+
+    /// Lowers the etcd-style barrier. Returns whether it was held.
+    pub async fn lift(&self, name: &str, actor: &str) -> Result<bool, BarrierError> {
+        let code: i64 = self
+            .store
+            .eval(
+                &self.scripts.lift,
+                &[self.k_hold(name)],
+                &[name.into(), actor.into(), self.node_id.clone()],
+            )
+            .await?;
+        Ok(code == 1)
+    }
+
+    /// The hold of `name` as of now, and the milliseconds until it lifts
+    /// itself (0 when not held).
+    pub async fn hold_state(&self, name: &str) -> Result<(Hold, i64), BarrierError> {
+        let mut p = redis::pipe();
+        p.cmd("TIME")
+            .cmd("HMGET")
+            .arg(self.k_hold(name))
+            .arg("holder")
+            .arg("held_at")
+            .cmd("PTTL")
+            .arg(self.k_hold(name));
+        type Reply = ((i64, i64), (Option<String>, Option<i64>), i64);
+        let ((secs, micros), (holder, held_at), pttl): Reply = self.store.pipe("barrier_hold_get", &p).await?;
+        let now = secs * 1000 + micros / 1000;
+        let lifts_in = if holder.is_some() { pttl.max(0) } else { 0 };
+        Ok((
+            Hold {
+                barrier: name.into(),
+                held: holder.is_some(),
+                expires_at: holder.as_ref().map(|_| now + lifts_in),
+                holder,
+                held_at,
+            },
+            lifts_in,
+        ))
+    }
+
+    /// `node` enters DoubleBarrier `name` of `count`.
+    pub async fn enter(&self, name: &str, node: &str, count: u32) -> Result<Entered, BarrierError> {
+        let (code, cnt, entrants, ready_at, _cycle): (i64, u32, u32, i64, String) = self
+            .store
+            .eval(
+                &self.scripts.enter,
+                &[self.k_db(name), self.k_db_in(name), self.k_db_index()],
+                &[
+                    name.into(),
+                    node.into(),
+                    count.to_string(),
+                    self.node_ttl_ms.to_string(),
+                    self.cfg.idle_ttl_ms.to_string(),
+                    self.node_id.clone(),
+                ],
+            )
+            .await?;
+        match code {
+            -1 => Err(BarrierError::TooManyEntrants {
+                name: name.into(),
+                count: cnt,
+            }),
+            -2 => Err(BarrierError::CountMismatch {
+                name: name.into(),
+                count: cnt,
+            }),
+            -3 => Err(BarrierError::NodeNotAlive(node.into())),
+            _ => Ok(Entered {
+                entered_now: code == 1,
+                count: cnt,
+                entrants,
+                ready_at: (ready_at > 0).then_some(ready_at),
+            }),
+        }
+    }
+
+    /// `node` leaves DoubleBarrier `name`.
+    pub async fn leave(&self, name: &str, node: &str) -> Result<Left, BarrierError> {
+        let (code, entrants, _ready_at, cycle): (i64, u32, i64, String) = self
+            .store
+            .eval(
+                &self.scripts.leave,
+                &[self.k_db(name), self.k_db_in(name)],
+                &[
+                    name.into(),
+                    node.into(),
+                    self.node_ttl_ms.to_string(),
+                    self.node_id.clone(),
+                ],
+            )
+            .await?;
+        Ok(Left {
+            left_now: code == 1,
+            entrants,
+            cycle: (!cycle.is_empty()).then_some(cycle),
+        })
+    }
+
+    /// One DoubleBarrier's state.
+    pub async fn double_barrier(&self, name: &str) -> Result<DoubleBarrier, BarrierError> {
+        Ok(self.double_barriers_named(&[name.to_string()]).await?.remove(0))
+    }
+
+    async fn double_barriers_named(&self, names: &[String]) -> Result<Vec<DoubleBarrier>, BarrierError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for n in names {
+            p.cmd("HGETALL").arg(self.k_db(n));
+            p.cmd("ZRANGE").arg(self.k_db_in(n)).arg(0).arg(-1).arg("WITHSCORES");
+        }
+        let rows: Vec<Value> = self.store.pipe("dbarrier_get", &p).await?;
+        let mut out = Vec::with_capacity(names.len());
+        for (name, c) in names.iter().zip(rows.chunks(2)) {
+            let h: BTreeMap<String, String> = redis::from_redis_value_ref(at(c, 0)).unwrap_or_default();
+            let members: Vec<(String, f64)> = redis::from_redis_value_ref(at(c, 1)).unwrap_or_default();
+            let ready_at = h.get("ready_at").and_then(|v| v.parse().ok());
+            out.push(DoubleBarrier {
+                name: name.clone(),
+                count: h.get("count").and_then(|v| v.parse().ok()).unwrap_or(0),
+                entrants: members
+                    .into_iter()
+                    .map(|(node, at)| Arrival { node, at: at as i64 })
+                    .collect(),
+                ready: ready_at.is_some(),
+                ready_at,
+                cycle: h.get("cycle").cloned(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every DoubleBarrier with activity within `barriers.idle_ttl_ms`.
+    pub async fn double_barriers(&self) -> Result<Vec<DoubleBarrier>, BarrierError> {
+        let mut names: Vec<String> = self
+            .store
+            .query(
+                "dbarriers_list",
+                redis::cmd("ZRANGE").arg(self.k_db_index()).arg(0).arg(999),
+            )
+            .await?;
+        names.sort();
+        let all = self.double_barriers_named(&names).await?;
+        Ok(all.into_iter().filter(|d| !d.entrants.is_empty()).collect())
+    }
+
+    /// Evicts dead entrants of every DoubleBarrier (the background loop).
+    pub async fn sweep_double_barriers(&self) -> Result<i64, BarrierError> {
+        let (evicted, _known): (i64, i64) = self
+            .store
+            .eval(
+                &self.scripts.db_sweep,
+                &[self.k_db_index()],
+                &[
+                    self.node_ttl_ms.to_string(),
+                    self.cfg.idle_ttl_ms.to_string(),
+                    self.node_id.clone(),
+                    "1000".into(),
+                ],
+            )
+            .await?;
+        Ok(evicted)
+    }
+}

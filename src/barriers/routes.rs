@@ -1,0 +1,641 @@
+//! REST routes of barriers: rounds, etcd-style holds and DoubleBarriers.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{Arrival, BarrierConfigView, BarrierError, DoubleBarrier, Hold, Round, Verdict};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result};
+use crate::http::{ApiJson, ApiQuery, OptJson, no_content};
+use crate::longpoll::{self, RECHECK, Wake};
+use crate::validate;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_barriers))
+        .routes(routes!(get_barrier, put_barrier, delete_barrier))
+        .routes(routes!(list_rounds))
+        .routes(routes!(get_round))
+        .routes(routes!(arrive_round))
+        .routes(routes!(hold_barrier))
+        .routes(routes!(release_barrier))
+        .routes(routes!(wait_barrier))
+        .routes(routes!(list_double_barriers))
+        .routes(routes!(get_double_barrier))
+        .routes(routes!(enter_double_barrier))
+        .routes(routes!(leave_double_barrier))
+}
+
+fn check_wait(s: &AppState, wait_ms: Option<u64>) -> Result<Duration> {
+    let wait = wait_ms.unwrap_or(0);
+    let max = s.cfg.barriers.max_wait_ms;
+    if wait > max {
+        return Err(ApiError::bad_request(format!(
+            "`wait_ms` must be at most {max} (barriers.max_wait_ms); call again to wait longer"
+        )));
+    }
+    Ok(Duration::from_millis(wait))
+}
+
+// --- configuration ---------------------------------------------------------
+
+/// A barrier's configuration.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BarrierSpec {
+    /// 1 to 1000 distinct node ids, `[A-Za-z0-9._-]{1,64}`.
+    pub participants: Vec<String>,
+    /// How many may be missing at the deadline for the round to be released
+    /// anyway; 0 to participants - 1. Default 0.
+    #[serde(default)]
+    pub max_missing: u32,
+    /// A round's deadline after its first arrival, 10 ms to 24 h.
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BarrierList {
+    pub barriers: Vec<BarrierConfigView>,
+}
+
+/// Every configured barrier.
+#[utoipa::path(get, path = "/api/v1/barriers", tag = "barriers", responses((status = 200, body = BarrierList)))]
+async fn list_barriers(State(s): State<AppState>, caller: Caller) -> Result<Json<BarrierList>> {
+    caller.require(Role::Read)?;
+    Ok(Json(BarrierList {
+        barriers: s.barriers.list().await?,
+    }))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BarrierDetail {
+    #[serde(flatten)]
+    pub config: BarrierConfigView,
+    /// The etcd-style hold of the same name.
+    pub hold: Hold,
+}
+
+/// One barrier's configuration and hold.
+#[utoipa::path(get, path = "/api/v1/barriers/{name}", tag = "barriers",
+    params(("name" = String, Path, description = "Barrier name")),
+    responses((status = 200, body = BarrierDetail), (status = 404, description = "Unknown barrier")))]
+async fn get_barrier(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<BarrierDetail>> {
+    caller.require(Role::Read)?;
+    validate::name("name", &name)?;
+    let config = s
+        .barriers
+        .get(&name)
+        .await?
+        .ok_or_else(|| BarrierError::NotFound(name.clone()))?;
+    let (hold, _) = s.barriers.hold_state(&name).await?;
+    Ok(Json(BarrierDetail { config, hold }))
+}
+
+/// Creates (201) or updates (200) a barrier. Rounds already open keep the
+/// participants and tolerance they opened with.
+#[utoipa::path(put, path = "/api/v1/barriers/{name}", tag = "barriers",
+    params(("name" = String, Path, description = "Barrier name, [A-Za-z0-9._-]{1,128}")),
+    request_body = BarrierSpec,
+    responses((status = 201, body = BarrierConfigView, description = "Created"),
+              (status = 200, body = BarrierConfigView, description = "Updated"),
+              (status = 400, description = "Invalid field"), (status = 409, description = "Too many barriers")))]
+async fn put_barrier(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(spec): ApiJson<BarrierSpec>,
+) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::name("name", &name)?;
+    let n = spec.participants.len();
+    if !(1..=1000).contains(&n) {
+        return Err(ApiError::bad_request("`participants` must hold 1 to 1000 node ids"));
+    }
+    let mut seen = HashSet::new();
+    for p in &spec.participants {
+        validate::node_id("participants[]", p)?;
+        if !seen.insert(p.as_str()) {
+            return Err(ApiError::bad_request(format!("`participants` lists `{p}` twice")));
+        }
+    }
+    if spec.max_missing as usize >= n {
+        return Err(ApiError::bad_request(format!(
+            "`max_missing` must be less than the number of participants ({n})"
+        )));
+    }
+    if !(10..=86_400_000).contains(&spec.timeout_ms) {
+        return Err(ApiError::bad_request(
+            "`timeout_ms` must be between 10 and 86400000 (24 h)",
+        ));
+    }
+    let created = s
+        .barriers
+        .configure(
+            &name,
+            &spec.participants,
+            spec.max_missing,
+            spec.timeout_ms,
+            &caller.name,
+        )
+        .await?;
+    let view = s
+        .barriers
+        .get(&name)
+        .await?
+        .ok_or_else(|| ApiError::internal("barrier vanished after configure"))?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(view)).into_response())
+}
+
+/// Deletes a barrier with its rounds (waiters of open rounds get 404) and its hold.
+#[utoipa::path(delete, path = "/api/v1/barriers/{name}", tag = "barriers",
+    params(("name" = String, Path, description = "Barrier name")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "Unknown barrier")))]
+async fn delete_barrier(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::name("name", &name)?;
+    s.barriers.delete(&name, &caller.name).await?;
+    Ok(no_content())
+}
+
+// --- rounds ----------------------------------------------------------------
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RoundsParams {
+    /// 1 to 1000; default 50.
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RoundList {
+    /// Newest first.
+    pub rounds: Vec<Round>,
+}
+
+/// The latest rounds of a barrier, newest first.
+#[utoipa::path(get, path = "/api/v1/barriers/{name}/rounds", tag = "barriers",
+    params(("name" = String, Path, description = "Barrier name"), RoundsParams),
+    responses((status = 200, body = RoundList), (status = 404, description = "Unknown barrier")))]
+async fn list_rounds(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiQuery(p): ApiQuery<RoundsParams>,
+) -> Result<Json<RoundList>> {
+    caller.require(Role::Read)?;
+    validate::name("name", &name)?;
+    let limit = p.limit.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
+    }
+    if s.barriers.get(&name).await?.is_none() {
+        return Err(BarrierError::NotFound(name).into());
+    }
+    Ok(Json(RoundList {
+        rounds: s.barriers.rounds(&name, limit).await?,
+    }))
+}
+
+/// One round: arrivals with their times, missing participants, verdict.
+#[utoipa::path(get, path = "/api/v1/barriers/{name}/rounds/{round}", tag = "barriers",
+    params(("name" = String, Path, description = "Barrier name"), ("round" = String, Path, description = "Round id")),
+    responses((status = 200, body = Round), (status = 404, description = "Unknown round")))]
+async fn get_round(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((name, round)): Path<(String, String)>,
+) -> Result<Json<Round>> {
+    caller.require(Role::Read)?;
+    validate::name("name", &name)?;
+    validate::name("round", &round)?;
+    let (r, _) = s
+        .barriers
+        .round(&name, &round)
+        .await?
+        .ok_or(BarrierError::RoundNotFound { barrier: name, round })?;
+    Ok(Json(r))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArriveRequest {
+    /// The arriving participant's node id.
+    pub node: String,
+    /// Long poll: wait up to this long (at most `barriers.max_wait_ms`) for
+    /// the verdict. Default 0. Arriving again is harmless, so a client that
+    /// waits longer calls again.
+    pub wait_ms: Option<u64>,
+}
+
+/// A participant's view of a round (serialized from the shared round, not
+/// copied: every waiter of a round answers at once).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ArriveResponse<'a> {
+    pub barrier: &'a str,
+    pub round: &'a str,
+    pub node: &'a str,
+    /// `pending` when `wait_ms` ran out before the decision.
+    pub verdict: Verdict,
+    /// True only for a participant that arrived before a `released` verdict.
+    pub may_run: bool,
+    /// The participant arrived after the verdict.
+    pub late: bool,
+    /// Participants that arrived before the verdict, in arrival order.
+    pub arrived: &'a [String],
+    /// Participants that had not arrived before the verdict (or yet): the
+    /// lost ones, whose work may be reassigned.
+    pub missing: &'a [String],
+    /// Redis ms of this participant's arrival before the verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arrived_at: Option<i64>,
+    /// The participants of this round.
+    pub participants: &'a [String],
+    pub max_missing: u32,
+    /// Redis ms.
+    pub opened_at: i64,
+    pub deadline: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<i64>,
+}
+
+impl<'a> ArriveResponse<'a> {
+    fn new(r: &'a Round, node: &'a str) -> Self {
+        let arrived_at = r.arrived_at(node);
+        ArriveResponse {
+            barrier: &r.barrier,
+            round: &r.round,
+            node,
+            verdict: r.verdict,
+            may_run: r.verdict == Verdict::Released && arrived_at.is_some(),
+            late: r.verdict != Verdict::Pending && arrived_at.is_none(),
+            arrived: &r.arrived,
+            missing: &r.missing,
+            arrived_at,
+            participants: &r.participants,
+            max_missing: r.max_missing,
+            opened_at: r.opened_at,
+            deadline: r.deadline,
+            decided_at: r.decided_at,
+        }
+    }
+}
+
+/// A participant arrives at a round and (with `wait_ms`) waits for its
+/// verdict. The first arrival opens the round with deadline = Redis time +
+/// `timeout_ms`. The verdict is decided once, in Redis: `released` when all
+/// have arrived, or at the deadline when at most `max_missing` are missing;
+/// `aborted` otherwise. Late arrivals read the decided verdict with
+/// `may_run: false`. Waiters wake on the decision event.
+#[utoipa::path(post, path = "/api/v1/barriers/{name}/rounds/{round}/arrive", tag = "barriers",
+    params(("name" = String, Path, description = "Barrier name"),
+           ("round" = String, Path, description = "Round id chosen by the callers (the cycle's date, say), [A-Za-z0-9._-]{1,128}")),
+    request_body = ArriveRequest,
+    responses((status = 200, body = ArriveResponse), (status = 400, description = "Bad name, round, node or wait"),
+              (status = 403, description = "Not a participant"), (status = 404, description = "Unknown barrier")))]
+async fn arrive_round(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((name, round)): Path<(String, String)>,
+    ApiJson(req): ApiJson<ArriveRequest>,
+) -> Result<Response> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    validate::name("round", &round)?;
+    validate::node_id("node", &req.node)?;
+    let wait = check_wait(&s, req.wait_ms)?;
+    let give_up = Instant::now() + wait;
+    // Listen before arriving, so the decision cannot slip in between.
+    let ticket = s.waiters.ticket(longpoll::round_key(&name, &round));
+    let notified = ticket.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    let out = s.barriers.arrive(&name, &round, &req.node).await?;
+    let waited_here = out.round.is_open() || out.decided_now.is_some();
+    let mut round_deadline = longpoll::after_ms(out.round.deadline - out.now);
+    let mut r = Arc::new(out.round);
+    let mut next_check = Instant::now() + RECHECK;
+    while r.is_open() {
+        let now = Instant::now();
+        if now >= give_up {
+            break;
+        }
+        let until = give_up.min(next_check).min(round_deadline);
+        // Woken by the decision (or the barrier's deletion) only: arrivals of
+        // others do not change the answer, and waking every waiter on each of
+        // them would cost O(participants²) reads per round.
+        if longpoll::sleep(notified.as_mut(), until, &s.shutdown).await == Wake::Shutdown {
+            break;
+        }
+        notified.set(ticket.notified());
+        notified.as_mut().enable();
+        if Instant::now() >= round_deadline {
+            // The deadline passed: arriving again (a no-op for this
+            // participant) decides the round if nobody has yet.
+            let again = s.barriers.arrive(&name, &round, &req.node).await?;
+            round_deadline = if again.round.is_open() {
+                longpoll::after_ms(again.round.deadline - again.now)
+            } else {
+                give_up
+            };
+            r = Arc::new(again.round);
+        } else {
+            r = s
+                .barriers
+                .decided(&name, &round)
+                .await?
+                .ok_or_else(|| BarrierError::RoundNotFound {
+                    barrier: name.clone(),
+                    round: round.clone(),
+                })?;
+        }
+        next_check = Instant::now() + RECHECK;
+    }
+    if waited_here
+        && !r.is_open()
+        && let (Some(arrived), Some(decided)) = (r.arrived_at(&req.node), r.decided_at)
+    {
+        metrics::histogram!("muster_barrier_wait_seconds").record((decided - arrived).max(0) as f64 / 1000.0);
+    }
+    Ok(Json(ArriveResponse::new(&r, &req.node)).into_response())
+}
+
+// --- etcd-style Barrier ----------------------------------------------------
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HoldRequest {
+    /// Who holds it; default the caller's token name. Holding again with the
+    /// same holder refreshes the TTL.
+    pub holder: Option<String>,
+    /// The hold lifts itself after this; 100 ms to `barriers.idle_ttl_ms`
+    /// (the default).
+    pub ttl_ms: Option<u64>,
+}
+
+/// etcd-style Barrier.Hold: raises the barrier; waiters block until it is
+/// released or its TTL passes. 201 when raised now, 200 when refreshed.
+#[utoipa::path(post, path = "/api/v1/barriers/{name}/hold", tag = "barriers",
+    params(("name" = String, Path, description = "Barrier name")),
+    request_body(content = HoldRequest, description = "Optional"),
+    responses((status = 201, body = Hold, description = "Held now"), (status = 200, body = Hold, description = "Refreshed"),
+              (status = 409, description = "Held by another holder")))]
+async fn hold_barrier(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    OptJson(req): OptJson<HoldRequest>,
+) -> Result<Response> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    let holder = req.holder.unwrap_or_else(|| caller.name.clone());
+    validate::opaque_key("holder", &holder)?;
+    let max = s.cfg.barriers.idle_ttl_ms;
+    let ttl = req.ttl_ms.unwrap_or(max);
+    if !(100..=max).contains(&ttl) {
+        return Err(ApiError::bad_request(format!(
+            "`ttl_ms` must be between 100 and {max} (barriers.idle_ttl_ms)"
+        )));
+    }
+    let (hold, created) = s.barriers.hold(&name, &holder, ttl).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(hold)).into_response())
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Released {
+    /// Whether the barrier was held.
+    pub released: bool,
+}
+
+/// etcd-style Barrier.Release: lowers the barrier, every waiter proceeds.
+/// Anyone with the worker role may release; releasing a barrier that is not
+/// held changes nothing.
+#[utoipa::path(post, path = "/api/v1/barriers/{name}/release", tag = "barriers",
+    params(("name" = String, Path, description = "Barrier name")),
+    responses((status = 200, body = Released)))]
+async fn release_barrier(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Released>> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    Ok(Json(Released {
+        released: s.barriers.lift(&name, &caller.name).await?,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitRequest {
+    /// Long poll: wait up to this long (at most `barriers.max_wait_ms`).
+    pub wait_ms: Option<u64>,
+}
+
+/// etcd-style Barrier.Wait: returns once the barrier is not held (`held:
+/// false`), or when `wait_ms` runs out (`held: true`).
+#[utoipa::path(post, path = "/api/v1/barriers/{name}/wait", tag = "barriers",
+    params(("name" = String, Path, description = "Barrier name")),
+    request_body(content = WaitRequest, description = "Optional"),
+    responses((status = 200, body = Hold)))]
+async fn wait_barrier(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    OptJson(req): OptJson<WaitRequest>,
+) -> Result<Json<Hold>> {
+    caller.require(Role::Read)?;
+    validate::name("name", &name)?;
+    let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
+    let ticket = s.waiters.ticket(longpoll::hold_key(&name));
+    loop {
+        let notified = ticket.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let (hold, lifts_in) = s.barriers.hold_state(&name).await?;
+        let now = Instant::now();
+        if !hold.held || now >= give_up || s.shutdown.is_cancelled() {
+            return Ok(Json(hold));
+        }
+        // Until it is lifted, its TTL passes, or the re-check.
+        let until = give_up.min(now + RECHECK).min(longpoll::after_ms(lifts_in + 1));
+        longpoll::sleep(notified, until, &s.shutdown).await;
+    }
+}
+
+// --- DoubleBarrier ---------------------------------------------------------
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DoubleBarrierList {
+    pub double_barriers: Vec<DoubleBarrier>,
+}
+
+/// Every DoubleBarrier with entrants.
+#[utoipa::path(get, path = "/api/v1/double-barriers", tag = "barriers",
+    responses((status = 200, body = DoubleBarrierList)))]
+async fn list_double_barriers(State(s): State<AppState>, caller: Caller) -> Result<Json<DoubleBarrierList>> {
+    caller.require(Role::Read)?;
+    Ok(Json(DoubleBarrierList {
+        double_barriers: s.barriers.double_barriers().await?,
+    }))
+}
+
+/// One DoubleBarrier: its count, entrants and whether it is ready.
+#[utoipa::path(get, path = "/api/v1/double-barriers/{name}", tag = "barriers",
+    params(("name" = String, Path, description = "DoubleBarrier name")),
+    responses((status = 200, body = DoubleBarrier)))]
+async fn get_double_barrier(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<DoubleBarrier>> {
+    caller.require(Role::Read)?;
+    validate::name("name", &name)?;
+    Ok(Json(s.barriers.double_barrier(&name).await?))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnterRequest {
+    /// The entrant: a registered, heartbeating node or worker id. If its
+    /// heartbeat expires it is evicted.
+    pub node: String,
+    /// Entrants that make the barrier ready, 1 to 1000; the same for all.
+    pub count: u32,
+    /// Long poll: wait up to this long (at most `barriers.max_wait_ms`) for
+    /// the barrier to be ready. Entering again is harmless.
+    pub wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaveRequest {
+    /// The entrant leaving.
+    pub node: String,
+    /// Long poll: wait up to this long (at most `barriers.max_wait_ms`) for
+    /// every entrant to leave. Leaving again is harmless.
+    pub wait_ms: Option<u64>,
+}
+
+/// A DoubleBarrier as one entrant sees it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DoubleBarrierReply {
+    #[serde(flatten)]
+    pub state: DoubleBarrier,
+    pub node: String,
+    /// Whether `node` is among the entrants.
+    pub inside: bool,
+    /// enter: the barrier is ready and `node` is inside. leave: every entrant
+    /// of the cycle has left (or there was nothing to wait for).
+    pub done: bool,
+}
+
+fn inside(d: &DoubleBarrier, node: &str) -> bool {
+    d.entrants.iter().any(|e: &Arrival| e.node == node)
+}
+
+/// etcd-style DoubleBarrier.Enter: joins the barrier and (with `wait_ms`)
+/// waits until `count` entrants are in. The count+1-th entrant gets 409
+/// (too many) until everyone has left. An entrant whose node stops
+/// heartbeating is evicted, so a crashed node cannot hang the others.
+#[utoipa::path(post, path = "/api/v1/double-barriers/{name}/enter", tag = "barriers",
+    params(("name" = String, Path, description = "DoubleBarrier name")),
+    request_body = EnterRequest,
+    responses((status = 200, body = DoubleBarrierReply),
+              (status = 409, description = "Too many entrants, a different count, or the node is not alive")))]
+async fn enter_double_barrier(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<EnterRequest>,
+) -> Result<Json<DoubleBarrierReply>> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    validate::node_id("node", &req.node)?;
+    if !(1..=1000).contains(&req.count) {
+        return Err(ApiError::bad_request("`count` must be between 1 and 1000"));
+    }
+    let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
+    let ticket = s.waiters.ticket(longpoll::dbarrier_key(&name));
+    let notified = ticket.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    s.barriers.enter(&name, &req.node, req.count).await?;
+    loop {
+        let state = s.barriers.double_barrier(&name).await?;
+        let inside = inside(&state, &req.node);
+        let done = state.ready && inside;
+        // An evicted entrant (its node stopped heartbeating) stops waiting.
+        if done || !inside || Instant::now() >= give_up || s.shutdown.is_cancelled() {
+            return Ok(Json(DoubleBarrierReply {
+                state,
+                node: req.node,
+                inside,
+                done,
+            }));
+        }
+        let until = give_up.min(Instant::now() + RECHECK);
+        longpoll::sleep(notified.as_mut(), until, &s.shutdown).await;
+        notified.set(ticket.notified());
+        notified.as_mut().enable();
+    }
+}
+
+/// etcd-style DoubleBarrier.Leave: leaves the barrier and (with `wait_ms`)
+/// waits until every entrant of the ready cycle has left or been evicted.
+#[utoipa::path(post, path = "/api/v1/double-barriers/{name}/leave", tag = "barriers",
+    params(("name" = String, Path, description = "DoubleBarrier name")),
+    request_body = LeaveRequest,
+    responses((status = 200, body = DoubleBarrierReply)))]
+async fn leave_double_barrier(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<LeaveRequest>,
+) -> Result<Json<DoubleBarrierReply>> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    validate::node_id("node", &req.node)?;
+    let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
+    let ticket = s.waiters.ticket(longpoll::dbarrier_key(&name));
+    let notified = ticket.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    let left = s.barriers.leave(&name, &req.node).await?;
+    loop {
+        let state = s.barriers.double_barrier(&name).await?;
+        let done = match &left.cycle {
+            None => true,
+            Some(c) => state.entrants.is_empty() || state.cycle.as_deref() != Some(c.as_str()),
+        };
+        if done || Instant::now() >= give_up || s.shutdown.is_cancelled() {
+            return Ok(Json(DoubleBarrierReply {
+                inside: inside(&state, &req.node),
+                state,
+                node: req.node,
+                done,
+            }));
+        }
+        let until = give_up.min(Instant::now() + RECHECK);
+        longpoll::sleep(notified.as_mut(), until, &s.shutdown).await;
+        notified.set(ticket.notified());
+        notified.as_mut().enable();
+    }
+}

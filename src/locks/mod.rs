@@ -1,0 +1,569 @@
+//! Locks with fencing tokens, and leader elections.
+//!
+//! Invariants:
+//! - A lock has at most one holder at a time: every grant, renew and release
+//!   is one script that checks the lease by Redis time (G11).
+//! - Fencing tokens are strictly increasing per lock (in fact across every
+//!   lock of the namespace): one counter, `INCR`ed in the acquire script, with
+//!   the failover epoch in the high bits as for task tokens (G1). A resource
+//!   that remembers the highest token it saw can refuse a holder whose lease
+//!   lapsed. Renew and release with a stale token get 409 and change nothing.
+//! - Waiters are served in FIFO order: a sorted set of waiting owners; each
+//!   place lapses `locks.waiter_ttl_ms` after its waiter's last poll, so an
+//!   abandoned waiter (its node died mid-request) cannot block the queue.
+//! - A lease may be tied to a node: it also ends when that node is gone by
+//!   the rules of `nodes::LIVENESS` (post-stall grace included).
+//! - Elections: at most one leader at a time, each leadership with a new
+//!   epoch strictly greater than every epoch before it, so there is at most
+//!   one leader per epoch; the leader's lease lapses by Redis time.
+//! - Waiters wake on `lock.released`, `lock.expired`, `election.resigned`,
+//!   `election.expired` (and `node.dead`), not by polling; the background
+//!   loop (`expire.lua`) emits the expiries even when nobody calls.
+//! - G4: lease keys carry a TTL (lease + one minute), queues the waiter TTL;
+//!   the two indexes hold live leases only; the counters are single keys.
+
+pub mod cli;
+pub mod routes;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use redis::Value;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::config::LocksConfig;
+use crate::error::ApiError;
+use crate::store::{Lua, ScriptCtx, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("lock `{name}` is not held under token {token}: the token is stale; stop using the resource")]
+    Stale {
+        name: String,
+        token: u64,
+        holder: Option<String>,
+        current: Option<u64>,
+    },
+    #[error("the lease of lock `{name}` lapsed before this call: the lock is lost; stop using the resource")]
+    Lapsed { name: String },
+    #[error("lock `{0}` is not held")]
+    NotHeld(String),
+    #[error("`{candidate}` is not the leader of election `{name}`{}", epoch.map(|e| format!(" at epoch {e}")).unwrap_or_default())]
+    NotLeader {
+        name: String,
+        candidate: String,
+        epoch: Option<u64>,
+        leader: Option<String>,
+        current: Option<u64>,
+    },
+    #[error(
+        "node `{0}` is not registered or its heartbeat expired: PUT /api/v1/nodes/{0}/heartbeat first, and keep heartbeating while holding"
+    )]
+    NodeNotAlive(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<LockError> for ApiError {
+    fn from(e: LockError) -> Self {
+        use serde_json::json;
+        match e {
+            LockError::Stale {
+                ref holder, current, ..
+            } => ApiError::conflict(
+                e.to_string(),
+                json!({"reason": "stale_token", "holder": holder, "token": current}),
+            ),
+            LockError::Lapsed { .. } => ApiError::conflict(e.to_string(), json!({"reason": "lapsed"})),
+            LockError::NotHeld(_) => ApiError::NotFound(e.to_string()),
+            LockError::NotLeader {
+                ref leader, current, ..
+            } => ApiError::conflict(e.to_string(), json!({"leader": leader, "epoch": current})),
+            LockError::NodeNotAlive(_) => ApiError::conflict(e.to_string(), json!(null)),
+            LockError::Store(s) => s.into(),
+        }
+    }
+}
+
+/// The outcome of one acquire attempt.
+#[derive(Debug, Clone)]
+pub enum Attempt {
+    /// Granted (now, or already held by this owner).
+    Granted { token: u64, expires_at: i64, again: bool },
+    /// Held by someone else, or others are ahead in the queue.
+    Busy { holder: Option<String>, position: u32 },
+}
+
+/// A lock as stored.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LockInfo {
+    pub name: String,
+    pub held: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The holder's fencing token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    /// The node the lease is tied to, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Redis ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+    /// Waiting owners, first in line first.
+    pub waiters: Vec<String>,
+}
+
+/// An election as stored.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Leadership {
+    pub name: String,
+    /// The leader, or null when nobody leads.
+    pub leader: Option<String>,
+    /// The leader's epoch: strictly greater than every epoch before it.
+    pub epoch: Option<u64>,
+    /// The leader's value (any JSON), if it gave one.
+    #[schema(value_type = Object)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
+    /// Redis ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elected_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+}
+
+/// What a campaign call returned.
+#[derive(Debug, Clone)]
+pub struct Campaign {
+    /// 1 elected now, 2 already the leader (renewed), 0 someone else leads.
+    pub code: i64,
+    pub state: Leadership,
+}
+
+struct Scripts {
+    acquire: Lua,
+    renew: Lua,
+    release: Lua,
+    dequeue: Lua,
+    expire: Lua,
+    campaign: Lua,
+    resign: Lua,
+}
+
+const LIB: &str = include_str!("lua/lib.lua");
+
+/// The lock and election service.
+pub struct Locks {
+    store: Store,
+    cfg: LocksConfig,
+    node_ttl_ms: u64,
+    node_id: String,
+    scripts: Scripts,
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        Value::SimpleString(s) => s.parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn at(reply: &[Value], i: usize) -> &Value {
+    reply.get(i).unwrap_or(&Value::Nil)
+}
+
+fn nonempty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+impl Locks {
+    pub fn new(store: Store, cfg: LocksConfig, node_ttl_ms: u64, node_id: String, ctx: &ScriptCtx) -> Arc<Locks> {
+        let libs = [crate::nodes::LIVENESS, LIB];
+        let l = |name, src| Lua::with_libs(name, &libs, src, ctx);
+        Arc::new(Locks {
+            store,
+            cfg,
+            node_ttl_ms,
+            node_id,
+            scripts: Scripts {
+                acquire: l("lock_acquire", include_str!("lua/acquire.lua")),
+                renew: l("lock_renew", include_str!("lua/renew.lua")),
+                release: l("lock_release", include_str!("lua/release.lua")),
+                dequeue: l("lock_dequeue", include_str!("lua/dequeue.lua")),
+                expire: l("lease_expire", include_str!("lua/expire.lua")),
+                campaign: l("election_campaign", include_str!("lua/campaign.lua")),
+                resign: l("election_resign", include_str!("lua/resign.lua")),
+            },
+        })
+    }
+
+    pub fn config(&self) -> &LocksConfig {
+        &self.cfg
+    }
+
+    fn p(&self) -> &str {
+        self.store.keys().prefix()
+    }
+    fn k_lock(&self, l: &str) -> String {
+        format!("{}:lock:{l}", self.p())
+    }
+    fn k_queue(&self, l: &str) -> String {
+        format!("{}:lock:{l}:q", self.p())
+    }
+    fn k_queue_exp(&self, l: &str) -> String {
+        format!("{}:lock:{l}:qx", self.p())
+    }
+    fn k_locks(&self) -> String {
+        format!("{}:locks", self.p())
+    }
+    fn k_election(&self, e: &str) -> String {
+        format!("{}:election:{e}", self.p())
+    }
+    fn k_elections(&self) -> String {
+        format!("{}:elections", self.p())
+    }
+
+    /// One acquire attempt (see `acquire.lua`). `queue`: keep a place in
+    /// line when not granted.
+    pub async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl_ms: u64,
+        node: Option<&str>,
+        queue: bool,
+    ) -> Result<Attempt, LockError> {
+        let reply: Vec<Value> = self
+            .store
+            .eval(
+                &self.scripts.acquire,
+                &[
+                    self.k_lock(name),
+                    self.k_queue(name),
+                    self.k_queue_exp(name),
+                    self.k_locks(),
+                ],
+                &[
+                    name.into(),
+                    owner.into(),
+                    ttl_ms.to_string(),
+                    node.unwrap_or("").into(),
+                    if queue { "1" } else { "0" }.into(),
+                    self.cfg.waiter_ttl_ms.to_string(),
+                    self.node_ttl_ms.to_string(),
+                    self.node_id.clone(),
+                ],
+            )
+            .await?;
+        match int(at(&reply, 0)) {
+            -1 => Err(LockError::NodeNotAlive(node.unwrap_or("").into())),
+            code @ (1 | 2) => {
+                if code == 1 {
+                    metrics::counter!("muster_locks_acquired_total").increment(1);
+                }
+                Ok(Attempt::Granted {
+                    token: int(at(&reply, 1)) as u64,
+                    expires_at: int(at(&reply, 2)),
+                    again: code == 2,
+                })
+            }
+            _ => Ok(Attempt::Busy {
+                holder: nonempty(text(at(&reply, 3))),
+                position: int(at(&reply, 4)) as u32,
+            }),
+        }
+    }
+
+    /// Gives up a place in the queue (a long poll ended without the lock).
+    pub async fn dequeue(&self, name: &str, owner: &str) -> Result<(), LockError> {
+        let _: i64 = self
+            .store
+            .eval(
+                &self.scripts.dequeue,
+                &[self.k_lock(name), self.k_queue(name), self.k_queue_exp(name)],
+                &[name.into(), owner.into(), self.node_id.clone()],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Extends the lease held under `token`; returns the new expiry (Redis ms).
+    pub async fn renew(&self, name: &str, token: u64, ttl_ms: u64) -> Result<i64, LockError> {
+        let reply: Vec<Value> = self
+            .store
+            .eval(
+                &self.scripts.renew,
+                &[self.k_lock(name), self.k_locks()],
+                &[
+                    name.into(),
+                    token.to_string(),
+                    ttl_ms.to_string(),
+                    self.node_ttl_ms.to_string(),
+                    self.node_id.clone(),
+                ],
+            )
+            .await?;
+        match int(at(&reply, 0)) {
+            1 => Ok(int(at(&reply, 1))),
+            -2 => Err(LockError::Lapsed { name: name.into() }),
+            _ => Err(LockError::Stale {
+                name: name.into(),
+                token,
+                holder: nonempty(text(at(&reply, 2))),
+                current: Some(int(at(&reply, 3)) as u64).filter(|t| *t > 0),
+            }),
+        }
+    }
+
+    /// Releases the lock held under `token`, or with None breaks it.
+    pub async fn release(&self, name: &str, token: Option<u64>, actor: &str) -> Result<(), LockError> {
+        let reply: Vec<Value> = self
+            .store
+            .eval(
+                &self.scripts.release,
+                &[self.k_lock(name), self.k_locks()],
+                &[
+                    name.into(),
+                    token.map(|t| t.to_string()).unwrap_or_default(),
+                    actor.into(),
+                    self.node_ttl_ms.to_string(),
+                    self.node_id.clone(),
+                ],
+            )
+            .await?;
+        match int(at(&reply, 0)) {
+            1 => {
+                metrics::counter!("muster_locks_released_total").increment(1);
+                Ok(())
+            }
+            0 => Err(LockError::NotHeld(name.into())),
+            _ => Err(LockError::Stale {
+                name: name.into(),
+                token: token.unwrap_or(0),
+                holder: nonempty(text(at(&reply, 1))),
+                current: Some(int(at(&reply, 2)) as u64).filter(|t| *t > 0),
+            }),
+        }
+    }
+
+    /// One lock as of now (a lapsed lease reads as free).
+    pub async fn get(&self, name: &str) -> Result<LockInfo, LockError> {
+        Ok(self.get_many(&[name.to_string()]).await?.remove(0))
+    }
+
+    async fn get_many(&self, names: &[String]) -> Result<Vec<LockInfo>, LockError> {
+        let mut p = redis::pipe();
+        p.cmd("TIME");
+        for n in names {
+            p.cmd("HGETALL").arg(self.k_lock(n));
+            p.cmd("ZRANGEBYSCORE").arg(self.k_queue(n)).arg("-inf").arg("+inf");
+            p.cmd("ZRANGE")
+                .arg(self.k_queue_exp(n))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES");
+        }
+        let rows: Vec<Value> = self.store.pipe("lock_get", &p).await?;
+        let (secs, micros): (i64, i64) = redis::from_redis_value_ref(at(&rows, 0)).unwrap_or((0, 0));
+        let now = secs * 1000 + micros / 1000;
+        let mut out = Vec::with_capacity(names.len());
+        for (name, c) in names.iter().zip(rows.get(1..).unwrap_or(&[]).chunks(3)) {
+            let h: BTreeMap<String, String> = redis::from_redis_value_ref(at(c, 0)).unwrap_or_default();
+            let queue: Vec<String> = redis::from_redis_value_ref(at(c, 1)).unwrap_or_default();
+            let lapses: BTreeMap<String, f64> = redis::from_redis_value_ref(at(c, 2)).unwrap_or_default();
+            let num = |f: &str| h.get(f).and_then(|v| v.parse::<i64>().ok());
+            let held = num("expires_at").is_some_and(|e| e > now);
+            out.push(LockInfo {
+                name: name.clone(),
+                held,
+                owner: h.get("owner").cloned().filter(|_| held),
+                token: num("token").map(|t| t as u64).filter(|_| held),
+                node: h.get("node").cloned().filter(|n| held && !n.is_empty()),
+                acquired_at: num("acquired_at").filter(|_| held),
+                expires_at: num("expires_at").filter(|_| held),
+                waiters: queue
+                    .into_iter()
+                    .filter(|w| lapses.get(w).is_some_and(|x| *x as i64 > now))
+                    .collect(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every held lock, by name.
+    pub async fn list(&self) -> Result<Vec<LockInfo>, LockError> {
+        let mut names: Vec<String> = self
+            .store
+            .query("locks_list", redis::cmd("ZRANGE").arg(self.k_locks()).arg(0).arg(999))
+            .await?;
+        names.sort();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.get_many(&names).await?.into_iter().filter(|l| l.held).collect())
+    }
+
+    /// Ends lapsed leases (the background loop). Returns (locks, elections).
+    pub async fn expire_due(&self) -> Result<(i64, i64), LockError> {
+        let (l, e): (i64, i64) = self
+            .store
+            .eval(
+                &self.scripts.expire,
+                &[self.k_locks(), self.k_elections()],
+                &["100".into(), self.node_ttl_ms.to_string(), self.node_id.clone()],
+            )
+            .await?;
+        Ok((l, e))
+    }
+
+    fn leadership(name: &str, reply: &[Value], offset: usize) -> Leadership {
+        let leader = nonempty(text(at(reply, offset)));
+        let value = nonempty(text(at(reply, offset + 3))).and_then(|v| serde_json::from_str(&v).ok());
+        Leadership {
+            name: name.into(),
+            epoch: leader.as_ref().map(|_| int(at(reply, offset + 1)) as u64),
+            expires_at: leader.as_ref().map(|_| int(at(reply, offset + 2))),
+            elected_at: leader.as_ref().map(|_| int(at(reply, offset + 4))),
+            value,
+            leader,
+        }
+    }
+
+    /// One campaign attempt (see `campaign.lua`).
+    pub async fn campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        ttl_ms: u64,
+        value: Option<&str>,
+    ) -> Result<Campaign, LockError> {
+        let reply: Vec<Value> = self
+            .store
+            .eval(
+                &self.scripts.campaign,
+                &[self.k_election(name), self.k_elections()],
+                &[
+                    name.into(),
+                    candidate.into(),
+                    ttl_ms.to_string(),
+                    value.unwrap_or("").into(),
+                    self.node_id.clone(),
+                ],
+            )
+            .await?;
+        let code = int(at(&reply, 0));
+        if code == 1 {
+            metrics::counter!("muster_elections_won_total").increment(1);
+        }
+        Ok(Campaign {
+            code,
+            state: Self::leadership(name, &reply, 1),
+        })
+    }
+
+    /// The leader resigns (at `epoch`, when given).
+    pub async fn resign(&self, name: &str, candidate: &str, epoch: Option<u64>) -> Result<u64, LockError> {
+        let reply: Vec<Value> = self
+            .store
+            .eval(
+                &self.scripts.resign,
+                &[self.k_election(name), self.k_elections()],
+                &[
+                    name.into(),
+                    candidate.into(),
+                    epoch.map(|e| e.to_string()).unwrap_or_default(),
+                    self.node_id.clone(),
+                ],
+            )
+            .await?;
+        if int(at(&reply, 0)) == 1 {
+            return Ok(int(at(&reply, 2)) as u64);
+        }
+        Err(LockError::NotLeader {
+            name: name.into(),
+            candidate: candidate.into(),
+            epoch,
+            leader: nonempty(text(at(&reply, 1))),
+            current: Some(int(at(&reply, 2)) as u64).filter(|e| *e > 0),
+        })
+    }
+
+    /// An election as of now (a lapsed lease reads as nobody).
+    pub async fn leader(&self, name: &str) -> Result<Leadership, LockError> {
+        Ok(self.leaders_named(&[name.to_string()]).await?.remove(0))
+    }
+
+    async fn leaders_named(&self, names: &[String]) -> Result<Vec<Leadership>, LockError> {
+        let mut p = redis::pipe();
+        p.cmd("TIME");
+        for n in names {
+            p.cmd("HMGET")
+                .arg(self.k_election(n))
+                .arg("leader")
+                .arg("epoch")
+                .arg("expires_at")
+                .arg("value")
+                .arg("elected_at");
+        }
+        let rows: Vec<Value> = self.store.pipe("election_get", &p).await?;
+        let (secs, micros): (i64, i64) = redis::from_redis_value_ref(at(&rows, 0)).unwrap_or((0, 0));
+        let now = secs * 1000 + micros / 1000;
+        Ok(names
+            .iter()
+            .zip(rows.get(1..).unwrap_or(&[]))
+            .map(|(n, row)| {
+                let f: Vec<Value> = redis::from_redis_value_ref(row).unwrap_or_default();
+                let l = Self::leadership(n, &f, 0);
+                if l.expires_at.is_some_and(|e| e > now) {
+                    l
+                } else {
+                    Leadership {
+                        name: n.clone(),
+                        leader: None,
+                        epoch: None,
+                        value: None,
+                        elected_at: None,
+                        expires_at: None,
+                    }
+                }
+            })
+            .collect())
+    }
+
+    /// Every election with a leader, by name.
+    pub async fn elections(&self) -> Result<Vec<Leadership>, LockError> {
+        let mut names: Vec<String> = self
+            .store
+            .query(
+                "elections_list",
+                redis::cmd("ZRANGE").arg(self.k_elections()).arg(0).arg(999),
+            )
+            .await?;
+        names.sort();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .leaders_named(&names)
+            .await?
+            .into_iter()
+            .filter(|l| l.leader.is_some())
+            .collect())
+    }
+}

@@ -1,0 +1,424 @@
+//! REST routes of locks and elections.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{Attempt, Leadership, LockError, LockInfo, Locks};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result};
+use crate::http::{ApiJson, no_content};
+use crate::longpoll::{self, RECHECK};
+use crate::validate;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_locks))
+        .routes(routes!(get_lock, break_lock))
+        .routes(routes!(acquire_lock))
+        .routes(routes!(renew_lock))
+        .routes(routes!(release_lock))
+        .routes(routes!(list_elections))
+        .routes(routes!(get_leader))
+        .routes(routes!(campaign))
+        .routes(routes!(resign))
+}
+
+fn check_ttl(s: &AppState, ttl: Option<u64>) -> Result<u64> {
+    let c = &s.cfg.locks;
+    let ttl = ttl.unwrap_or(c.default_ttl_ms);
+    if !(100..=c.max_ttl_ms).contains(&ttl) {
+        return Err(ApiError::bad_request(format!(
+            "`ttl_ms` must be between 100 and {} (locks.max_ttl_ms)",
+            c.max_ttl_ms
+        )));
+    }
+    Ok(ttl)
+}
+
+fn check_wait(s: &AppState, wait: Option<u64>) -> Result<Duration> {
+    let wait = wait.unwrap_or(0);
+    let max = s.cfg.locks.max_wait_ms;
+    if wait > max {
+        return Err(ApiError::bad_request(format!(
+            "`wait_ms` must be at most {max} (locks.max_wait_ms); call again to wait longer"
+        )));
+    }
+    Ok(Duration::from_millis(wait))
+}
+
+// --- locks -----------------------------------------------------------------
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LockList {
+    pub locks: Vec<LockInfo>,
+}
+
+/// Every held lock.
+#[utoipa::path(get, path = "/api/v1/locks", tag = "locks", responses((status = 200, body = LockList)))]
+async fn list_locks(State(s): State<AppState>, caller: Caller) -> Result<Json<LockList>> {
+    caller.require(Role::Read)?;
+    Ok(Json(LockList {
+        locks: s.locks.list().await?,
+    }))
+}
+
+/// One lock: its holder, token, lease and waiters.
+#[utoipa::path(get, path = "/api/v1/locks/{name}", tag = "locks",
+    params(("name" = String, Path, description = "Lock name")),
+    responses((status = 200, body = LockInfo)))]
+async fn get_lock(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Json<LockInfo>> {
+    caller.require(Role::Read)?;
+    validate::name("name", &name)?;
+    Ok(Json(s.locks.get(&name).await?))
+}
+
+/// Breaks a lock whoever holds it (its holder's next renew or release gets
+/// 409). For operators; holders use `release`.
+#[utoipa::path(delete, path = "/api/v1/locks/{name}", tag = "locks",
+    params(("name" = String, Path, description = "Lock name")),
+    responses((status = 204, description = "Broken"), (status = 404, description = "Not held")))]
+async fn break_lock(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Response> {
+    caller.require(Role::Admin)?;
+    validate::name("name", &name)?;
+    s.locks.release(&name, None, &caller.name).await?;
+    Ok(no_content())
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireRequest {
+    /// Who takes the lock: 1 to 200 printable ASCII characters, unique per
+    /// holder process. Acquiring again as the holder extends the lease and
+    /// returns the same token.
+    pub owner: String,
+    /// Lease length, 100 ms to `locks.max_ttl_ms`; default `locks.default_ttl_ms`.
+    pub ttl_ms: Option<u64>,
+    /// Long poll: wait in line up to this long (at most `locks.max_wait_ms`).
+    /// Waiters are served first come, first served. Default 0: try once.
+    pub wait_ms: Option<u64>,
+    /// Optional node or worker id: the lease also ends as soon as that node's
+    /// heartbeat expires.
+    pub node: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Acquired {
+    pub name: String,
+    pub owner: String,
+    /// The fencing token: strictly greater than every token issued before.
+    /// Send it with renew and release, and to the resource you protect.
+    pub token: u64,
+    /// Redis ms when the lease lapses unless renewed.
+    pub expires_at: i64,
+    pub ttl_ms: u64,
+}
+
+/// Gives up a queue place if the request is dropped while waiting (client
+/// gone), so the next waiter need not wait for the place to lapse.
+struct QueueGuard {
+    locks: Arc<Locks>,
+    name: String,
+    owner: String,
+    armed: bool,
+}
+
+impl Drop for QueueGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let (locks, name, owner) = (self.locks.clone(), self.name.clone(), self.owner.clone());
+            tokio::spawn(async move {
+                let _ = locks.dequeue(&name, &owner).await;
+            });
+        }
+    }
+}
+
+/// Acquires a lock and returns its fencing token. With `wait_ms`, waits in
+/// a FIFO line and wakes when the lock is released or its lease lapses.
+/// 409 when it is still held by someone else when `wait_ms` runs out.
+#[utoipa::path(post, path = "/api/v1/locks/{name}/acquire", tag = "locks",
+    params(("name" = String, Path, description = "Lock name, [A-Za-z0-9._-]{1,128}")),
+    request_body = AcquireRequest,
+    responses((status = 200, body = Acquired), (status = 400, description = "Bad name, owner, ttl or wait"),
+              (status = 409, description = "Held by another owner (`holder`, `position` in line), or the node is not alive")))]
+async fn acquire_lock(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<AcquireRequest>,
+) -> Result<Json<Acquired>> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    validate::opaque_key("owner", &req.owner)?;
+    if let Some(n) = &req.node {
+        validate::node_id("node", n)?;
+    }
+    let ttl = check_ttl(&s, req.ttl_ms)?;
+    let wait = check_wait(&s, req.wait_ms)?;
+    let give_up = Instant::now() + wait;
+    let queue = !wait.is_zero();
+    // A waiter polls well within its place's TTL, so a live waiter keeps it.
+    let refresh = RECHECK.min(Duration::from_millis(s.cfg.locks.waiter_ttl_ms / 3).max(Duration::from_millis(10)));
+    let ticket = s.waiters.ticket(longpoll::lock_key(&name));
+    let mut guard = QueueGuard {
+        locks: s.locks.clone(),
+        name: name.clone(),
+        owner: req.owner.clone(),
+        armed: queue,
+    };
+    loop {
+        // Listen before trying, so a release in between is not missed.
+        let notified = ticket.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        match s
+            .locks
+            .try_acquire(&name, &req.owner, ttl, req.node.as_deref(), queue)
+            .await?
+        {
+            Attempt::Granted { token, expires_at, .. } => {
+                guard.armed = false;
+                return Ok(Json(Acquired {
+                    name,
+                    owner: req.owner,
+                    token,
+                    expires_at,
+                    ttl_ms: ttl,
+                }));
+            }
+            Attempt::Busy { holder, position } => {
+                if Instant::now() >= give_up || s.shutdown.is_cancelled() {
+                    guard.armed = false;
+                    if queue {
+                        s.locks.dequeue(&name, &req.owner).await?;
+                    }
+                    let msg = match &holder {
+                        Some(h) => format!("lock `{name}` is held by `{h}`"),
+                        None => format!("lock `{name}` is free but other waiters are ahead in line"),
+                    };
+                    return Err(ApiError::conflict(
+                        format!("{msg}; not acquired within wait_ms"),
+                        serde_json::json!({"reason": "busy", "holder": holder, "position": position}),
+                    ));
+                }
+            }
+        }
+        // Woken by a release, an expiry, the head of the line leaving, or a
+        // node's death (the lease may be tied to it); polled within the
+        // place's TTL so that a live waiter keeps it.
+        let until = give_up.min(Instant::now() + refresh);
+        longpoll::sleep(notified, until, &s.shutdown).await;
+    }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    /// The holder's fencing token.
+    pub token: u64,
+    /// New lease length from now; default `locks.default_ttl_ms`.
+    pub ttl_ms: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Renewed {
+    pub name: String,
+    pub token: u64,
+    /// Redis ms.
+    pub expires_at: i64,
+}
+
+/// Extends the lease held under `token`. 409 when the token is stale or the
+/// lease already lapsed: the lock is lost, stop using the resource.
+#[utoipa::path(post, path = "/api/v1/locks/{name}/renew", tag = "locks",
+    params(("name" = String, Path, description = "Lock name")),
+    request_body = RenewRequest,
+    responses((status = 200, body = Renewed), (status = 409, description = "Stale token or lapsed lease")))]
+async fn renew_lock(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<RenewRequest>,
+) -> Result<Json<Renewed>> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    let ttl = check_ttl(&s, req.ttl_ms)?;
+    let expires_at = s.locks.renew(&name, req.token, ttl).await?;
+    Ok(Json(Renewed {
+        name,
+        token: req.token,
+        expires_at,
+    }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The holder's fencing token.
+    pub token: u64,
+}
+
+/// Releases the lock held under `token`; the first waiter in line gets it.
+/// 409 when the token is stale or the lease already lapsed.
+#[utoipa::path(post, path = "/api/v1/locks/{name}/release", tag = "locks",
+    params(("name" = String, Path, description = "Lock name")),
+    request_body = ReleaseRequest,
+    responses((status = 204, description = "Released"), (status = 409, description = "Stale token or lapsed lease")))]
+async fn release_lock(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<ReleaseRequest>,
+) -> Result<Response> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    match s.locks.release(&name, Some(req.token), &caller.name).await {
+        Ok(()) => Ok(no_content()),
+        Err(LockError::NotHeld(_)) => Err(LockError::Stale {
+            name,
+            token: req.token,
+            holder: None,
+            current: None,
+        }
+        .into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+// --- elections -------------------------------------------------------------
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ElectionList {
+    pub elections: Vec<Leadership>,
+}
+
+/// Every election that has a leader.
+#[utoipa::path(get, path = "/api/v1/elections", tag = "elections", responses((status = 200, body = ElectionList)))]
+async fn list_elections(State(s): State<AppState>, caller: Caller) -> Result<Json<ElectionList>> {
+    caller.require(Role::Read)?;
+    Ok(Json(ElectionList {
+        elections: s.locks.elections().await?,
+    }))
+}
+
+/// The leader of an election and its epoch (`leader: null` when nobody leads).
+#[utoipa::path(get, path = "/api/v1/elections/{name}", tag = "elections",
+    params(("name" = String, Path, description = "Election name")),
+    responses((status = 200, body = Leadership)))]
+async fn get_leader(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Json<Leadership>> {
+    caller.require(Role::Read)?;
+    validate::name("name", &name)?;
+    Ok(Json(s.locks.leader(&name).await?))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CampaignRequest {
+    /// The candidate: 1 to 200 printable ASCII characters, unique per process.
+    pub candidate: String,
+    /// Leadership lease, 100 ms to `locks.max_ttl_ms`; default
+    /// `locks.default_ttl_ms`. The leader campaigns again to renew it.
+    pub ttl_ms: Option<u64>,
+    /// Long poll: wait up to this long (at most `locks.max_wait_ms`) to be elected.
+    pub wait_ms: Option<u64>,
+    /// Any JSON the leader publishes (its address, say); at most 64 KiB.
+    #[schema(value_type = Object)]
+    pub value: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CampaignResponse {
+    /// Whether the candidate leads now (elected, or renewed as the leader).
+    pub elected: bool,
+    #[serde(flatten)]
+    pub leadership: Leadership,
+}
+
+/// Campaigns for leadership. Elected: a new epoch, strictly greater than
+/// every epoch before, so there is at most one leader per epoch. The leader
+/// calling again renews its lease and keeps its epoch. With `wait_ms`, waits
+/// until elected and wakes when the leader resigns or its lease lapses.
+#[utoipa::path(post, path = "/api/v1/elections/{name}/campaign", tag = "elections",
+    params(("name" = String, Path, description = "Election name, [A-Za-z0-9._-]{1,128}")),
+    request_body = CampaignRequest,
+    responses((status = 200, body = CampaignResponse), (status = 400, description = "Bad input")))]
+async fn campaign(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<CampaignRequest>,
+) -> Result<Json<CampaignResponse>> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    validate::opaque_key("candidate", &req.candidate)?;
+    let ttl = check_ttl(&s, req.ttl_ms)?;
+    let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
+    let value = match &req.value {
+        None => None,
+        Some(v) => {
+            let text = serde_json::to_string(v).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            if text.len() > 64 * 1024 {
+                return Err(ApiError::TooLarge("`value` is limited to 64 KiB".into()));
+            }
+            Some(text)
+        }
+    };
+    let ticket = s.waiters.ticket(longpoll::election_key(&name));
+    loop {
+        let notified = ticket.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let c = s.locks.campaign(&name, &req.candidate, ttl, value.as_deref()).await?;
+        if c.code > 0 || Instant::now() >= give_up || s.shutdown.is_cancelled() {
+            return Ok(Json(CampaignResponse {
+                elected: c.code > 0,
+                leadership: c.state,
+            }));
+        }
+        // Woken by a resignation or an expiry; also at the lease's end.
+        let mut until = give_up.min(Instant::now() + RECHECK);
+        if let Some(lapses) = c.state.expires_at.map(|e| e + 1) {
+            let now = s.store.time_ms().await.unwrap_or(lapses);
+            until = until.min(longpoll::after_ms(lapses - now));
+        }
+        longpoll::sleep(notified, until, &s.shutdown).await;
+    }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResignRequest {
+    /// The leader resigning.
+    pub candidate: String,
+    /// Its epoch; when given, the call is refused unless it leads at this epoch.
+    pub epoch: Option<u64>,
+}
+
+/// The leader resigns; waiting candidates wake and one is elected with a
+/// greater epoch. 409 unless the candidate leads (at `epoch`).
+#[utoipa::path(post, path = "/api/v1/elections/{name}/resign", tag = "elections",
+    params(("name" = String, Path, description = "Election name")),
+    request_body = ResignRequest,
+    responses((status = 204, description = "Resigned"), (status = 409, description = "Not the leader")))]
+async fn resign(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<ResignRequest>,
+) -> Result<Response> {
+    caller.require(Role::Worker)?;
+    validate::name("name", &name)?;
+    validate::opaque_key("candidate", &req.candidate)?;
+    s.locks.resign(&name, &req.candidate, req.epoch).await?;
+    Ok(no_content())
+}

@@ -1,0 +1,169 @@
+//! Dashboard pages of barriers and locks: Barriers (every barrier with its
+//! newest round, DoubleBarriers), Barrier (its rounds with each
+//! participant's arrival), Locks (held locks and leaders). A page refreshes
+//! itself every two seconds while a round it shows is open.
+
+use askama::Template;
+use askama_web::WebTemplate;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::routing::get;
+
+use super::Layout;
+use super::filters;
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::barriers::{BarrierConfigView, BarrierError, DoubleBarrier, Hold, Round, Verdict};
+use crate::config::Role;
+use crate::error::Result;
+use crate::locks::{Leadership, LockInfo};
+use crate::validate;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/barriers", get(barriers_page))
+        .route("/barriers/{name}", get(barrier_page))
+        .route("/locks", get(locks_page))
+}
+
+impl BarrierConfigView {
+    /// The round timeout as a human duration.
+    pub fn timeout_human(&self) -> String {
+        super::human_duration(self.timeout_ms as i64)
+    }
+}
+
+/// One participant in one round, ready to print.
+pub struct Cell {
+    pub node: String,
+    /// arrived, late, missing (decided without it) or waiting (round open).
+    pub state: &'static str,
+    /// Redis ms of its arrival, if any.
+    pub at: Option<i64>,
+    /// Milliseconds after the round opened.
+    pub offset_ms: Option<i64>,
+}
+
+/// A round with its participants laid out.
+pub struct RoundView {
+    pub round: Round,
+    pub cells: Vec<Cell>,
+    pub open: bool,
+}
+
+impl RoundView {
+    fn new(round: Round) -> Self {
+        let open = round.verdict == Verdict::Pending;
+        let cells = round
+            .participants
+            .iter()
+            .map(|p| {
+                let arrived = round.arrived_at(p);
+                let late = round.late.iter().find(|a| a.node == *p).map(|a| a.at);
+                let (state, at) = match (arrived, late) {
+                    (Some(t), _) => ("arrived", Some(t)),
+                    (None, Some(t)) => ("late", Some(t)),
+                    (None, None) if open => ("waiting", None),
+                    (None, None) => ("missing", None),
+                };
+                Cell {
+                    node: p.clone(),
+                    state,
+                    at,
+                    offset_ms: at.map(|t| t - round.opened_at),
+                }
+            })
+            .collect();
+        RoundView { round, cells, open }
+    }
+}
+
+pub struct BarrierRow {
+    pub config: BarrierConfigView,
+    pub latest: Option<RoundView>,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/barriers.html")]
+pub struct BarriersPage {
+    pub layout: Layout,
+    pub barriers: Vec<BarrierRow>,
+    pub doubles: Vec<DoubleBarrier>,
+    pub live: bool,
+}
+
+async fn barriers_page(State(s): State<AppState>, caller: Caller) -> Result<BarriersPage> {
+    caller.require(Role::Read)?;
+    let configs = s.barriers.list().await?;
+    let names: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
+    let latest = s.barriers.latest_rounds(&names).await?;
+    let barriers: Vec<BarrierRow> = configs
+        .into_iter()
+        .zip(latest)
+        .map(|(config, r)| BarrierRow {
+            config,
+            latest: r.map(RoundView::new),
+        })
+        .collect();
+    let doubles = s.barriers.double_barriers().await?;
+    let live = barriers.iter().any(|b| b.latest.as_ref().is_some_and(|r| r.open));
+    Ok(BarriersPage {
+        layout: Layout::new(&s, Some(&caller), "Barriers", "Barriers"),
+        barriers,
+        doubles,
+        live,
+    })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/barrier.html")]
+pub struct BarrierPage {
+    pub layout: Layout,
+    pub config: BarrierConfigView,
+    pub hold: Hold,
+    pub rounds: Vec<RoundView>,
+    pub live: bool,
+}
+
+async fn barrier_page(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<BarrierPage> {
+    caller.require(Role::Read)?;
+    validate::name("name", &name)?;
+    let config = s
+        .barriers
+        .get(&name)
+        .await?
+        .ok_or_else(|| BarrierError::NotFound(name.clone()))?;
+    let (hold, _) = s.barriers.hold_state(&name).await?;
+    let rounds: Vec<RoundView> = s
+        .barriers
+        .rounds(&name, 50)
+        .await?
+        .into_iter()
+        .map(RoundView::new)
+        .collect();
+    let live = rounds.iter().any(|r| r.open);
+    Ok(BarrierPage {
+        layout: Layout::new(&s, Some(&caller), &format!("Barrier {name}"), "Barriers"),
+        config,
+        hold,
+        rounds,
+        live,
+    })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/locks.html")]
+pub struct LocksPage {
+    pub layout: Layout,
+    pub locks: Vec<LockInfo>,
+    pub elections: Vec<Leadership>,
+}
+
+async fn locks_page(State(s): State<AppState>, caller: Caller) -> Result<LocksPage> {
+    caller.require(Role::Read)?;
+    Ok(LocksPage {
+        layout: Layout::new(&s, Some(&caller), "Locks", "Locks"),
+        locks: s.locks.list().await?,
+        elections: s.locks.elections().await?,
+    })
+}
