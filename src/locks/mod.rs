@@ -35,6 +35,7 @@ use utoipa::ToSchema;
 
 use crate::config::LocksConfig;
 use crate::error::ApiError;
+use crate::store::reply::{at, int, text};
 use crate::store::{Lua, ScriptCtx, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -164,28 +165,6 @@ pub struct Locks {
     node_ttl_ms: u64,
     node_id: String,
     scripts: Scripts,
-}
-
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::Int(i) => *i,
-        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
-        Value::SimpleString(s) => s.parse().unwrap_or(0),
-        _ => 0,
-    }
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
-        _ => String::new(),
-    }
-}
-
-fn at(reply: &[Value], i: usize) -> &Value {
-    reply.get(i).unwrap_or(&Value::Nil)
 }
 
 fn nonempty(s: String) -> Option<String> {
