@@ -55,6 +55,7 @@ pub struct AppState {
     pub locks: Arc<crate::locks::Locks>,
     /// Long polls of barriers, locks and elections, woken by events.
     pub waiters: Arc<crate::longpoll::Waiters>,
+    pub failover: crate::failover::Failover,
 }
 
 #[derive(OpenApi)]
@@ -94,6 +95,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::schedules::routes::router())
         .merge(crate::barriers::routes::router())
         .merge(crate::locks::routes::router())
+        .merge(crate::failover::routes::router())
 }
 
 /// The whole HTTP surface of a node.

@@ -206,6 +206,8 @@ fn is_public(path: &str) -> bool {
         path,
         "/healthz" | "/readyz" | "/login" | "/favicon.ico" | "/api/v1/openapi.json"
     ) || path.starts_with("/static/")
+        // Authenticated by the failover secret in the handler.
+        || path.starts_with("/internal/failover/")
 }
 
 /// Resolves the caller of every request; refuses unauthenticated API calls

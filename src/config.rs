@@ -30,6 +30,7 @@ pub struct Config {
     pub schedules: SchedulesConfig,
     pub barriers: BarriersConfig,
     pub locks: LocksConfig,
+    pub failover: FailoverConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,6 +87,26 @@ pub struct RedisConfig {
     pub insecure_skip_tls_verify: bool,
     /// The embedded server's binary (`MUSTER_REDIS_SERVER_BIN` overrides).
     pub server_bin: String,
+    /// Sentinel mode: the sentinels' `host:port` addresses. The node asks them
+    /// for the master of `master_name`, confirms it with `ROLE`, and follows
+    /// `+switch-master`.
+    pub sentinels: Vec<String>,
+    /// The name the sentinels monitor the master under.
+    pub master_name: String,
+    /// Password of the sentinels themselves (empty: none).
+    pub sentinel_password: String,
+    /// Cluster mode: seed `host:port` addresses of a Redis Cluster.
+    pub cluster: Vec<String>,
+    /// Password (and optional user) for the data servers in sentinel, cluster
+    /// and coordinated modes; in standalone mode the URL carries it.
+    pub username: String,
+    pub password: String,
+    /// Use TLS (certificates verified) to the data servers and sentinels in
+    /// sentinel, cluster and coordinated modes.
+    pub tls: bool,
+    /// Sentinel mode: how often the node re-asks the sentinels for the master,
+    /// besides `+switch-master` messages and errors, which trigger at once.
+    pub sentinel_poll_ms: u64,
 }
 
 impl Default for RedisConfig {
@@ -97,6 +118,14 @@ impl Default for RedisConfig {
             read_retries: 2,
             insecure_skip_tls_verify: false,
             server_bin: "redis-server".into(),
+            sentinels: Vec::new(),
+            master_name: "muster".into(),
+            sentinel_password: String::new(),
+            cluster: Vec::new(),
+            username: String::new(),
+            password: String::new(),
+            tls: false,
+            sentinel_poll_ms: 1000,
         }
     }
 }
@@ -121,6 +150,58 @@ impl Default for NodesConfig {
             ttl_ms: 5000,
             dead_retention_ms: 60_000,
             max_nodes: 1000,
+        }
+    }
+}
+
+/// `[failover]`: the coordinated failover (the Beetle model), opt-in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FailoverConfig {
+    /// `off` (default), `client` (follow the coordinator), or `coordinator`
+    /// (watch the master, run the rounds; also a client of itself).
+    pub role: FailoverRole,
+    /// The Redis servers (`host:port`) the master is chosen from; the others
+    /// are kept as its replicas.
+    pub redis_servers: Vec<String>,
+    /// Coordinator: the node ids that must all confirm a switch.
+    pub clients: Vec<String>,
+    /// Shared secret of the internal failover endpoints (at least 16 bytes).
+    pub secret: String,
+    /// Coordinator: how often the master is checked.
+    pub interval_ms: u64,
+    /// Coordinator: consecutive failed checks before a round starts.
+    pub retries: u32,
+    /// Coordinator: how long each client has to answer a message.
+    pub answer_timeout_ms: u64,
+    /// Coordinator: longest wait between cancelled rounds (backoff doubles
+    /// from `interval_ms` up to this).
+    pub max_backoff_ms: u64,
+    /// Coordinator: how often a healthy master is re-published to the clients
+    /// and the other servers are made its replicas.
+    pub republish_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailoverRole {
+    Off,
+    Client,
+    Coordinator,
+}
+
+impl Default for FailoverConfig {
+    fn default() -> Self {
+        Self {
+            role: FailoverRole::Off,
+            redis_servers: Vec::new(),
+            clients: Vec::new(),
+            secret: String::new(),
+            interval_ms: 1000,
+            retries: 2,
+            answer_timeout_ms: 1000,
+            max_backoff_ms: 30_000,
+            republish_ms: 5000,
         }
     }
 }
@@ -428,6 +509,7 @@ impl Config {
                 );
             }
         }
+        self.validate_topology()?;
         if self.nodes.heartbeat_ms == 0 {
             return err("nodes.heartbeat_ms", "must be greater than 0");
         }
@@ -529,6 +611,77 @@ impl Config {
             return err("locks.max_wait_ms", "must be between 1000 and 600000");
         }
         self.validate_schedules()?;
+        Ok(())
+    }
+
+    /// `[redis]` topology keys and `[failover]`: at most one way to find the
+    /// master, and complete settings for the one chosen.
+    fn validate_topology(&self) -> Result<(), ConfigError> {
+        let err = |key: &str, msg: &str| Err(ConfigError(format!("invalid value for key `{key}`: {msg}")));
+        let r = &self.redis;
+        let f = &self.failover;
+        let coordinated = f.role != FailoverRole::Off;
+        let ways = [!r.url.is_empty(), !r.sentinels.is_empty(), !r.cluster.is_empty(), coordinated]
+            .iter()
+            .filter(|b| **b)
+            .count();
+        if ways > 1 {
+            return err(
+                "redis.url",
+                "set only one of redis.url, redis.sentinels, redis.cluster and failover.role",
+            );
+        }
+        let addr_ok = |a: &String| {
+            a.rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
+        };
+        if r.sentinels.iter().any(|a| !addr_ok(a)) {
+            return err("redis.sentinels", "expected host:port entries such as 10.0.0.5:26379");
+        }
+        if !r.sentinels.is_empty() && r.master_name.is_empty() {
+            return err("redis.master_name", "must name the master the sentinels monitor");
+        }
+        if r.cluster.iter().any(|a| !addr_ok(a)) {
+            return err("redis.cluster", "expected host:port entries such as 10.0.0.5:7000");
+        }
+        if r.sentinel_poll_ms < 100 {
+            return err("redis.sentinel_poll_ms", "must be at least 100");
+        }
+        if coordinated {
+            if f.redis_servers.is_empty() || f.redis_servers.iter().any(|a| !addr_ok(a)) {
+                return err(
+                    "failover.redis_servers",
+                    "list the Redis servers as host:port entries (at least one)",
+                );
+            }
+            if f.secret.len() < 16 {
+                return err("failover.secret", "use a shared secret of at least 16 bytes");
+            }
+            if self.server.node_id.is_empty() {
+                return err(
+                    "server.node_id",
+                    "coordinated failover needs a fixed node id, since the coordinator lists its clients by id",
+                );
+            }
+            if f.clients.iter().any(|c| !crate::validate::is_node_id(c)) {
+                return err("failover.clients", "node ids use 1 to 64 characters from A-Z a-z 0-9 . _ -");
+            }
+            if f.role == FailoverRole::Coordinator && f.clients.is_empty() {
+                return err("failover.clients", "the coordinator needs the ids of its client nodes");
+            }
+            if f.interval_ms < 100 || f.answer_timeout_ms < 100 || f.republish_ms < 100 {
+                return err(
+                    "failover.interval_ms",
+                    "interval_ms, answer_timeout_ms and republish_ms must be at least 100",
+                );
+            }
+            if f.retries == 0 {
+                return err("failover.retries", "must be at least 1");
+            }
+            if f.max_backoff_ms < f.interval_ms {
+                return err("failover.max_backoff_ms", "must be at least failover.interval_ms");
+            }
+        }
         Ok(())
     }
 

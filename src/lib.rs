@@ -37,6 +37,7 @@ pub mod bench;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod failover;
 pub mod health;
 pub mod http;
 pub mod nodes;
@@ -164,6 +165,71 @@ pub fn generated_node_id() -> String {
     format!("{host}-{}", &ulid[ulid.len() - 8..])
 }
 
+/// Connects the store in the configured topology: a Redis Cluster, the
+/// master named by the sentinels, the master of the coordinated failover
+/// (from `<data_dir>/redis-master`), a standalone URL, or an embedded child.
+async fn connect_redis(
+    cfg: &Config,
+    redis_cancel: &CancellationToken,
+    supervisor: &mut Option<tokio::task::JoinHandle<()>>,
+) -> Result<(Option<Arc<EmbeddedRedis>>, Store), StartError> {
+    if !cfg.redis.cluster.is_empty() {
+        return Ok((None, Store::connect_cluster(&cfg.redis).await?));
+    }
+    if !cfg.redis.sentinels.is_empty() {
+        let addr = failover::ask_sentinels(&cfg.redis).await?;
+        return Ok((None, Store::connect_master(&cfg.redis, &addr, Mode::Sentinel, None).await?));
+    }
+    if cfg.failover.role != config::FailoverRole::Off {
+        return Ok((None, connect_coordinated(cfg).await?));
+    }
+    if cfg.redis.url.is_empty() {
+        let bin = std::env::var("MUSTER_REDIS_SERVER_BIN").unwrap_or_else(|_| cfg.redis.server_bin.clone());
+        let (e, child) = EmbeddedRedis::start(&cfg.server.data_dir, &bin).await?;
+        *supervisor = Some(e.supervise(child, redis_cancel.clone()));
+        let url = e.url();
+        return Ok((Some(e), Store::connect(&cfg.redis, &url, Mode::Embedded).await?));
+    }
+    Ok((None, Store::connect(&cfg.redis, &cfg.redis.url, Mode::Standalone).await?))
+}
+
+/// Coordinated mode: the master is the one in the master file when it really
+/// is a master; with no file, the one server that says it is a master. In
+/// every other case the node starts without a master (serving, not ready)
+/// and waits for the coordinator to name one.
+async fn connect_coordinated(cfg: &Config) -> Result<Store, StartError> {
+    let path = cfg.server.data_dir.join(failover::MASTER_FILE);
+    let auth = store::ServerAuth::from_config(&cfg.redis);
+    let timeout = Duration::from_millis(cfg.redis.timeout_ms);
+    let file = std::fs::read_to_string(&path).unwrap_or_default().trim().to_string();
+    let candidate = if !file.is_empty() {
+        Some(file)
+    } else if !path.exists() {
+        let mut masters = Vec::new();
+        for s in &cfg.failover.redis_servers {
+            if failover::probe_master(&auth, s, timeout).await.is_ok() {
+                masters.push(s.clone());
+            }
+        }
+        if masters.len() == 1 { masters.pop() } else { None }
+    } else {
+        None
+    };
+    if let Some(addr) = candidate {
+        match Store::connect_master(&cfg.redis, &addr, Mode::Coordinated, Some(&path)).await {
+            Ok(s) => {
+                failover::write_atomic(&path, &addr)
+                    .map_err(|e| StartError::Io(format!("cannot write {}: {e}", path.display())))?;
+                return Ok(s);
+            }
+            Err(e) => tracing::warn!(master = %addr, error = %e, "the master file's server is not a usable master"),
+        }
+    }
+    tracing::warn!("no Redis master known: waiting for the failover coordinator to name one");
+    failover::write_atomic(&path, "").map_err(|e| StartError::Io(format!("cannot write {}: {e}", path.display())))?;
+    Ok(Store::without_master(&cfg.redis, Mode::Coordinated, &path))
+}
+
 /// Starts a node on `listener` and returns once it serves and has joined.
 pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartError> {
     let addr = listener.local_addr().map_err(|e| StartError::Io(e.to_string()))?;
@@ -186,25 +252,17 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
 
     let redis_cancel = CancellationToken::new();
     let mut supervisor = None;
-    let (embedded, url, mode) = if cfg.redis.url.is_empty() {
-        let bin = std::env::var("MUSTER_REDIS_SERVER_BIN").unwrap_or_else(|_| cfg.redis.server_bin.clone());
-        let (e, child) = EmbeddedRedis::start(&cfg.server.data_dir, &bin).await?;
-        supervisor = Some(e.supervise(child, redis_cancel.clone()));
-        let url = e.url();
-        (Some(e), url, Mode::Embedded)
-    } else {
-        (None, cfg.redis.url.clone(), Mode::Standalone)
-    };
-    let store = match Store::connect(&cfg.redis, &url, mode).await {
-        Ok(s) => s,
+    let (embedded, store) = match connect_redis(&cfg, &redis_cancel, &mut supervisor).await {
+        Ok(v) => v,
         Err(e) => {
             redis_cancel.cancel();
             if let Some(s) = supervisor {
                 let _ = s.await;
             }
-            return Err(e.into());
+            return Err(e);
         }
     };
+    let mode = store.mode();
     let info = store.server_info();
     tracing::info!(mode = mode.as_str(), address = store.address(), version = %info.version, "connected to Redis");
 
@@ -212,6 +270,15 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         prefix: store.keys().prefix().to_string(),
         events_max_len: cfg.events.max_len,
     };
+    if matches!(mode, Mode::Sentinel | Mode::Coordinated) {
+        // Every master switch first raises the fencing epoch on the new master
+        // (G1 across failovers); at start too, in case a switch happened while
+        // no node was running.
+        store.set_epoch_script(failover::epoch_script(&ctx), &node_id);
+        if store.has_master() {
+            store.ensure_epoch().await?;
+        }
+    }
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
     let tasks = tasks::Tasks::new(store.clone(), cfg.tasks.clone(), &ctx);
     let orphans = orphans::Orphans::new(
@@ -247,7 +314,21 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
     // The bus keeps client_buffer events: how far any subscriber may fall behind.
     let bus = events::Bus::new(cfg.events.client_buffer as usize);
     let waiters = Arc::new(longpoll::Waiters::default());
-    let tail_from = events::tailer::last_id(&store).await?;
+    // Without a master yet (coordinated mode, waiting for the coordinator)
+    // the tailer finds its starting point once it connects.
+    let tail_from = if store.has_master() {
+        Some(events::tailer::last_id(&store).await?)
+    } else {
+        None
+    };
+    let failover = failover::Failover::new(
+        store.clone(),
+        &node_id,
+        &cfg.redis,
+        &cfg.failover,
+        &cfg.server.data_dir,
+        nodes.clone(),
+    );
     let health = Arc::new(Health::new(
         Duration::from_millis(cfg.nodes.ttl_ms),
         Duration::from_millis(cfg.nodes.heartbeat_ms),
@@ -277,6 +358,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         barriers: barriers.clone(),
         locks: locks.clone(),
         waiters: waiters.clone(),
+        failover: failover.clone(),
     };
 
     // Join before serving, so /readyz is green as soon as it answers.
@@ -328,6 +410,8 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         locks::worker::spawn(locks.clone(), loops_cancel.clone()),
         longpoll::spawn(bus.clone(), waiters.clone(), loops_cancel.clone()),
     ];
+    let mut loops = loops;
+    loops.extend(failover.spawn(loops_cancel.clone()));
 
     let router = app::router(state.clone());
     let server_cancel = cancel.clone();

@@ -35,14 +35,30 @@ pub async fn last_id(store: &Store) -> Result<String, StoreError> {
         .unwrap_or_else(|| "0-0".into()))
 }
 
-/// Tails the stream from `start` (exclusive) until `cancel`, publishing every
-/// entry on `bus` in stream order.
-pub fn spawn(store: Store, bus: Arc<Bus>, start: String, cancel: CancellationToken) -> JoinHandle<()> {
+/// Tails the stream from `start` (exclusive; `None`: from the newest entry
+/// once Redis is reachable) until `cancel`, publishing every entry on `bus`
+/// in stream order. A master switch (the store's generation changes) makes
+/// it reconnect to the new master and resume from the same id.
+pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<String>, cancel: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
         let key = store.keys().events();
-        let mut last = start;
         let mut backoff = Duration::from_millis(50);
+        let mut last = match start {
+            Some(s) => s,
+            None => loop {
+                match last_id(&store).await {
+                    Ok(id) => break id,
+                    Err(_) => {
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                            _ = cancel.cancelled() => return,
+                        }
+                    }
+                }
+            },
+        };
         'reconnect: loop {
+            let generation = store.generation();
             let mut conn = tokio::select! {
                 c = store.dedicated() => match c {
                     Ok(c) => c,
@@ -59,6 +75,10 @@ pub fn spawn(store: Store, bus: Arc<Bus>, start: String, cancel: CancellationTok
                 _ = cancel.cancelled() => return,
             };
             loop {
+                if store.generation() != generation {
+                    tracing::info!(resume_after = %last, "Redis master changed; event tailer reconnecting");
+                    break;
+                }
                 let mut cmd = redis::cmd("XREAD");
                 cmd.arg("COUNT")
                     .arg(BATCH)

@@ -16,10 +16,11 @@ pub mod keys;
 pub mod reply;
 pub mod script;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
@@ -53,6 +54,9 @@ pub enum Mode {
     Standalone,
     Sentinel,
     Cluster,
+    /// The master is the one in `<data_dir>/redis-master`, written by the
+    /// failover coordinator's rounds.
+    Coordinated,
 }
 
 impl Mode {
@@ -62,6 +66,7 @@ impl Mode {
             Mode::Standalone => "standalone",
             Mode::Sentinel => "sentinel",
             Mode::Cluster => "cluster",
+            Mode::Coordinated => "coordinated",
         }
     }
 }
@@ -73,6 +78,16 @@ pub enum Conn {
     Single(ConnectionManager),
     Multiplexed(MultiplexedConnection),
     Cluster(redis::cluster_async::ClusterConnection),
+    /// No master: invalidated by a failover round, or not yet known. Every
+    /// call fails at once as unavailable; nothing is sent anywhere.
+    Down,
+}
+
+fn down_error() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "no Redis master: invalidated by a failover round, waiting for the new master",
+    ))
 }
 
 impl ConnectionLike for Conn {
@@ -81,6 +96,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Multiplexed(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Down => Box::pin(async { Err(down_error()) }),
         }
     }
     fn req_packed_commands<'a>(
@@ -93,6 +109,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Down => Box::pin(async { Err(down_error()) }),
         }
     }
     fn get_db(&self) -> i64 {
@@ -100,6 +117,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.get_db(),
             Conn::Multiplexed(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Down => 0,
         }
     }
 }
@@ -109,13 +127,98 @@ impl ConnectionLike for Conn {
 pub struct ServerInfo {
     pub version: String,
     pub mode: String,
+    /// The server process's `run_id`: a new one means a different server (or
+    /// the same one restarted), which is how a master change is recognised.
+    pub run_id: String,
+}
+
+/// How to reach data servers given as `host:port` (sentinel, cluster and
+/// coordinated modes).
+#[derive(Debug, Clone, Default)]
+pub struct ServerAuth {
+    pub username: String,
+    pub password: String,
+    pub tls: bool,
+    pub insecure: bool,
+}
+
+impl ServerAuth {
+    pub fn from_config(cfg: &RedisConfig) -> Self {
+        ServerAuth {
+            username: cfg.username.clone(),
+            password: cfg.password.clone(),
+            tls: cfg.tls,
+            insecure: cfg.insecure_skip_tls_verify,
+        }
+    }
+
+    /// `redis[s]://[user:pass@]host:port`, the password percent-encoded.
+    pub fn url(&self, addr: &str) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let cred = match (self.username.is_empty(), self.password.is_empty()) {
+            (true, true) => String::new(),
+            (true, false) => format!(":{}@", pct(&self.password)),
+            (false, _) => format!("{}:{}@", pct(&self.username), pct(&self.password)),
+        };
+        let mut url = format!("{scheme}://{cred}{addr}");
+        if self.tls && self.insecure {
+            url.push_str("#insecure");
+        }
+        url
+    }
+}
+
+fn pct(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A master switch, for the Failover page.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct Switch {
+    pub from: String,
+    pub to: String,
+    /// Node clock, ms since the epoch (informational only).
+    pub at_ms: i64,
+}
+
+/// Coordinated mode: the master file and what was last read from it.
+struct MasterFile {
+    path: PathBuf,
+    /// (mtime, content) of the last read; guarded by an async lock so one
+    /// caller switches while the others wait for the outcome.
+    seen: tokio::sync::Mutex<(Option<SystemTime>, String)>,
+    /// Node-clock ms of the last stat, to stat at most every few ms.
+    checked_ms: AtomicU64,
 }
 
 struct Inner {
     mode: Mode,
-    address: String,
-    client: Option<redis::Client>,
+    address: RwLock<String>,
+    client: RwLock<Option<redis::Client>>,
+    /// Cluster mode: a client whose connections have no response timeout,
+    /// for blocking reads.
+    cluster_blocking: Option<redis::cluster::ClusterClient>,
     conn: RwLock<Conn>,
+    auth: ServerAuth,
+    master_file: Option<MasterFile>,
+    /// Incremented at every master switch (dedicated connections reopen).
+    generation: AtomicU64,
+    last_switch: RwLock<Option<Switch>>,
+    /// Woken when a call fails as unavailable (sentinel mode rediscovers).
+    trouble: tokio::sync::Notify,
+    /// The epoch script and this node's id: run on a new master before any
+    /// call goes to it (see `failover/lua/epoch.lua`).
+    epoch_script: RwLock<Option<(Lua, String)>>,
+    /// The highest fencing epoch this node has seen.
+    known_epoch: AtomicU64,
     keys: Keys,
     timeout: Duration,
     read_retries: u32,
@@ -149,41 +252,331 @@ impl Store {
                 url.push_str("#insecure");
             }
         }
-        let client = redis::Client::open(url.as_str())
-            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL {}: {e}", redact(&url))))?;
         let timeout = Duration::from_millis(cfg.timeout_ms);
-        let mgr_cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(1));
-        let mgr = tokio::time::timeout(timeout * 2, ConnectionManager::new_with_config(client.clone(), mgr_cfg))
+        let (client, mgr) = open_single(&url, timeout).await?;
+        let store = Store::build(cfg, mode, redact(&url), Some(client), Conn::Single(mgr), None, None);
+        store.check_server().await?;
+        Ok(store)
+    }
+
+    /// Connects to the master at `addr` (`host:port`, from the sentinels or
+    /// the master file) and confirms with `ROLE` that it is one.
+    pub async fn connect_master(cfg: &RedisConfig, addr: &str, mode: Mode, master_file: Option<&Path>) -> StoreResult<Store> {
+        let auth = ServerAuth::from_config(cfg);
+        if auth.tls && auth.insecure {
+            tracing::warn!("redis.insecure_skip_tls_verify is on: Redis TLS certificates are NOT verified");
+        }
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let url = auth.url(addr);
+        let (client, mgr) = open_single(&url, timeout).await?;
+        let store = Store::build(
+            cfg,
+            mode,
+            addr.to_string(),
+            Some(client),
+            Conn::Single(mgr),
+            None,
+            master_file.map(|p| p.to_path_buf()),
+        );
+        let role = store.role().await?;
+        if role != "master" {
+            return Err(StoreError::Unavailable(format!(
+                "{addr} is not a master (ROLE says {role})"
+            )));
+        }
+        store.check_server().await?;
+        if let Some(f) = &store.inner.master_file {
+            let mtime = std::fs::metadata(&f.path).and_then(|m| m.modified()).ok();
+            *f.seen.lock().await = (mtime, addr.to_string());
+        }
+        Ok(store)
+    }
+
+    /// Connects to a Redis Cluster through its seed nodes.
+    pub async fn connect_cluster(cfg: &RedisConfig) -> StoreResult<Store> {
+        let auth = ServerAuth::from_config(cfg);
+        let seeds: Vec<String> = cfg.cluster.iter().map(|a| auth.url(a)).collect();
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let builder = |response: Option<Duration>| {
+            let mut b = redis::cluster::ClusterClient::builder(seeds.clone()).connection_timeout(timeout);
+            if let Some(r) = response {
+                b = b.response_timeout(r);
+            } else {
+                b = b.response_timeout(Duration::from_secs(3600));
+            }
+            b.build()
+                .map_err(|e| StoreError::Unavailable(format!("invalid redis.cluster seeds: {e}")))
+        };
+        let client = builder(Some(timeout))?;
+        let blocking = builder(None)?;
+        let conn = tokio::time::timeout(timeout * 2, client.get_async_connection())
             .await
-            .map_err(|_| StoreError::Unavailable(format!("timed out connecting to {}", redact(&url))))?
-            .map_err(|e| StoreError::Unavailable(format!("cannot connect to {}: {e}", redact(&url))))?;
-        let store = Store {
+            .map_err(|_| StoreError::Unavailable("timed out connecting to the Redis Cluster".into()))?
+            .map_err(|e| StoreError::Unavailable(format!("cannot connect to the Redis Cluster: {e}")))?;
+        let store = Store::build(
+            cfg,
+            Mode::Cluster,
+            cfg.cluster.join(","),
+            None,
+            Conn::Cluster(conn),
+            Some(blocking),
+            None,
+        );
+        store.check_server().await?;
+        Ok(store)
+    }
+
+    /// A store with no master yet (coordinated mode): every call fails as
+    /// unavailable until the master file names one.
+    pub fn without_master(cfg: &RedisConfig, mode: Mode, master_file: &Path) -> Store {
+        Store::build(cfg, mode, String::new(), None, Conn::Down, None, Some(master_file.to_path_buf()))
+    }
+
+    fn build(
+        cfg: &RedisConfig,
+        mode: Mode,
+        address: String,
+        client: Option<redis::Client>,
+        conn: Conn,
+        cluster_blocking: Option<redis::cluster::ClusterClient>,
+        master_file: Option<PathBuf>,
+    ) -> Store {
+        Store {
             inner: Arc::new(Inner {
                 mode,
-                address: redact(&url),
-                client: Some(client),
-                conn: RwLock::new(Conn::Single(mgr)),
+                address: RwLock::new(address),
+                client: RwLock::new(client),
+                cluster_blocking,
+                conn: RwLock::new(conn),
+                auth: ServerAuth::from_config(cfg),
+                master_file: master_file.map(|path| MasterFile {
+                    path,
+                    seen: tokio::sync::Mutex::new((None, String::new())),
+                    checked_ms: AtomicU64::new(0),
+                }),
+                generation: AtomicU64::new(0),
+                last_switch: RwLock::new(None),
+                trouble: tokio::sync::Notify::new(),
+                epoch_script: RwLock::new(None),
+                known_epoch: AtomicU64::new(0),
                 keys: Keys::new(&cfg.key_prefix),
-                timeout,
+                timeout: Duration::from_millis(cfg.timeout_ms),
                 read_retries: cfg.read_retries,
                 healthy: AtomicBool::new(true),
                 latency_us: AtomicU64::new(0),
                 info: RwLock::new(ServerInfo::default()),
             }),
+        }
+    }
+
+    /// The first element of `ROLE`: `master`, `slave` or `sentinel`.
+    pub async fn role(&self) -> StoreResult<String> {
+        let v: Value = self.call_here("role", &redis::cmd("ROLE"), true).await?;
+        Ok(role_of(&v))
+    }
+
+    /// Switches to the master at `addr` (`host:port`) after confirming with
+    /// `ROLE` that it is one. Returns false (and changes nothing) when `addr`
+    /// is already the master in use.
+    pub async fn switch_master(&self, addr: &str) -> StoreResult<bool> {
+        if self.address() == addr && !matches!(self.conn(), Conn::Down) {
+            return Ok(false);
+        }
+        let url = self.inner.auth.url(addr);
+        let (client, mgr) = open_single(&url, self.inner.timeout).await?;
+        let mut probe = Conn::Single(mgr.clone());
+        let v: Value = self
+            .timed("role", redis::cmd("ROLE").query_async(&mut probe))
+            .await
+            .map_err(|e| match e {
+                RetryableOr::Retry(e) | RetryableOr::Fail(e) => e,
+            })?;
+        let role = role_of(&v);
+        if role != "master" {
+            return Err(StoreError::Unavailable(format!("{addr} is not a master (ROLE says {role})")));
+        }
+        // Fencing first: no token is issued on the new master before its
+        // epoch is above every epoch seen before the switch.
+        self.bump_epoch_on(&mut probe, addr).await?;
+        let from = self.address();
+        *self.inner.client.write().unwrap_or_else(|p| p.into_inner()) = Some(client);
+        *self.inner.conn.write().unwrap_or_else(|p| p.into_inner()) = Conn::Single(mgr);
+        *self.inner.address.write().unwrap_or_else(|p| p.into_inner()) = addr.to_string();
+        self.inner.generation.fetch_add(1, Ordering::SeqCst);
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        *self.inner.last_switch.write().unwrap_or_else(|p| p.into_inner()) = Some(Switch {
+            from: from.clone(),
+            to: addr.to_string(),
+            at_ms: now_ms,
+        });
+        metrics::counter!("muster_redis_master_changes_total").increment(1);
+        tracing::warn!(from = %from, to = %addr, "switched to a new Redis master");
+        let _ = self.check_server().await;
+        Ok(true)
+    }
+
+    /// Installs the epoch script run at every switch (and by [`Store::ensure_epoch`]).
+    pub fn set_epoch_script(&self, lua: Lua, node_id: &str) {
+        *self.inner.epoch_script.write().unwrap_or_else(|p| p.into_inner()) = Some((lua, node_id.to_string()));
+    }
+
+    /// The highest fencing epoch this node has seen (0: none yet).
+    pub fn known_epoch(&self) -> u64 {
+        self.inner.known_epoch.load(Ordering::SeqCst)
+    }
+
+    /// Records an epoch read from Redis, so a later bump starts above it.
+    pub fn saw_epoch(&self, e: u64) {
+        self.inner.known_epoch.fetch_max(e, Ordering::SeqCst);
+    }
+
+    /// Runs the epoch script on the master in use: bumps the epoch once per
+    /// master (by run_id). Returns (epoch, bumped).
+    pub async fn ensure_epoch(&self) -> StoreResult<(u64, bool)> {
+        let mut conn = self.conn();
+        let addr = self.address();
+        self.bump_epoch_on(&mut conn, &addr).await
+    }
+
+    async fn bump_epoch_on(&self, conn: &mut Conn, addr: &str) -> StoreResult<(u64, bool)> {
+        let script = self.inner.epoch_script.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some((lua, node)) = script else { return Ok((0, false)) };
+        let flat = |e: RetryableOr| match e {
+            RetryableOr::Retry(e) | RetryableOr::Fail(e) => e,
         };
-        store.check_server().await?;
-        Ok(store)
+        let info: Value = self
+            .timed("info", redis::cmd("INFO").arg("server").query_async(conn))
+            .await
+            .map_err(flat)?;
+        let text = match info {
+            Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            Value::VerbatimString { text, .. } => text,
+            _ => String::new(),
+        };
+        let run_id = text
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default();
+        let k = &self.inner.keys;
+        let mut inv = lua.script().prepare_invoke();
+        inv.key(format!("{}:epoch", k.prefix()))
+            .key(format!("{}:epoch:master", k.prefix()))
+            .arg(run_id)
+            .arg(self.known_epoch() + 1)
+            .arg(node)
+            .arg(addr);
+        let (epoch, bumped): (u64, i64) = self.timed(lua.name(), inv.invoke_async(conn)).await.map_err(flat)?;
+        self.saw_epoch(epoch);
+        if bumped == 1 {
+            metrics::counter!("muster_failover_switches_total").increment(1);
+            tracing::warn!(epoch, master = %addr, "fencing epoch bumped for a new Redis master");
+        }
+        Ok((epoch, bumped == 1))
+    }
+
+    /// Stops using the master: every call fails as unavailable until
+    /// [`Store::switch_master`]. Used by a coordinated failover's `invalidate`.
+    pub fn invalidate(&self) {
+        *self.inner.conn.write().unwrap_or_else(|p| p.into_inner()) = Conn::Down;
+        *self.inner.client.write().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.inner.address.write().unwrap_or_else(|p| p.into_inner()) = String::new();
+        self.inner.generation.fetch_add(1, Ordering::SeqCst);
+        self.inner.healthy.store(false, Ordering::Relaxed);
+        tracing::warn!("Redis master invalidated: no Redis calls until the failover round reconfigures");
+    }
+
+    /// Whether a master is in use (false after `invalidate`).
+    pub fn has_master(&self) -> bool {
+        !matches!(self.conn(), Conn::Down)
+    }
+
+    /// Changes at every switch or invalidation.
+    pub fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::SeqCst)
+    }
+
+    pub fn last_switch(&self) -> Option<Switch> {
+        self.inner.last_switch.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Notified when a call finds Redis unavailable or read-only.
+    pub fn trouble(&self) -> &tokio::sync::Notify {
+        &self.inner.trouble
+    }
+
+    pub fn server_auth(&self) -> &ServerAuth {
+        &self.inner.auth
+    }
+
+    /// Coordinated mode: re-reads the master file when its mtime changed and
+    /// follows it (an empty file means "no master": calls fail until it names
+    /// one). Cheap when nothing changed: one `stat` at most every 20 ms.
+    pub async fn follow_master_file(&self) {
+        let Some(f) = &self.inner.master_file else { return };
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let last = f.checked_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < 20 {
+            return;
+        }
+        f.checked_ms.store(now, Ordering::Relaxed);
+        let mtime = std::fs::metadata(&f.path).and_then(|m| m.modified()).ok();
+        {
+            let seen = f.seen.lock().await;
+            if seen.0 == mtime && mtime.is_some() {
+                return;
+            }
+        }
+        let mut seen = f.seen.lock().await;
+        let mtime = std::fs::metadata(&f.path).and_then(|m| m.modified()).ok();
+        if seen.0 == mtime && mtime.is_some() {
+            return;
+        }
+        let content = std::fs::read_to_string(&f.path).unwrap_or_default().trim().to_string();
+        if content.is_empty() {
+            if self.has_master() {
+                self.invalidate();
+            }
+            *seen = (mtime, content);
+            return;
+        }
+        match self.switch_master(&content).await {
+            Ok(_) => *seen = (mtime, content),
+            Err(e) => {
+                tracing::warn!(master = %content, error = %e, "the master file names a server that is not usable");
+                // Re-check at the next call; never fall back to the old master.
+                if self.has_master() && self.address() != content {
+                    self.invalidate();
+                }
+            }
+        }
+    }
+
+    /// Forces the next [`Store::follow_master_file`] to stat the file.
+    pub fn master_file_touched(&self) {
+        if let Some(f) = &self.inner.master_file {
+            f.checked_ms.store(0, Ordering::Relaxed);
+        }
     }
 
     /// PING, then `INFO server`: records the version and refuses old servers.
     pub async fn check_server(&self) -> StoreResult<ServerInfo> {
-        self.ping().await?;
-        let text: String = self.query("info", &redis::cmd("INFO").arg("server").to_owned()).await?;
+        let _: String = self.call_here("ping", &redis::cmd("PING"), true).await?;
+        let v: Value = self
+            .call_here("info", &redis::cmd("INFO").arg("server").to_owned(), true)
+            .await?;
+        // A cluster answers per node (a map); any node will do for the version.
+        let v = match v {
+            Value::Map(m) => m.into_iter().next().map(|(_, v)| v).unwrap_or(Value::Nil),
+            v => v,
+        };
+        let text = String::from_redis_value(v).map_err(|e| StoreError::Decode(e.to_string()))?;
         let field = |name: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(&format!("{name}:")))
@@ -193,11 +586,15 @@ impl Store {
         let info = ServerInfo {
             version: field("redis_version"),
             mode: field("redis_mode"),
+            run_id: field("run_id"),
         };
         if !version_supported(&info.version) {
             return Err(StoreError::Unavailable(format!(
                 "Redis {} at {} is too old: muster needs Redis {}.{} or newer",
-                info.version, self.inner.address, MIN_VERSION.0, MIN_VERSION.1
+                info.version,
+                self.address(),
+                MIN_VERSION.0,
+                MIN_VERSION.1
             )));
         }
         *self.inner.info.write().unwrap_or_else(|p| p.into_inner()) = info.clone();
@@ -210,8 +607,10 @@ impl Store {
     pub fn mode(&self) -> Mode {
         self.inner.mode
     }
-    pub fn address(&self) -> &str {
-        &self.inner.address
+    /// The master in use (`host:port`), the URL (password hidden), or the
+    /// cluster seeds; empty while invalidated.
+    pub fn address(&self) -> String {
+        self.inner.address.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
     pub fn server_info(&self) -> ServerInfo {
         self.inner.info.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -237,7 +636,16 @@ impl Store {
     /// It has no response timeout of its own (redis-rs defaults to 500 ms,
     /// shorter than a blocking read): the caller bounds every command.
     pub async fn dedicated(&self) -> StoreResult<Conn> {
-        match &self.inner.client {
+        self.follow_master_file().await;
+        if let Some(cc) = &self.inner.cluster_blocking {
+            let c = tokio::time::timeout(self.inner.timeout, cc.get_async_connection())
+                .await
+                .map_err(|_| StoreError::Unavailable("timed out opening a cluster connection".into()))?
+                .map_err(|e| classify(&e))?;
+            return Ok(Conn::Cluster(c));
+        }
+        let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
+        match client {
             Some(client) => {
                 let cfg = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.inner.timeout))
@@ -251,7 +659,10 @@ impl Store {
                 .map_err(|e| classify(&e))?;
                 Ok(Conn::Multiplexed(c))
             }
-            None => Ok(self.conn()),
+            None => match self.conn() {
+                Conn::Down => Err(classify(&down_error())),
+                c => Ok(c),
+            },
         }
     }
 
@@ -282,6 +693,7 @@ impl Store {
 
     /// A pipeline of reads, in one round trip.
     pub async fn pipe<T: FromRedisValue>(&self, op: &'static str, pipe: &Pipeline) -> StoreResult<T> {
+        self.follow_master_file().await;
         let mut attempt = 0;
         loop {
             let mut conn = self.conn();
@@ -301,6 +713,7 @@ impl Store {
     /// Runs a script. Retried only when the connection was refused (nothing
     /// was sent), because a script's effects must not be applied twice.
     pub async fn eval<T: FromRedisValue>(&self, lua: &Lua, keys: &[String], args: &[String]) -> StoreResult<T> {
+        self.follow_master_file().await;
         let mut attempt = 0;
         loop {
             let mut inv = lua.script().prepare_invoke();
@@ -324,6 +737,13 @@ impl Store {
     }
 
     async fn call<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd, read: bool) -> StoreResult<T> {
+        self.follow_master_file().await;
+        self.call_here(op, cmd, read).await
+    }
+
+    /// [`Store::call`] on the master in use, without following the master
+    /// file (used while switching).
+    async fn call_here<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd, read: bool) -> StoreResult<T> {
         let mut attempt = 0;
         loop {
             let mut conn = self.conn();
@@ -364,6 +784,7 @@ impl Store {
                 metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => kind).increment(1);
                 if matches!(err, StoreError::Unavailable(_)) {
                     self.inner.healthy.store(false, Ordering::Relaxed);
+                    self.inner.trouble.notify_one();
                     Err(RetryableOr::Retry(err))
                 } else {
                     self.inner.healthy.store(true, Ordering::Relaxed);
@@ -373,12 +794,42 @@ impl Store {
             Err(_) => {
                 metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => "timeout").increment(1);
                 self.inner.healthy.store(false, Ordering::Relaxed);
+                self.inner.trouble.notify_one();
                 Err(RetryableOr::Retry(StoreError::Unavailable(format!(
                     "no answer within {} ms ({op})",
                     self.inner.timeout.as_millis()
                 ))))
             }
         }
+    }
+}
+
+/// Opens a client and a reconnecting connection to one server.
+async fn open_single(url: &str, timeout: Duration) -> StoreResult<(redis::Client, ConnectionManager)> {
+    let client = redis::Client::open(url)
+        .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL {}: {e}", redact(url))))?;
+    let mgr_cfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_secs(1));
+    let mgr = tokio::time::timeout(timeout * 2, ConnectionManager::new_with_config(client.clone(), mgr_cfg))
+        .await
+        .map_err(|_| StoreError::Unavailable(format!("timed out connecting to {}", redact(url))))?
+        .map_err(|e| StoreError::Unavailable(format!("cannot connect to {}: {e}", redact(url))))?;
+    Ok((client, mgr))
+}
+
+/// The role name in a `ROLE` reply.
+pub fn role_of(v: &Value) -> String {
+    match v {
+        Value::Array(items) => match items.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => String::new(),
+        },
+        _ => String::new(),
     }
 }
 

@@ -17,6 +17,8 @@ use muster::config::Config;
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod ha;
+
 /// A free TCP port on loopback (bound and released; the caller retries if
 /// someone takes it in between).
 pub fn free_port() -> u16 {

@@ -1,0 +1,81 @@
+//! `GET /api/v1/failover`, and the internal endpoints of a coordinated
+//! failover round (`POST /internal/failover/{ping|invalidate|reconfigure}`),
+//! authenticated by the shared `[failover] secret`, not by API tokens.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use sha2::{Digest, Sha256};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{Answer, ClientError, Kind, Message, SECRET_HEADER, Status};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::Role;
+use crate::error::{ApiError, Result};
+use crate::http::ApiJson;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(get_failover))
+        .routes(routes!(internal_message))
+}
+
+/// Redis topology and failover state: mode, master, replicas with offset and
+/// lag, fencing epoch, last switch, and in coordinated mode each client's
+/// answer in the current or last round.
+#[utoipa::path(get, path = "/api/v1/failover", tag = "failover", responses((status = 200, body = Status)))]
+async fn get_failover(State(s): State<AppState>, caller: Caller) -> Result<Json<Status>> {
+    caller.require(Role::Read)?;
+    Ok(Json(s.failover.status().await))
+}
+
+/// A coordinated failover message from the coordinator (internal; needs the
+/// `x-muster-failover-secret` header). 409 when the round is older than the
+/// newest this node has seen.
+#[utoipa::path(post, path = "/internal/failover/{kind}", tag = "failover",
+    params(("kind" = String, Path, description = "ping, invalidate or reconfigure")),
+    request_body = Message,
+    responses((status = 200, body = Answer), (status = 401), (status = 409), (status = 503)))]
+async fn internal_message(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(kind): Path<String>,
+    ApiJson(msg): ApiJson<Message>,
+) -> Result<Json<Answer>> {
+    if !s.failover.coordinated() {
+        return Err(ApiError::not_found(
+            "this node takes no failover messages: [failover] role is off",
+        ));
+    }
+    let presented = headers.get(SECRET_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    // Compare digests, so the comparison takes the same time whatever matches.
+    let a = Sha256::digest(presented.as_bytes());
+    let b = Sha256::digest(s.failover.secret().as_bytes());
+    if presented.is_empty() || a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) != 0 {
+        return Err(ApiError::Unauthorized(format!(
+            "the `{SECRET_HEADER}` header is missing or does not match [failover] secret"
+        )));
+    }
+    let kind = match kind.as_str() {
+        "ping" => Kind::Ping,
+        "invalidate" => Kind::Invalidate,
+        "reconfigure" => Kind::Reconfigure,
+        other => {
+            return Err(ApiError::not_found(format!(
+                "unknown failover message `{}`: use ping, invalidate or reconfigure",
+                other.chars().take(32).collect::<String>()
+            )));
+        }
+    };
+    match s.failover.handle(kind, &msg).await {
+        Ok(a) => Ok(Json(a)),
+        Err(e @ ClientError::Stale { newest, .. }) => Err(ApiError::conflict(
+            e.to_string(),
+            serde_json::json!({ "newest_round": newest }),
+        )),
+        Err(e @ ClientError::Bad(_)) => Err(ApiError::bad_request(e.to_string())),
+        Err(e @ ClientError::Unusable { .. }) => Err(ApiError::Unavailable(e.to_string())),
+    }
+}
