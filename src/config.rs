@@ -164,7 +164,11 @@ pub struct FailoverConfig {
     /// The Redis servers (`host:port`) the master is chosen from; the others
     /// are kept as its replicas.
     pub redis_servers: Vec<String>,
-    /// Coordinator: the node ids that must all confirm a switch.
+    /// Coordinator: the node ids that must all confirm a switch, each
+    /// optionally with its URL (`"node-b=http://10.0.0.2:7700"`). Without a
+    /// URL the address is learned from the node registry while Redis is up;
+    /// give URLs so a restarted coordinator can run a round while the master
+    /// is down.
     pub clients: Vec<String>,
     /// Shared secret of the internal failover endpoints (at least 16 bytes).
     pub secret: String,
@@ -663,8 +667,17 @@ impl Config {
                     "coordinated failover needs a fixed node id, since the coordinator lists its clients by id",
                 );
             }
-            if f.clients.iter().any(|c| !crate::validate::is_node_id(c)) {
-                return err("failover.clients", "node ids use 1 to 64 characters from A-Z a-z 0-9 . _ -");
+            for c in &f.clients {
+                let (id, url) = c.split_once('=').unwrap_or((c.as_str(), ""));
+                if !crate::validate::is_node_id(id) {
+                    return err(
+                        "failover.clients",
+                        "entries are node ids (1 to 64 characters from A-Z a-z 0-9 . _ -), optionally `id=http://host:port`",
+                    );
+                }
+                if !url.is_empty() && !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return err("failover.clients", "a client URL must start with http:// or https://");
+                }
             }
             if f.role == FailoverRole::Coordinator && f.clients.is_empty() {
                 return err("failover.clients", "the coordinator needs the ids of its client nodes");

@@ -106,7 +106,13 @@ impl Coordinator {
                     .build()
                     .unwrap_or_default(),
                 state: Mutex::new(State::default()),
-                urls: RwLock::new(BTreeMap::new()),
+                urls: RwLock::new(
+                    cfg.clients
+                        .iter()
+                        .filter_map(|c| c.split_once('='))
+                        .map(|(id, url)| (id.to_string(), url.to_string()))
+                        .collect(),
+                ),
             }),
         }
     }
@@ -142,7 +148,13 @@ impl Coordinator {
 
     /// Every client id, this node included, once.
     fn clients(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.inner.cfg.clients.clone();
+        let mut v: Vec<String> = self
+            .inner
+            .cfg
+            .clients
+            .iter()
+            .map(|c| c.split_once('=').map_or(c.as_str(), |(id, _)| id).to_string())
+            .collect();
         v.push(self.inner.node_id.clone());
         v.sort();
         v.dedup();
@@ -263,8 +275,15 @@ impl Coordinator {
         let Ok(list) = self.inner.nodes.list().await else { return };
         let wanted = self.clients();
         let mut urls = self.inner.urls.write().unwrap_or_else(|p| p.into_inner());
+        let configured: Vec<&str> = self
+            .inner
+            .cfg
+            .clients
+            .iter()
+            .filter_map(|c| c.split_once('=').map(|(id, _)| id))
+            .collect();
         for n in list.nodes {
-            if wanted.contains(&n.id) && !n.addr.is_empty() {
+            if wanted.contains(&n.id) && !n.addr.is_empty() && !configured.contains(&n.id.as_str()) {
                 urls.insert(n.id.clone(), n.addr.clone());
             }
         }

@@ -36,6 +36,7 @@ pub fn router() -> Router<AppState> {
         .route("/nodes", get(nodes_page))
         .route("/orphans", get(orphans_page))
         .route("/events", get(events_page))
+        .route("/failover", get(failover_page))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/ui/nodes/{id}/drain", post(ui_drain_node))
@@ -59,6 +60,7 @@ pub const NAV: &[(&str, &str)] = &[
     ("Barriers", "/barriers"),
     ("Locks", "/locks"),
     ("Events", "/events"),
+    ("Failover", "/failover"),
 ];
 
 /// What every page's layout shows.
@@ -174,6 +176,21 @@ async fn nodes_page(State(s): State<AppState>, caller: Caller) -> Result<NodesPa
     Ok(NodesPage {
         layout: Layout::new(&s, Some(&caller), "Nodes", "Nodes"),
         list,
+    })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/failover.html")]
+pub struct FailoverPage {
+    pub layout: Layout,
+    pub st: crate::failover::Status,
+}
+
+async fn failover_page(State(s): State<AppState>, caller: Caller) -> Result<FailoverPage> {
+    caller.require(Role::Read)?;
+    Ok(FailoverPage {
+        layout: Layout::new(&s, Some(&caller), "Failover", "Failover"),
+        st: s.failover.status().await,
     })
 }
 

@@ -8,6 +8,7 @@ mod binary;
 mod browser;
 mod chaos;
 mod events;
+mod ha_cluster;
 mod ha_harness;
 mod http_api;
 mod locks;

@@ -1,0 +1,496 @@
+//! Muster on a Redis Cluster: every test starts its own three-master
+//! cluster (`TestCluster`) and in-process nodes configured with
+//! `redis.cluster` seeds (no `redis.url`). All keys share the `{muster}` hash
+//! tag, so every script runs on the one master that owns that slot; these
+//! tests drive the same REST calls as the standalone ones and check that
+//! claims are fenced, orphans are recovered, barriers release, events replay
+//! and keys return to their baseline, with every key on that one master.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use muster::config::Config;
+use serde_json::{Value, json};
+
+use crate::common::ha::{TestCluster, query};
+use crate::common::*;
+use crate::tasks::{claim, join, submit, submit_many};
+
+/// A node on `cluster` (seeds only, no URL), with test timings and `tweak`.
+async fn cluster_node(cluster: &TestCluster, tweak: impl FnOnce(&mut Config)) -> TestApp {
+    let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
+    let mut cfg = test_config("", dir.path());
+    cfg.redis.url.clear();
+    cfg.redis.cluster = cluster.seeds();
+    tweak(&mut cfg);
+    TestApp::start_config(cfg, dir).await
+}
+
+fn token(t: &Value) -> u64 {
+    t["token"].as_u64().unwrap()
+}
+
+/// Every key on every master of the cluster, by port. `KEYS *` per node is
+/// fine at this size; each node answers for the slots it owns.
+fn keys_by_node(cluster: &TestCluster) -> BTreeMap<u16, HashSet<String>> {
+    cluster
+        .ports()
+        .into_iter()
+        .map(|p| {
+            let keys: Vec<String> = query(p, &["KEYS", "*"]).expect("a cluster node answers KEYS");
+            (p, keys.into_iter().collect())
+        })
+        .collect()
+}
+
+/// The port of the master that owns the `{muster}` slot.
+fn owner_port(cluster: &TestCluster) -> u16 {
+    let slot: i64 = query(cluster.ports()[0], &["CLUSTER", "KEYSLOT", "{muster}"]).unwrap();
+    cluster
+        .ports()
+        .into_iter()
+        .find(|&p| {
+            let n: i64 = query(p, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).unwrap_or(0);
+            // COUNTKEYSINSLOT answers 0 on non-owners; the owner holds the
+            // nodes registry as soon as a node has started.
+            n > 0
+        })
+        .expect("one master holds the {muster} slot")
+}
+
+/// All keys of the cluster, asserting that they all live on one master and
+/// carry the `{muster}` hash tag.
+fn all_keys(cluster: &TestCluster) -> HashSet<String> {
+    let by_node = keys_by_node(cluster);
+    let holders: Vec<u16> = by_node.iter().filter(|(_, k)| !k.is_empty()).map(|(p, _)| *p).collect();
+    assert!(holders.len() <= 1, "keys on several masters: {by_node:?}");
+    let keys: HashSet<String> = by_node.into_values().flatten().collect();
+    let stray: Vec<&String> = keys.iter().filter(|k| !k.starts_with("{muster}:")).collect();
+    assert!(stray.is_empty(), "keys without the hash tag: {stray:?}");
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_tasks_claim_fence_and_complete() {
+    let t0 = Instant::now();
+    let cluster = TestCluster::start(3);
+    let a = cluster_node(&cluster, |_| {}).await;
+    let b = cluster_node(&cluster, |_| {}).await;
+    eprintln!("cluster and 2 nodes up in {:?}", t0.elapsed());
+    let (s, r) = a.get("/api/v1/redis").await;
+    eprintln!("GET /api/v1/redis: {s} {r}");
+    join(&a, "wa").await;
+    join(&b, "wb").await;
+
+    // 50 tasks enqueued on A, claimed and completed alternately through both
+    // nodes; every claim's tokens are above all the earlier ones.
+    let total = 50;
+    let ids = submit_many(&a, "ct", total).await;
+    let mut seen = HashSet::new();
+    let mut last_token = 0u64;
+    let mut round = 0usize;
+    loop {
+        let (app, other, me) = if round % 2 == 0 { (&a, &b, "wa") } else { (&b, &a, "wb") };
+        round += 1;
+        let got = claim(app, "ct", me, 4, 0).await;
+        if got.is_empty() {
+            break;
+        }
+        for t in &got {
+            assert!(
+                token(t) > last_token,
+                "tokens strictly increase: {} after {last_token}",
+                token(t)
+            );
+            last_token = token(t);
+            assert_eq!(t["attempt"], 1);
+            assert!(seen.insert(t["id"].as_str().unwrap().to_string()), "claimed twice: {t}");
+        }
+        // Complete through the other node: every node serves every task.
+        let items: Vec<Value> = got
+            .iter()
+            .map(|t| json!({"id": t["id"], "token": t["token"], "result": round}))
+            .collect();
+        let (s, r) = other.post("/api/v1/tasks/complete", Value::Array(items)).await;
+        assert_eq!(s, 200, "{r}");
+        for x in r["results"].as_array().unwrap() {
+            assert_eq!(x["status"], "completed", "{x}");
+        }
+    }
+    assert_eq!(seen.len(), total, "every task claimed exactly once");
+    assert_eq!(seen, ids.into_iter().collect::<HashSet<_>>());
+    let (_, q) = b.get("/api/v1/queues/ct").await;
+    assert_eq!(
+        (
+            q["succeeded"].as_u64(),
+            q["queued"].as_u64(),
+            q["running"].as_u64(),
+            q["delayed"].as_u64()
+        ),
+        (Some(total as u64), Some(0), Some(0), Some(0)),
+        "{q}"
+    );
+
+    // Fencing: a failed attempt is claimed again through the other node with
+    // a greater token; the old token is refused with 409 and changes nothing.
+    let id = submit(
+        &a,
+        "st",
+        json!({"payload": 1, "backoff_base_ms": 0, "backoff_cap_ms": 0}),
+    )
+    .await;
+    let first = claim(&a, "st", "wa", 1, 0).await;
+    let t1 = token(&first[0]);
+    let (s, f) = a
+        .post(
+            &format!("/api/v1/tasks/{id}/fail"),
+            json!({"token": t1, "error": "boom"}),
+        )
+        .await;
+    assert_eq!((s, f["state"].as_str()), (200, Some("delayed")), "{f}");
+    let second = claim(&b, "st", "wb", 1, 2000).await;
+    assert_eq!(second.len(), 1);
+    let t2 = token(&second[0]);
+    assert!(t2 > t1, "a later claim has a greater token ({t2} > {t1})");
+    assert_eq!(second[0]["attempt"], 2);
+    let (s, r) = b
+        .post(
+            &format!("/api/v1/tasks/{id}/complete"),
+            json!({"token": t1, "result": "late"}),
+        )
+        .await;
+    assert_eq!(s, 409, "{r}");
+    assert_eq!(r["state"], "running");
+    assert!(r["detail"].as_str().unwrap().contains("stale"), "{r}");
+    let (s, _) = a
+        .post(
+            &format!("/api/v1/tasks/{id}/complete"),
+            json!({"token": t2, "result": {"ok": 1}}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (_, task) = b.get(&format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(task["state"], "succeeded");
+    assert_eq!(task["result"], json!({"ok": 1}));
+
+    // A delayed task becomes claimable when due (the long poll returns then).
+    submit(&a, "cd", json!({"delay_ms": 400})).await;
+    assert!(claim(&b, "cd", "wb", 1, 0).await.is_empty(), "not before its time");
+    let started = Instant::now();
+    let got = claim(&b, "cd", "wb", 1, 3000).await;
+    let waited = started.elapsed();
+    assert_eq!(got.len(), 1);
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_millis(1500),
+        "{waited:?}"
+    );
+
+    // A paused queue hands out nothing until resumed.
+    submit(&a, "cp", json!({})).await;
+    assert_eq!(a.post("/api/v1/queues/cp/pause", Value::Null).await.0, 204);
+    assert_eq!(b.get("/api/v1/queues/cp").await.1["paused"], true);
+    assert!(claim(&b, "cp", "wb", 1, 0).await.is_empty(), "paused");
+    assert_eq!(b.post("/api/v1/queues/cp/resume", Value::Null).await.0, 204);
+    assert_eq!(claim(&a, "cp", "wa", 1, 0).await.len(), 1);
+
+    all_keys(&cluster);
+    eprintln!("cluster_tasks_claim_fence_and_complete: {:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_orphan_recovered_after_node_death() {
+    let t0 = Instant::now();
+    let cluster = TestCluster::start(3);
+    let mut a = cluster_node(&cluster, |_| {}).await;
+    let b = cluster_node(&cluster, |_| {}).await;
+    join(&b, "rescuer").await;
+    // Past the start-up grace, as nodes.rs does, so A's death is steady state.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let victim = submit(&a, "orph", json!({"payload": "important"})).await;
+    let behind = submit(&a, "orph", json!({"payload": "later"})).await;
+    // Claimed in A's own name: A's heartbeats keep the claim alive.
+    let got = claim(&a, "orph", &a.node_id, 1, 0).await;
+    assert_eq!(got[0]["id"], victim.as_str());
+    let old_token = token(&got[0]);
+    let dead_node = a.node_id.clone();
+    a.kill().await;
+    let killed = Instant::now();
+    let recovered = wait_until(Duration::from_secs(5), || async {
+        let (_, t) = b.get(&format!("/api/v1/tasks/{victim}")).await;
+        t["state"] == "queued"
+    })
+    .await;
+    let took = killed.elapsed();
+    assert!(recovered, "the orphan is requeued");
+    // ttl (600 ms) after A's last heartbeat (100 ms interval) plus one cleaner
+    // interval (100 ms), plus scheduling slack: as in orphans.rs and nodes.rs.
+    assert!(
+        took < Duration::from_millis(600 + 100 + 100 + 500),
+        "recovered after {took:?}"
+    );
+    eprintln!("orphan requeued {took:?} after the kill");
+    let next = claim(&b, "orph", "rescuer", 1, 0).await;
+    assert_eq!(next[0]["id"], victim.as_str(), "requeued at the front");
+    assert_eq!(next[0]["attempt"], 2);
+    assert!(token(&next[0]) > old_token, "a greater token");
+    let (s, r) = b
+        .post(&format!("/api/v1/tasks/{victim}/complete"), json!({"token": old_token}))
+        .await;
+    assert_eq!(s, 409, "the dead node's token is dead: {r}");
+    let (s, _) = b
+        .post(
+            &format!("/api/v1/tasks/{victim}/complete"),
+            json!({"token": next[0]["token"]}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let _ = behind;
+    let (_, report) = b.get("/api/v1/orphans").await;
+    let rec = &report["recovered"][0];
+    assert_eq!(rec["task"], victim.as_str(), "{report}");
+    assert_eq!(rec["owner"], dead_node.as_str());
+    assert_eq!(rec["action"], "requeued");
+    let (_, nodes) = b.get(&format!("/api/v1/nodes/{dead_node}")).await;
+    assert_eq!(nodes["state"], "dead", "{nodes}");
+    let (_, task) = b.get(&format!("/api/v1/tasks/{victim}")).await;
+    assert_eq!(task["attempt_log"][0]["outcome"], "orphaned");
+    eprintln!("cluster_orphan_recovered_after_node_death: {:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_barrier_round_releases() {
+    let t0 = Instant::now();
+    let cluster = TestCluster::start(3);
+    let nodes = Arc::new(vec![
+        cluster_node(&cluster, |_| {}).await,
+        cluster_node(&cluster, |_| {}).await,
+        cluster_node(&cluster, |_| {}).await,
+    ]);
+    let parts: Vec<String> = nodes.iter().map(|n| n.node_id.clone()).collect();
+    let (s, v) = nodes[0]
+        .put(
+            "/api/v1/barriers/deploy",
+            json!({"participants": parts, "max_missing": 0, "timeout_ms": 10_000}),
+        )
+        .await;
+    assert!(s == 200 || s == 201, "{s} {v}");
+    // Each node arrives as itself, through itself, and waits for the verdict.
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let nodes = nodes.clone();
+        waiters.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100 * i as u64)).await;
+            let me = nodes[i].node_id.clone();
+            nodes[i]
+                .post(
+                    "/api/v1/barriers/deploy/rounds/r1/arrive",
+                    json!({"node": me, "wait_ms": 8000}),
+                )
+                .await
+        }));
+    }
+    let mut decided = HashSet::new();
+    for w in waiters {
+        let (s, v) = w.await.unwrap();
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["verdict"], "released", "{v}");
+        assert_eq!(v["may_run"], true, "{v}");
+        assert_eq!(v["late"], false);
+        assert_eq!(v["missing"], json!([]), "{v}");
+        assert_eq!(v["arrived"].as_array().unwrap().len(), 3, "{v}");
+        decided.insert(v["decided_at"].as_i64().unwrap());
+    }
+    assert_eq!(decided.len(), 1, "one decision, read by all");
+    let (_, r) = nodes[2].get("/api/v1/barriers/deploy/rounds/r1").await;
+    assert_eq!(r["verdict"], "released", "{r}");
+    assert_eq!(r["reason"], "all_arrived");
+    // Exactly one decision event.
+    let (_, page) = nodes[1].get("/api/v1/events?topics=barrier.released&limit=100").await;
+    let evs = page["events"].as_array().unwrap();
+    assert_eq!(evs.len(), 1, "{page}");
+    assert_eq!(evs[0]["round"], "r1");
+    eprintln!("cluster_barrier_round_releases: {:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_events_replay() {
+    let t0 = Instant::now();
+    let cluster = TestCluster::start(3);
+    let a = cluster_node(&cluster, |_| {}).await;
+    let b = cluster_node(&cluster, |_| {}).await;
+    join(&a, "w").await;
+    // A mark before the workload: replay from it sees exactly the workload.
+    let (s, page) = b.get("/api/v1/events?limit=1").await;
+    assert_eq!(s, 200, "{page}");
+    let mark = page["next"].as_str().expect("node.joined events exist").to_string();
+    let ids = submit_many(&a, "ev", 20).await;
+    let got = claim(&a, "ev", "w", 20, 0).await;
+    assert_eq!(got.len(), 20);
+    let items: Vec<Value> = got
+        .iter()
+        .map(|t| json!({"id": t["id"], "token": t["token"]}))
+        .collect();
+    let (s, _) = a.post("/api/v1/tasks/complete", Value::Array(items)).await;
+    assert_eq!(s, 200);
+
+    // Through the other node, in pages of 15.
+    let mut events = Vec::new();
+    let mut since = mark.clone();
+    loop {
+        let (s, page) = b
+            .get(&format!("/api/v1/events?since={since}&topics=task.*&queue=ev&limit=15"))
+            .await;
+        assert_eq!(s, 200, "{page}");
+        assert_eq!(page["gap"], false);
+        let evs = page["events"].as_array().unwrap().clone();
+        if evs.is_empty() {
+            break;
+        }
+        since = page["next"].as_str().unwrap().to_string();
+        events.extend(evs);
+    }
+    let of = |ty: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e["type"] == ty)
+            .map(|e| e["task"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(of("task.enqueued"), ids, "enqueued, in order");
+    let claimed: Vec<String> = got.iter().map(|t| t["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(of("task.claimed"), claimed, "claimed, in claim order");
+    let done: HashSet<String> = of("task.succeeded").into_iter().collect();
+    assert_eq!(
+        done,
+        ids.iter().cloned().collect::<HashSet<_>>(),
+        "succeeded, each once"
+    );
+    assert_eq!(of("task.succeeded").len(), 20);
+    assert!(
+        events
+            .iter()
+            .all(|e| e["node"] == a.node_id.as_str() || e["type"] == "task.claimed")
+    );
+    // Stream ids increase.
+    let sids: Vec<&str> = events.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    let parse = |s: &str| {
+        let (ms, seq) = s.split_once('-').unwrap();
+        (ms.parse::<u64>().unwrap(), seq.parse::<u64>().unwrap())
+    };
+    assert!(sids.windows(2).all(|w| parse(w[0]) < parse(w[1])), "{sids:?}");
+    // The latest page without `since` ends with the last success.
+    let (_, page) = a.get("/api/v1/events?topics=task.succeeded&limit=3").await;
+    let evs = page["events"].as_array().unwrap();
+    assert_eq!(evs.len(), 3);
+    assert_eq!(evs[2]["id"], events.last().unwrap()["id"]);
+    eprintln!("cluster_events_replay: {:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_keys_return_to_baseline() {
+    let t0 = Instant::now();
+    let cluster = TestCluster::start(3);
+    let tweak = |c: &mut Config| {
+        c.tasks.retention_ms = 1000;
+        c.tasks.dead_retention_ms = 1000;
+        c.tasks.idempotency_window_ms = 1500;
+    };
+    let a = cluster_node(&cluster, tweak).await;
+    let b = cluster_node(&cluster, tweak).await;
+    join(&a, "w").await;
+    a.put("/api/v1/groups/gg", json!({"limit": 5})).await;
+    // Warm up: the counters and the event stream exist from the first task on.
+    let warm = submit(&a, "warm", json!({})).await;
+    let t = claim(&a, "warm", "w", 1, 0).await;
+    a.post(
+        &format!("/api/v1/tasks/{warm}/complete"),
+        json!({"token": t[0]["token"]}),
+    )
+    .await;
+    let settled = wait_until(Duration::from_secs(10), || async {
+        !all_keys(&cluster)
+            .iter()
+            .any(|k| k.contains(":q:warm") || k.contains(":task:"))
+    })
+    .await;
+    assert!(settled, "the warm-up task is gone");
+    let baseline = all_keys(&cluster);
+    let owner = owner_port(&cluster);
+    eprintln!(
+        "baseline: {} keys, all on the master at port {owner} (of {:?})",
+        baseline.len(),
+        cluster.ports()
+    );
+
+    // 300 tasks with idempotency keys, aliases and groups; some fail to dead.
+    let tasks: Vec<Value> = (0..300)
+        .map(|n| {
+            let mut t = json!({"payload": {"n": n}, "idempotency_key": format!("k{n}")});
+            if n % 3 == 0 {
+                t["group"] = json!(if n % 2 == 0 { "gg" } else { "free" });
+            }
+            if n % 50 == 0 {
+                t["alias"] = json!(format!("a{n}"));
+            }
+            if n % 7 == 0 {
+                t["max_attempts"] = json!(1);
+            }
+            t
+        })
+        .collect();
+    let (s, _) = a.post("/api/v1/queues/leak/tasks/batch", json!({"tasks": tasks})).await;
+    assert_eq!(s, 200);
+    let mut finished = 0;
+    let mut turn = 0;
+    while finished < 300 {
+        let app = if turn % 2 == 0 { &a } else { &b };
+        turn += 1;
+        let got = claim(app, "leak", "w", 50, 1000).await;
+        assert!(!got.is_empty(), "work remains ({finished} finished)");
+        let (ok, bad): (Vec<&Value>, Vec<&Value>) =
+            got.iter().partition(|t| t["payload"]["n"].as_u64().unwrap() % 7 != 0);
+        if !ok.is_empty() {
+            let items: Vec<Value> = ok.iter().map(|t| json!({"id": t["id"], "token": t["token"]})).collect();
+            let (s, _) = app.post("/api/v1/tasks/complete", Value::Array(items)).await;
+            assert_eq!(s, 200);
+        }
+        for t in bad {
+            let (s, _) = app
+                .post(
+                    &format!("/api/v1/tasks/{}/fail", t["id"].as_str().unwrap()),
+                    json!({"token": t["token"], "error": "x"}),
+                )
+                .await;
+            assert_eq!(s, 200);
+        }
+        finished += got.len();
+    }
+    let (_, q) = b.get("/api/v1/queues/leak").await;
+    assert_eq!(
+        (q["queued"].as_u64(), q["running"].as_u64(), q["delayed"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "{q}"
+    );
+    let during = all_keys(&cluster);
+    eprintln!("after the workload: {} keys", during.len());
+    assert!(during.len() > baseline.len());
+    // Every new key has a TTL or is a bounded index.
+    for k in during.difference(&baseline) {
+        let ttl: i64 = query(owner, &["PTTL", k]).unwrap();
+        let bounded = k.starts_with("{muster}:q:leak:") || k == "{muster}:dead" || k == "{muster}:queues";
+        assert!(ttl > 0 || bounded, "{k} has no TTL ({ttl})");
+    }
+    // After retention (1 s) and the idempotency window (1.5 s): back to baseline.
+    let back = wait_until(Duration::from_secs(10), || async { all_keys(&cluster) == baseline }).await;
+    let now = all_keys(&cluster);
+    let extra: Vec<_> = now.difference(&baseline).take(10).collect();
+    let missing: Vec<_> = baseline.difference(&now).take(10).collect();
+    assert!(
+        back,
+        "keys left over: {extra:?}, missing: {missing:?} ({} in all, baseline {})",
+        now.len(),
+        baseline.len()
+    );
+    eprintln!("back to {} keys after {:?}", now.len(), t0.elapsed());
+}
