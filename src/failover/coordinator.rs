@@ -101,7 +101,11 @@ impl Coordinator {
                 auth: ServerAuth::from_config(redis_cfg),
                 data_dir: data_dir.to_path_buf(),
                 nodes,
+                // No pooled connections: a message to a dead peer must fail
+                // (connection refused), not reach a lingering keep-alive
+                // connection; rounds are rare enough to connect each time.
                 http: reqwest::Client::builder()
+                    .pool_max_idle_per_host(0)
                     .timeout(Duration::from_millis(cfg.answer_timeout_ms))
                     .build()
                     .unwrap_or_default(),
