@@ -371,8 +371,19 @@ fn merge(top: &ServeArgs, sub: ServeArgs) -> ServeArgs {
     }
 }
 
+/// The effective configuration with every secret masked.
 fn toml_string(cfg: &Config) -> anyhow::Result<String> {
-    Ok(toml::to_string_pretty(cfg)?)
+    let mut cfg = cfg.clone();
+    let mask = |s: &mut String| {
+        if !s.is_empty() {
+            *s = "***".into();
+        }
+    };
+    mask(&mut cfg.redis.password);
+    mask(&mut cfg.redis.sentinel_password);
+    mask(&mut cfg.failover.secret);
+    cfg.redis.url = muster::store::redact(&cfg.redis.url);
+    Ok(toml::to_string_pretty(&cfg)?)
 }
 
 fn config_error(msg: &str) -> ExitCode {

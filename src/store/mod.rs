@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 pub use keys::Keys;
@@ -77,7 +78,13 @@ impl Mode {
 pub enum Conn {
     Single(ConnectionManager),
     Multiplexed(MultiplexedConnection),
-    Cluster(redis::cluster_async::ClusterConnection),
+    /// Cluster mode, with the route to the master of the `{prefix}` hash
+    /// slot. Every muster key lives in that slot, so *every* command and
+    /// pipeline is sent there explicitly: left to redis-rs, keyless ones
+    /// would go elsewhere (PING, INFO, DBSIZE to all masters, aggregated;
+    /// TIME, ROLE and keyless pipelines to a random node), so health, the
+    /// Redis summary and Redis time would describe the wrong server.
+    Cluster(redis::cluster_async::ClusterConnection, Route),
     /// No master: invalidated by a failover round, or not yet known. Every
     /// call fails at once as unavailable; nothing is sent anywhere.
     Down,
@@ -95,7 +102,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Multiplexed(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c, home) => Box::pin(c.route_command(cmd.clone(), RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(*home)))),
             Conn::Down => Box::pin(async { Err(down_error()) }),
         }
     }
@@ -108,7 +115,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c, home) => Box::pin(c.route_pipeline(cmd.clone(), offset, count, SingleNodeRoutingInfo::SpecificNode(*home))),
             Conn::Down => Box::pin(async { Err(down_error()) }),
         }
     }
@@ -116,7 +123,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Multiplexed(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c, _) => c.get_db(),
             Conn::Down => 0,
         }
     }
@@ -318,7 +325,7 @@ impl Store {
             Mode::Cluster,
             cfg.cluster.join(","),
             None,
-            Conn::Cluster(conn),
+            Conn::Cluster(conn, home_route(&Keys::new(&cfg.key_prefix))),
             Some(blocking),
             None,
         );
@@ -642,7 +649,7 @@ impl Store {
                 .await
                 .map_err(|_| StoreError::Unavailable("timed out opening a cluster connection".into()))?
                 .map_err(|e| classify(&e))?;
-            return Ok(Conn::Cluster(c));
+            return Ok(Conn::Cluster(c, home_route(&self.inner.keys)));
         }
         let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
         match client {
@@ -802,6 +809,12 @@ impl Store {
             }
         }
     }
+}
+
+/// Cluster mode: the route to the master owning the hash slot of
+/// `{prefix}`, which holds every muster key (see [`Keys`]).
+fn home_route(keys: &Keys) -> Route {
+    Route::with_key(keys.prefix(), SlotAddr::Master)
 }
 
 /// Opens a client and a reconnecting connection to one server.
