@@ -675,7 +675,7 @@ impl Config {
                         "entries are node ids (1 to 64 characters from A-Z a-z 0-9 . _ -), optionally `id=http://host:port`",
                     );
                 }
-                if !url.is_empty() && !(url.starts_with("http://") || url.starts_with("https://")) {
+                if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
                     return err("failover.clients", "a client URL must start with http:// or https://");
                 }
             }

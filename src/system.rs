@@ -126,7 +126,7 @@ pub async fn redis_summary(s: &AppState) -> Result<RedisSummary> {
     let info = s.store.server_info();
     Ok(RedisSummary {
         mode: s.store.mode().as_str().into(),
-        address: s.store.address().into(),
+        address: s.store.address(),
         version: info.version,
         role,
         latency_ms: latency.as_secs_f64() * 1000.0,
