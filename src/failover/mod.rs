@@ -330,7 +330,7 @@ impl Failover {
             st.master_reachable = true;
             st.epoch = Some(e.unwrap_or(1));
         }
-        if store.mode() != Mode::Cluster && st.master_reachable {
+        if st.master_reachable {
             let info: StoreResult<String> = store
                 .query("failover_info", redis::cmd("INFO").arg("replication"))
                 .await;

@@ -102,7 +102,10 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Multiplexed(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c, home) => Box::pin(c.route_command(cmd.clone(), RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(*home)))),
+            Conn::Cluster(c, home) => Box::pin(c.route_command(
+                cmd.clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(*home)),
+            )),
             Conn::Down => Box::pin(async { Err(down_error()) }),
         }
     }
@@ -115,7 +118,9 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Multiplexed(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c, home) => Box::pin(c.route_pipeline(cmd.clone(), offset, count, SingleNodeRoutingInfo::SpecificNode(*home))),
+            Conn::Cluster(c, home) => {
+                Box::pin(c.route_pipeline(cmd.clone(), offset, count, SingleNodeRoutingInfo::SpecificNode(*home)))
+            }
             Conn::Down => Box::pin(async { Err(down_error()) }),
         }
     }
@@ -268,7 +273,12 @@ impl Store {
 
     /// Connects to the master at `addr` (`host:port`, from the sentinels or
     /// the master file) and confirms with `ROLE` that it is one.
-    pub async fn connect_master(cfg: &RedisConfig, addr: &str, mode: Mode, master_file: Option<&Path>) -> StoreResult<Store> {
+    pub async fn connect_master(
+        cfg: &RedisConfig,
+        addr: &str,
+        mode: Mode,
+        master_file: Option<&Path>,
+    ) -> StoreResult<Store> {
         let auth = ServerAuth::from_config(cfg);
         if auth.tls && auth.insecure {
             tracing::warn!("redis.insecure_skip_tls_verify is on: Redis TLS certificates are NOT verified");
@@ -336,7 +346,15 @@ impl Store {
     /// A store with no master yet (coordinated mode): every call fails as
     /// unavailable until the master file names one.
     pub fn without_master(cfg: &RedisConfig, mode: Mode, master_file: &Path) -> Store {
-        Store::build(cfg, mode, String::new(), None, Conn::Down, None, Some(master_file.to_path_buf()))
+        Store::build(
+            cfg,
+            mode,
+            String::new(),
+            None,
+            Conn::Down,
+            None,
+            Some(master_file.to_path_buf()),
+        )
     }
 
     fn build(
@@ -400,7 +418,9 @@ impl Store {
             })?;
         let role = role_of(&v);
         if role != "master" {
-            return Err(StoreError::Unavailable(format!("{addr} is not a master (ROLE says {role})")));
+            return Err(StoreError::Unavailable(format!(
+                "{addr} is not a master (ROLE says {role})"
+            )));
         }
         // Fencing first: no token is issued on the new master before its
         // epoch is above every epoch seen before the switch.
@@ -449,8 +469,15 @@ impl Store {
     }
 
     async fn bump_epoch_on(&self, conn: &mut Conn, addr: &str) -> StoreResult<(u64, bool)> {
-        let script = self.inner.epoch_script.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let Some((lua, node)) = script else { return Ok((0, false)) };
+        let script = self
+            .inner
+            .epoch_script
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some((lua, node)) = script else {
+            return Ok((0, false));
+        };
         let flat = |e: RetryableOr| match e {
             RetryableOr::Retry(e) | RetryableOr::Fail(e) => e,
         };
