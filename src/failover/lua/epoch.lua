@@ -16,7 +16,9 @@
 --
 -- Returns {epoch, bumped (1|0)}. Emits redis.failover when it bumps.
 local cur = tonumber(redis.call('GET', KEYS[1]) or '1')
-if redis.call('GET', KEYS[2]) == ARGV[1] then
+-- Already bumped for this master, and not behind anything the caller saw
+-- (a master that missed a later epoch, say after a split, is bumped again).
+if redis.call('GET', KEYS[2]) == ARGV[1] and cur + 1 >= (tonumber(ARGV[2]) or 0) then
   return {cur, 0}
 end
 local e = math.max(cur + 1, tonumber(ARGV[2]) or 0)
