@@ -625,10 +625,15 @@ impl Config {
         let r = &self.redis;
         let f = &self.failover;
         let coordinated = f.role != FailoverRole::Off;
-        let ways = [!r.url.is_empty(), !r.sentinels.is_empty(), !r.cluster.is_empty(), coordinated]
-            .iter()
-            .filter(|b| **b)
-            .count();
+        let ways = [
+            !r.url.is_empty(),
+            !r.sentinels.is_empty(),
+            !r.cluster.is_empty(),
+            coordinated,
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
         if ways > 1 {
             return err(
                 "redis.url",

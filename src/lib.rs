@@ -178,7 +178,10 @@ async fn connect_redis(
     }
     if !cfg.redis.sentinels.is_empty() {
         let addr = failover::ask_sentinels(&cfg.redis).await?;
-        return Ok((None, Store::connect_master(&cfg.redis, &addr, Mode::Sentinel, None).await?));
+        return Ok((
+            None,
+            Store::connect_master(&cfg.redis, &addr, Mode::Sentinel, None).await?,
+        ));
     }
     if cfg.failover.role != config::FailoverRole::Off {
         return Ok((None, connect_coordinated(cfg).await?));
@@ -190,7 +193,10 @@ async fn connect_redis(
         let url = e.url();
         return Ok((Some(e), Store::connect(&cfg.redis, &url, Mode::Embedded).await?));
     }
-    Ok((None, Store::connect(&cfg.redis, &cfg.redis.url, Mode::Standalone).await?))
+    Ok((
+        None,
+        Store::connect(&cfg.redis, &cfg.redis.url, Mode::Standalone).await?,
+    ))
 }
 
 /// Coordinated mode: the master is the one in the master file when it really

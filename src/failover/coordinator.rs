@@ -276,7 +276,9 @@ impl Coordinator {
     /// Learns the clients' addresses from the node registry while Redis is
     /// up; a round needs them when it is not.
     async fn refresh_urls(&self) {
-        let Ok(list) = self.inner.nodes.list().await else { return };
+        let Ok(list) = self.inner.nodes.list().await else {
+            return;
+        };
         let wanted = self.clients();
         let mut urls = self.inner.urls.write().unwrap_or_else(|p| p.into_inner());
         let configured: Vec<&str> = self
@@ -295,7 +297,13 @@ impl Coordinator {
 
     /// Sends one message to every client at once; the coordinator answers
     /// for itself directly. Returns each client's answer or error.
-    async fn send_all(&self, f: &Failover, kind: Kind, round: u64, master: Option<&str>) -> BTreeMap<String, Result<String, String>> {
+    async fn send_all(
+        &self,
+        f: &Failover,
+        kind: Kind,
+        round: u64,
+        master: Option<&str>,
+    ) -> BTreeMap<String, Result<String, String>> {
         let msg = Message {
             round,
             master: master.map(str::to_string),
@@ -510,7 +518,9 @@ impl Coordinator {
     /// Makes every other reachable server a replica of `master` (a returning
     /// old master included, before anyone could mistake it for the master).
     async fn demote_others(&self, master: &str) {
-        let Some((host, port)) = master.rsplit_once(':') else { return };
+        let Some((host, port)) = master.rsplit_once(':') else {
+            return;
+        };
         for s in &self.inner.cfg.redis_servers {
             if s == master {
                 continue;

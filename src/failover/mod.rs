@@ -352,7 +352,12 @@ impl Failover {
                 .into(),
             );
             st.newest_round = Some(self.inner.newest_round.load(Ordering::SeqCst));
-            st.last_message = self.inner.last_message.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            st.last_message = self
+                .inner
+                .last_message
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             if let Some(c) = &self.inner.coordinator {
                 st.coordinator = Some(c.status());
             }
@@ -402,7 +407,10 @@ fn spawn_epoch_watcher(store: Store, cancel: CancellationToken) -> JoinHandle<()
                 _ = cancel.cancelled() => return,
             }
             let key = format!("{}:epoch", store.keys().prefix());
-            if let Ok(Some(e)) = store.query::<Option<u64>>("failover_epoch", redis::cmd("GET").arg(key)).await {
+            if let Ok(Some(e)) = store
+                .query::<Option<u64>>("failover_epoch", redis::cmd("GET").arg(key))
+                .await
+            {
                 store.saw_epoch(e);
             }
         }
@@ -428,7 +436,9 @@ fn spawn_sentinel_follower(f: Failover, kick: Arc<tokio::sync::Notify>, cancel: 
                         f.inner.switches_seen.fetch_add(1, Ordering::Relaxed);
                     }
                     Ok(false) => {}
-                    Err(e) => tracing::debug!(master = %addr, error = %e, "sentinels name a master that is not usable yet"),
+                    Err(e) => {
+                        tracing::debug!(master = %addr, error = %e, "sentinels name a master that is not usable yet")
+                    }
                 },
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "no sentinel answered"),
@@ -546,7 +556,10 @@ pub async fn probe_role(auth: &ServerAuth, addr: &str, timeout: Duration) -> Res
             .get_multiplexed_async_connection_with_config(&cfg)
             .await
             .map_err(|e| e.to_string())?;
-        let v: Value = redis::cmd("ROLE").query_async(&mut c).await.map_err(|e| e.to_string())?;
+        let v: Value = redis::cmd("ROLE")
+            .query_async(&mut c)
+            .await
+            .map_err(|e| e.to_string())?;
         Ok::<String, String>(role_of(&v))
     };
     tokio::time::timeout(timeout, run)

@@ -95,7 +95,11 @@ async fn cluster_tasks_claim_fence_and_complete() {
     let mut last_token = 0u64;
     let mut round = 0usize;
     loop {
-        let (app, other, me) = if round.is_multiple_of(2) { (&a, &b, "wa") } else { (&b, &a, "wb") };
+        let (app, other, me) = if round.is_multiple_of(2) {
+            (&a, &b, "wa")
+        } else {
+            (&b, &a, "wb")
+        };
         round += 1;
         let got = claim(app, "ct", me, 4, 0).await;
         if got.is_empty() {

@@ -45,7 +45,9 @@ async fn master_of(app: &TestApp) -> String {
 }
 
 async fn enqueue(app: &TestApp, q: &str) -> u16 {
-    app.post(&format!("/api/v1/queues/{q}/tasks"), json!({"payload": {}})).await.0
+    app.post(&format!("/api/v1/queues/{q}/tasks"), json!({"payload": {}}))
+        .await
+        .0
 }
 
 async fn claim_token(app: &TestApp, q: &str) -> Option<u64> {
@@ -85,7 +87,9 @@ async fn coordinated_failover_switches_when_all_confirm() {
         wait_until(Duration::from_secs(5), || async {
             let (_, st) = nc.get("/api/v1/failover").await;
             let clients = &st["coordinator"]["clients"];
-            [&a, &b].iter().all(|id| clients[id.as_str()].as_str().is_some_and(|u| u.starts_with("http")))
+            [&a, &b]
+                .iter()
+                .all(|id| clients[id.as_str()].as_str().is_some_and(|u| u.starts_with("http")))
         })
         .await,
         "coordinator never learned its clients' URLs"
@@ -164,7 +168,9 @@ async fn coordinated_no_switch_while_a_client_is_unreachable() {
     assert!(
         wait_until(Duration::from_secs(5), || async {
             let (_, st) = nc.get("/api/v1/failover").await;
-            st["coordinator"]["clients"][b.as_str()].as_str().is_some_and(|u| u.starts_with("http"))
+            st["coordinator"]["clients"][b.as_str()]
+                .as_str()
+                .is_some_and(|u| u.starts_with("http"))
         })
         .await
     );
@@ -220,7 +226,13 @@ async fn coordinator_killed_mid_round_leaves_no_split() {
         assert_eq!((s, body["answer"].as_str()), (200, Some("invalidated")), "{body}");
     }
     // An older round is refused and changes nothing.
-    let (s, body) = internal(&na, "reconfigure", json!({"round": round - 1, "master": set.addr(1)}), SECRET).await;
+    let (s, body) = internal(
+        &na,
+        "reconfigure",
+        json!({"round": round - 1, "master": set.addr(1)}),
+        SECRET,
+    )
+    .await;
     assert_eq!(s, 409, "{body}");
     assert_eq!(body["newest_round"], round);
     let until = Instant::now() + Duration::from_secs(2);
