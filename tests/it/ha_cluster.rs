@@ -450,21 +450,7 @@ async fn cluster_keys_return_to_baseline() {
     }
 
     // 300 tasks with idempotency keys, aliases and groups; some fail to dead.
-    let tasks: Vec<Value> = (0..300)
-        .map(|n| {
-            let mut t = json!({"payload": {"n": n}, "idempotency_key": format!("k{n}")});
-            if n % 3 == 0 {
-                t["group"] = json!(if n % 2 == 0 { "gg" } else { "free" });
-            }
-            if n % 50 == 0 {
-                t["alias"] = json!(format!("a{n}"));
-            }
-            if n % 7 == 0 {
-                t["max_attempts"] = json!(1);
-            }
-            t
-        })
-        .collect();
+    let tasks: Vec<Value> = (0..300).map(crate::tasks::mixed_task).collect();
     let (s, _) = a.post("/api/v1/queues/leak/tasks/batch", json!({"tasks": tasks})).await;
     assert_eq!(s, 200);
     let mut finished = 0;

@@ -59,6 +59,22 @@ pub async fn claim(app: &TestApp, queue: &str, node: &str, max: u32, wait_ms: u6
     }
 }
 
+/// A task of the key-leak workloads: an idempotency key always, and by `n` a
+/// group (limited or not), an alias, or a single attempt (so it dies).
+pub fn mixed_task(n: usize) -> Value {
+    let mut t = json!({"payload": {"n": n}, "idempotency_key": format!("k{n}")});
+    if n.is_multiple_of(3) {
+        t["group"] = json!(if n.is_multiple_of(2) { "gg" } else { "free" });
+    }
+    if n.is_multiple_of(50) {
+        t["alias"] = json!(format!("a{n}"));
+    }
+    if n.is_multiple_of(7) {
+        t["max_attempts"] = json!(1);
+    }
+    t
+}
+
 fn token(t: &Value) -> u64 {
     t["token"].as_u64().unwrap()
 }
@@ -858,22 +874,7 @@ async fn g4_keys_return_to_baseline_after_retention() {
     let baseline: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
     // 10 000 tasks: batches with idempotency keys, aliases and groups; some fail to dead.
     for chunk in 0..10 {
-        let tasks: Vec<Value> = (0..1000)
-            .map(|i| {
-                let n = chunk * 1000 + i;
-                let mut t = json!({"payload": {"n": n}, "idempotency_key": format!("k{n}")});
-                if n % 3 == 0 {
-                    t["group"] = json!(if n % 2 == 0 { "gg" } else { "free" });
-                }
-                if n % 50 == 0 {
-                    t["alias"] = json!(format!("a{n}"));
-                }
-                if n % 7 == 0 {
-                    t["max_attempts"] = json!(1);
-                }
-                t
-            })
-            .collect();
+        let tasks: Vec<Value> = (0..1000).map(|i| mixed_task(chunk * 1000 + i)).collect();
         let (s, _) = a.post("/api/v1/queues/leak/tasks/batch", json!({"tasks": tasks})).await;
         assert_eq!(s, 200);
     }
