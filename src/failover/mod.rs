@@ -467,6 +467,8 @@ fn spawn_switch_listener(
                 let client = redis::Client::open(sentinel_url(&cfg, &addr)).map_err(|e| e.to_string())?;
                 let mut ps = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
                 ps.subscribe("+switch-master").await.map_err(|e| e.to_string())?;
+                // Subscribed: a later loss starts the backoff from the bottom.
+                backoff = Duration::from_millis(200);
                 let mut msgs = ps.on_message();
                 while let Some(m) = msgs.next().await {
                     let payload: String = m.get_payload().unwrap_or_default();
