@@ -504,12 +504,14 @@ fn sentinel_url(cfg: &RedisConfig, addr: &str) -> String {
     auth.url(addr)
 }
 
-/// Asks the sentinels, in order, for the master of `redis.master_name`; the
-/// first answer wins (the caller confirms it with `ROLE`).
+/// Asks every sentinel at once for the master of `redis.master_name` and
+/// takes the address most of those that answered name (ties: the one named
+/// by the sentinel listed first), so one stale sentinel cannot send the node
+/// to an old master, and one that hangs delays nothing. The caller confirms
+/// the answer with `ROLE` before using it.
 pub async fn ask_sentinels(cfg: &RedisConfig) -> StoreResult<String> {
     let timeout = Duration::from_millis(cfg.timeout_ms.min(1000));
-    let mut errors = Vec::new();
-    for addr in &cfg.sentinels {
+    let asks = cfg.sentinels.iter().map(|addr| async move {
         let ask = async {
             let client = redis::Client::open(sentinel_url(cfg, addr)).map_err(|e| e.to_string())?;
             let mut c = client
@@ -526,15 +528,25 @@ pub async fn ask_sentinels(cfg: &RedisConfig) -> StoreResult<String> {
                 .ok_or_else(|| format!("does not know a master named `{}`", cfg.master_name))
         };
         match tokio::time::timeout(timeout, ask).await {
-            Ok(Ok(m)) => return Ok(m),
-            Ok(Err(e)) => errors.push(format!("{addr}: {e}")),
-            Err(_) => errors.push(format!("{addr}: no answer within {} ms", timeout.as_millis())),
+            Ok(r) => r.map_err(|e| format!("{addr}: {e}")),
+            Err(_) => Err(format!("{addr}: no answer within {} ms", timeout.as_millis())),
         }
-    }
-    Err(StoreError::Unavailable(format!(
-        "no sentinel named the master: {}",
-        errors.join("; ")
-    )))
+    });
+    let results = futures_util::future::join_all(asks).await;
+    let named: Vec<&String> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let best = named
+        .iter()
+        .max_by_key(|m| {
+            let votes = named.iter().filter(|x| x == m).count();
+            // Earlier in the list wins a tie: max_by_key keeps the last max.
+            let first = named.iter().position(|x| x == *m).unwrap_or(0);
+            (votes, usize::MAX - first)
+        })
+        .map(|m| (*m).clone());
+    best.ok_or_else(|| {
+        let errors: Vec<String> = results.into_iter().filter_map(|r| r.err()).collect();
+        StoreError::Unavailable(format!("no sentinel named the master: {}", errors.join("; ")))
+    })
 }
 
 /// Opens a fresh connection to `addr` and checks that it answers as a master.

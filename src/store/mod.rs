@@ -226,6 +226,10 @@ struct Inner {
     last_switch: RwLock<Option<Switch>>,
     /// Woken when a call fails as unavailable (sentinel mode rediscovers).
     trouble: tokio::sync::Notify,
+    /// Woken at every master switch or invalidation: calls still waiting on
+    /// the old master's connection give up at once instead of waiting out its
+    /// reconnect cycle.
+    switched: tokio::sync::Notify,
     /// The epoch script and this node's id: run on a new master before any
     /// call goes to it (see `failover/lua/epoch.lua`).
     epoch_script: RwLock<Option<(Lua, String)>>,
@@ -382,6 +386,7 @@ impl Store {
                 generation: AtomicU64::new(0),
                 last_switch: RwLock::new(None),
                 trouble: tokio::sync::Notify::new(),
+                switched: tokio::sync::Notify::new(),
                 epoch_script: RwLock::new(None),
                 known_epoch: AtomicU64::new(0),
                 keys: Keys::new(&cfg.key_prefix),
@@ -430,6 +435,7 @@ impl Store {
         *self.inner.conn.write().unwrap_or_else(|p| p.into_inner()) = Conn::Single(mgr);
         *self.inner.address.write().unwrap_or_else(|p| p.into_inner()) = addr.to_string();
         self.inner.generation.fetch_add(1, Ordering::SeqCst);
+        self.inner.switched.notify_waiters();
         let now_ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
@@ -519,6 +525,7 @@ impl Store {
         *self.inner.client.write().unwrap_or_else(|p| p.into_inner()) = None;
         *self.inner.address.write().unwrap_or_else(|p| p.into_inner()) = String::new();
         self.inner.generation.fetch_add(1, Ordering::SeqCst);
+        self.inner.switched.notify_waiters();
         self.inner.healthy.store(false, Ordering::Relaxed);
         tracing::warn!("Redis master invalidated: no Redis calls until the failover round reconfigures");
     }
@@ -801,7 +808,22 @@ impl Store {
         fut: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, RetryableOr> {
         let start = Instant::now();
-        let res = tokio::time::timeout(self.inner.timeout, fut).await;
+        let res = if matches!(self.inner.mode, Mode::Sentinel | Mode::Coordinated) {
+            // A read is then retried on the new master; a write fails at once
+            // (503), since whether the old master applied it is unknown.
+            let switched = self.inner.switched.notified();
+            tokio::select! {
+                r = tokio::time::timeout(self.inner.timeout, fut) => r,
+                _ = switched => {
+                    metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => "switched").increment(1);
+                    return Err(RetryableOr::Retry(StoreError::Unavailable(format!(
+                        "the Redis master changed while waiting for an answer ({op}); retry"
+                    ))));
+                }
+            }
+        } else {
+            tokio::time::timeout(self.inner.timeout, fut).await
+        };
         metrics::histogram!("muster_redis_call_duration_seconds", "op" => op).record(start.elapsed().as_secs_f64());
         match res {
             Ok(Ok(v)) => {
