@@ -10,6 +10,7 @@ mod chaos;
 mod events;
 mod ha_cluster;
 mod ha_coordinated;
+mod ha_coordinated_bin;
 mod ha_harness;
 mod ha_sentinel;
 mod http_api;
