@@ -320,21 +320,27 @@ impl Failover {
             last_message: None,
             coordinator: None,
         };
-        let epoch: StoreResult<Option<u64>> = store
-            .query(
+        // The page must answer during an outage too: at most 300 ms for Redis.
+        let quick = Duration::from_millis(300);
+        let epoch = tokio::time::timeout(
+            quick,
+            store.query::<Option<u64>>(
                 "failover_epoch",
                 redis::cmd("GET").arg(format!("{}:epoch", store.keys().prefix())),
-            )
-            .await;
-        if let Ok(e) = epoch {
+            ),
+        )
+        .await;
+        if let Ok(Ok(e)) = epoch {
             st.master_reachable = true;
             st.epoch = Some(e.unwrap_or(1));
         }
         if st.master_reachable {
-            let info: StoreResult<String> = store
-                .query("failover_info", redis::cmd("INFO").arg("replication"))
-                .await;
-            if let Ok(text) = info {
+            let info = tokio::time::timeout(
+                quick,
+                store.query::<String>("failover_info", redis::cmd("INFO").arg("replication")),
+            )
+            .await;
+            if let Ok(Ok(text)) = info {
                 let (offset, replicas) = parse_replication(&text);
                 st.master_offset = offset;
                 st.replicas = replicas;
