@@ -140,6 +140,20 @@ async fn coordinated_failover_switches_when_all_confirm() {
         assert_eq!(round["answers"][id.as_str()], "reconfigured", "{st}");
     }
     let epoch_after = st["epoch"].as_u64().unwrap();
+    // The Failover page shows the round and every client's answer.
+    let html = nc
+        .request(reqwest::Method::GET, "/failover")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("Coordinator") && html.contains(&set.addr(1)), "{html}");
+    for id in [&a, &b, &c] {
+        assert!(html.contains(id.as_str()), "{id} missing from the page");
+    }
+    assert!(html.contains("reconfigured"), "{html}");
     assert!(epoch_after > epoch_before, "epoch {epoch_before} -> {epoch_after}");
     // Tasks claimed before survive (WAITed), and new tokens are above all old ones.
     let max_before = *before.iter().max().unwrap();
@@ -264,4 +278,24 @@ async fn coordinator_killed_mid_round_leaves_no_split() {
     }
     assert_eq!(enqueue(&na, "mid").await, 201);
     assert_eq!(enqueue(&nb, "mid").await, 201);
+}
+
+/// Without HA configured the status still tells the mode, master and epoch,
+/// the page renders, and the internal endpoints refuse (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_status_in_standalone_mode() {
+    let redis = crate::common::TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let (s, st) = app.get("/api/v1/failover").await;
+    assert_eq!(s, 200);
+    assert_eq!(st["mode"], "standalone");
+    assert_eq!(st["master_reachable"], true);
+    assert!(st["epoch"].as_u64().is_some(), "{st}");
+    assert!(st["coordinator"].is_null());
+    let resp = app.request(reqwest::Method::GET, "/failover").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.text().await.unwrap().contains("standalone"));
+    let (s, body) = internal(&app, "ping", json!({"round": 1}), SECRET).await;
+    assert_eq!(s, 404, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("role is off"), "{body}");
 }

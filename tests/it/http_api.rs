@@ -223,6 +223,8 @@ async fn openapi_lists_every_api_route() {
         "/api/v1/nodes/{id}",
         "/api/v1/nodes/{id}/heartbeat",
         "/api/v1/nodes/{id}/drain",
+        "/api/v1/failover",
+        "/internal/failover/{kind}",
     ] {
         assert!(paths.contains_key(p), "{p} missing from the OpenAPI document");
     }
