@@ -29,6 +29,10 @@ pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()>
                             metrics::counter!("muster_orphans_recovered_total", "action" => action).increment(n as u64);
                         }
                     }
+                    if r.dead > 0 {
+                        // Every dead letter counts here, whoever made it.
+                        metrics::counter!("muster_tasks_dead_total").increment(r.dead as u64);
+                    }
                     if r.requeued + r.dead + r.cancelled > 0 {
                         tracing::info!(
                             requeued = r.requeued,
@@ -43,6 +47,11 @@ pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()>
             match orphans.timeouts().await {
                 Ok(t) if t.timed_out > 0 => {
                     metrics::counter!("muster_task_timeouts_total").increment(t.timed_out as u64);
+                    // A timeout is a failed execution (retried or dead).
+                    metrics::counter!("muster_tasks_failed_total").increment(t.timed_out as u64);
+                    if t.dead > 0 {
+                        metrics::counter!("muster_tasks_dead_total").increment(t.dead as u64);
+                    }
                     tracing::info!(
                         timed_out = t.timed_out,
                         retried = t.retried,
