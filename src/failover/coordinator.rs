@@ -348,6 +348,14 @@ impl Coordinator {
             })?;
         let status = resp.status();
         let body: serde_json::Value = resp.json().await.unwrap_or_default();
+        if status == reqwest::StatusCode::CONFLICT
+            && let Some(newest) = body["newest_round"].as_u64()
+        {
+            // A client saw a newer round (another coordinator, or this host's
+            // clock went back): the next round starts above it.
+            let mut st = self.state();
+            st.last_round_id = st.last_round_id.max(newest);
+        }
         if status.is_success() {
             Ok(body["answer"].as_str().unwrap_or("").to_string())
         } else {

@@ -232,7 +232,14 @@ async fn coordinator_killed_mid_round_leaves_no_split() {
 
     // The test plays a coordinator that dies after invalidate.
     set.kill(0);
-    let round = 1_000u64;
+    // A round id a day ahead of the clock, as a coordinator on a host whose
+    // clock runs fast would send: the next coordinator must get past it (it
+    // learns the newest round from the clients' 409s).
+    let round = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 86_400_000;
     for n in [&na, &nb] {
         let (s, body) = internal(n, "ping", json!({"round": round}), SECRET).await;
         assert_eq!((s, body["answer"].as_str()), (200, Some("pong")), "{body}");
