@@ -175,6 +175,10 @@ impl Snapshot {
 pub struct Live {
     snap: RwLock<Snapshot>,
     drop_events: AtomicBool,
+    /// The newest stream id when the last reconciliation started reading:
+    /// events up to it are already in the counts it read, so applying them
+    /// again (they wait in the channel meanwhile) would count them twice.
+    reconciled_upto: std::sync::Mutex<Option<StreamId>>,
 }
 
 impl Live {
@@ -191,12 +195,19 @@ impl Live {
         if self.drop_events.load(Ordering::Relaxed) {
             return;
         }
+        let upto = *self.reconciled_upto.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Some(upto), Some(id)) = (upto, StreamId::parse(&ev.id))
+            && id <= upto
+        {
+            return;
+        }
         self.snap.write().unwrap_or_else(|p| p.into_inner()).apply(ev);
     }
 
     /// Rebuilds the view from Redis; recounts the throughput of the last
     /// `recount_ms` from the stream.
     pub async fn reconcile(&self, s: &AppState, recount_ms: i64) -> Result<(), crate::error::ApiError> {
+        let mark = crate::events::tailer::last_id(&s.store).await?;
         let nodes = s.nodes.list().await?;
         let queues = s.tasks.queues().await?;
         let (_, orphan_counts) = s.orphans.history(0).await?;
@@ -220,6 +231,7 @@ impl Live {
                 break 'scan;
             }
         }
+        *self.reconciled_upto.lock().unwrap_or_else(|p| p.into_inner()) = StreamId::parse(&mark);
         let mut snap = self.snap.write().unwrap_or_else(|p| p.into_inner());
         snap.nodes = nodes
             .nodes

@@ -122,6 +122,10 @@
     if (!timer) timer = setTimeout(refresh, 150);
   }
 
+  // The node reconciles its view from Redis periodically; re-read it now and
+  // then too, so a correction shows even when no event follows it.
+  setInterval(schedule, 3000);
+
   function appendEvent(ev) {
     var tbody = document.getElementById('live-events');
     if (!tbody) return;
