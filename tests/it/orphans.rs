@@ -296,3 +296,47 @@ async fn a_node_cut_off_from_redis_stops_handing_out_work() {
     assert!(ok, "claims resume when Redis is back");
     let _ = Value::Null;
 }
+
+/// Dead workers stay listed for dead_retention_ms; more than a page of them
+/// must not hide a newer dead worker's task from the cleaner (G3 bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_listed_dead_workers_do_not_delay_a_recovery() {
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| c.nodes.dead_retention_ms = 60_000).await;
+    for i in 0..150 {
+        join_ttl(&a, &format!("gone-{i:03}"), 500).await;
+    }
+    // All 150 expire (and are marked dead) before the victim joins.
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            let (_, l) = a.get("/api/v1/nodes").await;
+            l["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["state"] == "dead")
+                .count()
+                >= 150
+        })
+        .await
+    );
+    let ttl = 500;
+    let hb = heartbeat_forever(&a, "victim", ttl).await;
+    let id = submit(&a, "many", json!({"payload": 1})).await;
+    assert_eq!(claim(&a, "many", "victim", 1, 0).await.len(), 1);
+    hb.abort();
+    let killed = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
+            t["state"] == "queued"
+        })
+        .await,
+        "the victim's task is recovered"
+    );
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_millis(ttl + 100 + 700),
+        "recovered after {took:?}"
+    );
+}

@@ -24,7 +24,10 @@ if grace > 0 then return {0, 0, 0, 0, grace} end
 local o = recovery_opts(now, 3)
 local counts = {requeued = 0, dead = 0, cancelled = 0, stale = 0}
 local budget = limit
-local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES', 'LIMIT', 0, 100)
+-- Expired nodes stay listed (dead) for dead_retention_ms, mostly with no task
+-- left: look at up to 1000 of them, so a burst of dead workers cannot hide a
+-- newer one's tasks behind the first page (about 5 us each when empty).
+local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES', 'LIMIT', 0, 1000)
 for i = 1, #rows, 2 do
   if budget <= 0 then break end
   local node, score = rows[i], tonumber(rows[i + 1])
