@@ -297,6 +297,49 @@ async fn a_node_cut_off_from_redis_stops_handing_out_work() {
     let _ = Value::Null;
 }
 
+/// After Redis was unreachable for longer than the node ttl, a worker
+/// registered with a longer ttl of its own (it heartbeats less often) gets
+/// that ttl to heartbeat again, not just the node ttl: no false orphan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_a_slow_heartbeating_worker_keeps_its_task() {
+    let redis = TestRedis::start();
+    let proxy = FaultProxy::start(redis.port).await;
+    // The only node reaches Redis through the proxy: its cleaner stops too.
+    let a = TestApp::start_with(&redis, |c| c.redis.url = proxy.url()).await;
+    let (worker_ttl, period) = (2000u64, 1800u64);
+    join_ttl(&a, "slow", worker_ttl).await;
+    let id = submit(&a, "slowq", json!({"timeout_ms": 60_000})).await;
+    let t = claim(&a, "slowq", "slow", 1, 0).await;
+    let token = t[0]["token"].as_u64().unwrap();
+    let url = format!("{}/api/v1/nodes/slow/heartbeat", a.url);
+    let hb = tokio::spawn(async move {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        loop {
+            let _ = http.put(&url).json(&json!({"ttl_ms": worker_ttl})).send().await;
+            tokio::time::sleep(Duration::from_millis(period)).await;
+        }
+    });
+    // Out from just after the worker's heartbeat until its entry expired
+    // (longer than the node ttl of 600 ms). The worker's next heartbeat
+    // comes about 1.5 s after Redis is back: later than the node ttl, within
+    // its own.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.block();
+    tokio::time::sleep(Duration::from_millis(worker_ttl)).await;
+    proxy.unblock();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (_, task) = a.get(&format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(task["state"], "running", "{task}");
+    let (s, r) = a
+        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": token}))
+        .await;
+    assert_eq!(s, 200, "the owner can still complete: {r}");
+    hb.abort();
+}
+
 /// Dead workers stay listed for dead_retention_ms; more than a page of them
 /// must not hide a newer dead worker's task from the cleaner (G3 bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,12 @@
 -- Stall safety (G3, fail closed): if no node ran a pass for longer than one ttl —
 -- Redis was unreachable or stalled, or the whole cluster was down — then expired
 -- entries may belong to live nodes that could not reach Redis. Everyone gets one
--- ttl of grace to heartbeat before anything is declared dead or orphaned.
+-- ttl of grace to heartbeat before anything is declared dead or orphaned. A node
+-- or worker registered with a longer ttl of its own (it heartbeats less often)
+-- gets that ttl from the end of the stall (P:nodes:stalled_at, see in_own_grace).
 local NODES = P .. ':nodes'
+-- The longest ttl a worker may register (nodes routes): how long stalled_at matters.
+local MAX_NODE_TTL_MS = 3600000
 
 -- Records this pass; returns the Redis ms until which the grace holds (0: none).
 local function liveness_pass(now, ttl)
@@ -20,10 +24,20 @@ local function liveness_pass(now, ttl)
     if redis.call('ZCOUNT', NODES, '-inf', int(now)) > 0 then
       grace = now + ttl
       redis.call('SET', NODES .. ':grace', int(grace), 'PX', int(ttl * 2))
+      redis.call('SET', NODES .. ':stalled_at', int(now), 'PX', int(MAX_NODE_TTL_MS + ttl))
     end
   end
   if grace > now then return grace end
   return 0
+end
+
+-- Whether node id, expired, is still within its own ttl since the last stall
+-- ended: then it has not yet had a chance to heartbeat, and is not dead.
+local function in_own_grace(id, now)
+  local stalled = tonumber(redis.call('GET', NODES .. ':stalled_at') or '0')
+  if stalled == 0 then return false end
+  local own = tonumber(redis.call('HGET', P .. ':node:' .. id, 'ttl_ms') or '0')
+  return now < stalled + own
 end
 
 -- Marks an expired node dead once (event node.dead). Returns true if it did now.

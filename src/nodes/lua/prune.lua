@@ -24,7 +24,7 @@ local marked, removed = 0, 0
 local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES', 'LIMIT', 0, limit)
 for i = 1, #rows, 2 do
   local id, score = rows[i], tonumber(rows[i + 1])
-  if mark_dead(id, score, now) then marked = marked + 1 end
+  if not in_own_grace(id, now) and mark_dead(id, score, now) then marked = marked + 1 end
   if score <= now - retention and redis.call('SCARD', P .. ':node:' .. id .. ':tasks') == 0 then
     redis.call('ZREM', KEYS[1], id)
     redis.call('DEL', P .. ':node:' .. id)

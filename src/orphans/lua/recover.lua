@@ -31,12 +31,14 @@ local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'WITHSCORES'
 for i = 1, #rows, 2 do
   if budget <= 0 then break end
   local node, score = rows[i], tonumber(rows[i + 1])
-  mark_dead(node, score, now)
-  local ids = redis.call('SRANDMEMBER', ntasks(node), budget)
-  for j = 1, #ids do
-    local action = recover_task(ids[j], node, o)
-    counts[action] = counts[action] + 1
-    budget = budget - 1
+  if not in_own_grace(node, now) then
+    mark_dead(node, score, now)
+    local ids = redis.call('SRANDMEMBER', ntasks(node), budget)
+    for j = 1, #ids do
+      local action = recover_task(ids[j], node, o)
+      counts[action] = counts[action] + 1
+      budget = budget - 1
+    end
   end
 end
 return {counts.requeued, counts.dead, counts.cancelled, counts.stale, 0}
