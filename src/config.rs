@@ -772,8 +772,12 @@ fn describe(e: figment::Error) -> String {
         let key = err.path.join(".");
         let what = match &err.kind {
             figment::error::Kind::UnknownField(field, _) => {
+                // From a file the path ends at the section; from an
+                // environment variable it already ends with the field.
                 let full = if key.is_empty() {
                     field.clone()
+                } else if err.path.last() == Some(field) {
+                    key.clone()
                 } else {
                     format!("{key}.{field}")
                 };

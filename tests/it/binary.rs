@@ -153,6 +153,16 @@ fn bad_config_names_the_key_and_exits_2() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nodes.ttl_ms"), "{err}");
 
+    // An unknown key from the environment is named once, not doubled.
+    let out = Command::new(muster_bin())
+        .current_dir(dir.path())
+        .env("MUSTER_NODES__TTL_MSEC", "5")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown key `nodes.ttl_msec`"), "{err}");
+
     let file = dir.path().join("c.toml");
     std::fs::write(&file, "[server]\nlisten = \"127.0.0.1:0\"\nlisen = 1\n").unwrap();
     let out = Command::new(muster_bin())

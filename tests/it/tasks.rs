@@ -636,6 +636,20 @@ async fn delayed_pause_resume_and_aliases() {
         waited >= Duration::from_millis(250) && waited < Duration::from_millis(1500),
         "{waited:?}"
     );
+    // Still held while running; free once the task finished (it is kept
+    // for retention, but no longer lives).
+    let (s, _) = a.post("/api/v1/queues/dl/tasks", json!({"alias": "nightly"})).await;
+    assert_eq!(s, 409, "held while running");
+    let (s, b) = a
+        .post(
+            &format!("/api/v1/tasks/{id}/complete"),
+            json!({"token": got[0]["token"]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let next = submit(&a, "dl2", json!({"alias": "nightly"})).await;
+    let (_, t) = a.get("/api/v1/aliases/nightly").await;
+    assert_eq!(t["id"], next.as_str(), "the alias moved to the new task");
     // run_at in the past: queued at once
     let (_, r) = a.post("/api/v1/queues/dl/tasks", json!({"run_at": 1})).await;
     assert_eq!(r["state"], "queued");

@@ -36,7 +36,9 @@ for i = 0, n - 1 do
       redis.call('HSET', t, 'state', 'succeeded', 'finished_at', nows, 'e' .. attempt, nows .. '|succeeded')
     end
     redis.call('PEXPIRE', t, retention)
-    if f[7] and f[7] ~= '' then redis.call('PEXPIRE', P .. ':alias:' .. f[7], retention) end
+    if f[7] and f[7] ~= '' and redis.call('GET', P .. ':alias:' .. f[7]) == id then
+      redis.call('PEXPIRE', P .. ':alias:' .. f[7], retention)
+    end
     batch_add(zrem, qkey(q, 'running'), id)
     batch_add(srem, ntasks(owner), id)
     batch_add(zadd, qkey(q, 'succeeded'), nows, id)

@@ -49,8 +49,11 @@ for i = 0, n - 1 do
     end
   end
   if not done and alias ~= '' then
+    -- An alias is held while its task lives: queued, delayed or running. A
+    -- finished holder (kept for retention) lets it go to a new task.
     local holder = redis.call('GET', P .. ':alias:' .. alias)
-    if holder and redis.call('EXISTS', tkey(holder)) == 1 then
+    local hstate = holder and redis.call('HGET', tkey(holder), 'state')
+    if hstate == 'queued' or hstate == 'delayed' or hstate == 'running' then
       out[#out + 1] = -1; out[#out + 1] = holder; out[#out + 1] = ''
       done = true
     end

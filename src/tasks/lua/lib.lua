@@ -172,7 +172,9 @@ local function finish(id, q, state, nows, ttl)
   redis.call('HSET', tkey(id), 'state', state, 'finished_at', nows, 'updated_at', nows)
   redis.call('PEXPIRE', tkey(id), ttl)
   local alias = redis.call('HGET', tkey(id), 'alias')
-  if alias and alias ~= '' then redis.call('PEXPIRE', P .. ':alias:' .. alias, ttl) end
+  if alias and alias ~= '' and redis.call('GET', P .. ':alias:' .. alias) == id then
+    redis.call('PEXPIRE', P .. ':alias:' .. alias, ttl)
+  end
   wf_on_end(id, state, nows)
 end
 

@@ -15,7 +15,18 @@ local now = now_ms()
 redis.call('ZREM', qkey(q, 'dead'), id)
 redis.call('ZREM', P .. ':dead', id)
 redis.call('PERSIST', KEYS[1])
-if f[5] and f[5] ~= '' then redis.call('PERSIST', P .. ':alias:' .. f[5]) end
+if f[5] and f[5] ~= '' then
+  -- Take the alias back unless a live task got it meanwhile; then this task
+  -- goes on without it.
+  local akey = P .. ':alias:' .. f[5]
+  local holder = redis.call('GET', akey)
+  local hstate = holder and holder ~= id and redis.call('HGET', tkey(holder), 'state')
+  if hstate == 'queued' or hstate == 'delayed' or hstate == 'running' then
+    redis.call('HDEL', KEYS[1], 'alias')
+  else
+    redis.call('SET', akey, id)
+  end
+end
 redis.call('SADD', P .. ':queues', q)
 redis.call('HSET', KEYS[1], 'attempts', '0', 'cancel_requested', '0', 'error', '')
 redis.call('HDEL', KEYS[1], 'finished_at')
