@@ -7,7 +7,9 @@
 //!   scripts are not retried when their outcome is unknown (a timeout after
 //!   sending), because replaying a claim could hand a task out twice. They are
 //!   retried only when the connection was refused, i.e. nothing was sent.
-//! - Every key is built by [`Keys`]; every script goes through [`Lua`].
+//! - Every key starts with the hash-tagged prefix of [`Keys`] (subsystems
+//!   build their own suffixes from it, as their scripts do); every script
+//!   goes through [`Lua`].
 //! - `healthy()` reflects the last call's outcome, so readiness and the claim
 //!   path learn about an outage from real traffic, not only from a probe.
 

@@ -103,10 +103,12 @@ pub enum Submitted {
         id: String,
         state: String,
     },
-    /// The idempotency key was seen within its window: the original task.
+    /// The idempotency key was seen within its window: the original task
+    /// (`queue` is its queue, which may differ from the one asked for).
     Replayed {
         id: String,
         state: String,
+        queue: String,
     },
     AliasTaken {
         holder: String,
@@ -402,7 +404,14 @@ impl Tasks {
                     metrics::counter!("muster_tasks_enqueued_total", "queue" => label.clone()).increment(1);
                     Submitted::Created { id, state }
                 }
-                2 => Submitted::Replayed { id, state },
+                2 => {
+                    let (state, original) = state.split_once(':').unwrap_or((state.as_str(), queue));
+                    Submitted::Replayed {
+                        id,
+                        state: state.to_string(),
+                        queue: original.to_string(),
+                    }
+                }
                 -1 => Submitted::AliasTaken { holder: id },
                 _ => Submitted::TooManyQueues,
             });

@@ -109,11 +109,15 @@ async fn submit_task(
             }),
         )
             .into_response()),
-        Some(Submitted::Replayed { id, state }) => Ok((
+        Some(Submitted::Replayed {
+            id,
+            state,
+            queue: original,
+        }) => Ok((
             StatusCode::OK,
             Json(SubmitResponse {
                 id,
-                queue,
+                queue: original,
                 state,
                 replayed: true,
             }),
@@ -204,7 +208,7 @@ async fn submit_batch(
                 code: None,
                 error: None,
             },
-            Submitted::Replayed { id, state } => BatchItem {
+            Submitted::Replayed { id, state, .. } => BatchItem {
                 status: "replayed",
                 id: Some(id),
                 state: Some(state),

@@ -245,6 +245,13 @@ async fn g5_one_task_per_idempotency_key_across_nodes() {
     }
     let (_, q) = nodes[0].get("/api/v1/queues").await;
     assert_eq!(q["queues"][0]["queued"], 5, "five keys, five tasks: {q}");
+    // A replay through another queue names the original task's queue.
+    let (s, b) = nodes[1]
+        .post("/api/v1/queues/elsewhere/tasks", json!({"idempotency_key": "order-0"}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["queue"], "idem", "{b}");
+    assert_eq!(b["state"], "queued", "{b}");
     // Header and body must agree.
     let req = nodes[0]
         .request(reqwest::Method::POST, "/api/v1/queues/idem/tasks")

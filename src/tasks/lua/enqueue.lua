@@ -43,8 +43,10 @@ for i = 0, n - 1 do
   if idem ~= '' then
     local prev = redis.call('GET', P .. ':idem:' .. idem)
     if prev then
-      local st = redis.call('HGET', tkey(prev), 'state') or 'expired'
-      out[#out + 1] = 2; out[#out + 1] = prev; out[#out + 1] = st
+      -- The original task's state and queue (it may have been submitted to
+      -- another queue): "state:queue" (queue names have no colon).
+      local pf = redis.call('HMGET', tkey(prev), 'state', 'queue')
+      out[#out + 1] = 2; out[#out + 1] = prev; out[#out + 1] = (pf[1] or 'expired') .. ':' .. (pf[2] or q)
       done = true
     end
   end
