@@ -23,9 +23,17 @@ pub fn spawn(tasks: Arc<Tasks>, cancel: CancellationToken) -> JoinHandle<()> {
             }
             match tasks.janitor_pass().await {
                 Ok(rows) => {
+                    // Sum per label first: queues beyond the label limit
+                    // share `other`, which must be their total, not the last.
+                    let mut depth: std::collections::BTreeMap<String, [i64; 4]> = Default::default();
                     for (queue, r) in rows {
-                        let label = tasks.labels.label(&queue);
-                        for (state, v) in [("queued", r[3]), ("delayed", r[4]), ("running", r[5]), ("dead", r[6])] {
+                        let d = depth.entry(tasks.labels.label(&queue)).or_default();
+                        for (k, v) in [r[3], r[4], r[5], r[6]].into_iter().enumerate() {
+                            d[k] += v;
+                        }
+                    }
+                    for (label, d) in depth {
+                        for (state, v) in ["queued", "delayed", "running", "dead"].into_iter().zip(d) {
                             metrics::gauge!("muster_queue_depth", "queue" => label.clone(), "state" => state)
                                 .set(v as f64);
                         }
