@@ -69,7 +69,14 @@ async fn internal_message(
             )));
         }
     };
-    match s.failover.handle(kind, &msg).await {
+    // Run to the end even if the coordinator hangs up (its answer timeout):
+    // a reconfigure cut off between the switch and the master file would
+    // leave the two disagreeing until the next re-publication.
+    let f = s.failover.clone();
+    let handled = tokio::spawn(async move { f.handle(kind, &msg).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("failover message handler failed: {e}")))?;
+    match handled {
         Ok(a) => Ok(Json(a)),
         Err(e @ ClientError::Stale { newest, .. }) => Err(ApiError::conflict(
             e.to_string(),
