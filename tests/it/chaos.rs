@@ -12,7 +12,11 @@
 //! - G3: every task held by a killed worker is recovered within
 //!   `ttl + interval + 1 s` of the kill (measured), and no task of a live
 //!   worker is ever recovered, not even across the stall.
-//! - G4: after retention, no task, queue, alias or idempotency key is left.
+//! - G4: after retention, no task, queue, alias or idempotency key is left,
+//!   and the whole key space is back to its size before the workload: every
+//!   `{muster}` key left over is one that was there before, a live node's
+//!   registry entry, or a bounded singleton (counters, the stream, indexes),
+//!   and every key has a TTL unless it is such a singleton.
 //!
 //! `MUSTER_CHAOS_TASKS` raises the task count; `chaos_soak` (ignored by
 //! default) runs a longer version: `cargo test --release chaos_soak -- --ignored --nocapture`.
@@ -94,6 +98,85 @@ impl Drop for NodeProc {
 
 fn wall_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Keys that may stay without a TTL: one each, bounded in size (a counter, the
+/// stream trimmed to `events.max_len`, indexes pruned by the nodes, the orphan
+/// history trimmed by count and age).
+const SINGLETONS: &[&str] = &[
+    "{muster}:events",
+    "{muster}:nodes",
+    "{muster}:seq",
+    "{muster}:fseq",
+    "{muster}:fence",
+    "{muster}:epoch",
+    "{muster}:orphans:history",
+    "{muster}:orphans:counts",
+];
+
+/// Bounded singletons that may appear during the run but must carry a TTL:
+/// the liveness pass's bookkeeping (`nodes/lua/liveness.lua`).
+const TTL_SINGLETONS: &[&str] = &[
+    "{muster}:nodes:pass",
+    "{muster}:nodes:grace",
+    "{muster}:nodes:stalled_at",
+];
+
+/// Every key in Redis with its PTTL in ms (-1: none), read with SCAN.
+async fn all_keys(redis: &TestRedis) -> BTreeMap<String, i64> {
+    let mut c = redis.conn().await;
+    let mut keys: Vec<String> = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        keys.extend(page);
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    keys.sort();
+    keys.dedup();
+    if keys.is_empty() {
+        return BTreeMap::new();
+    }
+    let mut pipe = redis::pipe();
+    for k in &keys {
+        pipe.cmd("PTTL").arg(k);
+    }
+    let ttls: Vec<i64> = pipe.query_async(&mut c).await.unwrap();
+    // -2: expired between the SCAN and the PTTL.
+    keys.into_iter().zip(ttls).filter(|(_, t)| *t != -2).collect()
+}
+
+/// What of the key space is not accounted for after the workload: keys
+/// outside `{muster}:`, keys that were not there at the baseline and are
+/// neither a singleton nor a live node's registry entry, and keys without a
+/// TTL that are not in [`SINGLETONS`]. Empty when the key space is clean.
+fn key_leaks(baseline: &BTreeMap<String, i64>, now: &BTreeMap<String, i64>, live: &[String]) -> Vec<String> {
+    let live_keys: Vec<String> = live.iter().map(|id| format!("{{muster}}:node:{id}")).collect();
+    let mut leaks = Vec::new();
+    for (k, ttl) in now {
+        let singleton = SINGLETONS.contains(&k.as_str());
+        if !k.starts_with("{muster}:") {
+            leaks.push(format!("{k} (outside the prefix, pttl {ttl})"));
+        } else if !baseline.contains_key(k)
+            && !singleton
+            && !TTL_SINGLETONS.contains(&k.as_str())
+            && !live_keys.contains(k)
+        {
+            leaks.push(format!("{k} (new since the baseline, pttl {ttl})"));
+        } else if *ttl < 0 && !singleton {
+            leaks.push(format!("{k} (no TTL and not a bounded singleton)"));
+        }
+    }
+    leaks
 }
 
 /// Tasks each worker holds right now: worker -> task -> (token, attempt).
@@ -259,6 +342,13 @@ async fn run_chaos(plan: Plan) {
         .await;
         assert!(ok, "{u} ready");
     }
+    // The key space before the workload, once every node has joined and run
+    // its loops a few times.
+    let live: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let baseline = all_keys(&redis).await;
+    let baseline_leaks = key_leaks(&baseline, &baseline, &live);
+    assert!(baseline_leaks.is_empty(), "before the workload: {baseline_leaks:?}");
     let shared = Arc::new(Shared {
         urls,
         http: reqwest::Client::builder()
@@ -549,25 +639,68 @@ async fn run_chaos(plan: Plan) {
     );
 
     // ---- G4: after retention nothing of the workload is left. ----
-    let clean = wait_until(Duration::from_secs(30), || async {
-        let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
-        !keys.iter().any(|k| {
-            k.starts_with("{muster}:task:")
-                || k.starts_with("{muster}:idem:")
-                || k.starts_with("{muster}:alias:")
-                || k.starts_with("{muster}:q:")
-                || k.starts_with("{muster}:node:cw-")
-                || k == "{muster}:queues"
-                || k == "{muster}:dead"
-        })
+    let left_over = |keys: &BTreeMap<String, i64>| -> Vec<String> {
+        keys.iter()
+            .filter(|(k, _)| {
+                k.starts_with("{muster}:task:")
+                    || k.starts_with("{muster}:idem:")
+                    || k.starts_with("{muster}:alias:")
+                    || k.starts_with("{muster}:q:")
+                    || k.starts_with("{muster}:node:cw-")
+                    || *k == "{muster}:queues"
+                    || *k == "{muster}:dead"
+            })
+            .map(|(k, ttl)| format!("{k} (pttl {ttl})"))
+            .collect()
+    };
+    let registry = || async {
+        let mut ids: Vec<String> = redis.cmd(&["ZRANGE", "{muster}:nodes", "0", "-1"]).await;
+        ids.sort();
+        ids
+    };
+    let mut live_sorted = live.clone();
+    live_sorted.sort();
+    // The most keys that may be left: the baseline, every singleton, and
+    // each live node's registry entry.
+    let bound: HashSet<String> = baseline
+        .keys()
+        .cloned()
+        .chain(SINGLETONS.iter().chain(TTL_SINGLETONS).map(|k| k.to_string()))
+        .chain(live.iter().map(|id| format!("{{muster}}:node:{id}")))
+        .collect();
+    let g4_started = Instant::now();
+    wait_until(Duration::from_secs(30), || async {
+        let keys = all_keys(&redis).await;
+        left_over(&keys).is_empty()
+            && key_leaks(&baseline, &keys, &live).is_empty()
+            && keys.len() <= bound.len()
+            && registry().await == live_sorted
     })
     .await;
-    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
-    assert!(
-        clean,
-        "keys left after retention: {:?}",
-        keys.iter().take(20).collect::<Vec<_>>()
+    let keys = all_keys(&redis).await;
+    eprintln!(
+        "chaos G4: {} keys before the workload {:?}; {} after retention (at most {}), settled after {:?}: {keys:?}",
+        baseline.len(),
+        baseline.keys().collect::<Vec<_>>(),
+        keys.len(),
+        bound.len(),
+        g4_started.elapsed(),
     );
+    let leftover = left_over(&keys);
+    assert!(
+        leftover.is_empty(),
+        "keys left after retention: {:?}",
+        leftover.iter().take(20).collect::<Vec<_>>()
+    );
+    let leaks = key_leaks(&baseline, &keys, &live);
+    assert!(leaks.is_empty(), "keys not accounted for after retention: {leaks:?}");
+    assert!(
+        keys.len() <= bound.len(),
+        "{} keys after retention, more than the {} before the workload plus the singletons and live nodes",
+        keys.len(),
+        bound.len()
+    );
+    assert_eq!(registry().await, live_sorted, "the registry holds the live nodes only");
     drop(nodes);
 }
 

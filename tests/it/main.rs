@@ -8,6 +8,7 @@ mod binary;
 mod browser;
 mod chaos;
 mod events;
+mod events_resume;
 mod ha_cluster;
 mod ha_coordinated;
 mod ha_coordinated_bin;
