@@ -68,7 +68,9 @@ pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<String>, cancel: Cancell
                             _ = tokio::time::sleep(backoff) => {}
                             _ = cancel.cancelled() => return,
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                        // Capped low: after an outage, events reach subscribers within
+            // half a second of Redis coming back.
+            backoff = (backoff * 2).min(Duration::from_millis(500));
                         continue 'reconnect;
                     }
                 },
@@ -122,7 +124,9 @@ pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<String>, cancel: Cancell
                 _ = tokio::time::sleep(backoff) => {}
                 _ = cancel.cancelled() => return,
             }
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            // Capped low: after an outage, events reach subscribers within
+            // half a second of Redis coming back.
+            backoff = (backoff * 2).min(Duration::from_millis(500));
         }
     })
 }
