@@ -68,9 +68,7 @@ pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<String>, cancel: Cancell
                             _ = tokio::time::sleep(backoff) => {}
                             _ = cancel.cancelled() => return,
                         }
-                        // Capped low: after an outage, events reach subscribers within
-            // half a second of Redis coming back.
-            backoff = (backoff * 2).min(Duration::from_millis(500));
+                        backoff = (backoff * 2).min(Duration::from_millis(500));
                         continue 'reconnect;
                     }
                 },
