@@ -200,9 +200,11 @@ impl Coordinator {
                 _ = tokio::time::sleep(interval) => {}
                 _ = cancel.cancelled() => return,
             }
-            self.refresh_urls().await;
             let healthy = !master.is_empty() && probe_master(&self.inner.auth, &master, check_timeout).await.is_ok();
             if healthy {
+                // Only while Redis answers: with the master down the registry
+                // read would wait out the store's retries and slow detection.
+                self.refresh_urls().await;
                 self.state().failures = 0;
                 backoff = interval;
                 let due = last_publish.is_none_or(|t| t.elapsed() >= Duration::from_millis(cfg.republish_ms));
