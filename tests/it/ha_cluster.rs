@@ -438,14 +438,19 @@ async fn cluster_keys_return_to_baseline() {
     // keys, not whichever master a keyless command happens to reach.
     for i in 0..9 {
         let app = if i % 2 == 0 { &a } else { &b };
+        // Short-lived bookkeeping keys may come and go between two reads:
+        // the node's figure must lie between the owner's own DBSIZE just
+        // before and just after (another master would say 0).
+        let before: i64 = crate::common::ha::query(owner, &["DBSIZE"]).unwrap();
         let (s, r) = app.get("/api/v1/redis").await;
+        let after: i64 = crate::common::ha::query(owner, &["DBSIZE"]).unwrap();
         assert_eq!(s, 200, "{r}");
         assert_eq!(r["mode"], "cluster");
         assert_eq!(r["role"], "master");
-        assert_eq!(
-            r["dbsize"].as_u64(),
-            Some(baseline.len() as u64),
-            "DBSIZE of the {{muster}} slot's master (port {owner}): {r}"
+        let got = r["dbsize"].as_i64().unwrap();
+        assert!(
+            got > 0 && (before.min(after) - 1..=before.max(after) + 1).contains(&got),
+            "DBSIZE of the {{muster}} slot's master (port {owner}, {before}..{after}): {r}"
         );
     }
 
