@@ -293,6 +293,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         &cfg.nodes,
         cfg.tasks.clone(),
         node_id.clone(),
+        tasks.labels.clone(),
         &ctx,
     );
     let workflows = workflows::Workflows::new(store.clone(), cfg.tasks.clone(), &ctx);

@@ -23,13 +23,13 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::config::{NodesConfig, OrphansConfig, TasksConfig};
-use crate::store::reply::int;
+use crate::store::reply::{int, text};
 use crate::store::{Lua, ScriptCtx, Store, StoreError};
 
 const LIB: &str = include_str!("lua/lib.lua");
 
 /// What one cleaner pass did.
-#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
 pub struct Recovery {
     pub requeued: i64,
     pub dead: i64,
@@ -38,15 +38,20 @@ pub struct Recovery {
     pub stale: i64,
     /// Non-zero while the post-stall grace holds (Redis ms).
     pub grace_until: i64,
+    /// The queue of each task dead-lettered by this pass.
+    pub dead_queues: Vec<String>,
 }
 
 /// What one timeout pass did.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Timeouts {
     pub timed_out: i64,
     pub retried: i64,
     pub dead: i64,
     pub grace_until: i64,
+    /// The queue of each timed-out task, and of each one that went dead.
+    pub timed_out_queues: Vec<String>,
+    pub dead_queues: Vec<String>,
 }
 
 /// One recovered task.
@@ -79,6 +84,8 @@ pub struct Orphans {
     tasks: TasksConfig,
     node_id: String,
     scripts: Scripts,
+    /// The task metrics' queue labels (shared with `Tasks`).
+    pub(crate) labels: Arc<crate::tasks::QueueLabels>,
 }
 
 impl Orphans {
@@ -88,6 +95,7 @@ impl Orphans {
         nodes: &NodesConfig,
         tasks: TasksConfig,
         node_id: String,
+        labels: Arc<crate::tasks::QueueLabels>,
         ctx: &ScriptCtx,
     ) -> Arc<Orphans> {
         let libs = [crate::nodes::LIVENESS, crate::tasks::LIB, LIB];
@@ -98,6 +106,7 @@ impl Orphans {
             node_ttl_ms: nodes.ttl_ms,
             tasks,
             node_id,
+            labels,
             scripts: Scripts {
                 recover: l("orphans_recover", include_str!("lua/recover.lua")),
                 timeouts: l("orphans_timeouts", include_str!("lua/timeouts.lua")),
@@ -135,6 +144,7 @@ impl Orphans {
             cancelled: g(2),
             stale: g(3),
             grace_until: g(4),
+            dead_queues: names(r.get(5)),
         })
     }
 
@@ -163,6 +173,8 @@ impl Orphans {
             retried: g(1),
             dead: g(2),
             grace_until: g(3),
+            timed_out_queues: names(r.get(4)),
+            dead_queues: names(r.get(5)),
         })
     }
 
@@ -188,5 +200,13 @@ impl Orphans {
         let (rows, counts): (Vec<String>, Vec<(String, u64)>) = self.store.pipe("orphans_history", &pipe).await?;
         let records = rows.iter().filter_map(|r| serde_json::from_str(r).ok()).collect();
         Ok((records, counts))
+    }
+}
+
+/// A list of names in a script reply (absent: none).
+fn names(v: Option<&Value>) -> Vec<String> {
+    match v {
+        Some(Value::Array(items)) => items.iter().map(text).collect(),
+        _ => Vec::new(),
     }
 }

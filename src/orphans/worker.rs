@@ -29,10 +29,8 @@ pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()>
                             metrics::counter!("muster_orphans_recovered_total", "action" => action).increment(n as u64);
                         }
                     }
-                    if r.dead > 0 {
-                        // Every dead letter counts here, whoever made it.
-                        metrics::counter!("muster_tasks_dead_total").increment(r.dead as u64);
-                    }
+                    // Every dead letter counts here, whoever made it.
+                    count_by_queue(&orphans, "muster_tasks_dead_total", &r.dead_queues);
                     if r.requeued + r.dead + r.cancelled > 0 {
                         tracing::info!(
                             requeued = r.requeued,
@@ -48,10 +46,8 @@ pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()>
                 Ok(t) if t.timed_out > 0 => {
                     metrics::counter!("muster_task_timeouts_total").increment(t.timed_out as u64);
                     // A timeout is a failed execution (retried or dead).
-                    metrics::counter!("muster_tasks_failed_total").increment(t.timed_out as u64);
-                    if t.dead > 0 {
-                        metrics::counter!("muster_tasks_dead_total").increment(t.dead as u64);
-                    }
+                    count_by_queue(&orphans, "muster_tasks_failed_total", &t.timed_out_queues);
+                    count_by_queue(&orphans, "muster_tasks_dead_total", &t.dead_queues);
                     tracing::info!(
                         timed_out = t.timed_out,
                         retried = t.retried,
@@ -85,4 +81,11 @@ pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()>
             }
         }
     })
+}
+
+/// Increments a task counter once per listed queue, under its capped label.
+fn count_by_queue(orphans: &Orphans, name: &'static str, queues: &[String]) {
+    for q in queues {
+        metrics::counter!(name, "queue" => orphans.labels.label(q)).increment(1);
+    }
 }

@@ -301,7 +301,8 @@ pub struct Tasks {
     store: Store,
     cfg: TasksConfig,
     scripts: Scripts,
-    pub labels: QueueLabels,
+    /// Shared with the orphan cleaner, so both label the same queues alike.
+    pub labels: Arc<QueueLabels>,
 }
 
 /// The task helpers (`lua/lib.lua`) followed by the workflow hook that every
@@ -343,7 +344,7 @@ impl Tasks {
             store,
             cfg,
             scripts,
-            labels: QueueLabels::default(),
+            labels: Arc::new(QueueLabels::default()),
         })
     }
 
@@ -474,15 +475,16 @@ impl Tasks {
         let deadlines = format!("{}:deadlines", self.store.keys().prefix());
         let reply: Vec<Value> = self.store.eval(&self.scripts.complete, &[deadlines], &args).await?;
         let mut out = Vec::with_capacity(items.len());
-        let mut done = 0u64;
+        let mut done: BTreeMap<String, u64> = BTreeMap::new();
         for ((id, _, _), c) in items.iter().zip(reply.chunks(3)) {
             let (code, state, attempt) = (int(at(c, 0)), text(at(c, 1)), int(at(c, 2)));
             out.push(match code {
                 1 => {
-                    done += 1;
+                    let queue = state.split_once(':').map_or("", |(_, q)| q);
+                    *done.entry(self.labels.label(queue)).or_default() += 1;
                     Ok(Finished {
                         id: id.clone(),
-                        state,
+                        state: "succeeded".into(),
                         attempt: attempt as u32,
                         retry_at: None,
                     })
@@ -491,8 +493,8 @@ impl Tasks {
                 _ => Err(stale(id, state, attempt)),
             });
         }
-        if done > 0 {
-            metrics::counter!("muster_tasks_succeeded_total").increment(done);
+        for (label, n) in done {
+            metrics::counter!("muster_tasks_succeeded_total", "queue" => label).increment(n);
         }
         Ok(out)
     }
@@ -526,9 +528,10 @@ impl Tasks {
             -2 => Err(TaskError::NotFound(id.into())),
             -1 => Err(stale(id, state, attempt)),
             _ => {
-                metrics::counter!("muster_tasks_failed_total").increment(1);
+                let label = self.labels.label(&text(at(&reply, 4)));
+                metrics::counter!("muster_tasks_failed_total", "queue" => label.clone()).increment(1);
                 if state == "dead" {
-                    metrics::counter!("muster_tasks_dead_total").increment(1);
+                    metrics::counter!("muster_tasks_dead_total", "queue" => label).increment(1);
                 }
                 Ok(Finished {
                     id: id.into(),

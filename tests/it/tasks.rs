@@ -1035,3 +1035,62 @@ async fn dashboard_forms_pause_cancel_retry_and_discard() {
     // bad names are refused before anything happens
     assert_eq!(form("/ui/queues/bad%20name/pause").await, 400);
 }
+
+/// Task outcome counters carry the (capped) queue label, and count every
+/// way a task ends: complete, fail, timeout, and the orphan cleaner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_outcome_metrics_are_labelled_by_queue() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    let q = format!("mq{}", std::process::id());
+    // succeeded
+    submit(&a, &q, json!({})).await;
+    let t = claim(&a, &q, "w", 1, 0).await;
+    let (s, _) = a
+        .post(
+            &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
+            json!({"token": t[0]["token"]}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    // failed and dead by `fail`
+    submit(&a, &q, json!({"max_attempts": 1})).await;
+    let t = claim(&a, &q, "w", 1, 0).await;
+    let (s, _) = a
+        .post(
+            &format!("/api/v1/tasks/{}/fail", t[0]["id"].as_str().unwrap()),
+            json!({"token": t[0]["token"], "error": "no"}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    // failed and dead by the timeout monitor
+    let id = submit(&a, &q, json!({"max_attempts": 1, "timeout_ms": 100})).await;
+    claim(&a, &q, "w", 1, 0).await;
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "dead"
+        })
+        .await
+    );
+    let text = a
+        .request(reqwest::Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| {
+        let prefix = format!("{name}{{queue=\"{q}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(value("muster_tasks_enqueued_total"), 3.0, "{text}");
+    assert_eq!(value("muster_tasks_claimed_total"), 3.0);
+    assert_eq!(value("muster_tasks_succeeded_total"), 1.0);
+    assert_eq!(value("muster_tasks_failed_total"), 2.0, "fail and timeout");
+    assert_eq!(value("muster_tasks_dead_total"), 2.0, "fail and timeout");
+}

@@ -17,7 +17,7 @@ local function recover_task(id, owner, o)
     'cancel_requested')
   if not f[1] or f[1] ~= 'running' or f[2] ~= owner then
     redis.call('SREM', ntasks(owner), id)
-    return 'stale'
+    return 'stale', ''
   end
   local q, g, attempt = f[3], f[4] or '', tonumber(f[5] or '0')
   local nows = int(o.now)
@@ -46,7 +46,7 @@ local function recover_task(id, owner, o)
   redis.call('HINCRBY', P .. ':orphans:counts', action, 1)
   emit_task('orphan.recovered', o.actor,
     '{"owner":"' .. owner .. '","attempt":' .. attempt .. ',"action":"' .. action .. '"}', id, q, g)
-  return action
+  return action, q
 end
 
 local function recovery_opts(now, argv_from)

@@ -14,7 +14,7 @@
 -- ARGV[6]  history_max_age_ms     orphan history, oldest record
 -- ARGV[7]  acting node id         for events
 --
--- Returns {requeued, dead, cancelled, stale, grace_until_ms}
+-- Returns {requeued, dead, cancelled, stale, grace_until_ms, {queue of each dead task}}
 -- Emits node.dead (first time a node is seen dead), orphan.recovered per task,
 -- and task.dead or task.cancelled where recovery ends a task.
 local ttl, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -23,6 +23,7 @@ local grace = liveness_pass(now, ttl)
 if grace > 0 then return {0, 0, 0, 0, grace} end
 local o = recovery_opts(now, 3)
 local counts = {requeued = 0, dead = 0, cancelled = 0, stale = 0}
+local dead_q = {}
 local budget = limit
 -- Expired nodes stay listed (dead) for dead_retention_ms, mostly with no task
 -- left: look at up to 1000 of them, so a burst of dead workers cannot hide a
@@ -35,10 +36,11 @@ for i = 1, #rows, 2 do
     mark_dead(node, score, now)
     local ids = redis.call('SRANDMEMBER', ntasks(node), budget)
     for j = 1, #ids do
-      local action = recover_task(ids[j], node, o)
+      local action, q = recover_task(ids[j], node, o)
       counts[action] = counts[action] + 1
+      if action == 'dead' then dead_q[#dead_q + 1] = q end
       budget = budget - 1
     end
   end
 end
-return {counts.requeued, counts.dead, counts.cancelled, counts.stale, 0}
+return {counts.requeued, counts.dead, counts.cancelled, counts.stale, 0, dead_q}

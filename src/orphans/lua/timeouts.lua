@@ -12,7 +12,8 @@
 -- ARGV[5]  dead_retention_ms
 -- ARGV[6]  acting node id
 --
--- Returns {timed_out, retried, dead, grace_until_ms}
+-- Returns {timed_out, retried, dead, grace_until_ms, {queue of each timed-out task},
+--          {queue of each task that went dead}}
 -- Emits task.failed (reason timeout), then task.retrying, task.dead or task.cancelled.
 local ttl, limit, jitter = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local retention, dead_ttl, actor = ARGV[4], ARGV[5], ARGV[6]
@@ -21,6 +22,7 @@ local grace = liveness_pass(now, ttl)
 if grace > 0 then return {0, 0, 0, grace} end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'LIMIT', 0, limit)
 local timed_out, retried, dead = 0, 0, 0
+local timed_q, dead_q = {}, {}
 for i = 1, #due do
   local id = due[i]
   local t = tkey(id)
@@ -34,14 +36,20 @@ for i = 1, #due do
     redis.call('HSET', t, 'error', msg, 'e' .. attempt, int(now) .. '|timed_out', 'updated_at', int(now))
     emit_task('task.failed', actor, {attempt = attempt, error = msg, reason = 'timeout'}, id, q, g)
     timed_out = timed_out + 1
+    timed_q[#timed_q + 1] = q
     if f[9] == '1' then
       finish(id, q, 'cancelled', int(now), retention)
       emit_task('task.cancelled', actor, '{"attempt":' .. attempt .. '}', id, q, g)
     else
       local state = fail_or_retry(id, q, attempt, tonumber(f[6]), tonumber(f[7]), tonumber(f[8]), jitter, true,
         now, dead_ttl, actor, 'timeout')
-      if state == 'dead' then dead = dead + 1 else retried = retried + 1 end
+      if state == 'dead' then
+        dead = dead + 1
+        dead_q[#dead_q + 1] = q
+      else
+        retried = retried + 1
+      end
     end
   end
 end
-return {timed_out, retried, dead, 0}
+return {timed_out, retried, dead, 0, timed_q, dead_q}

@@ -8,8 +8,8 @@
 -- ARGV[2]  n; then per task: id, token (decimal), result (JSON text, '' for none)
 --
 -- Returns a flat list, 3 entries per task: code, state, attempt
---   code  1 succeeded, -1 stale token or not running (state is the current one),
---         -2 unknown task
+--   code  1 succeeded (state 'succeeded:<queue>', for the metrics' label),
+--         -1 stale token or not running (state is the current one), -2 unknown task
 -- Emits task.succeeded per completed task. A workflow task's completion also
 -- dispatches its ready successors (workflows/lua/hook.lua), in this same call.
 local retention, n = ARGV[1], tonumber(ARGV[2])
@@ -49,7 +49,7 @@ for i = 0, n - 1 do
     end
     emit_task('task.succeeded', owner, '{"attempt":' .. attempt .. '}', id, q, g)
     if f[9] then wf_on_end(id, 'succeeded', nows) end
-    out[#out + 1] = 1; out[#out + 1] = 'succeeded'; out[#out + 1] = tonumber(attempt)
+    out[#out + 1] = 1; out[#out + 1] = 'succeeded:' .. f[3]; out[#out + 1] = tonumber(attempt)
   end
 end
 if #deadlines > 0 then batch_add(zrem, DEADLINES, unpack(deadlines)) end

@@ -13,7 +13,7 @@
 -- ARGV[6]  retention_ms (cancelled)
 -- ARGV[7]  dead_retention_ms
 --
--- Returns {code, state, attempt, run_at}
+-- Returns {code, state, attempt, run_at, queue}
 --   code  1 failed (state 'delayed' with run_at, or 'dead'), 2 cancelled,
 --         -1 stale token or not running, -2 unknown task
 -- Emits task.failed, then task.retrying, task.dead or task.cancelled.
@@ -31,8 +31,8 @@ emit_task('task.failed', owner, {attempt = attempt, error = string.sub(err, 1, 2
 if f[10] == '1' then
   finish(id, q, 'cancelled', int(now), retention)
   emit('task.cancelled', owner, {attempt = attempt}, 'task', id, 'queue', q)
-  return {2, 'cancelled', attempt, 0}
+  return {2, 'cancelled', attempt, 0, q}
 end
 local state, run_at = fail_or_retry(id, q, attempt, tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), jitter,
   retryable, now, dead_ttl, owner, 'failed')
-return {1, state, attempt, run_at}
+return {1, state, attempt, run_at, q}
