@@ -1,6 +1,9 @@
 -- lib.lua: barrier helpers shared by the barrier scripts (prepended after the prelude
 -- and nodes' liveness.lua).
 --
+-- KEYS / ARGV: none of its own: a library, included in other scripts, whose
+-- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
+--
 -- Key layout (P is the hash-tagged prefix; b a barrier name, r a round id, both
 -- validated [A-Za-z0-9._-]{1,128}):
 --   P:barriers                 set    configured barrier names (bounded by max_barriers)

@@ -1,6 +1,9 @@
 -- lib.lua: lease helpers shared by the lock and election scripts (prepended after the
 -- prelude and nodes' liveness.lua).
 --
+-- KEYS / ARGV: none of its own: a library, included in other scripts, whose
+-- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
+--
 -- Key layout (P is the hash-tagged prefix; l a lock name, e an election name, both
 -- validated [A-Za-z0-9._-]{1,128}):
 --   P:lock:<l>          hash   owner, token, node, acquired_at, expires_at, ttl_ms;

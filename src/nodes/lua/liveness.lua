@@ -1,6 +1,9 @@
 -- liveness.lua: who is dead, decided in one place (prepended to prune.lua, and to
 -- the orphan cleaner's and timeout monitor's scripts).
 --
+-- KEYS / ARGV: none of its own: a library, included in other scripts, whose
+-- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
+--
 -- Keys: P:nodes (zset, id -> heartbeat expiry, Redis ms), P:nodes:pass (Redis ms of
 -- the last liveness pass by any node; TTL), P:nodes:grace (Redis ms until which
 -- nobody is declared dead; TTL).

@@ -1,6 +1,9 @@
 -- lib.lua: schedule helpers shared by the schedule scripts (prepended after the
 -- prelude and the task library, whose helpers it uses to submit and cancel tasks).
 --
+-- KEYS / ARGV: none of its own: a library, included in other scripts, whose
+-- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
+--
 -- Key layout (P is the hash-tagged prefix; s a schedule id; T an occurrence, Redis ms):
 --   P:schedules              set     schedule ids (bounded by schedules.max_schedules)
 --   P:schedule:<s>           hash    the definition (flat fields, below) and the runtime

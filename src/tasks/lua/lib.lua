@@ -1,5 +1,8 @@
 -- lib.lua: task helpers shared by every task script (prepended after the prelude).
 --
+-- KEYS / ARGV: none of its own: a library, included in other scripts, whose
+-- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
+--
 -- Key layout (P is the hash-tagged prefix; q a queue, g a group, id a task id):
 --   P:task:<id>             hash   the task; TTL once finished (retention)
 --   P:queues                set    known queue names (bounded by max_queues)

@@ -2,6 +2,9 @@
 -- workflow task to a terminal state (appended after tasks/lua/lib.lua, so the
 -- advance is atomic with the task's own transition).
 --
+-- KEYS / ARGV: none of its own: a library, included in other scripts, whose
+-- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
+--
 -- Keys of workflow w (all expire `ret` ms after w is finished):
 --   P:wf:<w>         hash  state (running|succeeded|failed|cancelled), policy
 --                          (fail_fast|continue), open (keys not yet terminal), bad (keys
