@@ -140,47 +140,8 @@ async fn cluster_tasks_claim_fence_and_complete() {
         "{q}"
     );
 
-    // Fencing: a failed attempt is claimed again through the other node with
-    // a greater token; the old token is refused with 409 and changes nothing.
-    let id = submit(
-        &a,
-        "st",
-        json!({"payload": 1, "backoff_base_ms": 0, "backoff_cap_ms": 0}),
-    )
-    .await;
-    let first = claim(&a, "st", "wa", 1, 0).await;
-    let t1 = token(&first[0]);
-    let (s, f) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/fail"),
-            json!({"token": t1, "error": "boom"}),
-        )
-        .await;
-    assert_eq!((s, f["state"].as_str()), (200, Some("delayed")), "{f}");
-    let second = claim(&b, "st", "wb", 1, 2000).await;
-    assert_eq!(second.len(), 1);
-    let t2 = token(&second[0]);
-    assert!(t2 > t1, "a later claim has a greater token ({t2} > {t1})");
-    assert_eq!(second[0]["attempt"], 2);
-    let (s, r) = b
-        .post(
-            &format!("/api/v1/tasks/{id}/complete"),
-            json!({"token": t1, "result": "late"}),
-        )
-        .await;
-    assert_eq!(s, 409, "{r}");
-    assert_eq!(r["state"], "running");
-    assert!(r["detail"].as_str().unwrap().contains("stale"), "{r}");
-    let (s, _) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/complete"),
-            json!({"token": t2, "result": {"ok": 1}}),
-        )
-        .await;
-    assert_eq!(s, 200);
-    let (_, task) = b.get(&format!("/api/v1/tasks/{id}")).await;
-    assert_eq!(task["state"], "succeeded");
-    assert_eq!(task["result"], json!({"ok": 1}));
+    // Fencing (G1): the same scenario as the standalone suite's.
+    crate::tasks::stale_tokens_scenario(&a, &b).await;
 
     // A delayed task becomes claimable when due (the long poll returns then).
     submit(&a, "cd", json!({"delay_ms": 400})).await;

@@ -145,15 +145,21 @@ async fn stale_tokens_are_refused_and_change_nothing() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     let b = TestApp::start(&redis).await;
-    join(&a, "wa").await;
-    join(&a, "wb").await;
+    stale_tokens_scenario(&a, &b).await;
+}
+
+/// G1 through two nodes: a retried task's old token is refused everywhere
+/// (409, nothing changes); the holder completes once. Also run on a cluster.
+pub async fn stale_tokens_scenario(a: &TestApp, b: &TestApp) {
+    join(a, "wa").await;
+    join(a, "wb").await;
     let id = submit(
-        &a,
+        a,
         "st",
         json!({"payload": 1, "backoff_base_ms": 0, "backoff_cap_ms": 0}),
     )
     .await;
-    let first = claim(&a, "st", "wa", 1, 0).await;
+    let first = claim(a, "st", "wa", 1, 0).await;
     let t1 = token(&first[0]);
     // The first holder fails; the task is retried immediately and claimed again.
     let (s, f) = a
@@ -164,7 +170,7 @@ async fn stale_tokens_are_refused_and_change_nothing() {
         .await;
     assert_eq!(s, 200, "{f}");
     assert_eq!(f["state"], "delayed");
-    let second = claim(&b, "st", "wb", 1, 2000).await;
+    let second = claim(b, "st", "wb", 1, 2000).await;
     assert_eq!(second.len(), 1);
     let t2 = token(&second[0]);
     assert!(t2 > t1, "a later claim has a greater token");
