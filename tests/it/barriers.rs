@@ -215,14 +215,7 @@ async fn waiters_wake_on_the_decision_not_by_polling() {
         worst = worst.max(at.saturating_duration_since(t0));
     }
     assert!(worst < Duration::from_millis(300), "slowest wake-up {worst:?}");
-    let text = a
-        .request(reqwest::Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = a.page("/metrics").await;
     assert!(
         text.contains("muster_barrier_rounds_total{verdict=\"released\"}"),
         "rounds counter"
@@ -618,14 +611,7 @@ async fn barriers_page_shows_rounds_with_arrivals() {
     let parts: Vec<String> = ["n-one", "n-two"].iter().map(|s| s.to_string()).collect();
     configure(&a, "nightly", &parts, 1, 60_000).await;
     arrive(&a, "nightly", "2026-11-22", "n-one", 0).await;
-    let html = a
-        .request(reqwest::Method::GET, "/barriers")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = a.page("/barriers").await;
     assert!(
         html.contains("nightly") && html.contains("n-one") && html.contains("n-two"),
         "{html}"
@@ -640,14 +626,7 @@ async fn barriers_page_shows_rounds_with_arrivals() {
     let html = resp.text().await.unwrap();
     assert!(html.contains("2026-11-22") && html.contains("pending"), "{html}");
     arrive(&a, "nightly", "2026-11-22", "n-two", 0).await;
-    let html = a
-        .request(reqwest::Method::GET, "/barriers/nightly")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = a.page("/barriers/nightly").await;
     assert!(
         html.contains("released") && !html.contains("http-equiv=\"refresh\""),
         "{html}"

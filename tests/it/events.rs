@@ -186,15 +186,7 @@ async fn a_slow_client_is_lagged_and_closed_without_slowing_others() {
     // The slow one has not read for a while: within send_timeout_ms the node
     // gives up on it.
     let lagged_metric = || async {
-        let m = a
-            .http
-            .get(format!("{}/metrics", a.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = a.page("/metrics").await;
         m.lines()
             .any(|l| l.starts_with("muster_ws_lagged_total ") && !l.ends_with(" 0"))
     };
@@ -222,15 +214,7 @@ async fn a_slow_client_is_lagged_and_closed_without_slowing_others() {
     let rest = collect(&mut again, 2000 - seen, Duration::from_secs(10)).await;
     assert_eq!(rest.len(), 2000 - seen, "nothing lost across the lag");
     assert_eq!(rest.last().unwrap()["task"], ids[1999].as_str());
-    let metrics = a
-        .http
-        .get(format!("{}/metrics", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = a.page("/metrics").await;
     assert!(metrics.contains("muster_events_relayed_total"));
     assert!(metrics.contains("muster_event_relay_lag_seconds"));
 }
@@ -368,39 +352,15 @@ async fn the_events_page_renders_the_stream_and_filters() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     let id = submit(&a, "page", json!({})).await;
-    let html = a
-        .http
-        .get(format!("{}/events?topics=task.*", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = a.page("/events?topics=task.*").await;
     assert!(html.contains(&id) && html.contains("task.enqueued"));
     assert!(
         html.contains("data-live-since="),
         "live updates resume after what is shown"
     );
-    let html = a
-        .http
-        .get(format!("{}/events?topics=node.*", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = a.page("/events?topics=node.*").await;
     assert!(!html.contains(&id));
-    let html = a
-        .http
-        .get(format!("{}/events?topics=b*d", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = a.page("/events?topics=b*d").await;
     assert!(html.contains("bad topic"));
     let js = a.http.get(format!("{}/static/js/live.js", a.url)).send().await.unwrap();
     assert_eq!(js.status(), 200);

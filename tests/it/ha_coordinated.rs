@@ -141,14 +141,7 @@ async fn coordinated_failover_switches_when_all_confirm() {
     }
     let epoch_after = st["epoch"].as_u64().unwrap();
     // The Failover page shows the round and every client's answer.
-    let html = nc
-        .request(reqwest::Method::GET, "/failover")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = nc.page("/failover").await;
     assert!(html.contains("Coordinator") && html.contains(&set.addr(1)), "{html}");
     for id in [&a, &b, &c] {
         assert!(html.contains(id.as_str()), "{id} missing from the page");

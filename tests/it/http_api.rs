@@ -235,15 +235,7 @@ async fn metrics_expose_nodes_redis_and_http() {
     let redis = TestRedis::start();
     let app = TestApp::start(&redis).await;
     app.get("/api/v1/nodes").await;
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.page("/metrics").await;
     assert!(
         text.contains("muster_redis_call_duration_seconds_bucket"),
         "redis histogram"

@@ -83,25 +83,9 @@ async fn a_dead_workers_task_is_requeued_at_the_front_within_ttl_plus_interval()
     assert!(events.iter().any(|(t, n, _)| t == "node.dead" && n == "doomed"));
     let (_, task) = a.get(&format!("/api/v1/tasks/{victim}")).await;
     assert_eq!(task["attempt_log"][0]["outcome"], "orphaned");
-    let html = a
-        .http
-        .get(format!("{}/orphans", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = a.page("/orphans").await;
     assert!(html.contains(&victim) && html.contains("doomed"));
-    let metrics = a
-        .http
-        .get(format!("{}/metrics", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = a.page("/metrics").await;
     assert!(metrics.contains("muster_orphans_recovered_total{action=\"requeued\"}"));
 }
 
@@ -207,15 +191,7 @@ async fn the_timeout_monitor_fails_overdue_tasks_and_late_completes_get_409() {
             .iter()
             .any(|(t, _, f)| t == "task.failed" && f["data"].as_str().unwrap().contains("timeout"))
     );
-    let metrics = a
-        .http
-        .get(format!("{}/metrics", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = a.page("/metrics").await;
     assert!(metrics.contains("muster_task_timeouts_total"));
 }
 

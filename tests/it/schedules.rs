@@ -333,15 +333,7 @@ async fn g7_europe_berlin_dst_days_fire_the_right_occurrences() {
         assert!(tasks.values().all(|v| v.len() == 1), "{id}: one task per occurrence");
     }
     // The page shows local wall-clock times with the zone's abbreviation.
-    let html = a
-        .http
-        .get(format!("{}/schedules/fall-hourly", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = a.page("/schedules/fall-hourly").await;
     assert!(html.contains("2025-10-26 02:00:00 CEST") && html.contains("2025-10-26 02:00:00 CET"));
 }
 
@@ -507,15 +499,7 @@ async fn g7_overlap_forbid_skips_while_the_previous_task_is_live() {
     assert_ne!(second, first);
     let (_, t) = a.get(&format!("/api/v1/tasks/{second}")).await;
     assert_eq!(t["state"], "queued");
-    let metrics = a
-        .http
-        .get(format!("{}/metrics", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = a.page("/metrics").await;
     assert!(metrics.contains("muster_schedule_fires_total{result=\"skipped_overlap\"}"));
 }
 

@@ -1079,14 +1079,7 @@ async fn task_outcome_metrics_are_labelled_by_queue() {
         })
         .await
     );
-    let text = a
-        .request(reqwest::Method::GET, "/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = a.page("/metrics").await;
     let value = |name: &str| {
         let prefix = format!("{name}{{queue=\"{q}\"}} ");
         text.lines()

@@ -90,15 +90,7 @@ async fn a_diamond_runs_in_dependency_order() {
     assert!(events.contains(&"workflow.started".into()) && events.contains(&"workflow.succeeded".into()));
     let (_, list) = a.get("/api/v1/workflows?state=succeeded").await;
     assert_eq!(list["workflows"][0]["id"], id.as_str());
-    let html = a
-        .http
-        .get(format!("{}/workflows/{id}", a.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let html = a.page(&format!("/workflows/{id}")).await;
     assert!(html.contains("<svg class=\"dag\"") && html.contains("node succeeded"));
 }
 

@@ -327,6 +327,17 @@ impl TestApp {
         send(self.req(reqwest::Method::DELETE, path)).await
     }
 
+    /// The body of a GET as text (a dashboard page, `/metrics`).
+    pub async fn page(&self, path: &str) -> String {
+        self.req(reqwest::Method::GET, path)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// A raw request builder for headers and bodies the helpers don't cover.
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         self.req(method, path)
