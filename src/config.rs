@@ -640,10 +640,7 @@ impl Config {
                 "set only one of redis.url, redis.sentinels, redis.cluster and failover.role",
             );
         }
-        let addr_ok = |a: &String| {
-            a.rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
-        };
+        let addr_ok = |a: &String| crate::failover::is_addr(a);
         if r.sentinels.iter().any(|a| !addr_ok(a)) {
             return err("redis.sentinels", "expected host:port entries such as 10.0.0.5:26379");
         }

@@ -639,12 +639,7 @@ pub fn is_addr(s: &str) -> bool {
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use crate::store::node_clock_ms as now_ms;
 
 #[cfg(test)]
 mod tests {

@@ -438,10 +438,7 @@ impl Store {
         *self.inner.address.write().unwrap_or_else(|p| p.into_inner()) = addr.to_string();
         self.inner.generation.fetch_add(1, Ordering::SeqCst);
         self.inner.switched.notify_waiters();
-        let now_ms = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0);
+        let now_ms = node_clock_ms();
         *self.inner.last_switch.write().unwrap_or_else(|p| p.into_inner()) = Some(Switch {
             from: from.clone(),
             to: addr.to_string(),
@@ -560,10 +557,7 @@ impl Store {
     /// one). Cheap when nothing changed: one `stat` at most every 20 ms.
     pub async fn follow_master_file(&self) {
         let Some(f) = &self.inner.master_file else { return };
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let now = node_clock_ms().max(0) as u64;
         let last = f.checked_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) < 20 {
             return;
@@ -611,15 +605,10 @@ impl Store {
     /// PING, then `INFO server`: records the version and refuses old servers.
     pub async fn check_server(&self) -> StoreResult<ServerInfo> {
         let _: String = self.call_here("ping", &redis::cmd("PING"), true).await?;
-        let v: Value = self
+        // In a cluster too this reaches one server: the namespace's master.
+        let text: String = self
             .call_here("info", &redis::cmd("INFO").arg("server").to_owned(), true)
             .await?;
-        // A cluster answers per node (a map); any node will do for the version.
-        let v = match v {
-            Value::Map(m) => m.into_iter().next().map(|(_, v)| v).unwrap_or(Value::Nil),
-            v => v,
-        };
-        let text = String::from_redis_value(v).map_err(|e| StoreError::Decode(e.to_string()))?;
         let field = |name: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(&format!("{name}:")))
@@ -866,6 +855,15 @@ impl Store {
 /// `{prefix}`, which holds every muster key (see [`Keys`]).
 fn home_route(keys: &Keys) -> Route {
     Route::with_key(keys.prefix(), SlotAddr::Master)
+}
+
+/// The node's clock in ms since the epoch: for display and local throttling
+/// only, never for a lease or liveness decision (those use Redis time).
+pub fn node_clock_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// Opens a client and a reconnecting connection to one server.
