@@ -35,6 +35,8 @@ pub struct BenchOptions {
     pub skip_half_load: bool,
     /// Skip redis-benchmark.
     pub skip_baseline: bool,
+    /// At batch 1, complete and claim the next task in one call.
+    pub claim_next: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -61,6 +63,13 @@ pub struct BenchReport {
     pub redis_round_trips_per_task: f64,
     /// Fraction of one core Redis used during phase 1.
     pub redis_cpu_utilisation: f64,
+    /// Redis CPU (user + system, from `INFO cpu`) per task in phase 1, µs.
+    pub redis_cpu_us_per_task: f64,
+    /// Script calls (EVALSHA) per task in phase 1, background loops included.
+    pub script_calls_per_task: f64,
+    /// Claims that found nothing, per task in phase 1 (the node's
+    /// `muster_claims_empty_total`).
+    pub empty_claims_per_task: f64,
     pub redis_benchmark_evalsha_per_sec: Option<f64>,
     /// peak_tasks_per_sec / redis_benchmark_evalsha_per_sec.
     pub ratio_to_redis: Option<f64>,
@@ -125,11 +134,13 @@ fn percentiles(mut v: Vec<f64>) -> Latency {
     }
 }
 
-/// Sums `calls=` of every command in `INFO commandstats`, and of the ones a
-/// client sends itself (scripts and the plain commands muster uses).
-fn command_calls(info: &str) -> (u64, u64) {
+/// Sums `calls=` of every command in `INFO commandstats`, of the ones a
+/// client sends itself (scripts and the plain commands muster uses), and of
+/// scripts alone.
+fn command_calls(info: &str) -> (u64, u64, u64) {
     let mut all = 0;
     let mut sent = 0;
+    let mut scripts = 0;
     for line in info.lines() {
         let Some(rest) = line.strip_prefix("cmdstat_") else {
             continue;
@@ -143,6 +154,9 @@ fn command_calls(info: &str) -> (u64, u64) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         all += calls;
+        if name == "evalsha" {
+            scripts += calls;
+        }
         if matches!(
             name,
             "evalsha" | "eval" | "xread" | "time" | "ping" | "smembers" | "zrange" | "hgetall" | "zcard" | "get"
@@ -150,7 +164,21 @@ fn command_calls(info: &str) -> (u64, u64) {
             sent += calls;
         }
     }
-    (all, sent)
+    (all, sent, scripts)
+}
+
+/// The node's count of empty claims, from its `/metrics`.
+async fn empty_claims(client: &Client) -> f64 {
+    let mut req = client.http.get(format!("{}/metrics", client.base));
+    if let Some(t) = &client.token {
+        req = req.bearer_auth(t);
+    }
+    let Ok(resp) = req.send().await else { return 0.0 };
+    let text = resp.text().await.unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("muster_claims_empty_total "))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
 }
 
 fn cpu_seconds(info: &str) -> f64 {
@@ -205,13 +233,19 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let warm = format!("{}-warm", opts.queue);
     phase(&client, &warm, 2000.min(opts.tasks), &opts, None).await?;
 
+    let empty_before = empty_claims(&client).await;
     let before = info(&mut rconn, "commandstats").await?;
     let cpu_before = cpu_seconds(&info(&mut rconn, "cpu").await?);
     let peak = phase(&client, &opts.queue, opts.tasks, &opts, None).await?;
     let after = info(&mut rconn, "commandstats").await?;
     let cpu_after = cpu_seconds(&info(&mut rconn, "cpu").await?);
-    let (all0, sent0) = command_calls(&before);
-    let (all1, sent1) = command_calls(&after);
+    let empty_after = empty_claims(&client).await;
+    let (all0, sent0, scripts0) = command_calls(&before);
+    let (all1, sent1, scripts1) = command_calls(&after);
+    let n = opts.tasks as f64;
+    report.script_calls_per_task = (scripts1 - scripts0) as f64 / n;
+    report.redis_cpu_us_per_task = (cpu_after - cpu_before) * 1e6 / n;
+    report.empty_claims_per_task = (empty_after - empty_before) / n;
     report.peak_seconds = peak.seconds;
     report.peak_tasks_per_sec = opts.tasks as f64 / peak.seconds;
     report.claim_latency_peak = percentiles(peak.claim_ms);
@@ -241,7 +275,11 @@ struct PhaseResult {
 }
 
 /// Submits `n` tasks (at `rate` per second, or as fast as possible) while the
-/// workers drain the queue; returns when all are complete.
+/// workers drain the queue; returns when all are complete. At full speed the
+/// workers long-poll their claims, as real workers do, and at batch 1 each
+/// completes a task and claims its next one in the same call (`next`); at a
+/// set rate they poll without waiting, so the claim latency measured there
+/// is the service time, not time spent waiting for work.
 async fn phase(
     client: &Arc<Client>,
     queue: &str,
@@ -253,6 +291,7 @@ async fn phase(
     let submitted = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicBool::new(false));
     let claim_ms: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let finished_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let start = Instant::now();
     let mut handles = Vec::new();
     let per_producer = n.div_ceil(opts.producers.max(1));
@@ -274,11 +313,18 @@ async fn phase(
                     let due = start + Duration::from_secs_f64((sent as f64) / (r / producers));
                     tokio::time::sleep_until(due.into()).await;
                 }
-                let tasks: Vec<Value> = (0..k).map(|_| json!({"payload": payload})).collect();
-                match client
-                    .post(&format!("/api/v1/queues/{queue}/tasks/batch"), &json!({"tasks": tasks}))
-                    .await
-                {
+                let res = if batch == 1 {
+                    client
+                        .post(&format!("/api/v1/queues/{queue}/tasks"), &json!({"payload": payload}))
+                        .await
+                        .map(|(s, b)| (if s == 201 { 200 } else { s }, b))
+                } else {
+                    let tasks: Vec<Value> = (0..k).map(|_| json!({"payload": payload})).collect();
+                    client
+                        .post(&format!("/api/v1/queues/{queue}/tasks/batch"), &json!({"tasks": tasks}))
+                        .await
+                };
+                match res {
                     Ok((200, _)) => {}
                     other => {
                         tracing::error!(?other, "submit failed");
@@ -291,44 +337,67 @@ async fn phase(
             }
         }));
     }
+    let long_poll = rate.is_none();
+    let use_next = opts.batch == 1 && opts.claim_next;
     for w in 0..opts.workers {
         let client = client.clone();
         let completed = completed.clone();
         let failed = failed.clone();
         let claim_ms = claim_ms.clone();
+        let finished_at = finished_at.clone();
         let queue = queue.to_string();
         let batch = opts.batch;
         handles.push(tokio::spawn(async move {
             let node = format!("bench-w{w}");
             let mut local = Vec::new();
+            let mut held: Vec<Value> = Vec::new();
             while completed.load(Ordering::Relaxed) < n as u64 && !failed.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let res = client
-                    .post(
-                        &format!("/api/v1/queues/{queue}/claim"),
-                        &json!({"node": node, "max": batch, "wait_ms": 0}),
-                    )
-                    .await;
-                local.push(t.elapsed().as_secs_f64() * 1000.0);
-                let tasks = match res {
-                    Ok((200, body)) => body["tasks"].as_array().cloned().unwrap_or_default(),
-                    Ok((204, _)) => {
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                        continue;
+                if held.is_empty() {
+                    let t = Instant::now();
+                    let wait = if long_poll { 200 } else { 0 };
+                    let res = client
+                        .post(
+                            &format!("/api/v1/queues/{queue}/claim"),
+                            &json!({"node": node, "max": batch, "wait_ms": wait}),
+                        )
+                        .await;
+                    local.push(t.elapsed().as_secs_f64() * 1000.0);
+                    match res {
+                        Ok((200, body)) => held = body["tasks"].as_array().cloned().unwrap_or_default(),
+                        Ok((204, _)) => {
+                            if !long_poll {
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            }
+                            continue;
+                        }
+                        other => {
+                            tracing::error!(?other, "claim failed");
+                            failed.store(true, Ordering::Relaxed);
+                            break;
+                        }
                     }
-                    other => {
-                        tracing::error!(?other, "claim failed");
-                        failed.store(true, Ordering::Relaxed);
-                        break;
-                    }
+                }
+                let (res, k) = if use_next {
+                    let t = held.remove(0);
+                    let body = json!({"token": t["token"], "result": true, "next": {"max": 1}});
+                    let id = t["id"].as_str().unwrap_or("");
+                    (client.post(&format!("/api/v1/tasks/{id}/complete"), &body).await, 1)
+                } else {
+                    let items: Vec<Value> = held
+                        .drain(..)
+                        .map(|t| json!({"id": t["id"], "token": t["token"], "result": true}))
+                        .collect();
+                    let k = items.len();
+                    (client.post("/api/v1/tasks/complete", &Value::Array(items)).await, k)
                 };
-                let items: Vec<Value> = tasks
-                    .iter()
-                    .map(|t| json!({"id": t["id"], "token": t["token"], "result": true}))
-                    .collect();
-                match client.post("/api/v1/tasks/complete", &Value::Array(items)).await {
-                    Ok((200, _)) => {
-                        completed.fetch_add(tasks.len() as u64, Ordering::Relaxed);
+                match res {
+                    Ok((200, body)) => {
+                        if use_next {
+                            held = body["next"]["tasks"].as_array().cloned().unwrap_or_default();
+                        }
+                        if completed.fetch_add(k as u64, Ordering::Relaxed) + k as u64 >= n as u64 {
+                            finished_at.lock().await.get_or_insert_with(Instant::now);
+                        }
                     }
                     other => {
                         tracing::error!(?other, "complete failed");
@@ -344,7 +413,9 @@ async fn phase(
         h.await?;
     }
     anyhow::ensure!(!failed.load(Ordering::Relaxed), "a request failed; see the log");
-    let seconds = start.elapsed().as_secs_f64();
+    // Until the last completion, not until every long poll has returned.
+    let end = finished_at.lock().await.unwrap_or_else(Instant::now);
+    let seconds = end.duration_since(start).as_secs_f64();
     let claim_ms = std::mem::take(&mut *claim_ms.lock().await);
     Ok(PhaseResult { seconds, claim_ms })
 }
@@ -397,9 +468,13 @@ pub fn render(r: &BenchReport) -> String {
         r.claim_latency_peak.samples
     ));
     s.push_str(&format!(
-        "  Redis: {:.1} commands/task ({:.2} round trips/task), {:.0}% of a core\n",
+        "  Redis: {:.1} µs CPU/task, {:.1} commands/task, {:.2} script calls/task ({:.2} round trips/task), \
+         {:.3} empty claims/task, {:.0}% of a core\n",
+        r.redis_cpu_us_per_task,
         r.redis_commands_per_task,
+        r.script_calls_per_task,
         r.redis_round_trips_per_task,
+        r.empty_claims_per_task,
         r.redis_cpu_utilisation * 100.0
     ));
     if r.half_load_tasks_per_sec > 0.0 {

@@ -387,8 +387,13 @@ impl Default for SchedulesConfig {
 pub struct BarriersConfig {
     /// How long a decided round is kept (the TTL of its key).
     pub round_retention_ms: u64,
-    /// Rounds kept per barrier: opening a round deletes the oldest decided ones.
+    /// Decided rounds kept per barrier: deciding a round deletes the oldest
+    /// decided ones beyond this (never the round just decided).
     pub rounds_kept: u32,
+    /// Undecided rounds a barrier may have at once: an arrival that would open
+    /// one more is refused (409) until one is decided. Bounds the rounds
+    /// stored per barrier, with `rounds_kept`.
+    pub max_open_rounds: u32,
     /// Upper bound on configured barriers (`PUT /api/v1/barriers/{name}`).
     pub max_barriers: u32,
     /// How often every node decides rounds whose deadline passed with nobody
@@ -405,6 +410,7 @@ impl Default for BarriersConfig {
         Self {
             round_retention_ms: 7 * 24 * 3600 * 1000,
             rounds_kept: 100,
+            max_open_rounds: 1000,
             max_barriers: 1000,
             interval_ms: 200,
             idle_ttl_ms: 24 * 3600 * 1000,
@@ -517,10 +523,12 @@ impl Config {
         if self.nodes.heartbeat_ms == 0 {
             return err("nodes.heartbeat_ms", "must be greater than 0");
         }
-        if self.nodes.ttl_ms < 2 * self.nodes.heartbeat_ms {
+        if self.nodes.ttl_ms < 4 * self.nodes.heartbeat_ms {
             return err(
                 "nodes.ttl_ms",
-                "must be at least twice nodes.heartbeat_ms, or a single late heartbeat marks a live node dead",
+                "must be at least 4 times nodes.heartbeat_ms: a node's lease must outlast one lost heartbeat \
+                 and a Redis stall of up to 3/8 of the ttl (shorter stalls are not told apart from a slow pass; \
+                 longer ones give every lease back)",
             );
         }
         if self.nodes.max_nodes == 0 {
@@ -586,6 +594,9 @@ impl Config {
         if !(1..=100_000).contains(&b.rounds_kept) {
             return err("barriers.rounds_kept", "must be between 1 and 100000");
         }
+        if !(1..=100_000).contains(&b.max_open_rounds) {
+            return err("barriers.max_open_rounds", "must be between 1 and 100000");
+        }
         if b.max_barriers == 0 {
             return err("barriers.max_barriers", "must be greater than 0");
         }
@@ -620,6 +631,22 @@ impl Config {
 
     /// `[redis]` topology keys and `[failover]`: at most one way to find the
     /// master, and complete settings for the one chosen.
+    /// Settings that work but are unwise, for the log at start.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let (timeout, ttl, hb) = (self.redis.timeout_ms, self.nodes.ttl_ms, self.nodes.heartbeat_ms);
+        if timeout + hb > ttl {
+            out.push(format!(
+                "redis.timeout_ms ({timeout}) plus nodes.heartbeat_ms ({hb}) exceeds nodes.ttl_ms ({ttl}): a heartbeat \
+                 that is slow but succeeds can land after its node's lease ran out, so the node may be declared \
+                 dead while its calls still succeed, and it hands out no work meanwhile; use a redis.timeout_ms of \
+                 at most {}",
+                ttl.saturating_sub(hb)
+            ));
+        }
+        out
+    }
+
     fn validate_topology(&self) -> Result<(), ConfigError> {
         let err = |key: &str, msg: &str| Err(ConfigError(format!("invalid value for key `{key}`: {msg}")));
         let r = &self.redis;
@@ -821,8 +848,13 @@ mod tests {
         assert!(e.0.contains("nodes.ttl_ms"), "{}", e.0);
         let e = Config::from_toml("[server]\nlisten = \"nowhere\"\n").unwrap_err();
         assert!(e.0.contains("server.listen"), "{}", e.0);
-        let e = Config::from_toml("[nodes]\nttl_ms = 1000\nheartbeat_ms = 1000\n").unwrap_err();
+        let e = Config::from_toml("[nodes]\nttl_ms = 3000\nheartbeat_ms = 1000\n").unwrap_err();
         assert!(e.0.contains("nodes.ttl_ms"), "{}", e.0);
+        let c = Config::from_toml("[nodes]\nttl_ms = 2000\nheartbeat_ms = 500\n[redis]\ntimeout_ms = 2000\n").unwrap();
+        assert!(c.warnings()[0].contains("redis.timeout_ms"), "{:?}", c.warnings());
+        assert!(Config::default().warnings().is_empty());
+        let e = Config::from_toml("[barriers]\nmax_open_rounds = 0\n").unwrap_err();
+        assert!(e.0.contains("barriers.max_open_rounds"), "{}", e.0);
     }
 
     #[test]

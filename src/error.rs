@@ -144,7 +144,12 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unavailable(msg) => {
                 tracing::warn!(request_id = %current_request_id(), error = %msg, "unavailable");
-                problem(status, msg, None)
+                // Nothing was applied, or the outcome is unknown and the call
+                // is safe to retry with its idempotency key: say when.
+                let mut resp = problem(status, msg, None);
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                resp
             }
             ApiError::Conflict { message, extra } => problem(status, message, Some(extra)),
             other => problem(status, &other.to_string(), None),

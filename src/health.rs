@@ -10,27 +10,42 @@ use std::time::{Duration, Instant};
 
 pub struct Health {
     ttl: Duration,
-    heartbeat: Duration,
     last_ok: Mutex<Option<Instant>>,
+    /// The latest heartbeat to finish failed (timeout, Redis unreachable,
+    /// refused): distinguishes a node cut off from Redis from one whose
+    /// heartbeats are merely slow (a busy machine), which may still work.
+    failing: AtomicBool,
     draining: AtomicBool,
     stopping: AtomicBool,
 }
 
 impl Health {
-    pub fn new(ttl: Duration, heartbeat: Duration) -> Self {
+    pub fn new(ttl: Duration) -> Self {
         Health {
             ttl,
-            heartbeat,
             last_ok: Mutex::new(None),
+            failing: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
         }
     }
 
-    /// Records a successful heartbeat.
-    pub fn heartbeat_ok(&self, draining: bool) {
-        *self.last_ok.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        self.draining.store(draining, Ordering::Relaxed);
+    /// Records a successful heartbeat sent at `started` (before the call:
+    /// its lease in Redis runs from a later instant, so every judgement made
+    /// from this errs on the side of "not registered"). Heartbeats run
+    /// concurrently, so an older one finishing late never moves it back.
+    pub fn heartbeat_ok(&self, started: Instant, draining: bool) {
+        let mut last = self.last_ok.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t <= started) {
+            *last = Some(started);
+            self.draining.store(draining, Ordering::Relaxed);
+        }
+        self.failing.store(false, Ordering::Relaxed);
+    }
+
+    /// Records a failed heartbeat.
+    pub fn heartbeat_failed(&self) {
+        self.failing.store(true, Ordering::Relaxed);
     }
 
     /// Time since the last successful heartbeat.
@@ -41,29 +56,37 @@ impl Health {
             .map(|t| t.elapsed())
     }
 
-    /// Registered: the last heartbeat succeeded less than a ttl ago (local
-    /// clock, started before the call, so this errs on the side of "not").
+    /// Registered: the last successful heartbeat was sent less than a ttl ago.
     pub fn registered(&self) -> bool {
         self.since_heartbeat().is_some_and(|d| d < self.ttl)
     }
 
-    /// Whether this node may hand out work for itself: its registration is
-    /// fresh with a margin of one heartbeat, it is not draining and not
-    /// shutting down. A node cut off from Redis stops claiming before the
-    /// cluster can consider it dead.
-    pub fn can_work(&self) -> bool {
-        let margin = self.ttl.saturating_sub(self.heartbeat);
-        self.since_heartbeat().is_some_and(|d| d < margin)
-            && !self.draining.load(Ordering::Relaxed)
-            && !self.stopping.load(Ordering::Relaxed)
-    }
-
-    /// Whether this node's registration is fresh with a margin of one
-    /// heartbeat: a node cut off from Redis stops handing out work before
-    /// the cluster can consider it dead.
-    pub fn fresh(&self) -> bool {
-        let margin = self.ttl.saturating_sub(self.heartbeat);
-        self.since_heartbeat().is_some_and(|d| d < margin)
+    /// Why this node hands out no work now, if it doesn't: its heartbeats
+    /// fail and none sent in the last ttl succeeded, so its own lease in the
+    /// cluster may have run out (it cannot reach Redis, or Redis refuses it;
+    /// G3); it never registered; it is draining; or it is shutting down.
+    /// Workers then claim through another node. Heartbeats that are slow but
+    /// succeed (a busy machine) do not stop the node.
+    pub fn refuses_work(&self) -> Option<String> {
+        if self.stopping.load(Ordering::Relaxed) {
+            return Some("this node is shutting down".into());
+        }
+        match self.since_heartbeat() {
+            None => return Some("this node has not registered with the cluster yet".into()),
+            Some(d) if d >= self.ttl && self.failing.load(Ordering::Relaxed) => {
+                return Some(format!(
+                    "this node's heartbeats fail: the last one that succeeded was sent {} ms ago, longer than \
+                     its lease of {} ms",
+                    d.as_millis(),
+                    self.ttl.as_millis()
+                ));
+            }
+            Some(_) => {}
+        }
+        if self.draining.load(Ordering::Relaxed) {
+            return Some("this node is draining".into());
+        }
+        None
     }
 
     pub fn draining(&self) -> bool {

@@ -248,6 +248,9 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
     if cfg.auth.tokens.is_empty() {
         tracing::warn!("no [auth] tokens configured: listening on loopback only, and every local caller is admin");
     }
+    for w in cfg.warnings() {
+        tracing::warn!("{w}");
+    }
     let node_id = if cfg.server.node_id.is_empty() {
         generated_node_id()
     } else {
@@ -336,10 +339,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         &cfg.server.data_dir,
         nodes.clone(),
     );
-    let health = Arc::new(Health::new(
-        Duration::from_millis(cfg.nodes.ttl_ms),
-        Duration::from_millis(cfg.nodes.heartbeat_ms),
-    ));
+    let health = Arc::new(Health::new(Duration::from_millis(cfg.nodes.ttl_ms)));
     let advertise = cfg.advertise_url(addr);
     let cfg = Arc::new(cfg);
     let state = AppState {
@@ -374,6 +374,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         addr: advertise.clone(),
         labels: cfg.server.labels.clone(),
     };
+    let started = std::time::Instant::now();
     match nodes
         .heartbeat(
             &me.id,
@@ -385,7 +386,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         )
         .await
     {
-        Ok(hb) => health.heartbeat_ok(hb.state == "draining"),
+        Ok(hb) => health.heartbeat_ok(started, hb.state == "draining"),
         Err(e) => tracing::warn!(error = %e, "first heartbeat failed; retrying in the background"),
     }
 

@@ -183,10 +183,12 @@ struct BenchArgs {
     /// Tasks in the peak phase.
     #[arg(long, default_value_t = 50_000)]
     tasks: usize,
-    /// Concurrent REST workers (batch claim + batch complete).
+    /// Concurrent REST workers: long-polling claims; with --batch 1 each
+    /// completes a task and claims its next one in the same call.
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Tasks per submit, claim and complete request.
+    /// Tasks per submit, claim and complete request (1: one at a time, as
+    /// most workers run).
     #[arg(long, default_value_t = 100)]
     batch: usize,
     /// Concurrent submitters.
@@ -204,6 +206,10 @@ struct BenchArgs {
     /// Skip the redis-benchmark baseline.
     #[arg(long)]
     no_baseline: bool,
+    /// With --batch 1: claim with a separate call after each complete, as
+    /// workers without `next` do (the before-and-after comparison).
+    #[arg(long)]
+    no_next: bool,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -440,6 +446,7 @@ async fn bench(a: BenchArgs) -> ExitCode {
         redis_url: a.redis_url,
         skip_half_load: a.no_half_load,
         skip_baseline: a.no_baseline,
+        claim_next: !a.no_next,
     };
     match muster::bench::run(opts).await {
         Ok(report) => {

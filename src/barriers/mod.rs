@@ -17,12 +17,19 @@
 //!   (G11).
 //! - Waiters are woken by the decision event on the node's bus, not by
 //!   polling; a one-second re-check covers a lost event.
-//! - G4: rounds carry a TTL (timeout + retention), at most `rounds_kept`
-//!   decided rounds are kept per barrier, configs are bounded by
-//!   `max_barriers`, holds and DoubleBarriers expire when idle, and the
-//!   deadline index holds open rounds only.
+//! - G4: rounds carry a TTL (timeout + retention). Per barrier at most
+//!   `rounds_kept` decided rounds are kept (deciding a round deletes the
+//!   oldest decided ones, never the round just decided: its caller and
+//!   waiters read it next) and at most `max_open_rounds` are undecided (an
+//!   arrival that would open one more gets 409), each until its deadline.
+//!   Configs are bounded by `max_barriers`, holds and DoubleBarriers expire
+//!   when idle, the deadline index holds open rounds only, and the hold index
+//!   live holds (entries past their expiry are dropped by the next hold).
+//! - A round id can be reused after its round was deleted (trimmed, expired,
+//!   or its barrier deleted): each incarnation carries its own `opened_id`,
+//!   so nothing read from an earlier incarnation answers for a later one.
 //! - A DoubleBarrier entrant's presence is tied to its node's liveness (the
-//!   rules of `nodes::LIVENESS`, post-stall grace included): a crashed
+//!   rules of `nodes/lua/liveness.lua`, leases given back after a Redis stall): a crashed
 //!   entrant is evicted, so the others never wait for it forever.
 
 pub mod bench;
@@ -57,6 +64,10 @@ pub enum BarrierError {
     },
     #[error("the cluster already has the maximum of {0} barriers (barriers.max_barriers)")]
     TooMany(u32),
+    #[error(
+        "barrier `{barrier}` already has {max} undecided rounds (barriers.max_open_rounds): arrive at an open round, or wait until one is decided"
+    )]
+    TooManyOpenRounds { barrier: String, max: u32 },
     #[error("barrier `{barrier}` is held by `{holder}`")]
     HeldByOther { barrier: String, holder: String },
     #[error(
@@ -88,6 +99,10 @@ impl From<BarrierError> for ApiError {
             BarrierError::CountMismatch { count, .. } => {
                 ApiError::conflict(e.to_string(), json!({"reason": "count_mismatch", "count": count}))
             }
+            BarrierError::TooManyOpenRounds { max, .. } => ApiError::conflict(
+                e.to_string(),
+                json!({"reason": "too_many_open_rounds", "max_open_rounds": max}),
+            ),
             BarrierError::TooMany(_) | BarrierError::NodeNotAlive(_) => ApiError::conflict(e.to_string(), json!(null)),
             BarrierError::Store(s) => s.into(),
         }
@@ -181,6 +196,10 @@ pub struct Round {
     pub arrivals: Vec<Arrival>,
     /// Arrivals after the verdict.
     pub late: Vec<Arrival>,
+    /// Which incarnation of the round id this is (its `opened_id`, or its
+    /// opening time for rounds stored before that field existed).
+    #[serde(skip)]
+    pub incarnation: String,
 }
 
 impl Round {
@@ -266,11 +285,11 @@ struct Scripts {
     db_sweep: Lua,
 }
 
-/// The barrier helpers (`lua/lib.lua`).
-const LIB: &str = include_str!("lua/lib.lua");
-
 /// A decided round shared by the waiters of one node (see [`Barriers::decided`]).
 type SharedRound = Arc<tokio::sync::OnceCell<Option<Arc<Round>>>>;
+
+/// Barrier, round id, incarnation: the key of [`Barriers::decided`]'s cache.
+type RoundKey = (String, String, String);
 
 /// How long a node keeps a decided round it read for its waiters.
 const DECIDED_KEEP: Duration = Duration::from_secs(5);
@@ -282,11 +301,14 @@ pub struct Barriers {
     node_ttl_ms: u64,
     node_id: String,
     scripts: Scripts,
-    /// Decided rounds read in the last few seconds, by (barrier, round): when
-    /// a round is decided, all its waiters on this node wake at once, and one
-    /// read serves them all (a decided round's verdict and arrivals never
-    /// change). Single-flight: the others await the first read.
-    decided: Mutex<HashMap<(String, String), (Instant, SharedRound)>>,
+    /// Decided rounds read in the last few seconds, by (barrier, round,
+    /// incarnation): when a round is decided, all its waiters on this node
+    /// wake at once, and one read serves them all (a decided round's verdict
+    /// and arrivals never change). Single-flight: the others await the first
+    /// read. The incarnation is in the key because a round id can be opened
+    /// again (after its barrier was deleted and configured anew) while an
+    /// earlier incarnation's verdict is still cached.
+    decided: Mutex<HashMap<RoundKey, (Instant, SharedRound)>>,
 }
 
 /// `",a,b,"` into `[a, b]`.
@@ -315,6 +337,10 @@ pub fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String>) -> O
     late.sort_by(|a, b| a.at.cmp(&b.at).then_with(|| a.node.cmp(&b.node)));
     let arrived: Vec<String> = arrivals.iter().map(|a| a.node.clone()).collect();
     let missing = participants.iter().filter(|p| !arrived.contains(p)).cloned().collect();
+    let incarnation = match m.get("opened_id") {
+        Some(id) => id.clone(),
+        None => format!("t{}", num("opened_at").unwrap_or(0)),
+    };
     Some(Round {
         barrier: barrier.into(),
         round: round.into(),
@@ -330,6 +356,7 @@ pub fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String>) -> O
         missing,
         arrivals,
         late,
+        incarnation,
     })
 }
 
@@ -343,8 +370,7 @@ fn pairs(values: &[Value]) -> BTreeMap<String, String> {
 
 impl Barriers {
     pub fn new(store: Store, cfg: BarriersConfig, node_ttl_ms: u64, node_id: String, ctx: &ScriptCtx) -> Arc<Barriers> {
-        let libs = [crate::nodes::LIVENESS, LIB];
-        let l = |name, src| Lua::with_libs(name, &libs, src, ctx);
+        let l = |name, src| Lua::load(name, src, ctx);
         Arc::new(Barriers {
             store,
             cfg,
@@ -385,6 +411,12 @@ impl Barriers {
     fn k_rounds(&self, b: &str) -> String {
         format!("{}:barrier:{b}:rounds", self.p())
     }
+    fn k_open(&self, b: &str) -> String {
+        format!("{}:barrier:{b}:open", self.p())
+    }
+    fn k_decided(&self, b: &str) -> String {
+        format!("{}:barrier:{b}:decided", self.p())
+    }
     fn k_round(&self, b: &str, r: &str) -> String {
         format!("{}:barrier:{b}:r:{r}", self.p())
     }
@@ -393,6 +425,9 @@ impl Barriers {
     }
     fn k_hold(&self, b: &str) -> String {
         format!("{}:barrier:{b}:hold", self.p())
+    }
+    fn k_holds(&self) -> String {
+        format!("{}:barriers:holds", self.p())
     }
     fn k_db(&self, b: &str) -> String {
         format!("{}:dbarrier:{b}", self.p())
@@ -438,7 +473,8 @@ impl Barriers {
         Ok(code == 1)
     }
 
-    /// Deletes a barrier, its rounds and its hold.
+    /// Deletes a barrier, its rounds and its hold (or only its hold, when it
+    /// was never configured).
     pub async fn delete(&self, name: &str, actor: &str) -> Result<(), BarrierError> {
         let code: i64 = self
             .store
@@ -450,6 +486,9 @@ impl Barriers {
                     self.k_rounds(name),
                     self.k_deadlines(),
                     self.k_hold(name),
+                    self.k_open(name),
+                    self.k_decided(name),
+                    self.k_holds(),
                 ],
                 &[name.into(), actor.into(), self.node_id.clone()],
             )
@@ -520,11 +559,18 @@ impl Barriers {
                     self.node_id.clone(),
                     self.cfg.round_retention_ms.to_string(),
                     self.cfg.rounds_kept.to_string(),
+                    self.cfg.max_open_rounds.to_string(),
                 ],
             )
             .await?;
         match int(at(&reply, 0)) {
             -1 => return Err(BarrierError::NotFound(name.into())),
+            -3 => {
+                return Err(BarrierError::TooManyOpenRounds {
+                    barrier: name.into(),
+                    max: self.cfg.max_open_rounds,
+                });
+            }
             -2 => {
                 return Err(BarrierError::NotParticipant {
                     barrier: name.into(),
@@ -562,9 +608,16 @@ impl Barriers {
 
     /// The round as its waiters see it after a decision event: one read per
     /// node serves every waiter of the round. Undecided (or missing) rounds
-    /// are not kept, so a later call reads again.
-    pub async fn decided(&self, name: &str, round: &str) -> Result<Option<Arc<Round>>, BarrierError> {
-        let key = (name.to_string(), round.to_string());
+    /// are not kept, so a later call reads again. `incarnation` is the one
+    /// the waiter arrived at: None when the round id now holds another
+    /// incarnation (or none), as for a deleted round.
+    pub async fn decided(
+        &self,
+        name: &str,
+        round: &str,
+        incarnation: &str,
+    ) -> Result<Option<Arc<Round>>, BarrierError> {
+        let key = (name.to_string(), round.to_string(), incarnation.to_string());
         let cell = {
             let mut map = self.decided.lock().unwrap_or_else(|p| p.into_inner());
             let now = Instant::now();
@@ -576,7 +629,12 @@ impl Barriers {
         };
         let got = cell
             .get_or_try_init(|| async {
-                Ok::<_, BarrierError>(self.round(name, round).await?.map(|(r, _)| Arc::new(r)))
+                Ok::<_, BarrierError>(
+                    self.round(name, round)
+                        .await?
+                        .map(|(r, _)| Arc::new(r))
+                        .filter(|r| r.incarnation == incarnation),
+                )
             })
             .await
             .cloned();
@@ -691,7 +749,7 @@ impl Barriers {
             .store
             .eval(
                 &self.scripts.hold,
-                &[self.k_hold(name)],
+                &[self.k_hold(name), self.k_holds()],
                 &[name.into(), holder.into(), ttl_ms.to_string(), self.node_id.clone()],
             )
             .await?;
@@ -719,7 +777,7 @@ impl Barriers {
             .store
             .eval(
                 &self.scripts.lift,
-                &[self.k_hold(name)],
+                &[self.k_hold(name), self.k_holds()],
                 &[name.into(), actor.into(), self.node_id.clone()],
             )
             .await?;
@@ -729,28 +787,76 @@ impl Barriers {
     /// The hold of `name` as of now, and the milliseconds until it lifts
     /// itself (0 when not held).
     pub async fn hold_state(&self, name: &str) -> Result<(Hold, i64), BarrierError> {
+        Ok(self.holds_named(&[name.to_string()]).await?.remove(0))
+    }
+
+    /// The holds of `names` as of now, each with the milliseconds until it
+    /// lifts itself (0 when not held), in one round trip.
+    async fn holds_named(&self, names: &[String]) -> Result<Vec<(Hold, i64)>, BarrierError> {
+        let mut p = redis::pipe();
+        p.cmd("TIME");
+        for n in names {
+            p.cmd("HMGET")
+                .arg(self.k_hold(n))
+                .arg("holder")
+                .arg("held_at")
+                .cmd("PTTL")
+                .arg(self.k_hold(n));
+        }
+        let rows: Vec<Value> = self.store.pipe("barrier_hold_get", &p).await?;
+        let (secs, micros): (i64, i64) = redis::from_redis_value_ref(at(&rows, 0)).unwrap_or((0, 0));
+        let now = secs * 1000 + micros / 1000;
+        Ok(names
+            .iter()
+            .zip(rows.get(1..).unwrap_or(&[]).chunks(2))
+            .map(|(name, c)| {
+                let (holder, held_at): (Option<String>, Option<i64>) =
+                    redis::from_redis_value_ref(at(c, 0)).unwrap_or((None, None));
+                let pttl = int(at(c, 1));
+                let lifts_in = if holder.is_some() { pttl.max(0) } else { 0 };
+                let hold = Hold {
+                    barrier: name.clone(),
+                    held: holder.is_some(),
+                    expires_at: holder.as_ref().map(|_| now + lifts_in),
+                    holder,
+                    held_at,
+                };
+                (hold, lifts_in)
+            })
+            .collect())
+    }
+
+    /// Every barrier held now (etcd-style), configured or not, by name: at
+    /// most 1000 (those lifting themselves last), in two round trips.
+    pub async fn holds(&self) -> Result<Vec<Hold>, BarrierError> {
         let mut p = redis::pipe();
         p.cmd("TIME")
-            .cmd("HMGET")
-            .arg(self.k_hold(name))
-            .arg("holder")
-            .arg("held_at")
-            .cmd("PTTL")
-            .arg(self.k_hold(name));
-        type Reply = ((i64, i64), (Option<String>, Option<i64>), i64);
-        let ((secs, micros), (holder, held_at), pttl): Reply = self.store.pipe("barrier_hold_get", &p).await?;
+            .cmd("ZRANGE")
+            .arg(self.k_holds())
+            .arg(0)
+            .arg(999)
+            .arg("REV")
+            .arg("WITHSCORES");
+        let ((secs, micros), index): ((i64, i64), Vec<(String, f64)>) =
+            self.store.pipe("barrier_holds_list", &p).await?;
         let now = secs * 1000 + micros / 1000;
-        let lifts_in = if holder.is_some() { pttl.max(0) } else { 0 };
-        Ok((
-            Hold {
-                barrier: name.into(),
-                held: holder.is_some(),
-                expires_at: holder.as_ref().map(|_| now + lifts_in),
-                holder,
-                held_at,
-            },
-            lifts_in,
-        ))
+        // Entries past their expiry are holds that lifted themselves.
+        let mut names: Vec<String> = index
+            .into_iter()
+            .filter(|(_, expires)| *expires as i64 > now)
+            .map(|(n, _)| n)
+            .collect();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        names.sort();
+        Ok(self
+            .holds_named(&names)
+            .await?
+            .into_iter()
+            .map(|(h, _)| h)
+            .filter(|h| h.held)
+            .collect())
     }
 
     /// `node` enters DoubleBarrier `name` of `count`.

@@ -67,30 +67,83 @@ pub struct BarrierSpec {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BarrierList {
+    /// Barriers configured with PUT, by name.
     pub barriers: Vec<BarrierConfigView>,
+    /// Every etcd-style hold in force, by barrier name, whether that barrier
+    /// is configured or not (at most 1000).
+    pub holds: Vec<Hold>,
 }
 
-/// Every configured barrier.
+/// Every configured barrier, and every etcd-style hold.
 #[utoipa::path(get, path = "/api/v1/barriers", tag = "barriers", responses((status = 200, body = BarrierList)))]
 async fn list_barriers(State(s): State<AppState>, caller: Caller) -> Result<Json<BarrierList>> {
     caller.require(Role::Read)?;
     Ok(Json(BarrierList {
         barriers: s.barriers.list().await?,
+        holds: s.barriers.holds().await?,
     }))
 }
 
+/// One barrier: its configuration, if it was configured with PUT, and its
+/// etcd-style hold.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BarrierDetail {
-    #[serde(flatten)]
-    pub config: BarrierConfigView,
+    pub name: String,
+    /// Whether the barrier was configured with PUT (and so has rounds). A
+    /// barrier that is only held (etcd-style) has `configured: false` and
+    /// none of the configuration fields.
+    pub configured: bool,
+    /// Node ids that take part in every round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub participants: Option<Vec<String>>,
+    /// How many participants may be missing at the deadline for the round to
+    /// be released anyway.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_missing: Option<u32>,
+    /// A round's deadline, counted from its first arrival.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Redis ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
     /// The etcd-style hold of the same name.
     pub hold: Hold,
 }
 
-/// One barrier's configuration and hold.
+impl BarrierDetail {
+    fn new(name: String, config: Option<BarrierConfigView>, hold: Hold) -> Self {
+        let configured = config.is_some();
+        let (participants, max_missing, timeout_ms, updated_at, updated_by) = match config {
+            Some(c) => (
+                Some(c.participants),
+                Some(c.max_missing),
+                Some(c.timeout_ms),
+                Some(c.updated_at),
+                Some(c.updated_by),
+            ),
+            None => (None, None, None, None, None),
+        };
+        BarrierDetail {
+            name,
+            configured,
+            participants,
+            max_missing,
+            timeout_ms,
+            updated_at,
+            updated_by,
+            hold,
+        }
+    }
+}
+
+/// One barrier's configuration and hold. A barrier that is only held
+/// (etcd-style, never configured) answers 200 with `configured: false`; one
+/// neither configured nor held, 404.
 #[utoipa::path(get, path = "/api/v1/barriers/{name}", tag = "barriers",
     params(("name" = String, Path, description = "Barrier name")),
-    responses((status = 200, body = BarrierDetail), (status = 404, description = "Unknown barrier")))]
+    responses((status = 200, body = BarrierDetail), (status = 404, description = "Neither configured nor held")))]
 async fn get_barrier(
     State(s): State<AppState>,
     caller: Caller,
@@ -98,13 +151,12 @@ async fn get_barrier(
 ) -> Result<Json<BarrierDetail>> {
     caller.require(Role::Read)?;
     validate::name("name", &name)?;
-    let config = s
-        .barriers
-        .get(&name)
-        .await?
-        .ok_or_else(|| BarrierError::NotFound(name.clone()))?;
+    let config = s.barriers.get(&name).await?;
     let (hold, _) = s.barriers.hold_state(&name).await?;
-    Ok(Json(BarrierDetail { config, hold }))
+    if config.is_none() && !hold.held {
+        return Err(BarrierError::NotFound(name).into());
+    }
+    Ok(Json(BarrierDetail::new(name, config, hold)))
 }
 
 /// Creates (201) or updates (200) a barrier. Rounds already open keep the
@@ -163,10 +215,11 @@ async fn put_barrier(
     Ok((status, Json(view)).into_response())
 }
 
-/// Deletes a barrier with its rounds (waiters of open rounds get 404) and its hold.
+/// Deletes a barrier with its rounds (waiters of open rounds get 404) and its
+/// hold; a barrier that is only held loses its hold.
 #[utoipa::path(delete, path = "/api/v1/barriers/{name}", tag = "barriers",
     params(("name" = String, Path, description = "Barrier name")),
-    responses((status = 204, description = "Deleted"), (status = 404, description = "Unknown barrier")))]
+    responses((status = 204, description = "Deleted"), (status = 404, description = "Neither configured nor held")))]
 async fn delete_barrier(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Response> {
     caller.require(Role::Admin)?;
     validate::name("name", &name)?;
@@ -308,7 +361,8 @@ impl<'a> ArriveResponse<'a> {
            ("round" = String, Path, description = "Round id chosen by the callers (the cycle's date, say), [A-Za-z0-9._-]{1,128}")),
     request_body = ArriveRequest,
     responses((status = 200, body = ArriveResponse), (status = 400, description = "Bad name, round, node or wait"),
-              (status = 403, description = "Not a participant"), (status = 404, description = "Unknown barrier")))]
+              (status = 403, description = "Not a participant"), (status = 404, description = "Unknown barrier"),
+              (status = 409, description = "The round would open but the barrier has `barriers.max_open_rounds` undecided rounds")))]
 async fn arrive_round(
     State(s): State<AppState>,
     caller: Caller,
@@ -358,7 +412,7 @@ async fn arrive_round(
         } else {
             r = s
                 .barriers
-                .decided(&name, &round)
+                .decided(&name, &round, &r.incarnation)
                 .await?
                 .ok_or_else(|| BarrierError::RoundNotFound {
                     barrier: name.clone(),

@@ -2,9 +2,13 @@
 //! orphan totals and throughput over the last ten minutes.
 //!
 //! Invariant: events only make the view fresh between reconciliations; every
-//! `events.reconcile_ms` it is rebuilt from Redis (and the recent throughput
-//! recounted from the stream), so a lost or dropped event cannot leave it
-//! wrong for longer than one interval.
+//! `events.reconcile_ms` the counts are rebuilt from Redis, so a lost or
+//! dropped event cannot leave them wrong for longer than one interval. The
+//! throughput is counted from the events this node sees (its tailer reads
+//! every one) and recounted from the stream only when that count may be
+//! wrong: at start, and after this view fell behind the bus. Recounting on
+//! every pass read three intervals of events from Redis each time: at high
+//! rates several times the tailer's own reading.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,15 +89,24 @@ impl Snapshot {
         }
     }
 
-    /// Applies one event incrementally (approximate between reconciliations).
-    fn apply(&mut self, ev: &Event) {
+    /// Applies one event incrementally (approximate between reconciliations):
+    /// its count changes unless `counted`, its throughput unless `recounted`
+    /// (a reconciliation already read it).
+    fn apply(&mut self, ev: &Event, counted: bool, recounted: bool) {
+        if counted && recounted {
+            return;
+        }
         fn q<'a>(s: &'a mut Snapshot, ev: &Event) -> &'a mut LiveQueue {
             s.queues
                 .entry(ev.subject("queue").unwrap_or("").to_string())
                 .or_default()
         }
         let data_has = |needle: &str| ev.data.contains(needle);
-        match ev.kind.as_str() {
+        let kind = ev.kind.as_str();
+        if counted && kind != "task.succeeded" && kind != "task.dead" {
+            return;
+        }
+        match kind {
             "node.joined" => {
                 let n = self.nodes.entry(ev.node.clone()).or_default();
                 n.id = ev.node.clone();
@@ -122,14 +135,22 @@ impl Snapshot {
                 e.running += 1;
             }
             "task.succeeded" => {
-                q(self, ev).running -= 1;
-                self.count_finish(ev.ts);
+                if !counted {
+                    q(self, ev).running -= 1;
+                }
+                if !recounted {
+                    self.count_finish(ev.ts);
+                }
             }
             "task.failed" => q(self, ev).running -= 1,
             "task.retrying" => q(self, ev).delayed += 1,
             "task.dead" => {
-                q(self, ev).dead += 1;
-                self.count_finish(ev.ts);
+                if !counted {
+                    q(self, ev).dead += 1;
+                }
+                if !recounted {
+                    self.count_finish(ev.ts);
+                }
             }
             "orphan.recovered" => {
                 let action = if data_has("\"requeued\"") {
@@ -179,6 +200,8 @@ pub struct Live {
     /// events up to it are already in the counts it read, so applying them
     /// again (they wait in the channel meanwhile) would count them twice.
     reconciled_upto: std::sync::Mutex<Option<StreamId>>,
+    /// The same for the last recount of the throughput.
+    recounted_upto: std::sync::Mutex<Option<StreamId>>,
 }
 
 impl Live {
@@ -195,17 +218,20 @@ impl Live {
         if self.drop_events.load(Ordering::Relaxed) {
             return;
         }
-        let upto = *self.reconciled_upto.lock().unwrap_or_else(|p| p.into_inner());
-        if let (Some(upto), Some(id)) = (upto, StreamId::parse(&ev.id))
-            && id <= upto
-        {
-            return;
-        }
-        self.snap.write().unwrap_or_else(|p| p.into_inner()).apply(ev);
+        let id = StreamId::parse(&ev.id);
+        let upto = |m: &std::sync::Mutex<Option<StreamId>>| {
+            let upto = *m.lock().unwrap_or_else(|p| p.into_inner());
+            matches!((upto, id), (Some(u), Some(id)) if id <= u)
+        };
+        let (counted, recounted) = (upto(&self.reconciled_upto), upto(&self.recounted_upto));
+        self.snap
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .apply(ev, counted, recounted);
     }
 
     /// Rebuilds the view from Redis; recounts the throughput of the last
-    /// `recount_ms` from the stream.
+    /// `recount_ms` from the stream (0: keeps the counted throughput).
     pub async fn reconcile(&self, s: &AppState, recount_ms: i64) -> Result<(), crate::error::ApiError> {
         let mark = crate::events::tailer::last_id(&s.store).await?;
         let nodes = s.nodes.list().await?;
@@ -216,7 +242,7 @@ impl Live {
         let from = now - recount_ms;
         let mut recent: BTreeMap<i64, u32> = BTreeMap::new();
         let mut after = StreamId(from.max(0) as u64, 0);
-        'scan: for _ in 0..100 {
+        'scan: for _ in 0..if recount_ms > 0 { 100 } else { 0 } {
             let page = read_after(&s.store, after, 1000).await?;
             let n = page.len();
             for ev in &page {
@@ -232,6 +258,9 @@ impl Live {
             }
         }
         *self.reconciled_upto.lock().unwrap_or_else(|p| p.into_inner()) = StreamId::parse(&mark);
+        if recount_ms > 0 {
+            *self.recounted_upto.lock().unwrap_or_else(|p| p.into_inner()) = StreamId::parse(&mark);
+        }
         let mut snap = self.snap.write().unwrap_or_else(|p| p.into_inner());
         snap.nodes = nodes
             .nodes
@@ -267,7 +296,8 @@ impl Live {
         // Advance the window to now, then overwrite the recounted seconds.
         snap.advance_to(now / 1000);
         let end = snap.throughput_end;
-        for sec in (from / 1000)..=end {
+        let recounted = if recount_ms > 0 { from / 1000 } else { end + 1 };
+        for sec in recounted..=end {
             let back = end - sec;
             if (0..WINDOW_SECS as i64).contains(&back) {
                 let i = WINDOW_SECS - 1 - back as usize;
@@ -287,18 +317,22 @@ pub fn spawn(s: AppState, cancel: CancellationToken) -> JoinHandle<()> {
         let every = Duration::from_millis(s.cfg.events.reconcile_ms);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first reconciliation fills the whole throughput window.
+        // The first reconciliation fills the whole throughput window; after
+        // that the events count it, unless this view fell behind the bus.
         let mut recount = (WINDOW_SECS as i64) * 1000;
         loop {
             tokio::select! {
                 ev = rx.recv() => match ev {
                     Ok(ev) => s.live.apply(&ev),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => tick.reset_immediately(),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        recount = recount.max((s.cfg.events.reconcile_ms as i64) * 3);
+                        tick.reset_immediately();
+                    }
                     Err(_) => return,
                 },
                 _ = tick.tick() => {
                     match s.live.reconcile(&s, recount).await {
-                        Ok(()) => recount = (s.cfg.events.reconcile_ms as i64) * 3,
+                        Ok(()) => recount = 0,
                         Err(e) => tracing::debug!(error = %e, "live view reconciliation failed"),
                     }
                 }

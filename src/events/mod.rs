@@ -21,6 +21,77 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Map, Value};
 use tokio::sync::{Notify, broadcast};
 
+/// Every event type the Lua scripts emit, by subject: the one list that topic
+/// filters are checked against (a unit test reads every script under
+/// `src/*/lua/` and fails if one emits a type missing here, or if one listed
+/// here is emitted nowhere).
+pub const EVENT_TYPES: &[&str] = &[
+    "node.joined",
+    "node.left",
+    "node.dead",
+    "node.draining",
+    "task.enqueued",
+    "task.claimed",
+    "task.progress",
+    "task.succeeded",
+    "task.failed",
+    "task.retrying",
+    "task.dead",
+    "task.cancelled",
+    "task.cancel_requested",
+    "task.deleted",
+    "queue.paused",
+    "queue.resumed",
+    "group.updated",
+    "orphan.recovered",
+    "workflow.started",
+    "workflow.succeeded",
+    "workflow.failed",
+    "workflow.cancelled",
+    "schedule.created",
+    "schedule.updated",
+    "schedule.deleted",
+    "schedule.enabled",
+    "schedule.disabled",
+    "schedule.fired",
+    "schedule.skipped",
+    "schedule.missed",
+    "barrier.configured",
+    "barrier.deleted",
+    "barrier.round_opened",
+    "barrier.arrived",
+    "barrier.released",
+    "barrier.aborted",
+    "barrier.late",
+    "barrier.held",
+    "barrier.lifted",
+    "dbarrier.entered",
+    "dbarrier.ready",
+    "dbarrier.left",
+    "dbarrier.evicted",
+    "dbarrier.reset",
+    "lock.acquired",
+    "lock.released",
+    "lock.expired",
+    "lock.waiter_left",
+    "election.elected",
+    "election.resigned",
+    "election.expired",
+    "redis.failover",
+];
+
+/// The subjects of [`EVENT_TYPES`] as topic prefixes (`task.*`), in order.
+pub fn topic_prefixes() -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for t in EVENT_TYPES {
+        let p = format!("{}.*", t.split('.').next().unwrap_or(t));
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// One event, parsed once and serialized once for every consumer.
 #[derive(Debug, Clone)]
 pub struct Event {
@@ -114,34 +185,94 @@ pub struct Wakers {
     map: Mutex<HashMap<String, Arc<Notify>>>,
 }
 
-impl Wakers {
-    /// The notifier of `queue`; hold it while waiting.
-    pub fn get(&self, queue: &str) -> Arc<Notify> {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry(queue.to_string()).or_default().clone()
+/// One claim's registration on its queue's notifier. Dropping it, when the
+/// claim answers or when its client goes away and the request future is
+/// dropped mid-wait, forgets the queue once nobody else waits on it, so
+/// claims on made-up queue names cannot grow the map.
+pub struct QueueWaiter<'a> {
+    wakers: &'a Wakers,
+    queue: String,
+    notify: Arc<Notify>,
+}
+
+impl QueueWaiter<'_> {
+    /// Completes at the next wake-up of this queue. Create and enable it
+    /// (`tokio::pin!`, then `.as_mut().enable()`) before claiming.
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
     }
 
-    /// Drops the notifier of `queue` when no waiter holds it any more, so
-    /// claims on made-up queue names cannot grow the map.
-    pub fn release(&self, queue: &str, notify: Arc<Notify>) {
+    /// Passes a wake-up on to another waiter of this queue: a claim that
+    /// took its `max` tasks may have left more behind.
+    pub fn wake_another(&self) {
+        self.notify.notify_one();
+    }
+}
+
+impl Drop for QueueWaiter<'_> {
+    fn drop(&mut self) {
+        let mut map = self.wakers.map.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's reference and ours: nobody else waits on this queue.
+        if map.get(&self.queue).is_some_and(|n| Arc::strong_count(n) <= 2) {
+            map.remove(&self.queue);
+            Wakers::gauge(&map);
+        }
+    }
+}
+
+impl Wakers {
+    /// Registers a claim waiting on `queue`; hold the waiter while waiting.
+    pub fn wait(&self, queue: &str) -> QueueWaiter<'_> {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        drop(notify);
-        if map.get(queue).is_some_and(|n| Arc::strong_count(n) == 1) {
-            map.remove(queue);
+        let notify = map.entry(queue.to_string()).or_default().clone();
+        Wakers::gauge(&map);
+        QueueWaiter {
+            wakers: self,
+            queue: queue.to_string(),
+            notify,
         }
     }
 
-    /// Wakes the waiters an event may concern: those of its queue, and
-    /// everyone when a group slot or a group limit changed (a slot freed by a
-    /// task of one queue may let a task of another queue start).
+    /// Queues with at least one claim waiting on this node.
+    pub fn waiting_queues(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn gauge(map: &HashMap<String, Arc<Notify>>) {
+        metrics::gauge!("muster_claim_waiting_queues").set(map.len() as f64);
+    }
+
+    /// Wakes the waiters an event may concern, as few as can be served (no
+    /// herd): one waiter of its queue per task that became claimable
+    /// (enqueued or requeued), every waiter of the queue when it is resumed,
+    /// and everyone when a group slot freed or a group limit or a node
+    /// changed (a slot freed by a task of one queue may let a task of
+    /// another queue start). Other events wake nobody.
     pub fn on_event(&self, ev: &Event) {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if ev.subject("group").is_some() || ev.kind.starts_with("node.") {
+        if map.is_empty() {
+            return;
+        }
+        let kind = ev.kind.as_str();
+        let slot_freed = ev.subject("group").is_some()
+            && matches!(
+                kind,
+                "task.succeeded" | "task.failed" | "task.dead" | "task.cancelled" | "orphan.recovered"
+            );
+        if slot_freed || kind == "group.updated" || kind.starts_with("node.") {
             for n in map.values() {
                 n.notify_waiters();
             }
-        } else if let Some(n) = ev.subject("queue").and_then(|q| map.get(q)) {
-            n.notify_waiters();
+            return;
+        }
+        let Some(n) = ev.subject("queue").and_then(|q| map.get(q)) else {
+            return;
+        };
+        match kind {
+            "task.enqueued" if !ev.data.contains("\"delayed\"") => n.notify_one(),
+            "orphan.recovered" if ev.data.contains("\"requeued\"") => n.notify_one(),
+            "queue.resumed" => n.notify_waiters(),
+            _ => {}
         }
     }
 
@@ -158,6 +289,9 @@ impl Wakers {
 pub struct Bus {
     tx: broadcast::Sender<Arc<Event>>,
     pub wakers: Wakers,
+    /// The stream id up to which the tailer has published (set before each
+    /// send): a receiver subscribed before reading it gets every event after it.
+    mark: Mutex<Option<StreamId>>,
 }
 
 impl Bus {
@@ -166,6 +300,7 @@ impl Bus {
         Arc::new(Bus {
             tx,
             wakers: Wakers::default(),
+            mark: Mutex::new(None),
         })
     }
 
@@ -176,8 +311,22 @@ impl Bus {
     }
 
     pub fn publish(&self, ev: Arc<Event>) {
+        if let Some(id) = ev.sid {
+            self.set_mark(id);
+        }
         self.wakers.on_event(&ev);
         let _ = self.tx.send(ev);
+    }
+
+    /// Records that the tailer starts after `id` (nothing up to it will be published).
+    pub fn set_mark(&self, id: StreamId) {
+        let mut m = self.mark.lock().unwrap_or_else(|p| p.into_inner());
+        *m = (*m).max(Some(id));
+    }
+
+    /// The id up to which events were published (None before the tailer started).
+    pub fn mark(&self) -> Option<StreamId> {
+        *self.mark.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -186,6 +335,9 @@ impl Bus {
 pub struct StreamId(pub u64, pub u64);
 
 impl StreamId {
+    /// The largest id; nothing comes after it (Redis refuses `(` with it in XRANGE).
+    pub const MAX: StreamId = StreamId(u64::MAX, u64::MAX);
+
     /// Parses `<ms>-<seq>` or `<ms>` (seq 0).
     pub fn parse(s: &str) -> Option<StreamId> {
         let (ms, seq) = match s.split_once('-') {
@@ -244,8 +396,14 @@ impl Filter {
             if t == "*" {
                 f.all = true;
             } else if let Some(p) = t.strip_suffix('*') {
+                if !EVENT_TYPES.iter().any(|k| k.starts_with(p)) {
+                    return Err(unknown_topic(t, &format!("no event type starts with `{p}`")));
+                }
                 f.prefixes.push(p.to_string());
             } else {
+                if !EVENT_TYPES.contains(&t) {
+                    return Err(unknown_topic(t, "no event has this type"));
+                }
                 f.exact.push(t.to_string());
             }
         }
@@ -262,6 +420,42 @@ impl Filter {
     }
 }
 
+/// The 400 message for a topic that can never match: it names the topic and
+/// lists the valid prefixes.
+fn unknown_topic(topic: &str, why: &str) -> String {
+    format!(
+        "unknown topic {}: {why}; use `*`, an event type such as `task.claimed`, or a prefix: {}",
+        crate::validate::shorten(topic),
+        topic_prefixes().join(", ")
+    )
+}
+
+/// How far past both Redis time and the stream's newest id a `since` may
+/// be: room for Redis clocks that differ a little across a failover, while
+/// a cursor that would hide every event for longer than this is refused.
+pub const SINCE_AHEAD_MS: u64 = 5_000;
+
+/// Checks a resume point against the stream: an id later than the newest
+/// entry and than Redis time (`now_ms`) by more than [`SINCE_AHEAD_MS`] would
+/// make a subscriber skip every new event until Redis time caught up with it.
+/// Returns the 400 message.
+pub fn check_since(since: StreamId, info: &Retained, now_ms: i64) -> Result<(), String> {
+    let newest = info.last.0.max(now_ms.max(0) as u64);
+    if since.0 <= newest.saturating_add(SINCE_AHEAD_MS) {
+        return Ok(());
+    }
+    let last = if info.last == StreamId(0, 0) {
+        "the stream is empty".to_string()
+    } else {
+        format!("the newest event is {}", info.last)
+    };
+    Err(format!(
+        "`since` {since} is after every event ({last}) and after Redis time ({now_ms} ms), so no new event \
+         would ever reach you; pass the `id` of the last event you received, or leave `since` out to get \
+         only new events"
+    ))
+}
+
 /// What the stream still holds.
 #[derive(Debug, Clone, Copy)]
 pub struct Retained {
@@ -274,6 +468,9 @@ pub struct Retained {
     /// Entries ever added (`entries-added`); more than `length` means some
     /// were trimmed.
     pub entries_added: u64,
+    /// The newest id ever added (`last-generated-id`, which trimming and
+    /// deleting do not move); `0-0` for an absent stream.
+    pub last: StreamId,
 }
 
 impl Retained {
@@ -303,6 +500,7 @@ pub async fn retained(store: &crate::store::Store) -> Result<Retained, crate::st
                 max_deleted: StreamId(0, 0),
                 length: 0,
                 entries_added: 0,
+                last: StreamId(0, 0),
             });
         }
         Err(e) => return Err(e),
@@ -312,6 +510,7 @@ pub async fn retained(store: &crate::store::Store) -> Result<Retained, crate::st
         max_deleted: StreamId(0, 0),
         length: 0,
         entries_added: 0,
+        last: StreamId(0, 0),
     };
     let pairs: Vec<(String, redis::Value)> = match info {
         redis::Value::Array(items) => items
@@ -336,6 +535,9 @@ pub async fn retained(store: &crate::store::Store) -> Result<Retained, crate::st
         match (k.as_str(), v) {
             ("length", redis::Value::Int(n)) => out.length = n as u64,
             ("entries-added", redis::Value::Int(n)) => out.entries_added = n as u64,
+            ("last-generated-id", redis::Value::BulkString(b)) => {
+                out.last = StreamId::parse(&String::from_utf8_lossy(&b)).unwrap_or(StreamId(0, 0))
+            }
             ("max-deleted-entry-id", redis::Value::BulkString(b)) => {
                 out.max_deleted = StreamId::parse(&String::from_utf8_lossy(&b)).unwrap_or(StreamId(0, 0))
             }
@@ -356,6 +558,9 @@ pub async fn read_after(
     after: StreamId,
     count: usize,
 ) -> Result<Vec<Event>, crate::store::StoreError> {
+    if after == StreamId::MAX {
+        return Ok(Vec::new());
+    }
     let rows: Vec<tailer::Entry> = store
         .query(
             "events_range",
@@ -371,4 +576,176 @@ pub async fn read_after(
         .into_iter()
         .map(|(id, fields)| Event::from_fields(id, fields))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use super::*;
+
+    /// The identifier at the start of `s` (Lua names).
+    fn ident(s: &str) -> &str {
+        let end = s
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(s.len());
+        &s[..end]
+    }
+
+    /// Every string literal assigned to `name` in `code` (`name = '...'`).
+    fn assigned(code: &str, name: &str) -> Vec<String> {
+        let pat = format!("{name} = '");
+        let mut out = Vec::new();
+        let mut from = 0;
+        while let Some(i) = code[from..].find(&pat) {
+            let at = from + i;
+            from = at + pat.len();
+            let before = code[..at].chars().last();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            if let Some(end) = code[from..].find('\'') {
+                out.push(code[from..from + end].to_string());
+            }
+        }
+        out
+    }
+
+    /// The event types one Lua file emits: the first argument of each
+    /// `emit(` / `emit_task(` call, a literal, a literal prefix joined to a
+    /// variable (`'barrier.' .. verdict`), or a variable, resolved through the
+    /// literals assigned to it in the same file. The pass-through inside the
+    /// `emit_task` helper is skipped: its callers are checked.
+    fn emitted(file: &Path, code: &str) -> BTreeSet<String> {
+        let code: String = code
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut out = BTreeSet::new();
+        for call in ["emit(", "emit_task("] {
+            let mut from = 0;
+            while let Some(i) = code[from..].find(call) {
+                let at = from + i;
+                from = at + call.len();
+                let before = code[..at].chars().last();
+                if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') || code[..at].ends_with("function ") {
+                    continue;
+                }
+                let arg = code[from..].split(',').next().unwrap_or("").trim();
+                let whence = format!("{}: {call}{arg}", file.display());
+                if let Some(rest) = arg.strip_prefix('\'') {
+                    let (lit, tail) = rest.split_once('\'').expect(&whence);
+                    let tail = tail.trim();
+                    if tail.is_empty() {
+                        out.insert(lit.to_string());
+                    } else {
+                        let var = ident(tail.strip_prefix("..").expect(&whence).trim());
+                        let values = assigned(&code, var);
+                        assert!(!values.is_empty(), "{whence}: no literal assigned to `{var}`");
+                        out.extend(values.iter().map(|v| format!("{lit}{v}")));
+                    }
+                } else {
+                    let var = ident(arg);
+                    assert_eq!(var, arg, "{whence}: cannot tell which event type this emits");
+                    if code.contains(&format!("function emit_task({var},")) && var == "etype" {
+                        continue;
+                    }
+                    let values = assigned(&code, var);
+                    assert!(!values.is_empty(), "{whence}: no literal assigned to `{var}`");
+                    out.extend(values);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn event_types_are_exactly_those_the_lua_scripts_emit() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = BTreeSet::new();
+        let mut files = 0;
+        for dir in std::fs::read_dir(&src).unwrap() {
+            let lua = dir.unwrap().path().join("lua");
+            let Ok(entries) = std::fs::read_dir(&lua) else { continue };
+            for e in entries {
+                let path = e.unwrap().path();
+                if path.extension().is_some_and(|x| x == "lua") {
+                    files += 1;
+                    found.extend(emitted(&path, &std::fs::read_to_string(&path).unwrap()));
+                }
+            }
+        }
+        assert!(files > 20, "read only {files} Lua files under {}", src.display());
+        let listed: BTreeSet<String> = EVENT_TYPES.iter().map(|t| t.to_string()).collect();
+        let missing: Vec<_> = found.difference(&listed).collect();
+        assert!(
+            missing.is_empty(),
+            "emitted by a Lua script but not in EVENT_TYPES: {missing:?}"
+        );
+        let stale: Vec<_> = listed.difference(&found).collect();
+        assert!(
+            stale.is_empty(),
+            "in EVENT_TYPES but emitted by no Lua script: {stale:?}"
+        );
+        assert_eq!(listed.len(), EVENT_TYPES.len(), "EVENT_TYPES has a duplicate");
+    }
+
+    #[test]
+    fn topics_must_name_known_event_types() {
+        for ok in [
+            "*",
+            "task.*",
+            "task.claimed",
+            "t*",
+            "node.dead,barrier.*",
+            "dbarrier.*",
+            "redis.failover",
+        ] {
+            assert!(Filter::parse(Some(ok), None).is_ok(), "{ok}");
+        }
+        for bad in ["nope.*", "task.bogus", "task.claimed,nope", "tasks.*", "x*"] {
+            let e = Filter::parse(Some(bad), None).unwrap_err();
+            assert!(
+                e.contains("unknown topic") && e.contains("task.*") && e.contains("schedule.*"),
+                "{bad}: {e}"
+            );
+        }
+        let e = Filter::parse(Some("task.claimed,nope.*"), None).unwrap_err();
+        assert!(e.contains("\"nope.*\""), "names the unknown topic: {e}");
+        assert_eq!(topic_prefixes().len(), 12);
+    }
+
+    #[test]
+    fn since_may_not_lie_past_the_stream_and_redis_time() {
+        let info = |last| Retained {
+            first: None,
+            max_deleted: StreamId(0, 0),
+            length: 0,
+            entries_added: 0,
+            last,
+        };
+        let now = 1_800_000_000_000i64;
+        let tail = info(StreamId(now as u64 - 60_000, 3));
+        assert!(check_since(StreamId(0, 0), &tail, now).is_ok());
+        assert!(check_since(StreamId(now as u64 - 60_000, 3), &tail, now).is_ok());
+        assert!(
+            check_since(StreamId(now as u64, 7), &tail, now).is_ok(),
+            "not ahead of Redis time"
+        );
+        assert!(check_since(StreamId(now as u64 + SINCE_AHEAD_MS, 0), &tail, now).is_ok());
+        let e = check_since(StreamId(now as u64 + SINCE_AHEAD_MS + 1, 0), &tail, now).unwrap_err();
+        assert!(
+            e.contains("`since`") && e.contains(&format!("{}-3", now - 60_000)),
+            "{e}"
+        );
+        assert!(check_since(StreamId(99_999_999_999_999, 0), &tail, now).is_err());
+        assert!(check_since(StreamId::MAX, &tail, now).is_err());
+        let e = check_since(StreamId::MAX, &info(StreamId(0, 0)), now).unwrap_err();
+        assert!(e.contains("the stream is empty"), "{e}");
+        // A Redis clock behind the newest id (after a failover): the id counts.
+        let ahead = info(StreamId(now as u64 + 60_000, 0));
+        assert!(check_since(StreamId(now as u64 + 61_000, 0), &ahead, now).is_ok());
+    }
 }

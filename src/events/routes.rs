@@ -11,7 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::live::Snapshot;
-use super::{Filter, StreamId, read_after, retained};
+use super::{Filter, Retained, StreamId, check_since, read_after, retained};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::config::Role;
@@ -28,11 +28,14 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct WsParams {
-    /// Comma-separated event types or prefixes: `task.*,node.dead`; default all.
+    /// Comma-separated event types or prefixes: `task.*,node.dead`; default
+    /// all. A topic that matches no event type is refused (400).
     pub topics: Option<String>,
     /// Only events of this queue.
     pub queue: Option<String>,
-    /// Resume after this stream id (exclusive); `0` replays all that is retained.
+    /// Resume after this stream id (exclusive); `0` replays all that is
+    /// retained. Refused (400) when it lies more than 5 s past both the
+    /// stream's newest id and Redis time.
     pub since: Option<String>,
     /// Bearer token, for clients that cannot set headers (browsers).
     pub token: Option<String>,
@@ -49,6 +52,12 @@ fn parse_since(since: Option<&str>) -> Result<Option<StreamId>> {
     }
 }
 
+/// Refuses a `since` past the stream's newest id and Redis time (see
+/// [`check_since`]), which would hide every new event from the caller.
+fn refuse_future_since(since: StreamId, info: &Retained, now_ms: i64) -> Result<()> {
+    check_since(since, info, now_ms).map_err(ApiError::BadRequest)
+}
+
 /// The cluster event feed over a WebSocket. Each text message is one event
 /// `{"id", "type", "ts", "node", <subjects>, "data"}`, or a control message:
 /// `{"type": "gap", "oldest"}` (events after `since` were trimmed),
@@ -56,7 +65,7 @@ fn parse_since(since: Option<&str>) -> Result<Option<StreamId>> {
 /// reconnect with `since=last_id`).
 #[utoipa::path(get, path = "/api/v1/events/ws", tag = "events", params(WsParams),
     responses((status = 101, description = "Switching to the WebSocket protocol"),
-              (status = 400, description = "Bad topics, queue or since"),
+              (status = 400, description = "Bad or unknown topics, bad queue, or a `since` that is not a stream id or lies past the stream's newest event"),
               (status = 503, description = "Too many subscribers on this node (events.max_clients)")))]
 async fn events_ws(
     State(s): State<AppState>,
@@ -67,6 +76,10 @@ async fn events_ws(
     caller.require(Role::Read)?;
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
     let since = parse_since(p.since.as_deref())?;
+    if let Some(since) = since {
+        let info = retained(&s.store).await?;
+        refuse_future_since(since, &info, s.store.time_ms().await?)?;
+    }
     let permit = s.ws_slots.clone().try_acquire_owned().map_err(|_| {
         ApiError::Unavailable(format!(
             "this node already serves {} event subscribers (events.max_clients); connect to another node",
@@ -84,7 +97,9 @@ async fn events_ws(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ReplayParams {
-    /// Events after this stream id (exclusive); default: the last `limit` events.
+    /// Events after this stream id (exclusive); default: the last `limit`
+    /// events. Refused (400) when it lies more than 5 s past both the stream's
+    /// newest id and Redis time.
     pub since: Option<String>,
     /// 1 to 1000; default 100.
     pub limit: Option<usize>,
@@ -107,7 +122,8 @@ pub struct EventPage {
 
 /// The event stream over plain HTTP, with the same filters as the WebSocket.
 #[utoipa::path(get, path = "/api/v1/events", tag = "events", params(ReplayParams),
-    responses((status = 200, body = EventPage), (status = 400, description = "Bad parameters")))]
+    responses((status = 200, body = EventPage),
+              (status = 400, description = "Bad parameters: unknown topics, or a `since` past the stream's newest event")))]
 async fn list_events(
     State(s): State<AppState>,
     caller: Caller,
@@ -121,6 +137,9 @@ async fn list_events(
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
     let since = parse_since(p.since.as_deref())?;
     let info = retained(&s.store).await?;
+    if let Some(since) = since {
+        refuse_future_since(since, &info, s.store.time_ms().await?)?;
+    }
     Ok(Json(replay(&s, since, limit, &filter, info).await?))
 }
 

@@ -7,9 +7,12 @@
 //! - A client may be at most `events.client_buffer` events behind the node's
 //!   bus (the bus's ring holds that many), and a write to it may take at
 //!   most `events.send_timeout_ms`. A client that breaks either bound is
-//!   *lagged*: it gets a `lagged` message
-//!   carrying the id of the last event queued to its socket before it, and
-//!   is closed. It reconnects with `since` and misses nothing still retained.
+//!   *lagged*: it gets a `lagged` message and is closed. The message carries
+//!   the id up to which the node handled the stream for it (every matching
+//!   event up to it was queued to the socket before the message), never an
+//!   empty one: the last id scanned, whether or not it matched the filter,
+//!   else the client's `since`, else the bus's mark when it subscribed. It
+//!   reconnects with `since=last_id` and misses nothing still retained.
 //!   Only this client's own task ever waits for its socket, and the bus never
 //!   waits for anyone, so a slow client never slows the tailer or others.
 //! - Events that arrive together are written with one flush (one system
@@ -37,9 +40,10 @@ const BATCH: usize = 256;
 struct Out {
     sink: SplitSink<WebSocket, Message>,
     within: Duration,
-    /// The last event id queued to the socket: everything up to it precedes
-    /// any later `lagged` message on the wire.
-    last_queued: Option<StreamId>,
+    /// The id up to which the stream was handled for this client: every
+    /// event up to it that matches the filter was queued to the socket, so
+    /// precedes any later `lagged` message on the wire.
+    upto: Option<StreamId>,
     relayed: metrics::Counter,
     lag: metrics::Histogram,
 }
@@ -50,7 +54,6 @@ impl Out {
         if self.sink.feed(Message::Text(ev.frame())).await.is_err() {
             return false;
         }
-        self.last_queued = ev.sid.or(self.last_queued);
         self.relayed.increment(1);
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -58,6 +61,11 @@ impl Out {
             .unwrap_or(0);
         self.lag.record(((now_ms - ev.ts).max(0) as f64) / 1000.0);
         true
+    }
+
+    /// Records that every event up to `id` was handled (queued or filtered out).
+    fn handled(&mut self, id: Option<StreamId>) {
+        self.upto = self.upto.max(id);
     }
 
     /// Writes what is queued; false when the client did not take it in time.
@@ -95,11 +103,24 @@ pub async fn serve(
     let cfg = s.cfg.events.clone();
     // Subscribe first: anything published from now on is caught live.
     let mut rx = s.bus.subscribe();
+    // Where a `lagged` before any event was handled sends the client back
+    // to: its `since`, or for a live-only client the bus's mark (every event
+    // after it reaches `rx`); the stream's end if the tailer has none yet.
+    let start = match since.or_else(|| s.bus.mark()) {
+        Some(id) => Some(id),
+        None => match super::tailer::last_id(&s.store).await {
+            Ok(id) => StreamId::parse(&id),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the event stream for a new subscriber");
+                None
+            }
+        },
+    };
     let (sink, mut stream) = socket.split();
     let mut out = Out {
         sink,
         within: Duration::from_millis(cfg.send_timeout_ms),
-        last_queued: None,
+        upto: start,
         relayed: metrics::counter!("muster_events_relayed_total"),
         lag: metrics::histogram!("muster_event_relay_lag_seconds"),
     };
@@ -125,7 +146,8 @@ pub async fn serve(
     match end {
         End::Lagged => {
             metrics::counter!("muster_ws_lagged_total").increment(1);
-            let last = out.last_queued.map(|l| l.to_string()).unwrap_or_default();
+            // Only when even the stream's end could not be read: from the start.
+            let last = out.upto.unwrap_or(StreamId(0, 0)).to_string();
             let bye = async {
                 if out
                     .send_text(json!({"type": "lagged", "last_id": last}).to_string())
@@ -197,6 +219,7 @@ async fn session(
                     return End::Gone;
                 }
                 last = ev.sid.or(last);
+                out.handled(ev.sid);
             }
             if !out.flush().await {
                 return End::Lagged;
@@ -241,6 +264,7 @@ async fn session(
                         }
                         queued = true;
                     }
+                    out.handled(ev.sid);
                 }
                 if queued && !out.flush().await {
                     return End::Lagged;

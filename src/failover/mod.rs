@@ -51,7 +51,7 @@ pub const SECRET_HEADER: &str = "x-muster-failover-secret";
 
 /// The epoch script, for [`Store::set_epoch_script`].
 pub fn epoch_script(ctx: &ScriptCtx) -> Lua {
-    Lua::new("epoch", include_str!("lua/epoch.lua"), ctx)
+    Lua::load("epoch", include_str!("lua/epoch.lua"), ctx)
 }
 
 /// A message of a coordinated round.

@@ -12,7 +12,7 @@
 //!   place lapses `locks.waiter_ttl_ms` after its waiter's last poll, so an
 //!   abandoned waiter (its node died mid-request) cannot block the queue.
 //! - A lease may be tied to a node: it also ends when that node is gone by
-//!   the rules of `nodes::LIVENESS` (post-stall grace included).
+//!   the rules of `nodes/lua/liveness.lua` (leases given back after a Redis stall).
 //! - Elections: at most one leader at a time, each leadership with a new
 //!   epoch strictly greater than every epoch before it, so there is at most
 //!   one leader per epoch; the leader's lease lapses by Redis time.
@@ -156,8 +156,6 @@ struct Scripts {
     resign: Lua,
 }
 
-const LIB: &str = include_str!("lua/lib.lua");
-
 /// The lock and election service.
 pub struct Locks {
     store: Store,
@@ -173,8 +171,7 @@ fn nonempty(s: String) -> Option<String> {
 
 impl Locks {
     pub fn new(store: Store, cfg: LocksConfig, node_ttl_ms: u64, node_id: String, ctx: &ScriptCtx) -> Arc<Locks> {
-        let libs = [crate::nodes::LIVENESS, LIB];
-        let l = |name, src| Lua::with_libs(name, &libs, src, ctx);
+        let l = |name, src| Lua::load(name, src, ctx);
         Arc::new(Locks {
             store,
             cfg,

@@ -4,9 +4,10 @@
 //! - Liveness is one sorted set scored by heartbeat expiry in Redis time (G11):
 //!   a node is alive while its score is ahead of Redis `TIME`. No node's own
 //!   clock takes part.
-//! - A node is *marked* dead (event `node.dead`, orphan recovery allowed) only
-//!   by `prune.lua`, which gives everyone one ttl of grace after Redis was
-//!   unreachable or stalled, so an outage never makes a live node look dead.
+//! - A node is *marked* dead (event `node.dead`, orphan recovery allowed)
+//!   only after a liveness pass (`lua/liveness.lua`), which gives every entry
+//!   its lease back after Redis was unreachable or stalled, so an outage of
+//!   any length never makes a live node look dead.
 //! - A Redis error never marks anyone dead: every dead decision is made inside
 //!   Redis, and a node that cannot reach Redis decides nothing.
 //! - Info hashes carry a TTL; the sorted set is bounded by `nodes.max_nodes`
@@ -152,13 +153,9 @@ pub struct Prune {
     pub removed: i64,
     pub alive: i64,
     pub expired: i64,
-    /// Non-zero while the post-outage grace holds (Redis ms).
+    /// Non-zero while task timeouts wait after a Redis stall (Redis ms).
     pub grace_until: i64,
 }
-
-/// The shared liveness rules (who is dead, the post-stall grace), prepended to
-/// every script that decides about other nodes.
-pub const LIVENESS: &str = include_str!("lua/liveness.lua");
 
 struct Scripts {
     heartbeat: Lua,
@@ -177,10 +174,10 @@ pub struct Nodes {
 impl Nodes {
     pub fn new(store: Store, cfg: NodesConfig, ctx: &ScriptCtx) -> Arc<Nodes> {
         let scripts = Scripts {
-            heartbeat: Lua::new("node_heartbeat", include_str!("lua/heartbeat.lua"), ctx),
-            prune: Lua::with_libs("node_prune", &[LIVENESS], include_str!("lua/prune.lua"), ctx),
-            drain: Lua::new("node_drain", include_str!("lua/drain.lua"), ctx),
-            leave: Lua::new("node_leave", include_str!("lua/leave.lua"), ctx),
+            heartbeat: Lua::load("node_heartbeat", include_str!("lua/heartbeat.lua"), ctx),
+            prune: Lua::load("node_prune", include_str!("lua/prune.lua"), ctx),
+            drain: Lua::load("node_drain", include_str!("lua/drain.lua"), ctx),
+            leave: Lua::load("node_leave", include_str!("lua/leave.lua"), ctx),
         };
         Arc::new(Nodes { store, cfg, scripts })
     }
@@ -219,6 +216,9 @@ impl Nodes {
                 ],
             )
             .await?;
+        // The script read Redis time before this reply arrived: a sample for
+        // the node's estimate of Redis time (script deadlines, G12).
+        self.store.observe_clock(now, std::time::Instant::now());
         if code < 0 {
             return Err(NodesError::TooMany(self.cfg.max_nodes));
         }

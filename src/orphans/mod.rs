@@ -26,8 +26,6 @@ use crate::config::{NodesConfig, OrphansConfig, TasksConfig};
 use crate::store::reply::{int, text};
 use crate::store::{Lua, ScriptCtx, Store, StoreError};
 
-const LIB: &str = include_str!("lua/lib.lua");
-
 /// What one cleaner pass did.
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
 pub struct Recovery {
@@ -98,8 +96,7 @@ impl Orphans {
         labels: Arc<crate::tasks::QueueLabels>,
         ctx: &ScriptCtx,
     ) -> Arc<Orphans> {
-        let libs = [crate::nodes::LIVENESS, crate::tasks::LIB, LIB];
-        let l = |name, src| Lua::with_libs(name, &libs, src, ctx);
+        let l = |name, src| Lua::load(name, src, ctx);
         Arc::new(Orphans {
             store,
             cfg,

@@ -317,6 +317,12 @@ pub enum ScheduleError {
     #[error(
         "schedule `{0}` is defined in this node's config.toml ([[schedules.items]]), which wins at every start; change or remove it there"
     )]
+    InThisConfig(String),
+    /// 409
+    #[error(
+        "schedule `{0}` was written from a node's config.toml ([[schedules.items]]), and config wins: change it there. \
+         Once no node's config.toml defines it any more, DELETE /api/v1/schedules/{0}?force=true removes it"
+    )]
     FromConfig(String),
     /// 409
     #[error("the cluster already has the maximum of {0} schedules (schedules.max_schedules)")]
@@ -339,6 +345,7 @@ impl From<ScheduleError> for ApiError {
             ScheduleError::NotFound(_) => ApiError::NotFound(e.to_string()),
             ScheduleError::Overlap(ref task) => ApiError::conflict(e.to_string(), serde_json::json!({"task": task})),
             ScheduleError::Exists(_)
+            | ScheduleError::InThisConfig(_)
             | ScheduleError::FromConfig(_)
             | ScheduleError::TooMany(_)
             | ScheduleError::TooManyQueues(_) => ApiError::conflict(e.to_string(), serde_json::Value::Null),
@@ -443,6 +450,12 @@ pub struct Triggered {
     pub queue: String,
     /// The occurrence: Redis now at the trigger (Unix ms).
     pub occurrence: i64,
+    /// The live task that overlap `replace` cancelled for this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replaced: Option<String>,
+    /// True when the `Idempotency-Key` named an earlier trigger's task: that
+    /// task is returned and nothing fired.
+    pub replayed: bool,
 }
 
 /// What one fire script call did (see `lua/fire.lua`).
@@ -479,9 +492,6 @@ pub struct Schedules {
     pub(crate) changed: tokio::sync::Notify,
 }
 
-/// The schedule helpers (`lua/lib.lua`), prepended after the task library.
-pub const LIB: &str = include_str!("lua/lib.lua");
-
 impl Schedules {
     pub fn new(
         store: Store,
@@ -490,7 +500,7 @@ impl Schedules {
         node_id: String,
         ctx: &ScriptCtx,
     ) -> Arc<Schedules> {
-        let l = |name, src| Lua::with_libs(name, &[crate::tasks::LIB, LIB], src, ctx);
+        let l = |name, src| Lua::load(name, src, ctx);
         let config_ids = cfg.items.iter().map(|d| d.id.clone()).collect();
         for result in ["fired", "skipped_overlap", "missed"] {
             metrics::counter!("muster_schedule_fires_total", "result" => result).increment(0);
@@ -586,11 +596,12 @@ impl Schedules {
     /// Creates a schedule; refused if the id exists.
     pub async fn create(&self, c: &Checked, actor: &str) -> Result<(), ScheduleError> {
         if self.in_config(&c.def.id) {
-            return Err(ScheduleError::FromConfig(c.def.id.clone()));
+            return Err(ScheduleError::InThisConfig(c.def.id.clone()));
         }
         match self.upsert(c, "create", actor, "").await? {
             (-1, _) => Err(ScheduleError::Exists(c.def.id.clone())),
             (-3, _) => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
+            (-4, _) => Err(ScheduleError::FromConfig(c.def.id.clone())),
             _ => {
                 self.changed.notify_one();
                 Ok(())
@@ -599,12 +610,14 @@ impl Schedules {
     }
 
     /// Creates or replaces a schedule. Returns true if it was created.
+    /// Refused for a schedule written from config.toml, by any node.
     pub async fn put(&self, c: &Checked, actor: &str) -> Result<bool, ScheduleError> {
         if self.in_config(&c.def.id) {
-            return Err(ScheduleError::FromConfig(c.def.id.clone()));
+            return Err(ScheduleError::InThisConfig(c.def.id.clone()));
         }
         match self.upsert(c, "put", actor, "").await? {
             (-3, _) => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
+            (-4, _) => Err(ScheduleError::FromConfig(c.def.id.clone())),
             (code, _) => {
                 self.changed.notify_one();
                 Ok(code == 1)
@@ -637,19 +650,27 @@ impl Schedules {
         Ok(changed)
     }
 
-    /// Deletes a schedule and its history.
-    pub async fn delete(&self, id: &str, actor: &str) -> Result<(), ScheduleError> {
+    /// Deletes a schedule and its history. A schedule written from
+    /// config.toml is refused unless `force` (its entry was removed from every
+    /// node's config); one in this node's config is refused even then, since
+    /// this node would write it back at its next start.
+    pub async fn delete(&self, id: &str, actor: &str, force: bool) -> Result<(), ScheduleError> {
         if self.in_config(id) {
-            return Err(ScheduleError::FromConfig(id.into()));
+            return Err(ScheduleError::InThisConfig(id.into()));
         }
         let n: i64 = self
             .store
-            .eval(&self.scripts.delete, &[self.key(id)], &[id.into(), actor.into()])
+            .eval(
+                &self.scripts.delete,
+                &[self.key(id)],
+                &[id.into(), actor.into(), if force { "1" } else { "0" }.into()],
+            )
             .await?;
-        if n == 0 {
-            return Err(ScheduleError::NotFound(id.into()));
+        match n {
+            0 => Err(ScheduleError::NotFound(id.into())),
+            -1 => Err(ScheduleError::FromConfig(id.into())),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Enables or disables a schedule (config schedules too: an operator's
@@ -673,8 +694,10 @@ impl Schedules {
         }
     }
 
-    /// Fires a schedule now, outside its expression.
-    pub async fn trigger(&self, id: &str, actor: &str) -> Result<Triggered, ScheduleError> {
+    /// Fires a schedule now, outside its expression. `key`: the client's
+    /// idempotency key (validated): a trigger with a key seen within
+    /// `tasks.idempotency_window_ms` returns that trigger's task and fires nothing.
+    pub async fn trigger(&self, id: &str, actor: &str, key: Option<&str>) -> Result<Triggered, ScheduleError> {
         let task_id = ulid::Ulid::generate().to_string();
         let reply: Vec<Value> = self
             .store
@@ -690,18 +713,23 @@ impl Schedules {
                     self.tasks.idempotency_window_ms.to_string(),
                     self.tasks.max_queues.to_string(),
                     self.tasks.retention_ms.to_string(),
+                    key.unwrap_or_default().to_string(),
                 ],
             )
             .await?;
         let (code, task, occurrence) = (int(at(&reply, 0)), text(at(&reply, 1)), int(at(&reply, 2)));
         match code {
-            1 => {
-                metrics::counter!("muster_schedule_fires_total", "result" => "fired").increment(1);
+            1 | 2 => {
+                if code == 1 {
+                    metrics::counter!("muster_schedule_fires_total", "result" => "fired").increment(1);
+                }
                 Ok(Triggered {
                     schedule: id.into(),
                     task,
                     queue: text(at(&reply, 3)),
                     occurrence,
+                    replaced: Some(text(at(&reply, 4))).filter(|r| !r.is_empty()),
+                    replayed: code == 2,
                 })
             }
             -4 => {

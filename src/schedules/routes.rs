@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -129,30 +129,61 @@ async fn put_schedule(
     Ok((status, Json(view)).into_response())
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteParams {
+    /// Delete a schedule written from config.toml too: for one whose entry
+    /// was removed from every node's config (a node whose config still lists
+    /// it refuses, and would write it back at its next start).
+    pub force: Option<bool>,
+}
+
 /// Deletes a schedule and its history. Its tasks live on.
 #[utoipa::path(delete, path = "/api/v1/schedules/{id}", tag = "schedules",
-    params(("id" = String, Path, description = "Schedule id")),
+    params(("id" = String, Path, description = "Schedule id"), DeleteParams),
     responses((status = 204, description = "Deleted"), (status = 404, description = "Unknown schedule"),
-               (status = 409, description = "Defined in config.toml")))]
-async fn delete_schedule(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+               (status = 409, description = "Written from config.toml (without `force`), or defined in this node's config.toml")))]
+async fn delete_schedule(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiQuery(p): ApiQuery<DeleteParams>,
+) -> Result<Response> {
     caller.require(Role::Admin)?;
     validate::name("id", &id)?;
-    s.schedules.delete(&id, &caller.name).await?;
+    s.schedules.delete(&id, &caller.name, p.force.unwrap_or(false)).await?;
     Ok(no_content())
 }
 
 /// Fires the schedule now, outside its expression. The overlap policy
-/// applies: with `forbid` and a live previous task the answer is 409.
+/// applies: with `forbid` and a live previous task the answer is 409. With
+/// an `Idempotency-Key`, a retry within `tasks.idempotency_window_ms`
+/// returns the first call's task (200, `replayed`) and fires nothing.
 #[utoipa::path(post, path = "/api/v1/schedules/{id}/trigger", tag = "schedules",
-    params(("id" = String, Path, description = "Schedule id")),
+    params(("id" = String, Path, description = "Schedule id"),
+           ("Idempotency-Key" = Option<String>, Header,
+            description = "1 to 200 printable ASCII characters; the same key returns the same task")),
     responses((status = 201, body = Triggered, description = "Fired"),
+               (status = 200, body = Triggered, description = "Replay of an Idempotency-Key: the earlier trigger's task"),
+               (status = 400, description = "Invalid Idempotency-Key"),
                (status = 404, description = "Unknown schedule"),
                (status = 409, description = "Skipped by the overlap policy (the live task is in `task`), or too many queues")))]
-async fn trigger_schedule(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
+async fn trigger_schedule(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
     caller.require(Role::Admin)?;
     validate::name("id", &id)?;
-    let t = s.schedules.trigger(&id, &caller.name).await?;
-    Ok((StatusCode::CREATED, Json(t)).into_response())
+    let key = crate::tasks::routes::idempotency_header(&headers)?;
+    let t = s.schedules.trigger(&id, &caller.name, key.as_deref()).await?;
+    let status = if t.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(t)).into_response())
 }
 
 /// Enables a schedule: it fires the occurrences after now (those while it was

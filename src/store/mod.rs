@@ -13,6 +13,8 @@
 //! - `healthy()` reflects the last call's outcome, so readiness and the claim
 //!   path learn about an outage from real traffic, not only from a probe.
 
+pub mod clock;
+pub mod codes;
 pub mod embedded;
 pub mod keys;
 pub mod reply;
@@ -27,9 +29,13 @@ use std::time::{Duration, Instant, SystemTime};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use tokio_util::sync::CancellationToken;
 
+use self::clock::RedisClock;
+
+pub use codes::Code;
 pub use keys::Keys;
-pub use script::{Lua, ScriptCtx};
+pub use script::{Lua, ScriptCall, ScriptCtx};
 
 use crate::config::RedisConfig;
 
@@ -90,12 +96,22 @@ pub enum Conn {
     /// No master: invalidated by a failover round, or not yet known. Every
     /// call fails at once as unavailable; nothing is sent anywhere.
     Down,
+    /// The connection was cut after a call timed out (G12) and a new one is
+    /// being opened to the same server: calls fail at once until it is up.
+    Reconnecting,
 }
 
 fn down_error() -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::NotConnected,
         "no Redis master: invalidated by a failover round, waiting for the new master",
+    ))
+}
+
+fn reconnecting_error() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "reconnecting to Redis after a call timed out",
     ))
 }
 
@@ -109,6 +125,7 @@ impl ConnectionLike for Conn {
                 RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(*home)),
             )),
             Conn::Down => Box::pin(async { Err(down_error()) }),
+            Conn::Reconnecting => Box::pin(async { Err(reconnecting_error()) }),
         }
     }
     fn req_packed_commands<'a>(
@@ -124,6 +141,7 @@ impl ConnectionLike for Conn {
                 Box::pin(c.route_pipeline(cmd.clone(), offset, count, SingleNodeRoutingInfo::SpecificNode(*home)))
             }
             Conn::Down => Box::pin(async { Err(down_error()) }),
+            Conn::Reconnecting => Box::pin(async { Err(reconnecting_error()) }),
         }
     }
     fn get_db(&self) -> i64 {
@@ -131,7 +149,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.get_db(),
             Conn::Multiplexed(c) => c.get_db(),
             Conn::Cluster(c, _) => c.get_db(),
-            Conn::Down => 0,
+            Conn::Down | Conn::Reconnecting => 0,
         }
     }
 }
@@ -217,10 +235,20 @@ struct Inner {
     mode: Mode,
     address: RwLock<String>,
     client: RwLock<Option<redis::Client>>,
-    /// Cluster mode: a client whose connections have no response timeout,
-    /// for blocking reads.
+    /// Cluster mode: the client of the shared connection (to reopen it after
+    /// a cut) and one whose connections have no response timeout, for
+    /// blocking reads.
+    cluster_client: Option<redis::cluster::ClusterClient>,
     cluster_blocking: Option<redis::cluster::ClusterClient>,
-    conn: RwLock<Conn>,
+    /// The shared connection in use, with its identity and the token that
+    /// cuts it (see [`Link`]).
+    link: RwLock<Link>,
+    /// Source of link ids.
+    links: AtomicU64,
+    /// Woken whenever the link is replaced (a reconnect finished, a switch).
+    relinked: tokio::sync::Notify,
+    /// The node's estimate of Redis time, for script deadlines (G12).
+    clock: RedisClock,
     auth: ServerAuth,
     master_file: Option<MasterFile>,
     /// Incremented at every master switch (dedicated connections reopen).
@@ -228,10 +256,6 @@ struct Inner {
     last_switch: RwLock<Option<Switch>>,
     /// Woken when a call fails as unavailable (sentinel mode rediscovers).
     trouble: tokio::sync::Notify,
-    /// Woken at every master switch or invalidation: calls still waiting on
-    /// the old master's connection give up at once instead of waiting out its
-    /// reconnect cycle.
-    switched: tokio::sync::Notify,
     /// The epoch script and this node's id: run on a new master before any
     /// call goes to it (see `failover/lua/epoch.lua`).
     epoch_script: RwLock<Option<(Lua, String)>>,
@@ -244,6 +268,20 @@ struct Inner {
     /// Last measured round trip, microseconds (for the dashboard).
     latency_us: AtomicU64,
     info: RwLock<ServerInfo>,
+}
+
+/// The shared connection and what cuts it. A call that times out cuts the
+/// link it used (G12): the token is cancelled, so every call still waiting
+/// on that connection fails at once and drops its handle; the socket, set to
+/// linger 0, is then reset rather than flushed, so commands still in the
+/// kernel's send buffer never reach Redis; and a new connection is opened in
+/// the background. Scripts that reach Redis anyway (a unix socket delivers
+/// what was written) are refused by their deadline.
+#[derive(Clone)]
+struct Link {
+    conn: Conn,
+    id: u64,
+    cut: CancellationToken,
 }
 
 /// Cheap to clone; all clones share one connection.
@@ -321,7 +359,9 @@ impl Store {
         let seeds: Vec<String> = cfg.cluster.iter().map(|a| auth.url(a)).collect();
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let builder = |response: Option<Duration>| {
-            let mut b = redis::cluster::ClusterClient::builder(seeds.clone()).connection_timeout(timeout);
+            let mut b = redis::cluster::ClusterClient::builder(seeds.clone())
+                .connection_timeout(timeout)
+                .tcp_settings(tcp_settings());
             if let Some(r) = response {
                 b = b.response_timeout(r);
             } else {
@@ -342,7 +382,7 @@ impl Store {
             cfg.cluster.join(","),
             None,
             Conn::Cluster(conn, home_route(&Keys::new(&cfg.key_prefix))),
-            Some(blocking),
+            Some((client, blocking)),
             None,
         );
         store.check_server().await?;
@@ -369,16 +409,25 @@ impl Store {
         address: String,
         client: Option<redis::Client>,
         conn: Conn,
-        cluster_blocking: Option<redis::cluster::ClusterClient>,
+        cluster: Option<(redis::cluster::ClusterClient, redis::cluster::ClusterClient)>,
         master_file: Option<PathBuf>,
     ) -> Store {
+        let (cluster_client, cluster_blocking) = cluster.unzip();
         Store {
             inner: Arc::new(Inner {
                 mode,
                 address: RwLock::new(address),
                 client: RwLock::new(client),
+                cluster_client,
                 cluster_blocking,
-                conn: RwLock::new(conn),
+                link: RwLock::new(Link {
+                    conn,
+                    id: 1,
+                    cut: CancellationToken::new(),
+                }),
+                links: AtomicU64::new(1),
+                relinked: tokio::sync::Notify::new(),
+                clock: RedisClock::new(),
                 auth: ServerAuth::from_config(cfg),
                 master_file: master_file.map(|path| MasterFile {
                     path,
@@ -388,7 +437,6 @@ impl Store {
                 generation: AtomicU64::new(0),
                 last_switch: RwLock::new(None),
                 trouble: tokio::sync::Notify::new(),
-                switched: tokio::sync::Notify::new(),
                 epoch_script: RwLock::new(None),
                 known_epoch: AtomicU64::new(0),
                 keys: Keys::new(&cfg.key_prefix),
@@ -411,33 +459,38 @@ impl Store {
     /// `ROLE` that it is one. Returns false (and changes nothing) when `addr`
     /// is already the master in use.
     pub async fn switch_master(&self, addr: &str) -> StoreResult<bool> {
-        if self.address() == addr && !matches!(self.conn(), Conn::Down) {
+        if self.address() == addr && self.has_master() {
             return Ok(false);
         }
         let url = self.inner.auth.url(addr);
         let (client, mgr) = open_single(&url, self.inner.timeout).await?;
         let mut probe = Conn::Single(mgr.clone());
         let v: Value = self
-            .timed("role", redis::cmd("ROLE").query_async(&mut probe))
+            .timed_on(
+                &Link::probe(probe.clone()),
+                "role",
+                redis::cmd("ROLE").query_async(&mut probe),
+            )
             .await
-            .map_err(|e| match e {
-                RetryableOr::Retry(e) | RetryableOr::Fail(e) => e,
-            })?;
+            .map_err(RetryableOr::into_error)?;
         let role = role_of(&v);
         if role != "master" {
             return Err(StoreError::Unavailable(format!(
                 "{addr} is not a master (ROLE says {role})"
             )));
         }
+        // A new server has its own clock: deadlines are computed from it
+        // from now on, starting with the epoch script's.
+        self.inner.clock.reset();
+        self.sync_clock_on(&mut probe).await?;
         // Fencing first: no token is issued on the new master before its
         // epoch is above every epoch seen before the switch.
         self.bump_epoch_on(&mut probe, addr).await?;
         let from = self.address();
         *self.inner.client.write().unwrap_or_else(|p| p.into_inner()) = Some(client);
-        *self.inner.conn.write().unwrap_or_else(|p| p.into_inner()) = Conn::Single(mgr);
+        self.replace_link(Conn::Single(mgr));
         *self.inner.address.write().unwrap_or_else(|p| p.into_inner()) = addr.to_string();
         self.inner.generation.fetch_add(1, Ordering::SeqCst);
-        self.inner.switched.notify_waiters();
         let now_ms = node_clock_ms();
         *self.inner.last_switch.write().unwrap_or_else(|p| p.into_inner()) = Some(Switch {
             from: from.clone(),
@@ -468,8 +521,11 @@ impl Store {
     /// Runs the epoch script on the master in use: bumps the epoch once per
     /// master (by run_id). Returns (epoch, bumped).
     pub async fn ensure_epoch(&self) -> StoreResult<(u64, bool)> {
-        let mut conn = self.conn();
+        let mut conn = self.link().conn;
         let addr = self.address();
+        if self.inner.clock.now_ms().is_none() {
+            self.sync_clock_on(&mut conn).await?;
+        }
         self.bump_epoch_on(&mut conn, &addr).await
     }
 
@@ -483,13 +539,11 @@ impl Store {
         let Some((lua, node)) = script else {
             return Ok((0, false));
         };
-        let flat = |e: RetryableOr| match e {
-            RetryableOr::Retry(e) | RetryableOr::Fail(e) => e,
-        };
+        let probe = Link::probe(conn.clone());
         let info: Value = self
-            .timed("info", redis::cmd("INFO").arg("server").query_async(conn))
+            .timed_on(&probe, "info", redis::cmd("INFO").arg("server").query_async(conn))
             .await
-            .map_err(flat)?;
+            .map_err(RetryableOr::into_error)?;
         let text = match info {
             Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
             Value::VerbatimString { text, .. } => text,
@@ -507,8 +561,12 @@ impl Store {
             .arg(run_id)
             .arg(self.known_epoch() + 1)
             .arg(node)
-            .arg(addr);
-        let (epoch, bumped): (u64, i64) = self.timed(lua.name(), inv.invoke_async(conn)).await.map_err(flat)?;
+            .arg(addr)
+            .arg(self.deadline()?);
+        let (epoch, bumped): (u64, i64) = self
+            .timed_on(&probe, lua.name(), inv.invoke_async(conn))
+            .await
+            .map_err(RetryableOr::into_error)?;
         self.saw_epoch(epoch);
         if bumped == 1 {
             metrics::counter!("muster_failover_switches_total").increment(1);
@@ -520,18 +578,17 @@ impl Store {
     /// Stops using the master: every call fails as unavailable until
     /// [`Store::switch_master`]. Used by a coordinated failover's `invalidate`.
     pub fn invalidate(&self) {
-        *self.inner.conn.write().unwrap_or_else(|p| p.into_inner()) = Conn::Down;
+        self.replace_link(Conn::Down);
         *self.inner.client.write().unwrap_or_else(|p| p.into_inner()) = None;
         *self.inner.address.write().unwrap_or_else(|p| p.into_inner()) = String::new();
         self.inner.generation.fetch_add(1, Ordering::SeqCst);
-        self.inner.switched.notify_waiters();
         self.inner.healthy.store(false, Ordering::Relaxed);
         tracing::warn!("Redis master invalidated: no Redis calls until the failover round reconfigures");
     }
 
     /// Whether a master is in use (false after `invalidate`).
     pub fn has_master(&self) -> bool {
-        !matches!(self.conn(), Conn::Down)
+        !matches!(self.link().conn, Conn::Down)
     }
 
     /// Changes at every switch or invalidation.
@@ -659,8 +716,148 @@ impl Store {
         self.inner.timeout
     }
 
-    fn conn(&self) -> Conn {
-        self.inner.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    fn link(&self) -> Link {
+        self.inner.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The link to send a call on. While a cut connection is being reopened
+    /// the call waits for the new one (up to the call timeout) instead of
+    /// failing at once: a cut is routine after one slow call, not an outage.
+    async fn usable_link(&self) -> Link {
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        loop {
+            let relinked = self.inner.relinked.notified();
+            let link = self.link();
+            if !matches!(link.conn, Conn::Reconnecting) {
+                return link;
+            }
+            if tokio::time::timeout_at(deadline, relinked).await.is_err() {
+                return link;
+            }
+        }
+    }
+
+    /// Installs a new shared connection (a switch, an invalidation or a
+    /// reconnect) and cuts the old one: calls still waiting on it give up.
+    fn replace_link(&self, conn: Conn) {
+        let id = self.inner.links.fetch_add(1, Ordering::SeqCst) + 1;
+        let old = std::mem::replace(
+            &mut *self.inner.link.write().unwrap_or_else(|p| p.into_inner()),
+            Link {
+                conn,
+                id,
+                cut: CancellationToken::new(),
+            },
+        );
+        old.cut.cancel();
+        self.inner.relinked.notify_waiters();
+    }
+
+    /// Cuts link `id` after one of its calls timed out (G12) and reopens a
+    /// connection to the same server in the background. Does nothing when
+    /// that link was already replaced (several calls time out together).
+    fn cut(&self, id: u64, op: &'static str) {
+        let reopen = {
+            let mut link = self.inner.link.write().unwrap_or_else(|p| p.into_inner());
+            if link.id != id || matches!(link.conn, Conn::Down | Conn::Reconnecting) {
+                return;
+            }
+            let reopen = self.inner.links.fetch_add(1, Ordering::SeqCst) + 1;
+            let old = std::mem::replace(
+                &mut *link,
+                Link {
+                    conn: Conn::Reconnecting,
+                    id: reopen,
+                    cut: CancellationToken::new(),
+                },
+            );
+            old.cut.cancel();
+            reopen
+        };
+        metrics::counter!("muster_redis_reconnects_total").increment(1);
+        tracing::warn!(op, "a Redis call timed out: its connection is cut and a new one opened");
+        let store = self.clone();
+        tokio::spawn(async move { store.reopen(reopen).await });
+    }
+
+    /// Opens a new shared connection to the server in use and installs it,
+    /// unless link `id` (the placeholder) was replaced meanwhile by a switch
+    /// or an invalidation. Retries with backoff until it succeeds.
+    async fn reopen(&self, id: u64) {
+        let mut attempt = 0;
+        loop {
+            if self.link().id != id {
+                return;
+            }
+            let opened = if let Some(cc) = &self.inner.cluster_client {
+                tokio::time::timeout(self.inner.timeout, cc.get_async_connection())
+                    .await
+                    .map_err(|_| StoreError::Unavailable("timed out".into()))
+                    .and_then(|r| r.map_err(|e| classify(&e)))
+                    .map(|c| Conn::Cluster(c, home_route(&self.inner.keys)))
+            } else {
+                let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
+                match client {
+                    Some(client) => open_manager(client, self.inner.timeout).await.map(Conn::Single),
+                    None => return,
+                }
+            };
+            match opened {
+                Ok(conn) => {
+                    let mut link = self.inner.link.write().unwrap_or_else(|p| p.into_inner());
+                    if link.id == id {
+                        link.conn = conn;
+                        tracing::info!("reconnected to Redis");
+                    }
+                    drop(link);
+                    self.inner.relinked.notify_waiters();
+                    return;
+                }
+                Err(e) => {
+                    attempt += 1;
+                    tracing::debug!(attempt, error = %e, "reconnecting to Redis");
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(1))).await;
+                }
+            }
+        }
+    }
+
+    /// The deadline for a script sent now, in Redis ms (G12): the node gives
+    /// up on a call after `redis.timeout_ms`; the script must have run a
+    /// quarter of that earlier, which leaves its reply time to arrive before
+    /// the node stops waiting. Errs only before the first clock sample.
+    fn deadline(&self) -> StoreResult<i64> {
+        let now = self
+            .inner
+            .clock
+            .now_ms()
+            .ok_or_else(|| StoreError::Unavailable("Redis time is not known yet".into()))?;
+        let t = self.inner.timeout.as_millis() as i64;
+        Ok(now + t - t / 4)
+    }
+
+    /// The node's estimate of Redis time now (a lower bound, from recent
+    /// samples): for choosing when to wake up, never for a lease or liveness
+    /// decision (those are made in Redis, G11). None before the first sample.
+    pub fn redis_now_estimate(&self) -> Option<i64> {
+        self.inner.clock.now_ms()
+    }
+
+    /// Records a Redis time (ms) read by a call whose reply arrived at
+    /// `received`, as a sample for script deadlines (G12).
+    pub fn observe_clock(&self, redis_ms: i64, received: Instant) {
+        self.inner.clock.observe(redis_ms, received);
+    }
+
+    /// Reads Redis `TIME` on `conn` and records it as a clock sample.
+    async fn sync_clock_on(&self, conn: &mut Conn) -> StoreResult<i64> {
+        let (s, us): (i64, i64) = self
+            .timed_on(&Link::probe(conn.clone()), "time", redis::cmd("TIME").query_async(conn))
+            .await
+            .map_err(RetryableOr::into_error)?;
+        let ms = s * 1000 + us / 1000;
+        self.inner.clock.observe(ms, Instant::now());
+        Ok(ms)
     }
 
     /// A connection of its own for blocking commands (`XREAD BLOCK`), which
@@ -691,8 +888,9 @@ impl Store {
                 .map_err(|e| classify(&e))?;
                 Ok(Conn::Multiplexed(c))
             }
-            None => match self.conn() {
+            None => match self.link().conn {
                 Conn::Down => Err(classify(&down_error())),
+                Conn::Reconnecting => Err(classify(&reconnecting_error())),
                 c => Ok(c),
             },
         }
@@ -707,10 +905,13 @@ impl Store {
         Ok(rtt)
     }
 
-    /// Redis server time in milliseconds since the epoch.
+    /// Redis server time in milliseconds since the epoch; also a sample for
+    /// the node's estimate of Redis time (script deadlines, G12).
     pub async fn time_ms(&self) -> StoreResult<i64> {
         let (s, us): (i64, i64) = self.query("time", &redis::cmd("TIME")).await?;
-        Ok(s * 1000 + us / 1000)
+        let ms = s * 1000 + us / 1000;
+        self.inner.clock.observe(ms, Instant::now());
+        Ok(ms)
     }
 
     /// A read: retried on connection errors with backoff.
@@ -728,8 +929,9 @@ impl Store {
         self.follow_master_file().await;
         let mut attempt = 0;
         loop {
-            let mut conn = self.conn();
-            let res = self.timed(op, pipe.query_async::<T>(&mut conn)).await;
+            let link = self.usable_link().await;
+            let mut conn = link.conn.clone();
+            let res = self.timed_on(&link, op, pipe.query_async::<T>(&mut conn)).await;
             match res {
                 Err(RetryableOr::Retry(e)) if attempt < self.inner.read_retries => {
                     attempt += 1;
@@ -744,8 +946,12 @@ impl Store {
 
     /// Runs a script. Retried only when the connection was refused (nothing
     /// was sent), because a script's effects must not be applied twice.
+    /// Every call carries its deadline (G12, see the prelude).
     pub async fn eval<T: FromRedisValue>(&self, lua: &Lua, keys: &[String], args: &[String]) -> StoreResult<T> {
         self.follow_master_file().await;
+        if self.inner.clock.now_ms().is_none() {
+            self.time_ms().await?;
+        }
         let mut attempt = 0;
         loop {
             let mut inv = lua.script().prepare_invoke();
@@ -755,8 +961,10 @@ impl Store {
             for a in args {
                 inv.arg(a);
             }
-            let mut conn = self.conn();
-            let res = self.timed(lua.name(), inv.invoke_async::<T>(&mut conn)).await;
+            inv.arg(self.deadline()?);
+            let link = self.usable_link().await;
+            let mut conn = link.conn.clone();
+            let res = self.timed_on(&link, lua.name(), inv.invoke_async::<T>(&mut conn)).await;
             match res {
                 Ok(v) => return Ok(v),
                 Err(RetryableOr::Retry(e)) if attempt < 2 && was_refused(&e) => {
@@ -766,6 +974,11 @@ impl Store {
                 Err(RetryableOr::Retry(e)) | Err(RetryableOr::Fail(e)) => return Err(e),
             }
         }
+    }
+
+    /// Runs one typed script call (see [`ScriptCall`]).
+    pub async fn run<C: ScriptCall>(&self, lua: &Lua, call: &C) -> StoreResult<C::Reply> {
+        self.eval(lua, &call.keys(&self.inner.keys), &call.args()).await
     }
 
     async fn call<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd, read: bool) -> StoreResult<T> {
@@ -778,8 +991,9 @@ impl Store {
     async fn call_here<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd, read: bool) -> StoreResult<T> {
         let mut attempt = 0;
         loop {
-            let mut conn = self.conn();
-            let res = self.timed(op, cmd.query_async::<T>(&mut conn)).await;
+            let link = self.usable_link().await;
+            let mut conn = link.conn.clone();
+            let res = self.timed_on(&link, op, cmd.query_async::<T>(&mut conn)).await;
             match res {
                 Ok(v) => return Ok(v),
                 Err(RetryableOr::Retry(e)) if attempt < self.inner.read_retries && (read || was_refused(&e)) => {
@@ -792,35 +1006,47 @@ impl Store {
         }
     }
 
-    /// Applies the deadline, records metrics and health, and classifies errors.
-    async fn timed<T>(
+    /// Applies the timeout, records metrics and health, and classifies
+    /// errors. The call gives up at once when its link is cut (a master
+    /// switch, or another call on the same connection timed out): a read is
+    /// then retried on the new connection, a write fails (503), since whether
+    /// Redis applied it is unknown. A timeout cuts the link (G12).
+    async fn timed_on<T>(
         &self,
+        link: &Link,
         op: &'static str,
         fut: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, RetryableOr> {
         let start = Instant::now();
-        let res = if matches!(self.inner.mode, Mode::Sentinel | Mode::Coordinated) {
-            // A read is then retried on the new master; a write fails at once
-            // (503), since whether the old master applied it is unknown.
-            let switched = self.inner.switched.notified();
-            tokio::select! {
-                r = tokio::time::timeout(self.inner.timeout, fut) => r,
-                _ = switched => {
-                    metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => "switched").increment(1);
-                    return Err(RetryableOr::Retry(StoreError::Unavailable(format!(
-                        "the Redis master changed while waiting for an answer ({op}); retry"
-                    ))));
-                }
+        let res = tokio::select! {
+            r = tokio::time::timeout(self.inner.timeout, fut) => r,
+            _ = link.cut.cancelled() => {
+                metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => "cut").increment(1);
+                return Err(RetryableOr::Retry(StoreError::Unavailable(format!(
+                    "the connection to Redis was replaced (a master switch, or a timed-out call) \
+                     while waiting for an answer ({op}); retry"
+                ))));
             }
-        } else {
-            tokio::time::timeout(self.inner.timeout, fut).await
         };
         metrics::histogram!("muster_redis_call_duration_seconds", "op" => op).record(start.elapsed().as_secs_f64());
+        let timed_out = |store: &Store| {
+            metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => "timeout").increment(1);
+            store.inner.healthy.store(false, Ordering::Relaxed);
+            store.inner.trouble.notify_one();
+            if link.id != 0 {
+                store.cut(link.id, op);
+            }
+            Err(RetryableOr::Retry(StoreError::Unavailable(format!(
+                "no answer within {} ms ({op})",
+                store.inner.timeout.as_millis()
+            ))))
+        };
         match res {
             Ok(Ok(v)) => {
                 self.inner.healthy.store(true, Ordering::Relaxed);
                 Ok(v)
             }
+            Ok(Err(e)) if e.is_timeout() => timed_out(self),
             Ok(Err(e)) => {
                 let err = classify(&e);
                 let kind = match &err {
@@ -838,15 +1064,7 @@ impl Store {
                     Err(RetryableOr::Fail(err))
                 }
             }
-            Err(_) => {
-                metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => "timeout").increment(1);
-                self.inner.healthy.store(false, Ordering::Relaxed);
-                self.inner.trouble.notify_one();
-                Err(RetryableOr::Retry(StoreError::Unavailable(format!(
-                    "no answer within {} ms ({op})",
-                    self.inner.timeout.as_millis()
-                ))))
-            }
+            Err(_) => timed_out(self),
         }
     }
 }
@@ -868,19 +1086,31 @@ pub fn node_clock_ms() -> i64 {
 
 /// Opens a client and a reconnecting connection to one server.
 async fn open_single(url: &str, timeout: Duration) -> StoreResult<(redis::Client, ConnectionManager)> {
-    let client = redis::Client::open(url)
+    use redis::IntoConnectionInfo;
+    let info = url
+        .into_connection_info()
+        .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL {}: {e}", redact(url))))?
+        .set_tcp_settings(tcp_settings());
+    let client = redis::Client::open(info)
         .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL {}: {e}", redact(url))))?;
+    let mgr = open_manager(client.clone(), timeout)
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("cannot connect to {}: {e}", redact(url))))?;
+    Ok((client, mgr))
+}
+
+/// A reconnecting connection through `client`, with the store's timeouts.
+async fn open_manager(client: redis::Client, timeout: Duration) -> StoreResult<ConnectionManager> {
     let mgr_cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout))
         .set_number_of_retries(2)
         .set_min_delay(Duration::from_millis(50))
         .set_max_delay(Duration::from_secs(1));
-    let mgr = tokio::time::timeout(timeout * 2, ConnectionManager::new_with_config(client.clone(), mgr_cfg))
+    tokio::time::timeout(timeout * 2, ConnectionManager::new_with_config(client, mgr_cfg))
         .await
-        .map_err(|_| StoreError::Unavailable(format!("timed out connecting to {}", redact(url))))?
-        .map_err(|e| StoreError::Unavailable(format!("cannot connect to {}: {e}", redact(url))))?;
-    Ok((client, mgr))
+        .map_err(|_| StoreError::Unavailable(format!("timed out after {} ms", (timeout * 2).as_millis())))?
+        .map_err(|e| classify(&e))
 }
 
 /// The role name in a `ROLE` reply.
@@ -907,6 +1137,35 @@ enum RetryableOr {
     Fail(StoreError),
 }
 
+impl RetryableOr {
+    fn into_error(self) -> StoreError {
+        match self {
+            RetryableOr::Retry(e) | RetryableOr::Fail(e) => e,
+        }
+    }
+}
+
+impl Link {
+    /// A connection used outside the shared link (a server being probed
+    /// before a switch): nothing cuts it, and a timeout cuts nothing.
+    fn probe(conn: Conn) -> Link {
+        Link {
+            conn,
+            id: 0,
+            cut: CancellationToken::new(),
+        }
+    }
+}
+
+/// Socket options of every connection: no Nagle delay (muster's calls are
+/// small and latency-bound), and linger 0, so a connection cut after a
+/// timeout is reset and what it still had to send is discarded (G12).
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default()
+        .set_nodelay(true)
+        .set_linger_time(Duration::ZERO)
+}
+
 fn was_refused(e: &StoreError) -> bool {
     matches!(e, StoreError::Unavailable(m) if m.starts_with("connection refused"))
 }
@@ -917,6 +1176,14 @@ fn backoff(attempt: u32) -> Duration {
 
 /// Maps a redis-rs error onto the store's three kinds.
 pub fn classify(e: &RedisError) -> StoreError {
+    if e.code() == Some("LATE") {
+        // The prelude refused a script that arrived after its deadline (G12):
+        // nothing was applied, like a timeout the client may retry.
+        return StoreError::Unavailable(format!(
+            "Redis received the call after its deadline and did not apply it: {}",
+            e.detail().unwrap_or("")
+        ));
+    }
     if e.is_connection_refusal() {
         return StoreError::Unavailable(format!("connection refused: {e}"));
     }

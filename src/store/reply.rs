@@ -1,8 +1,15 @@
 //! Decoding of script replies whose elements mix integers and strings (Lua
-//! tables become arrays of either). A short or odd reply decodes as absent
-//! values, never a panic.
+//! tables become arrays of either).
+//!
+//! [`Reader`] walks a reply element by element for the typed reply of each
+//! script (`FromRedisValue` impls next to the script's argument struct): a
+//! reply that is shorter or shaped otherwise than its script's header says is
+//! a decode error (a bug, answered 500), never a silent default. The loose
+//! helpers [`int`], [`text`] and [`at`] remain for replies read in bulk.
 
-use redis::Value;
+use redis::{ParsingError, Value};
+
+use super::codes::Code;
 
 /// An integer element (also from a numeric string or a double).
 pub fn int(v: &Value) -> i64 {
@@ -31,6 +38,88 @@ pub fn at(reply: &[Value], i: usize) -> &Value {
     reply.get(i).unwrap_or(&Value::Nil)
 }
 
+/// A decode error naming what was expected.
+pub fn decode_error(what: impl Into<String>) -> ParsingError {
+    ParsingError::from(format!("unexpected script reply: {}", what.into()))
+}
+
+type Decoded<T> = Result<T, ParsingError>;
+
+/// Reads a script's array reply in order.
+pub struct Reader<'a> {
+    items: &'a [Value],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader over an array reply (a scalar reads as a one-element array).
+    pub fn new(v: &'a Value) -> Reader<'a> {
+        match v {
+            Value::Array(items) => Reader { items, pos: 0 },
+            other => Reader {
+                items: std::slice::from_ref(other),
+                pos: 0,
+            },
+        }
+    }
+
+    fn next(&mut self, what: &str) -> Decoded<&'a Value> {
+        let v = self
+            .items
+            .get(self.pos)
+            .ok_or_else(|| decode_error(format!("the reply ends before {what} (element {})", self.pos)))?;
+        self.pos += 1;
+        Ok(v)
+    }
+
+    /// An integer element.
+    pub fn int(&mut self, what: &str) -> Decoded<i64> {
+        match self.next(what)? {
+            Value::Int(i) => Ok(*i),
+            Value::BulkString(b) => std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| decode_error(format!("{what} is not an integer"))),
+            Value::Double(d) => Ok(*d as i64),
+            other => Err(decode_error(format!("{what} is not an integer: {other:?}"))),
+        }
+    }
+
+    /// A string element (an integer reads as its decimal text; nil as "").
+    pub fn text(&mut self, what: &str) -> Decoded<String> {
+        match self.next(what)? {
+            Value::Nil => Ok(String::new()),
+            v @ (Value::BulkString(_) | Value::SimpleString(_) | Value::Int(_) | Value::Okay) => Ok(text(v)),
+            other => Err(decode_error(format!("{what} is not a string: {other:?}"))),
+        }
+    }
+
+    /// A nested array element.
+    pub fn array(&mut self, what: &str) -> Decoded<Reader<'a>> {
+        match self.next(what)? {
+            Value::Array(items) => Ok(Reader { items, pos: 0 }),
+            other => Err(decode_error(format!("{what} is not an array: {other:?}"))),
+        }
+    }
+
+    /// A script's leading code: its own outcome when non-negative, else one
+    /// of the shared [`Code`]s.
+    pub fn code(&mut self) -> Decoded<Result<i64, Code>> {
+        let c = self.int("the code")?;
+        if c >= 0 {
+            return Ok(Ok(c));
+        }
+        Code::from_i64(c)
+            .map(Err)
+            .ok_or_else(|| decode_error(format!("unknown code {c}")))
+    }
+
+    /// Elements not read yet.
+    pub fn remaining(&self) -> usize {
+        self.items.len().saturating_sub(self.pos)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,5 +136,18 @@ mod tests {
         assert_eq!(text(at(&r, 2)), "x");
         assert_eq!(text(at(&r, 9)), "");
         assert_eq!(int(at(&r, 9)), 0);
+    }
+
+    #[test]
+    fn a_reader_fails_on_short_or_mistyped_replies() {
+        let v = Value::Array(vec![Value::Int(-2), Value::BulkString(b"x".to_vec())]);
+        let mut r = Reader::new(&v);
+        assert_eq!(r.code().unwrap(), Err(Code::Stale));
+        assert!(r.int("a number").is_err());
+        assert!(r.text("more").is_err());
+        let v = Value::Array(vec![Value::Int(-999)]);
+        assert!(Reader::new(&v).code().is_err());
+        let v = Value::Int(2);
+        assert_eq!(Reader::new(&v).code().unwrap(), Ok(2));
     }
 }

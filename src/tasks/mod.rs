@@ -15,20 +15,35 @@
 //! - Every state change emits its event in the same script (G9).
 
 pub mod routes;
+mod scripts;
 pub mod worker;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use redis::Value;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
 use crate::error::ApiError;
-use crate::store::reply::{at, int, text};
-use crate::store::{Lua, ScriptCtx, Store, StoreError};
+use crate::store::{Code, ScriptCtx, Store, StoreError};
+
+use self::scripts::{ClaimReply, Completed, Enqueued, FailReply, HeartbeatReply, ListQueuedReply, Scripts};
+
+/// The furthest ahead a task may be due: `delay_ms` at most, and `run_at`
+/// at most this long after the Redis time of the submit (366 days).
+pub const MAX_DELAY_MS: u64 = 366 * 24 * 3600 * 1000;
+
+/// The largest `run_at` that is meaningful at all: 2^53, the largest integer
+/// every JSON client reads exactly (and far beyond Redis time + a year).
+pub const MAX_RUN_AT: i64 = 1 << 53;
+
+/// How deep the listing of queued tasks goes: its `cursor` is at most this.
+/// Queued tasks are merged from the ready set and every group's queue in
+/// claim order, and that work grows with the depth (other states are one
+/// sorted set each, and page at any depth).
+pub const MAX_QUEUED_CURSOR: usize = 10_000;
 
 /// Every state a task can be in.
 pub const STATES: &[&str] = &["queued", "delayed", "running", "succeeded", "cancelled", "dead"];
@@ -50,6 +65,16 @@ pub enum TaskError {
     #[error("the cluster already has the maximum of {0} group limits (tasks.max_groups)")]
     TooManyGroups(u32),
     #[error(
+        "`run_at` {run_at} is more than one year (366 days) after the Redis time now ({now}); the latest accepted now is {}",
+        now + MAX_DELAY_MS as i64
+    )]
+    RunAtTooFar { run_at: i64, now: i64 },
+    #[error(
+        "`cursor` can be at most {MAX_QUEUED_CURSOR} for state=queued: the listing shows the first \
+         {MAX_QUEUED_CURSOR} queued tasks in claim order (`total` counts them all)"
+    )]
+    CursorTooDeep,
+    #[error(
         "node `{0}` is not registered or its heartbeat expired: PUT /api/v1/nodes/{0}/heartbeat first, and keep heartbeating while you work"
     )]
     NodeNotAlive(String),
@@ -63,6 +88,7 @@ impl From<TaskError> for ApiError {
     fn from(e: TaskError) -> Self {
         match e {
             TaskError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            TaskError::RunAtTooFar { .. } | TaskError::CursorTooDeep => ApiError::bad_request(e.to_string()),
             TaskError::Conflict {
                 message,
                 state,
@@ -114,6 +140,10 @@ pub enum Submitted {
         holder: String,
     },
     TooManyQueues,
+    /// `run_at` is more than [`MAX_DELAY_MS`] after the Redis time `now`.
+    RunAtTooFar {
+        now: i64,
+    },
 }
 
 /// A claimed task as the worker receives it.
@@ -143,6 +173,19 @@ pub struct ClaimResult {
     pub tasks: Vec<Claimed>,
     /// When the earliest delayed task of the queue is due (Redis ms).
     pub next_due: Option<i64>,
+    /// `max` tasks were claimed: the queue may hold more.
+    pub more: bool,
+}
+
+/// What a complete or fail should claim next, in the same call: up to `max`
+/// tasks (0: none) for the finished task's owner, from `queue` (None: the
+/// finished task's own).
+#[derive(Debug, Clone, Default)]
+pub struct NextClaim {
+    pub max: u32,
+    pub queue: Option<String>,
+    /// The owner (the caller's worker id), for error messages.
+    pub owner: Option<String>,
 }
 
 /// The outcome of a complete, fail or heartbeat.
@@ -257,22 +300,6 @@ pub struct TaskPage {
     pub total: u64,
 }
 
-struct Scripts {
-    enqueue: Lua,
-    claim: Lua,
-    complete: Lua,
-    fail: Lua,
-    heartbeat: Lua,
-    cancel: Lua,
-    retry: Lua,
-    delete: Lua,
-    pause: Lua,
-    set_group: Lua,
-    janitor: Lua,
-    counts: Lua,
-    list_queued: Lua,
-}
-
 /// Bounds the `queue` label of metrics: the first 100 queues seen get their
 /// own series, the rest share `other`.
 #[derive(Default)]
@@ -305,14 +332,6 @@ pub struct Tasks {
     pub labels: Arc<QueueLabels>,
 }
 
-/// The task helpers (`lua/lib.lua`) followed by the workflow hook that every
-/// terminal transition calls; prepended to every script that changes tasks.
-pub const LIB: &str = concat!(
-    include_str!("lua/lib.lua"),
-    "\n",
-    include_str!("../workflows/lua/hook.lua")
-);
-
 fn raw(json: &str) -> Box<RawValue> {
     RawValue::from_string(json.to_string())
         .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("null is JSON"))
@@ -324,22 +343,7 @@ fn opt(s: Option<&String>) -> Option<String> {
 
 impl Tasks {
     pub fn new(store: Store, cfg: TasksConfig, ctx: &ScriptCtx) -> Arc<Tasks> {
-        let l = |name, src| Lua::with_libs(name, &[LIB], src, ctx);
-        let scripts = Scripts {
-            enqueue: l("task_enqueue", include_str!("lua/enqueue.lua")),
-            claim: l("task_claim", include_str!("lua/claim.lua")),
-            complete: l("task_complete", include_str!("lua/complete.lua")),
-            fail: l("task_fail", include_str!("lua/fail.lua")),
-            heartbeat: l("task_heartbeat", include_str!("lua/heartbeat.lua")),
-            cancel: l("task_cancel", include_str!("lua/cancel.lua")),
-            retry: l("task_retry", include_str!("lua/retry.lua")),
-            delete: l("task_delete", include_str!("lua/delete.lua")),
-            pause: l("queue_pause", include_str!("lua/pause.lua")),
-            set_group: l("group_set", include_str!("lua/set_group.lua")),
-            janitor: l("queue_janitor", include_str!("lua/janitor.lua")),
-            counts: l("queue_counts", include_str!("lua/counts.lua")),
-            list_queued: l("queue_list_queued", include_str!("lua/list_queued.lua")),
-        };
+        let scripts = Scripts::new(ctx);
         Arc::new(Tasks {
             store,
             cfg,
@@ -369,98 +373,99 @@ impl Tasks {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let mut args = vec![
-            queue.to_string(),
-            self.cfg.idempotency_window_ms.to_string(),
-            self.cfg.max_queues.to_string(),
-            node.to_string(),
-            items.len().to_string(),
-        ];
-        for t in items {
-            args.extend([
-                ulid::Ulid::generate().to_string(),
-                t.payload.clone(),
-                t.group.clone(),
-                t.priority.to_string(),
-                t.delay_ms.to_string(),
-                t.run_at.to_string(),
-                t.max_attempts.to_string(),
-                t.timeout_ms.to_string(),
-                t.alias.clone(),
-                t.idempotency_key.clone(),
-                t.backoff_base_ms.to_string(),
-                t.backoff_cap_ms.to_string(),
-            ]);
-        }
-        let reply: Vec<Value> = self
-            .store
-            .eval(&self.scripts.enqueue, &[self.qkey(queue, "ready")], &args)
-            .await?;
+        let call = scripts::Enqueue {
+            queue,
+            idempotency_window_ms: self.cfg.idempotency_window_ms,
+            max_queues: self.cfg.max_queues,
+            node,
+            max_delay_ms: MAX_DELAY_MS,
+            items: items
+                .iter()
+                .map(|t| scripts::EnqueueItem {
+                    id: ulid::Ulid::generate().to_string(),
+                    payload: &t.payload,
+                    group: &t.group,
+                    priority: t.priority,
+                    delay_ms: t.delay_ms,
+                    run_at: t.run_at,
+                    max_attempts: t.max_attempts,
+                    timeout_ms: t.timeout_ms,
+                    alias: &t.alias,
+                    idempotency_key: &t.idempotency_key,
+                    backoff_base_ms: t.backoff_base_ms,
+                    backoff_cap_ms: t.backoff_cap_ms,
+                })
+                .collect(),
+        };
+        let reply = self.store.run(&self.scripts.enqueue, &call).await?;
         let label = self.labels.label(queue);
-        let mut out = Vec::with_capacity(items.len());
-        for chunk in reply.chunks(3) {
-            let (code, id, state) = (int(at(chunk, 0)), text(at(chunk, 1)), text(at(chunk, 2)));
-            out.push(match code {
-                1 => {
+        Ok(reply
+            .0
+            .into_iter()
+            .map(|r| match r {
+                Enqueued::Created { id, state } => {
                     metrics::counter!("muster_tasks_enqueued_total", "queue" => label.clone()).increment(1);
                     Submitted::Created { id, state }
                 }
-                2 => {
-                    let (state, original) = state.split_once(':').unwrap_or((state.as_str(), queue));
-                    Submitted::Replayed {
-                        id,
-                        state: state.to_string(),
-                        queue: original.to_string(),
-                    }
-                }
-                -1 => Submitted::AliasTaken { holder: id },
-                _ => Submitted::TooManyQueues,
-            });
-        }
-        Ok(out)
+                Enqueued::Replayed {
+                    id,
+                    state,
+                    queue: original,
+                } => Submitted::Replayed {
+                    id,
+                    state,
+                    queue: if original.is_empty() {
+                        queue.to_string()
+                    } else {
+                        original
+                    },
+                },
+                Enqueued::AliasTaken { holder } => Submitted::AliasTaken { holder },
+                Enqueued::TooManyQueues => Submitted::TooManyQueues,
+                Enqueued::TooFar { now } => Submitted::RunAtTooFar { now },
+            })
+            .collect())
     }
 
     /// Claims up to `max` tasks of `queue` for `node`.
     pub async fn claim(&self, queue: &str, node: &str, max: u32) -> Result<ClaimResult, TaskError> {
-        let reply: Vec<Value> = self
+        let reply = self
             .store
-            .eval(
-                &self.scripts.claim,
-                &[self.qkey(queue, "ready")],
-                &[queue.into(), node.into(), max.to_string()],
-            )
+            .run(&self.scripts.claim, &scripts::Claim { queue, node, max })
             .await?;
-        let code = reply.first().map(int).unwrap_or(-1);
-        let next_due = reply.get(1).map(int).filter(|v| *v >= 0);
-        match code {
-            -1 => return Err(TaskError::NodeNotAlive(node.into())),
-            -2 => return Err(TaskError::NodeDraining(node.into())),
-            _ => {}
-        }
-        let mut tasks = Vec::with_capacity(code.max(0) as usize);
-        for c in reply[2.min(reply.len())..].chunks(9) {
-            if c.len() < 9 {
-                break;
+        self.claimed(queue, node, reply)
+    }
+
+    /// Turns a claim reply into tasks, counting them (and empty claims).
+    fn claimed(&self, queue: &str, node: &str, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
+        match reply {
+            ClaimReply::Refused(Code::NodeDraining) => Err(TaskError::NodeDraining(node.into())),
+            ClaimReply::Refused(_) => Err(TaskError::NodeNotAlive(node.into())),
+            ClaimReply::Claimed { tasks, next_due, more } => {
+                if tasks.is_empty() {
+                    metrics::counter!("muster_claims_empty_total").increment(1);
+                } else {
+                    metrics::counter!("muster_tasks_claimed_total", "queue" => self.labels.label(queue))
+                        .increment(tasks.len() as u64);
+                }
+                let tasks = tasks
+                    .into_iter()
+                    .map(|t| Claimed {
+                        id: t.id,
+                        queue: queue.to_string(),
+                        token: t.token,
+                        attempt: t.attempt,
+                        payload: raw(&t.payload),
+                        max_attempts: t.max_attempts,
+                        timeout_ms: t.timeout_ms,
+                        group: (!t.group.is_empty()).then_some(t.group),
+                        priority: t.priority,
+                        created_at: t.created_at,
+                    })
+                    .collect();
+                Ok(ClaimResult { tasks, next_due, more })
             }
-            let group = text(at(c, 6));
-            tasks.push(Claimed {
-                id: text(at(c, 0)),
-                queue: queue.to_string(),
-                token: int(at(c, 1)) as u64,
-                attempt: int(at(c, 2)) as u32,
-                payload: raw(&text(at(c, 3))),
-                max_attempts: int(at(c, 4)) as u32,
-                timeout_ms: int(at(c, 5)) as u64,
-                group: (!group.is_empty()).then_some(group),
-                priority: int(at(c, 7)) as i32,
-                created_at: int(at(c, 8)),
-            });
         }
-        if !tasks.is_empty() {
-            metrics::counter!("muster_tasks_claimed_total", "queue" => self.labels.label(queue))
-                .increment(tasks.len() as u64);
-        }
-        Ok(ClaimResult { tasks, next_due })
     }
 
     /// Completes tasks; one outcome per item, in order.
@@ -468,77 +473,112 @@ impl Tasks {
         &self,
         items: &[(String, u64, String)],
     ) -> Result<Vec<Result<Finished, TaskError>>, TaskError> {
-        let mut args = vec![self.cfg.retention_ms.to_string(), items.len().to_string()];
-        for (id, token, result) in items {
-            args.extend([id.clone(), token.to_string(), result.clone()]);
-        }
-        let deadlines = format!("{}:deadlines", self.store.keys().prefix());
-        let reply: Vec<Value> = self.store.eval(&self.scripts.complete, &[deadlines], &args).await?;
+        Ok(self.complete_then(items, NextClaim::default()).await?.0)
+    }
+
+    /// Completes tasks and, for a single one, claims its owner's next
+    /// task(s) in the same call (`next`).
+    pub async fn complete_then(
+        &self,
+        items: &[(String, u64, String)],
+        next: NextClaim,
+    ) -> Result<(Vec<Result<Finished, TaskError>>, Option<Result<ClaimResult, TaskError>>), TaskError> {
+        let call = scripts::Complete {
+            retention_ms: self.cfg.retention_ms,
+            next: scripts::Next {
+                max: if items.len() == 1 { next.max } else { 0 },
+                queue: next.queue.as_deref().unwrap_or(""),
+            },
+            items,
+        };
+        let reply = self.store.run(&self.scripts.complete, &call).await?;
         let mut out = Vec::with_capacity(items.len());
         let mut done: BTreeMap<String, u64> = BTreeMap::new();
-        for ((id, _, _), c) in items.iter().zip(reply.chunks(3)) {
-            let (code, state, attempt) = (int(at(c, 0)), text(at(c, 1)), int(at(c, 2)));
-            out.push(match code {
-                1 => {
-                    let queue = state.split_once(':').map_or("", |(_, q)| q);
-                    *done.entry(self.labels.label(queue)).or_default() += 1;
+        let mut claim_queue = next.queue.clone();
+        for ((id, _, _), c) in items.iter().zip(reply.items) {
+            out.push(match c {
+                Completed::Succeeded { queue, attempt } => {
+                    *done.entry(self.labels.label(&queue)).or_default() += 1;
+                    claim_queue.get_or_insert(queue);
                     Ok(Finished {
                         id: id.clone(),
                         state: "succeeded".into(),
-                        attempt: attempt as u32,
+                        attempt,
                         retry_at: None,
                     })
                 }
-                -2 => Err(TaskError::NotFound(id.clone())),
-                _ => Err(stale(id, state, attempt)),
+                Completed::NotFound => Err(TaskError::NotFound(id.clone())),
+                Completed::Stale { state, attempt } => Err(stale(id, state, attempt as i64)),
             });
         }
         for (label, n) in done {
             metrics::counter!("muster_tasks_succeeded_total", "queue" => label).increment(n);
         }
-        Ok(out)
+        let claimed = reply.next.map(|c| {
+            let owner = next.owner.as_deref().unwrap_or("");
+            self.claimed(claim_queue.as_deref().unwrap_or(""), owner, c)
+        });
+        Ok((out, claimed))
     }
 
     /// Reports a failed execution.
     pub async fn fail(&self, id: &str, token: u64, error: &str, retryable: bool) -> Result<Finished, TaskError> {
-        let jitter: f64 = rand::random();
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.fail,
-                &[self.tkey(id)],
-                &[
-                    id.into(),
-                    token.to_string(),
-                    error.into(),
-                    if retryable { "1" } else { "0" }.into(),
-                    format!("{jitter:.6}"),
-                    self.cfg.retention_ms.to_string(),
-                    self.cfg.dead_retention_ms.to_string(),
-                ],
-            )
-            .await?;
-        let (code, state, attempt, run_at) = (
-            int(at(&reply, 0)),
-            text(at(&reply, 1)),
-            int(at(&reply, 2)),
-            int(at(&reply, 3)),
-        );
-        match code {
-            -2 => Err(TaskError::NotFound(id.into())),
-            -1 => Err(stale(id, state, attempt)),
-            _ => {
-                let label = self.labels.label(&text(at(&reply, 4)));
+        Ok(self
+            .fail_then(id, token, error, retryable, NextClaim::default())
+            .await?
+            .0)
+    }
+
+    /// Reports a failed execution and claims the owner's next task(s) in the
+    /// same call (`next`).
+    pub async fn fail_then(
+        &self,
+        id: &str,
+        token: u64,
+        error: &str,
+        retryable: bool,
+        next: NextClaim,
+    ) -> Result<(Finished, Option<Result<ClaimResult, TaskError>>), TaskError> {
+        let call = scripts::Fail {
+            id,
+            token,
+            error,
+            retryable,
+            jitter: rand::random(),
+            retention_ms: self.cfg.retention_ms,
+            dead_retention_ms: self.cfg.dead_retention_ms,
+            next: scripts::Next {
+                max: next.max,
+                queue: next.queue.as_deref().unwrap_or(""),
+            },
+        };
+        match self.store.run(&self.scripts.fail, &call).await? {
+            FailReply::NotFound => Err(TaskError::NotFound(id.into())),
+            FailReply::Stale { state, attempt } => Err(stale(id, state, attempt as i64)),
+            FailReply::Done {
+                state,
+                attempt,
+                run_at,
+                queue,
+                next: claimed,
+            } => {
+                let label = self.labels.label(&queue);
                 metrics::counter!("muster_tasks_failed_total", "queue" => label.clone()).increment(1);
                 if state == "dead" {
                     metrics::counter!("muster_tasks_dead_total", "queue" => label).increment(1);
                 }
-                Ok(Finished {
-                    id: id.into(),
-                    state,
-                    attempt: attempt as u32,
-                    retry_at: (run_at > 0).then_some(run_at),
-                })
+                let owner = next.owner.as_deref().unwrap_or("");
+                let claim_queue = next.queue.as_deref().unwrap_or(&queue);
+                let claimed = claimed.map(|c| self.claimed(claim_queue, owner, c));
+                Ok((
+                    Finished {
+                        id: id.into(),
+                        state,
+                        attempt,
+                        retry_at: run_at,
+                    },
+                    claimed,
+                ))
             }
         }
     }
@@ -551,126 +591,107 @@ impl Tasks {
         progress: Option<u8>,
         fields: Option<String>,
     ) -> Result<bool, TaskError> {
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.heartbeat,
-                &[self.tkey(id)],
-                &[
-                    id.into(),
-                    token.to_string(),
-                    progress.map(|p| p.to_string()).unwrap_or_default(),
-                    fields.unwrap_or_default(),
-                ],
-            )
-            .await?;
-        match int(at(&reply, 0)) {
-            -2 => Err(TaskError::NotFound(id.into())),
-            -1 => Err(stale(id, text(at(&reply, 1)), 0)),
-            _ => Ok(int(at(&reply, 2)) == 1),
+        let call = scripts::Heartbeat {
+            id,
+            token,
+            progress,
+            fields,
+        };
+        match self.store.run(&self.scripts.heartbeat, &call).await? {
+            HeartbeatReply::NotFound => Err(TaskError::NotFound(id.into())),
+            HeartbeatReply::Stale { state } => Err(stale(id, state, 0)),
+            HeartbeatReply::Ok { cancel_requested } => Ok(cancel_requested),
         }
     }
 
     /// Cancels a queued or delayed task; asks a running one to stop.
     /// Returns the resulting state (`cancelled`, or `running` when requested).
     pub async fn cancel(&self, id: &str, actor: &str) -> Result<String, TaskError> {
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.cancel,
-                &[self.tkey(id)],
-                &[id.into(), self.cfg.retention_ms.to_string(), actor.into()],
-            )
-            .await?;
-        match int(at(&reply, 0)) {
-            -2 => Err(TaskError::NotFound(id.into())),
-            0 => Err(TaskError::Conflict {
+        let call = scripts::Cancel {
+            id,
+            retention_ms: self.cfg.retention_ms,
+            actor,
+        };
+        let r = self.store.run(&self.scripts.cancel, &call).await?;
+        match r.code {
+            Err(Code::NotFound) => Err(TaskError::NotFound(id.into())),
+            Err(_) => Err(TaskError::Conflict {
                 message: format!(
                     "task {id} is already {}; only queued, delayed and running tasks can be cancelled",
-                    text(at(&reply, 1))
+                    r.state
                 ),
-                state: text(at(&reply, 1)),
+                state: r.state,
                 attempt: 0,
             }),
-            _ => Ok(text(at(&reply, 1))),
+            Ok(_) => Ok(r.state),
         }
     }
 
-    /// Requeues a dead task with fresh attempts.
+    /// Requeues a dead task with fresh attempts (registering its queue again
+    /// if it was forgotten, within `max_queues`).
     pub async fn retry(&self, id: &str, actor: &str) -> Result<(), TaskError> {
-        let reply: Vec<Value> = self
-            .store
-            .eval(&self.scripts.retry, &[self.tkey(id)], &[id.into(), actor.into()])
-            .await?;
-        match int(at(&reply, 0)) {
-            -2 => Err(TaskError::NotFound(id.into())),
-            0 => Err(TaskError::Conflict {
-                message: format!("task {id} is {}; only dead tasks can be retried", text(at(&reply, 1))),
-                state: text(at(&reply, 1)),
+        let call = scripts::Retry {
+            id,
+            actor,
+            max_queues: self.cfg.max_queues,
+        };
+        let r = self.store.run(&self.scripts.retry, &call).await?;
+        match r.code {
+            Err(Code::NotFound) => Err(TaskError::NotFound(id.into())),
+            Err(Code::TooManyQueues) => Err(TaskError::TooManyQueues(self.cfg.max_queues)),
+            Err(_) => Err(TaskError::Conflict {
+                message: format!("task {id} is {}; only dead tasks can be retried", r.state),
+                state: r.state,
                 attempt: 0,
             }),
-            _ => Ok(()),
+            Ok(_) => Ok(()),
         }
     }
 
     /// Discards a finished task now.
     pub async fn delete(&self, id: &str, actor: &str) -> Result<(), TaskError> {
-        let reply: Vec<Value> = self
+        let r = self
             .store
-            .eval(&self.scripts.delete, &[self.tkey(id)], &[id.into(), actor.into()])
+            .run(&self.scripts.delete, &scripts::Delete { id, actor })
             .await?;
-        match int(at(&reply, 0)) {
-            -2 => Err(TaskError::NotFound(id.into())),
-            0 => Err(TaskError::Conflict {
-                message: format!("task {id} is {}; cancel it before deleting it", text(at(&reply, 1))),
-                state: text(at(&reply, 1)),
+        match r.code {
+            Err(Code::NotFound) => Err(TaskError::NotFound(id.into())),
+            Err(_) => Err(TaskError::Conflict {
+                message: format!("task {id} is {}; cancel it before deleting it", r.state),
+                state: r.state,
                 attempt: 0,
             }),
-            _ => Ok(()),
+            Ok(_) => Ok(()),
         }
     }
 
     /// Pauses or resumes a queue. Returns whether it changed.
     pub async fn set_paused(&self, queue: &str, paused: bool, actor: &str) -> Result<bool, TaskError> {
-        let code: i64 = self
-            .store
-            .eval(
-                &self.scripts.pause,
-                &[self.qkey(queue, "meta")],
-                &[
-                    queue.into(),
-                    if paused { "1" } else { "0" }.into(),
-                    actor.into(),
-                    self.cfg.max_queues.to_string(),
-                ],
-            )
-            .await?;
-        if code == -2 {
-            return Err(TaskError::TooManyQueues(self.cfg.max_queues));
+        let call = scripts::Pause {
+            queue,
+            paused,
+            actor,
+            max_queues: self.cfg.max_queues,
+        };
+        match self.store.run(&self.scripts.pause, &call).await?.0 {
+            Err(_) => Err(TaskError::TooManyQueues(self.cfg.max_queues)),
+            Ok(changed) => Ok(changed == 1),
         }
-        Ok(code == 1)
     }
 
     /// Sets (or with None clears) a group's limit. Returns the slots in use.
     pub async fn set_group_limit(&self, group: &str, limit: Option<u32>, actor: &str) -> Result<u64, TaskError> {
-        let key = format!("{}:group_limits", self.store.keys().prefix());
-        let (code, running): (i64, u64) = self
-            .store
-            .eval(
-                &self.scripts.set_group,
-                &[key],
-                &[
-                    group.into(),
-                    limit.map(|l| l.to_string()).unwrap_or_default(),
-                    self.cfg.max_groups.to_string(),
-                    actor.into(),
-                ],
-            )
-            .await?;
-        if code == -1 {
-            return Err(TaskError::TooManyGroups(self.cfg.max_groups));
+        let call = scripts::SetGroup {
+            group,
+            limit,
+            max_groups: self.cfg.max_groups,
+            actor,
+        };
+        let r = self.store.run(&self.scripts.set_group, &call).await?;
+        match r.code {
+            Err(_) => Err(TaskError::TooManyGroups(self.cfg.max_groups)),
+            Ok(_) => Ok(r.running),
         }
-        Ok(running)
     }
 
     /// One task, or None.
@@ -696,20 +717,19 @@ impl Tasks {
     }
 
     /// Tasks of `queue` in `state`, a page at a time. Queued tasks are listed
-    /// in claim order; the others newest first.
+    /// in claim order, down to [`MAX_QUEUED_CURSOR`]; the others newest first.
     pub async fn list(&self, queue: &str, state: &str, limit: usize, cursor: usize) -> Result<TaskPage, TaskError> {
         if state == "queued" {
-            let reply: Vec<Value> = self
-                .store
-                .eval(
-                    &self.scripts.list_queued,
-                    &[self.qkey(queue, "ready")],
-                    &[queue.to_string(), cursor.to_string(), (limit + 1).to_string()],
-                )
-                .await?;
-            let total = reply.first().map(int).unwrap_or(0) as u64;
-            let mut ids: Vec<String> = reply.iter().skip(1).map(text).collect();
-            let more = ids.len() > limit;
+            if cursor > MAX_QUEUED_CURSOR {
+                return Err(TaskError::CursorTooDeep);
+            }
+            let call = scripts::ListQueued {
+                queue,
+                offset: cursor,
+                limit: limit + 1,
+            };
+            let ListQueuedReply { total, mut ids } = self.store.run(&self.scripts.list_queued, &call).await?;
+            let more = ids.len() > limit && cursor + limit <= MAX_QUEUED_CURSOR;
             ids.truncate(limit);
             let tasks = self.get_many(&ids).await?.into_iter().flatten().collect();
             return Ok(TaskPage {
@@ -765,21 +785,23 @@ impl Tasks {
         if names.is_empty() {
             return Ok(Vec::new());
         }
-        let key = format!("{}:queues", self.store.keys().prefix());
-        let vals: Vec<Value> = self.store.eval(&self.scripts.counts, &[key], names).await?;
+        let rows = self
+            .store
+            .run(&self.scripts.counts, &scripts::Counts { queues: names })
+            .await?;
         Ok(names
             .iter()
-            .zip(vals.get(1..).unwrap_or(&[]).chunks(10))
+            .zip(rows.0)
             .map(|(q, c)| QueueStats {
                 name: q.clone(),
-                queued: int(at(c, 0)) as u64,
-                delayed: int(at(c, 1)) as u64,
-                running: int(at(c, 2)) as u64,
-                dead: int(at(c, 3)) as u64,
-                succeeded: int(at(c, 4)) as u64,
-                cancelled: int(at(c, 5)) as u64,
-                finished_last_minute: int(at(c, 6)) as u64,
-                paused: text(at(c, 7)) == "1",
+                queued: c.queued,
+                delayed: c.delayed,
+                running: c.running,
+                dead: c.dead,
+                succeeded: c.succeeded,
+                cancelled: c.cancelled,
+                finished_last_minute: c.finished_last_minute,
+                paused: c.paused,
             })
             .collect())
     }
@@ -826,9 +848,15 @@ impl Tasks {
             .collect())
     }
 
-    /// One janitor pass over every queue. Returns the stats it saw.
+    /// One janitor pass: the cross-queue dead index, then every queue.
+    /// Returns the stats it saw per queue.
     pub async fn janitor_pass(&self) -> Result<Vec<(String, [i64; 7])>, TaskError> {
         let k = self.store.keys();
+        // First and on its own, so it runs even when no queue is left.
+        let call = scripts::TrimDead {
+            dead_retention_ms: self.cfg.dead_retention_ms,
+        };
+        self.store.run(&self.scripts.trim_dead, &call).await?;
         let names: Vec<String> = self
             .store
             .query(
@@ -837,20 +865,13 @@ impl Tasks {
             )
             .await?;
         let mut out = Vec::with_capacity(names.len());
-        for (i, q) in names.iter().enumerate() {
-            let r: Vec<i64> = self
-                .store
-                .eval(
-                    &self.scripts.janitor,
-                    &[self.qkey(q, "meta")],
-                    &[
-                        q.clone(),
-                        self.cfg.retention_ms.to_string(),
-                        self.cfg.dead_retention_ms.to_string(),
-                        if i == 0 { "1" } else { "0" }.into(),
-                    ],
-                )
-                .await?;
+        for q in &names {
+            let call = scripts::Janitor {
+                queue: q,
+                retention_ms: self.cfg.retention_ms,
+                dead_retention_ms: self.cfg.dead_retention_ms,
+            };
+            let r = self.store.run(&self.scripts.janitor, &call).await?;
             let mut row = [0i64; 7];
             for (slot, v) in row.iter_mut().zip(r) {
                 *slot = v;
@@ -915,8 +936,9 @@ fn task_from(id: &str, m: &BTreeMap<String, String>) -> Task {
         run_at: num("run_at"),
         started_at: num("started_at"),
         finished_at: num("finished_at"),
-        // Hot paths do not write updated_at; the latest recorded time is it.
-        updated_at: ["updated_at", "created_at", "started_at", "finished_at", "run_at"]
+        // Hot paths do not write updated_at; the latest time something
+        // happened is it. Not run_at: that is when something will happen.
+        updated_at: ["updated_at", "created_at", "started_at", "finished_at"]
             .iter()
             .filter_map(|f| num(f))
             .max()
@@ -948,9 +970,13 @@ pub struct TaskSpec {
     pub group: Option<String>,
     /// -1000 to 1000; higher first. Default 0.
     pub priority: Option<i32>,
-    /// Claimable after this delay.
+    /// Claimable after this delay, at most one year (366 days).
+    #[schema(maximum = 31622400000_u64)]
     pub delay_ms: Option<u64>,
     /// Claimable at this Redis time (ms since the epoch). Not with delay_ms.
+    /// At most one year (366 days) after the Redis time of the submit; a
+    /// time in the past means now. Refused above 2^53 before Redis is asked.
+    #[schema(minimum = 0, maximum = 9007199254740992_i64)]
     pub run_at: Option<i64>,
     /// Executions before the task is dead, 1 to 1000. Default `tasks.max_attempts`.
     pub max_attempts: Option<u32>,
@@ -993,13 +1019,14 @@ impl TaskSpec {
         if self.delay_ms.is_some() && self.run_at.is_some() {
             return Err(ApiError::bad_request("give `delay_ms` or `run_at`, not both"));
         }
-        const YEAR_MS: u64 = 366 * 24 * 3600 * 1000;
-        if self.delay_ms.is_some_and(|d| d > YEAR_MS) {
+        if self.delay_ms.is_some_and(|d| d > MAX_DELAY_MS) {
             return Err(ApiError::bad_request("`delay_ms` must be at most one year"));
         }
-        if self.run_at.is_some_and(|r| r < 0) {
+        // The one-year bound is checked by the enqueue script against Redis
+        // time (G11); this only keeps out values no clock can be near.
+        if self.run_at.is_some_and(|r| !(0..=MAX_RUN_AT).contains(&r)) {
             return Err(ApiError::bad_request(
-                "`run_at` is milliseconds since the Unix epoch (Redis time)",
+                "`run_at` is milliseconds since the Unix epoch (Redis time), at most one year ahead",
             ));
         }
         let max_attempts = self.max_attempts.unwrap_or(cfg.max_attempts);

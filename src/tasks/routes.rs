@@ -53,7 +53,9 @@ pub struct SubmitResponse {
     pub replayed: bool,
 }
 
-fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>> {
+/// The `Idempotency-Key` header, validated like `idempotency_key` (task
+/// submit and schedule trigger).
+pub(crate) fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>> {
     match headers.get("idempotency-key") {
         None => Ok(None),
         Some(v) => {
@@ -74,7 +76,8 @@ fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>> {
     request_body = TaskSpec,
     responses((status = 201, body = SubmitResponse, description = "Created"),
                (status = 200, body = SubmitResponse, description = "Replay of an idempotency key"),
-               (status = 400, description = "Invalid field"), (status = 409, description = "Alias taken or too many queues"),
+               (status = 400, description = "Invalid field, or `run_at` more than one year after Redis time"),
+               (status = 409, description = "Alias taken or too many queues"),
                (status = 413, description = "Payload too large")))]
 async fn submit_task(
     State(s): State<AppState>,
@@ -96,7 +99,7 @@ async fn submit_task(
         }
     }
     let task = spec.validate(s.tasks.config())?;
-    let alias = task.alias.clone();
+    let (alias, run_at) = (task.alias.clone(), task.run_at);
     let out = s.tasks.submit(&queue, &[task], &s.node_id).await?;
     match out.into_iter().next() {
         Some(Submitted::Created { id, state }) => Ok((
@@ -125,6 +128,7 @@ async fn submit_task(
             .into_response()),
         Some(Submitted::AliasTaken { holder }) => Err(TaskError::AliasTaken { alias, holder }.into()),
         Some(Submitted::TooManyQueues) => Err(TaskError::TooManyQueues(s.tasks.config().max_queues).into()),
+        Some(Submitted::RunAtTooFar { now }) => Err(TaskError::RunAtTooFar { run_at, now }.into()),
         None => Err(ApiError::internal("enqueue returned nothing")),
     }
 }
@@ -223,6 +227,13 @@ async fn submit_batch(
                 .into(),
             ),
             Submitted::TooManyQueues => item_error(&TaskError::TooManyQueues(s.tasks.config().max_queues).into()),
+            Submitted::RunAtTooFar { now } => item_error(
+                &TaskError::RunAtTooFar {
+                    run_at: task.run_at,
+                    now,
+                }
+                .into(),
+            ),
         });
     }
     Ok(Json(BatchResponse {
@@ -272,47 +283,47 @@ async fn claim_tasks(
     if wait > 30_000 {
         return Err(ApiError::bad_request("`wait_ms` must be at most 30000"));
     }
-    if s.health.stopping() {
-        return Err(ApiError::Unavailable(
-            "this node is shutting down; claim through another node".into(),
-        ));
+    if let Some(why) = s.health.refuses_work() {
+        return Err(ApiError::Unavailable(format!("{why}; claim through another node")));
     }
     let deadline = Instant::now() + Duration::from_millis(wait);
-    let notify = s.bus.wakers.get(&queue);
-    let result = async {
-        loop {
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let started = Instant::now();
-            let r = s.tasks.claim(&queue, &req.node, max).await?;
-            metrics::histogram!("muster_claim_duration_seconds").record(started.elapsed().as_secs_f64());
-            if !r.tasks.is_empty() {
-                return Ok(Json(ClaimResponse { tasks: r.tasks }).into_response());
+    // Dropped on every way out, including the client going away mid-wait
+    // (then hyper drops this future).
+    let waiter = s.bus.wakers.wait(&queue);
+    loop {
+        let notified = waiter.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let started = Instant::now();
+        let r = s.tasks.claim(&queue, &req.node, max).await?;
+        metrics::histogram!("muster_claim_duration_seconds").record(started.elapsed().as_secs_f64());
+        if !r.tasks.is_empty() {
+            if r.more {
+                waiter.wake_another();
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(no_content());
-            }
-            // Sleep until woken by an event, the next delayed task is due, the
-            // deadline passes, or the node stops. The 2 s cap is a safety net
-            // against a lost wake-up, not the wake mechanism.
-            let mut until = deadline.min(now + Duration::from_secs(2));
-            if let Some(due) = r.next_due {
-                let redis_now = s.store.time_ms().await.unwrap_or(due);
-                let in_ms = (due - redis_now).max(0) as u64;
-                until = until.min(now + Duration::from_millis(in_ms + 1));
-            }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(until.into()) => {}
-                _ = s.shutdown.cancelled() => return Ok(no_content()),
-            }
+            return Ok(Json(ClaimResponse { tasks: r.tasks }).into_response());
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(no_content());
+        }
+        // Sleep until woken by an event, the next delayed task is due, the
+        // deadline passes, or the node stops. The 2 s cap is a safety net
+        // against a lost wake-up, not the wake mechanism.
+        let mut until = deadline.min(now + Duration::from_secs(2));
+        if let Some(due) = r.next_due {
+            // The node's estimate of Redis time is enough to pick a wake-up
+            // time (the claim itself decides by Redis time).
+            let redis_now = s.store.redis_now_estimate().unwrap_or(due);
+            let in_ms = (due - redis_now).max(0) as u64;
+            until = until.min(now + Duration::from_millis(in_ms + 1));
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(until.into()) => {}
+            _ = s.shutdown.cancelled() => return Ok(no_content()),
         }
     }
-    .await;
-    s.bus.wakers.release(&queue, notify);
-    result
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -322,7 +333,8 @@ pub struct ListParams {
     pub state: Option<String>,
     /// 1 to 500; default 50.
     pub limit: Option<usize>,
-    /// From the previous page's `next_cursor`.
+    /// From the previous page's `next_cursor`. At most 10 000 for state=queued
+    /// (the listing of queued tasks goes that deep), else 1 000 000.
     pub cursor: Option<String>,
 }
 
@@ -344,9 +356,11 @@ fn page_args(p: &ListParams) -> Result<(usize, usize)> {
 }
 
 /// Tasks of a queue in one state, a page at a time (two pipelined round trips).
+/// Queued tasks come in claim order, down to the 10 000th.
 #[utoipa::path(get, path = "/api/v1/queues/{queue}/tasks", tag = "tasks",
     params(("queue" = String, Path, description = "Queue name"), ListParams),
-    responses((status = 200, body = TaskPage), (status = 400, description = "Bad state, limit or cursor")))]
+    responses((status = 200, body = TaskPage),
+               (status = 400, description = "Bad state, limit or cursor (at most 10000 for state=queued)")))]
 async fn list_tasks(
     State(s): State<AppState>,
     caller: Caller,
@@ -537,6 +551,72 @@ pub struct CompleteRequest {
     /// Any JSON value, at most `tasks.max_payload_bytes`.
     #[schema(value_type = Object)]
     pub result: Option<Box<RawValue>>,
+    /// Also claim the worker's next task(s) in the same call: one call per
+    /// task for a worker that takes one at a time.
+    pub next: Option<NextRequest>,
+}
+
+/// What to claim next, for the task's owner, in the same call as a complete
+/// or fail. Never waits: when nothing is claimable `next.tasks` is empty and
+/// the worker long-polls `claim` as usual.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NextRequest {
+    /// 1 to 1000; default 1.
+    #[schema(minimum = 1, maximum = 1000)]
+    pub max: Option<u32>,
+    /// The queue to claim from; default the finished task's queue.
+    pub queue: Option<String>,
+}
+
+/// The task(s) claimed next by a complete or fail that asked for them.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NextTasks {
+    pub tasks: Vec<Claimed>,
+    /// Why nothing was claimed although tasks may be waiting (the worker is
+    /// not registered, or is draining); absent when the claim ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+/// The outcome of a complete or fail, with the next task(s) when asked for.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FinishedNext {
+    #[serde(flatten)]
+    pub finished: Finished,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<NextTasks>,
+}
+
+fn next_claim(next: Option<NextRequest>) -> Result<super::NextClaim> {
+    let Some(n) = next else {
+        return Ok(super::NextClaim::default());
+    };
+    let max = n.max.unwrap_or(1);
+    if !(1..=1000).contains(&max) {
+        return Err(ApiError::bad_request("`next.max` must be between 1 and 1000"));
+    }
+    if let Some(q) = &n.queue {
+        validate::name("next.queue", q)?;
+    }
+    Ok(super::NextClaim {
+        max,
+        queue: n.queue,
+        owner: Some("this task's owner".into()),
+    })
+}
+
+fn next_tasks(claimed: Option<std::result::Result<super::ClaimResult, TaskError>>) -> Option<NextTasks> {
+    claimed.map(|c| match c {
+        Ok(r) => NextTasks {
+            tasks: r.tasks,
+            refused: None,
+        },
+        Err(e) => NextTasks {
+            tasks: Vec::new(),
+            refused: Some(e.to_string()),
+        },
+    })
 }
 
 fn result_text(s: &AppState, result: Option<Box<RawValue>>) -> Result<String> {
@@ -551,11 +631,12 @@ fn result_text(s: &AppState, result: Option<Box<RawValue>>) -> Result<String> {
     Ok(text)
 }
 
-/// The holder of the current token reports success.
+/// The holder of the current token reports success; with `next`, the same
+/// call claims the worker's next task(s).
 #[utoipa::path(post, path = "/api/v1/tasks/{id}/complete", tag = "tasks",
     params(("id" = String, Path, description = "Task id")),
     request_body = CompleteRequest,
-    responses((status = 200, body = Finished),
+    responses((status = 200, body = FinishedNext),
                (status = 409, description = "Stale token: changes nothing; the body carries the current state"),
                (status = 404, description = "Unknown task")))]
 async fn complete_task(
@@ -563,13 +644,17 @@ async fn complete_task(
     caller: Caller,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<CompleteRequest>,
-) -> Result<Json<Finished>> {
+) -> Result<Json<FinishedNext>> {
     caller.require(Role::Worker)?;
     check_task_id(&id)?;
     let result = result_text(&s, req.result)?;
-    let out = s.tasks.complete(&[(id.clone(), req.token, result)]).await?;
+    let next = next_claim(req.next)?;
+    let (out, claimed) = s.tasks.complete_then(&[(id.clone(), req.token, result)], next).await?;
     match out.into_iter().next() {
-        Some(r) => Ok(Json(r?)),
+        Some(r) => Ok(Json(FinishedNext {
+            finished: r?,
+            next: next_tasks(claimed),
+        })),
         None => Err(ApiError::internal("complete returned nothing")),
     }
 }
@@ -709,14 +794,17 @@ pub struct FailRequest {
     pub error: String,
     /// False: do not retry, dead at once. Default true.
     pub retry: Option<bool>,
+    /// Also claim the worker's next task(s) in the same call.
+    pub next: Option<NextRequest>,
 }
 
 /// The holder of the current token reports a failure: retried after a
-/// backoff while attempts are left, else dead.
+/// backoff while attempts are left, else dead. With `next`, the same call
+/// claims the worker's next task(s).
 #[utoipa::path(post, path = "/api/v1/tasks/{id}/fail", tag = "tasks",
     params(("id" = String, Path, description = "Task id")),
     request_body = FailRequest,
-    responses((status = 200, body = Finished),
+    responses((status = 200, body = FinishedNext),
                (status = 409, description = "Stale token: changes nothing"),
                (status = 404, description = "Unknown task")))]
 async fn fail_task(
@@ -724,7 +812,7 @@ async fn fail_task(
     caller: Caller,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<FailRequest>,
-) -> Result<Json<Finished>> {
+) -> Result<Json<FinishedNext>> {
     caller.require(Role::Worker)?;
     check_task_id(&id)?;
     let mut error = req.error;
@@ -735,9 +823,15 @@ async fn fail_task(
         }
         error.truncate(cut);
     }
-    Ok(Json(
-        s.tasks.fail(&id, req.token, &error, req.retry.unwrap_or(true)).await?,
-    ))
+    let next = next_claim(req.next)?;
+    let (finished, claimed) = s
+        .tasks
+        .fail_then(&id, req.token, &error, req.retry.unwrap_or(true), next)
+        .await?;
+    Ok(Json(FinishedNext {
+        finished,
+        next: next_tasks(claimed),
+    }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -771,7 +865,8 @@ async fn cancel_task(
 /// Requeues a dead task with a fresh set of attempts.
 #[utoipa::path(post, path = "/api/v1/tasks/{id}/retry", tag = "tasks",
     params(("id" = String, Path, description = "Task id")),
-    responses((status = 204, description = "Queued again"), (status = 409, description = "Not dead"),
+    responses((status = 204, description = "Queued again"),
+               (status = 409, description = "Not dead, or its queue was forgotten and the cluster has tasks.max_queues queues"),
                (status = 404, description = "Unknown task")))]
 async fn retry_task(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
     caller.require(Role::Admin)?;
@@ -819,28 +914,47 @@ async fn list_groups(State(s): State<AppState>, caller: Caller) -> Result<Json<G
     }))
 }
 
-#[derive(Debug, Default, Deserialize, ToSchema)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GroupRequest {
-    /// At most this many tasks of the group run at once, cluster-wide
-    /// (1 to 100 000). Null or absent: no limit.
+    /// Required: at most this many tasks of the group run at once,
+    /// cluster-wide (1 to 100 000); null removes the limit.
+    #[serde(deserialize_with = "nullable")]
+    #[schema(required = true, minimum = 1, maximum = 100000)]
     pub limit: Option<u32>,
 }
 
-/// Sets a group's concurrency limit.
+/// Reads an optional value whose field must be present (`null` is a value),
+/// unlike a plain `Option` field, which serde also fills when it is missing.
+fn nullable<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<u32>, D::Error> {
+    Option::<u32>::deserialize(d)
+}
+
+const GROUP_BODY: &str = r#"send {"limit": n} (1 to 100000) to set the group's limit, or {"limit": null} to remove it"#;
+
+/// Sets or removes a group's concurrency limit. The body is required, so
+/// that a stray PUT cannot lift a limit: `{"limit": null}` removes it.
 #[utoipa::path(put, path = "/api/v1/groups/{group}", tag = "tasks",
     params(("group" = String, Path, description = "Group name")),
     request_body = GroupRequest,
-    responses((status = 200, body = GroupInfo), (status = 400, description = "Bad limit"),
+    responses((status = 200, body = GroupInfo), (status = 400, description = "No body, or a bad limit"),
                (status = 409, description = "Too many groups")))]
 async fn put_group(
     State(s): State<AppState>,
     caller: Caller,
     Path(group): Path<String>,
-    OptJson(req): OptJson<GroupRequest>,
+    body: std::result::Result<OptJson<Option<serde_json::Value>>, ApiError>,
 ) -> Result<Json<GroupInfo>> {
     caller.require(Role::Admin)?;
     validate::name("group", &group)?;
+    let hint = |m: String| format!("{m}; {GROUP_BODY}");
+    let req: GroupRequest = match body {
+        Ok(OptJson(Some(v))) => serde_json::from_value(v).map_err(|e| ApiError::bad_request(hint(e.to_string())))?,
+        Ok(OptJson(None)) => return Err(ApiError::bad_request(hint("the body is missing".into()))),
+        Err(ApiError::BadRequest(m)) => return Err(ApiError::BadRequest(hint(m))),
+        Err(ApiError::UnsupportedMediaType(m)) => return Err(ApiError::UnsupportedMediaType(hint(m))),
+        Err(e) => return Err(e),
+    };
     if req.limit.is_some_and(|l| !(1..=100_000).contains(&l)) {
         return Err(ApiError::bad_request(
             "`limit` must be between 1 and 100000, or null for no limit",

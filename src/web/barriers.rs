@@ -1,7 +1,8 @@
 //! Dashboard pages of barriers and locks: Barriers (every barrier with its
-//! newest round, DoubleBarriers), Barrier (its rounds with each
-//! participant's arrival), Locks (held locks and leaders). A page refreshes
-//! itself every two seconds while a round it shows is open.
+//! newest round, etcd-style holds, DoubleBarriers), Barrier (its hold and
+//! its rounds with each participant's arrival; a barrier that is only held
+//! shows its hold), Locks (held locks and leaders). A page refreshes itself
+//! every two seconds while a round it shows is open.
 
 use askama::Template;
 use askama_web::WebTemplate;
@@ -88,6 +89,8 @@ pub struct BarrierRow {
 pub struct BarriersPage {
     pub layout: Layout,
     pub barriers: Vec<BarrierRow>,
+    /// Every etcd-style hold in force, configured barrier or not.
+    pub holds: Vec<Hold>,
     pub doubles: Vec<DoubleBarrier>,
     pub live: bool,
 }
@@ -105,11 +108,13 @@ async fn barriers_page(State(s): State<AppState>, caller: Caller) -> Result<Barr
             latest: r.map(RoundView::new),
         })
         .collect();
+    let holds = s.barriers.holds().await?;
     let doubles = s.barriers.double_barriers().await?;
     let live = barriers.iter().any(|b| b.latest.as_ref().is_some_and(|r| r.open));
     Ok(BarriersPage {
         layout: Layout::new(&s, Some(&caller), "Barriers", "Barriers"),
         barriers,
+        holds,
         doubles,
         live,
     })
@@ -119,7 +124,9 @@ async fn barriers_page(State(s): State<AppState>, caller: Caller) -> Result<Barr
 #[template(path = "pages/barrier.html")]
 pub struct BarrierPage {
     pub layout: Layout,
-    pub config: BarrierConfigView,
+    pub name: String,
+    /// None for a barrier that is only held (etcd-style, never configured).
+    pub config: Option<BarrierConfigView>,
     pub hold: Hold,
     pub rounds: Vec<RoundView>,
     pub live: bool,
@@ -128,22 +135,25 @@ pub struct BarrierPage {
 async fn barrier_page(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<BarrierPage> {
     caller.require(Role::Read)?;
     validate::name("name", &name)?;
-    let config = s
-        .barriers
-        .get(&name)
-        .await?
-        .ok_or_else(|| BarrierError::NotFound(name.clone()))?;
+    let config = s.barriers.get(&name).await?;
     let (hold, _) = s.barriers.hold_state(&name).await?;
-    let rounds: Vec<RoundView> = s
-        .barriers
-        .rounds(&name, 50)
-        .await?
-        .into_iter()
-        .map(RoundView::new)
-        .collect();
+    if config.is_none() && !hold.held {
+        return Err(BarrierError::NotFound(name).into());
+    }
+    let rounds: Vec<RoundView> = match config {
+        Some(_) => s
+            .barriers
+            .rounds(&name, 50)
+            .await?
+            .into_iter()
+            .map(RoundView::new)
+            .collect(),
+        None => Vec::new(),
+    };
     let live = rounds.iter().any(|r| r.open);
     Ok(BarrierPage {
         layout: Layout::new(&s, Some(&caller), &format!("Barrier {name}"), "Barriers"),
+        name,
         config,
         hold,
         rounds,

@@ -92,7 +92,8 @@ pub struct SchedulePageView {
     pub next: Vec<When>,
     pub history: Vec<HistoryRow>,
     pub template: String,
-    /// Defined in this node's config.toml: the API may not change or delete it.
+    /// Defined in this node's config.toml (the API may not change or delete
+    /// it; one written from another node's config needs `force` to delete).
     pub in_config: bool,
 }
 
@@ -139,12 +140,12 @@ async fn ui_disable(State(s): State<AppState>, f: UiForm) -> Result<Response> {
 
 async fn ui_trigger(State(s): State<AppState>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.schedules.trigger(&f.name, &f.caller.name).await?;
+    s.schedules.trigger(&f.name, &f.caller.name, None).await?;
     Ok(f.back(&format!("/schedules/{}", f.name)))
 }
 
 async fn ui_delete(State(s): State<AppState>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.schedules.delete(&f.name, &f.caller.name).await?;
+    s.schedules.delete(&f.name, &f.caller.name, false).await?;
     Ok(Redirect::to("/schedules").into_response())
 }

@@ -313,7 +313,7 @@ fn find_cycle(deps: &[BTreeSet<usize>]) -> Option<Vec<usize>> {
 
 impl Workflows {
     pub fn new(store: Store, tasks: TasksConfig, ctx: &ScriptCtx) -> Arc<Workflows> {
-        let l = |name, src| Lua::with_libs(name, &[crate::tasks::LIB], src, ctx);
+        let l = |name, src| Lua::load(name, src, ctx);
         Arc::new(Workflows {
             store,
             tasks,
@@ -342,6 +342,7 @@ impl Workflows {
             self.tasks.retention_ms.to_string(),
             node.to_string(),
             self.tasks.max_queues.to_string(),
+            self.tasks.dead_retention_ms.to_string(),
             plan.keys.len().to_string(),
         ];
         for (k, spec, n, next) in &plan.keys {

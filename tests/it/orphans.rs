@@ -198,7 +198,7 @@ async fn the_timeout_monitor_fails_overdue_tasks_and_late_completes_get_409() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_stall_longer_than_the_ttl_orphans_nothing() {
     let redis = TestRedis::start_with(&["--enable-debug-command", "yes"]);
-    let a = TestApp::start_with(&redis, |c| c.redis.timeout_ms = 5000).await;
+    let a = TestApp::start(&redis).await;
     let ttl = 600u64;
     let hb = heartbeat_forever(&a, "alive", ttl).await;
     let id = submit(&a, "stall", json!({"timeout_ms": 60_000})).await;

@@ -1093,3 +1093,42 @@ async fn task_outcome_metrics_are_labelled_by_queue() {
     assert_eq!(value("muster_tasks_failed_total"), 2.0, "fail and timeout");
     assert_eq!(value("muster_tasks_dead_total"), 2.0, "fail and timeout");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updated_at_is_the_last_change_not_the_due_time() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    let redis_now = || async {
+        let t: Vec<String> = redis.cmd(&["TIME"]).await;
+        t[0].parse::<i64>().unwrap() * 1000 + t[1].parse::<i64>().unwrap() / 1000
+    };
+    let id = submit(&a, "later", json!({"delay_ms": 3_600_000})).await;
+    let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(t["state"], "delayed");
+    assert_eq!(
+        t["updated_at"], t["created_at"],
+        "nothing happened since the submit: {t}"
+    );
+    assert!(t["updated_at"].as_i64().unwrap() <= redis_now().await, "{t}");
+    let (_, page) = a.get("/api/v1/queues/later/tasks?state=delayed").await;
+    assert_eq!(page["tasks"][0]["updated_at"], t["created_at"], "{page}");
+    // A failed attempt waiting for its retry: updated when it failed.
+    let retry = submit(&a, "retry", json!({"backoff_base_ms": 3_600_000})).await;
+    let got = claim(&a, "retry", "w", 1, 0).await;
+    let (s, f) = a
+        .post(
+            &format!("/api/v1/tasks/{retry}/fail"),
+            json!({"token": got[0]["token"], "error": "x"}),
+        )
+        .await;
+    assert_eq!((s, f["state"].as_str()), (200, Some("delayed")), "{f}");
+    let after = redis_now().await;
+    let (_, t) = a.get(&format!("/api/v1/tasks/{retry}")).await;
+    let updated = t["updated_at"].as_i64().unwrap();
+    assert!(updated <= after && updated >= t["started_at"].as_i64().unwrap(), "{t}");
+    assert!(t["run_at"].as_i64().unwrap() > after, "{t}");
+}
+
+mod bounds;
+mod cost;

@@ -391,3 +391,84 @@ async fn workflow_keys_return_to_baseline_after_retention() {
         now.iter().filter(|k| !baseline.contains(*k)).collect::<Vec<_>>()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_whose_queue_cannot_be_created_dies_visibly_and_can_be_retried() {
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| c.tasks.max_queues = 2).await;
+    join(&a, "w").await;
+    // Both queues fit when the workflow starts; only `wa` is registered then.
+    let id = start(
+        &a,
+        json!({"failure_policy": "continue", "tasks": [
+            {"key": "a", "queue": "wa", "payload": "a"},
+            {"key": "b", "queue": "wb", "payload": "b", "depends_on": ["a"]},
+            {"key": "c", "queue": "wa", "payload": "c", "depends_on": ["a"]}
+        ]}),
+    )
+    .await;
+    // Meanwhile another queue takes the last place.
+    let (s, other) = a.post("/api/v1/queues/other/tasks", json!({})).await;
+    assert_eq!(s, 201, "{other}");
+    let queues = || async {
+        let (_, q) = a.get("/api/v1/queues").await;
+        let mut names: Vec<String> = q["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(queues().await, ["other", "wa"]);
+    let got = claim(&a, "wa", "w", 1, 0).await;
+    assert_eq!(complete(&a, &got[0]).await, 200);
+    // `b` could not be queued without passing tasks.max_queues: dead, saying why.
+    let w = wf(&a, &id).await;
+    assert_eq!(
+        (key_state(&w, "b"), key_state(&w, "c")),
+        ("dead".into(), "queued".into()),
+        "{w}"
+    );
+    let b = task_id(&w, "b");
+    let (_, t) = a.get(&format!("/api/v1/tasks/{b}")).await;
+    assert_eq!(t["state"], "dead", "{t}");
+    assert!(t["error"].as_str().unwrap().contains("tasks.max_queues"), "{t}");
+    let (_, dead) = a.get("/api/v1/dead").await;
+    assert_eq!(
+        dead["tasks"][0]["id"],
+        b.as_str(),
+        "listed with the dead letters: {dead}"
+    );
+    assert_eq!(queues().await, ["other", "wa"], "the bound holds");
+    // The independent branch goes on (policy continue); the workflow fails at the end.
+    let got = claim(&a, "wa", "w", 1, 0).await;
+    assert_eq!(complete(&a, &got[0]).await, 200);
+    let w = wf(&a, &id).await;
+    assert_eq!(
+        (w["state"].as_str(), w["open"].as_i64()),
+        (Some("failed"), Some(0)),
+        "{w}"
+    );
+    // A retry is refused while there is no room, and queues it once there is.
+    let (s, r) = a.post(&format!("/api/v1/tasks/{b}/retry"), Value::Null).await;
+    assert_eq!(s, 409, "{r}");
+    assert!(r["detail"].as_str().unwrap().contains("max_queues"), "{r}");
+    let got = claim(&a, "other", "w", 1, 0).await;
+    assert_eq!(got[0]["id"], other["id"]);
+    assert_eq!(complete(&a, &got[0]).await, 200);
+    assert_eq!(
+        a.delete(&format!("/api/v1/tasks/{}", other["id"].as_str().unwrap()))
+            .await
+            .0,
+        204
+    );
+    let freed = wait_until(Duration::from_secs(10), || async { queues().await == ["wa"] }).await;
+    assert!(freed, "the empty queue is forgotten: {:?}", queues().await);
+    let (s, r) = a.post(&format!("/api/v1/tasks/{b}/retry"), Value::Null).await;
+    assert_eq!(s, 204, "{r}");
+    assert_eq!(queues().await, ["wa", "wb"]);
+    let got = claim(&a, "wb", "w", 1, 0).await;
+    assert_eq!(got[0]["id"], b.as_str());
+}

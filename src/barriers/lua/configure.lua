@@ -1,6 +1,8 @@
 -- configure.lua: creates or updates barrier b. Rounds already open keep the
 -- participants and tolerance they opened with; the change applies to new rounds.
 --
+--@include barriers/lib
+--
 -- KEYS[1]  P:barriers               set of barrier names
 -- KEYS[2]  P:barrier:<b>            config hash
 -- ARGV[1]  barrier name b

@@ -3,8 +3,10 @@
 -- proceed) and stays so until all of them have left; meanwhile a further entrant is
 -- refused (too many). Entering again is a no-op (idempotent). An entrant's presence
 -- is tied to its node's liveness: entrants whose node is gone (nodes' liveness rules,
--- with the post-stall grace) are evicted first, so a crashed node never blocks the
+-- which give leases back after a Redis stall) are evicted first, so a crashed node never blocks the
 -- others forever.
+--
+--@include barriers/lib
 --
 -- KEYS[1]  P:dbarrier:<b>           hash count, created_at, ready_at, cycle; idle TTL
 -- KEYS[2]  P:dbarrier:<b>:in        zset entrant node -> entered_at (Redis ms); idle TTL
@@ -12,7 +14,7 @@
 -- ARGV[1]  name b
 -- ARGV[2]  entrant node id          must be registered and alive
 -- ARGV[3]  count                    entrants that make the barrier ready (1..1000)
--- ARGV[4]  node_ttl_ms              nodes.ttl_ms (the post-stall grace)
+-- ARGV[4]  node_ttl_ms              nodes.ttl_ms (sets the liveness pass cadence)
 -- ARGV[5]  idle_ttl_ms              the barrier's keys expire after this without calls
 -- ARGV[6]  acting muster node id (events)
 --
@@ -26,8 +28,8 @@
 local b, node, count, me = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[6]
 local idle = ARGV[5]
 local now = now_ms()
-local grace = liveness_pass(now, tonumber(ARGV[4]))
-db_evict(b, now, grace, me)
+liveness_pass(now, tonumber(ARGV[4]))
+db_evict(b, now, me)
 local function state(code)
   local f = redis.call('HMGET', KEYS[1], 'count', 'ready_at', 'cycle')
   return {code, tonumber(f[1] or count), redis.call('ZCARD', KEYS[2]), tonumber(f[2] or '0'), f[3] or ''}

@@ -1,7 +1,11 @@
 -- hold.lua: etcd-style Barrier.Hold: raises barrier b so that waiters block until it is
--- released or its TTL passes. Holding again by the same holder refreshes the TTL.
+-- released or its TTL passes. Holding again by the same holder refreshes the TTL. The
+-- barrier need not be configured (PUT): the hold index lists it either way.
+--
+--@include barriers/lib
 --
 -- KEYS[1]  P:barrier:<b>:hold       hash holder, held_at; TTL
+-- KEYS[2]  P:barriers:holds         held barrier name -> when its hold lifts itself
 -- ARGV[1]  barrier name b
 -- ARGV[2]  holder                   who holds it (free text id)
 -- ARGV[3]  ttl_ms                   the hold lifts itself after this
@@ -16,6 +20,10 @@ if f[1] and f[1] ~= ARGV[2] then
   return {-1, f[1], tonumber(f[2]), now + redis.call('PTTL', KEYS[1])}
 end
 local expires = now + tonumber(ARGV[3])
+-- Holds that lifted themselves (their TTL passed) leave the index here.
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(now))
+redis.call('ZADD', KEYS[2], int(expires), ARGV[1])
+ttl_at_least(KEYS[2], ARGV[3])
 if f[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {2, f[1], tonumber(f[2]), expires}

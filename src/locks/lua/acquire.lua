@@ -6,6 +6,8 @@
 -- place lapses waiter_ttl_ms after its last poll, so an abandoned waiter cannot block
 -- the others for longer.
 --
+--@include locks/lib
+--
 -- KEYS[1]  P:lock:<l>               the lease
 -- KEYS[2]  P:lock:<l>:q             FIFO queue of waiting owners
 -- KEYS[3]  P:lock:<l>:qx            waiting owner -> when its place lapses
@@ -16,7 +18,7 @@
 -- ARGV[4]  node                     '' or a node id: the lease also ends when that node is gone
 -- ARGV[5]  queue                    '1': keep a place in the queue when not granted; '0': try only
 -- ARGV[6]  waiter_ttl_ms
--- ARGV[7]  node_ttl_ms              nodes.ttl_ms (the post-stall grace)
+-- ARGV[7]  node_ttl_ms              nodes.ttl_ms (sets the liveness pass cadence)
 -- ARGV[8]  acting muster node id (events)
 --
 -- Returns {code, token, expires_at, holder, position}
@@ -27,11 +29,14 @@
 -- Emits lock.expired (a lapsed lease found here), lock.acquired.
 local l, owner, ttl, node, queue, me = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[8]
 local now = now_ms()
-local grace = liveness_pass(now, tonumber(ARGV[7]))
+liveness_pass(now, tonumber(ARGV[7]))
+-- Lapsed places leave the queue, in chunks: unpack takes at most about 8000 values, and
+-- a crashed node leaves all of its waiters to lapse together.
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int(now))
-if #gone > 0 then
-  redis.call('ZREM', KEYS[2], unpack(gone))
-  redis.call('ZREM', KEYS[3], unpack(gone))
+for i = 1, #gone, 4000 do
+  local j = math.min(i + 3999, #gone)
+  redis.call('ZREM', KEYS[2], unpack(gone, i, j))
+  redis.call('ZREM', KEYS[3], unpack(gone, i, j))
 end
 if node ~= '' then
   local s = redis.call('ZSCORE', P .. ':nodes', node)
@@ -57,7 +62,7 @@ local function leave_queue()
   redis.call('ZREM', KEYS[3], owner)
 end
 
-if not lock_check(l, now, grace, me) then
+if not lock_check(l, now, me) then
   local f = redis.call('HMGET', KEYS[1], 'owner', 'token')
   if f[1] ~= owner then return not_granted(f[1]) end
   local expires = int(now + ttl)

@@ -3,6 +3,8 @@
 -- every epoch before it (next_fence), so there is at most one leader per epoch. The
 -- leader campaigning again renews its lease and keeps its epoch.
 --
+--@include locks/lib
+--
 -- KEYS[1]  P:election:<e>           the leadership
 -- KEYS[2]  P:elections              led elections by lease expiry
 -- ARGV[1]  election name e

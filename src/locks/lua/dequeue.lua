@@ -2,6 +2,8 @@
 -- without the lock). If it was first in line and the lock is free, the next waiter
 -- must not wait for its place to lapse, so this is announced.
 --
+--@include locks/lib
+--
 -- KEYS[1]  P:lock:<l>               the lease
 -- KEYS[2]  P:lock:<l>:q             FIFO queue of waiting owners
 -- KEYS[3]  P:lock:<l>:qx            waiting owner -> when its place lapses

@@ -1,6 +1,8 @@
 -- lib.lua: lease helpers shared by the lock and election scripts (prepended after the
 -- prelude and nodes' liveness.lua).
 --
+--@include nodes/liveness
+--
 -- KEYS / ARGV: none of its own: a library, included in other scripts, whose
 -- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
 --
@@ -42,24 +44,17 @@ local function next_fence(counter)
   return epoch * TWO32 + c
 end
 
--- Whether a registered node is gone: its heartbeat expired by Redis time and the
--- post-stall grace (liveness_pass) does not hold.
-local function node_gone(node, now, grace)
-  if grace > 0 then return false end
-  local s = redis.call('ZSCORE', P .. ':nodes', node)
-  return (not s) or tonumber(s) <= now
-end
-
 -- Ends lock l's lease if it lapsed by Redis time, or if it is tied to a node that is
--- gone (lock.expired). Returns true when the lock is free afterwards.
-local function lock_check(l, now, grace, me)
+-- gone (node_gone of nodes' liveness.lua, after the caller's liveness pass)
+-- (lock.expired). Returns true when the lock is free afterwards.
+local function lock_check(l, now, me)
   local lk = lock_key(l)
   local f = redis.call('HMGET', lk, 'owner', 'token', 'expires_at', 'node')
   if not f[1] then return true end
   local reason
   if tonumber(f[3]) <= now then
     reason = 'ttl'
-  elseif f[4] and f[4] ~= '' and node_gone(f[4], now, grace) then
+  elseif f[4] and f[4] ~= '' and node_gone(f[4], now) then
     reason = 'node_dead'
   end
   if not reason then return false end

@@ -1,12 +1,14 @@
 -- release.lua: releases lock l held under `token`, or (token '') breaks it whoever holds
 -- it (an admin). A stale token, or a lease that already lapsed, is refused.
 --
+--@include locks/lib
+--
 -- KEYS[1]  P:lock:<l>               the lease
 -- KEYS[2]  P:locks                  held locks by lease expiry
 -- ARGV[1]  lock name l
 -- ARGV[2]  token                    the holder's fencing token, or '' to break the lock
 -- ARGV[3]  actor                    who released (token name), for the event
--- ARGV[4]  node_ttl_ms              nodes.ttl_ms (the post-stall grace)
+-- ARGV[4]  node_ttl_ms              nodes.ttl_ms (sets the liveness pass cadence)
 -- ARGV[5]  acting muster node id (events)
 --
 -- Returns {code, holder, token}
@@ -14,8 +16,8 @@
 -- Emits lock.expired (a lapsed lease found here), lock.released when it returns 1.
 local l, token = ARGV[1], ARGV[2]
 local now = now_ms()
-local grace = liveness_pass(now, tonumber(ARGV[4]))
-lock_check(l, now, grace, ARGV[5])
+liveness_pass(now, tonumber(ARGV[4]))
+lock_check(l, now, ARGV[5])
 local f = redis.call('HMGET', KEYS[1], 'owner', 'token')
 if not f[1] then
   if token == '' then return {0, '', 0} end

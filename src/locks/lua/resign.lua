@@ -1,6 +1,8 @@
 -- resign.lua: the leader of election e resigns; the next campaign elects a new leader
 -- with a greater epoch. Only the current leader (at the given epoch, when given) may.
 --
+--@include locks/lib
+--
 -- KEYS[1]  P:election:<e>           the leadership
 -- KEYS[2]  P:elections              led elections by lease expiry
 -- ARGV[1]  election name e

@@ -2,7 +2,9 @@
 --
 -- The node's score in the nodes sorted set is the expiry of this heartbeat,
 -- computed from Redis TIME: the node is alive while its score is ahead of Redis
--- time (G11). A node that was absent or expired counts as joining.
+-- time (G11). A node joins when it was unknown, had left, or had been marked dead;
+-- one whose heartbeat merely ran late (a Redis stall) is refreshed, not re-joined,
+-- and keeps its state: a drain ends only when the node leaves.
 --
 -- KEYS[1]  {p}:nodes          sorted set, node id -> expiry (ms)
 -- KEYS[2]  {p}:node:<id>      hash, node info; TTL ttl + dead retention
@@ -16,7 +18,8 @@
 -- ARGV[8]  labels             JSON object
 --
 -- Returns {code, now_ms, expires_ms, state}
---   code  1 joined (new, or back after expiring), 0 refreshed, -1 too many nodes
+--   code  1 joined (new, back after leaving or being marked dead), 0 refreshed,
+--         -1 too many nodes
 --   state "active" | "draining"
 -- Emits node.joined when code is 1.
 local id, ttl, info_ttl, max_nodes = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -27,10 +30,13 @@ if not prev and redis.call('ZCARD', KEYS[1]) >= max_nodes then
 end
 local expires = now + ttl
 redis.call('ZADD', KEYS[1], expires, id)
-local joined = (not prev) or tonumber(prev) <= now or redis.call('EXISTS', KEYS[2]) == 0
-local state = redis.call('HGET', KEYS[2], 'state')
-if joined or not state or state == 'left' then
+local info = redis.call('HMGET', KEYS[2], 'state', 'dead_at')
+local state = info[1]
+local joined = (not prev) or (not state) or state == 'left' or info[2] ~= false
+if not state or state == 'left' then
   state = 'active'
+end
+if joined then
   redis.call('HSET', KEYS[2], 'started_at', now)
 end
 redis.call('HSET', KEYS[2], 'id', id, 'kind', ARGV[5], 'addr', ARGV[6], 'version', ARGV[7],

@@ -1,6 +1,9 @@
 -- lib.lua: recovery of a running task whose owner is dead (prepended after the
 -- liveness and task libraries).
 --
+--@include nodes/liveness
+--@include tasks/lib
+--
 -- KEYS: none of its own (a library included in other scripts). ARGV: only
 -- recovery_opts(now, i) reads the caller's ARGV[i..i+4]: retention_ms,
 -- dead_retention_ms, history_max, history_max_age_ms, acting node id.

@@ -3,6 +3,8 @@
 -- a running task whose owner is not registered at all (removed by hand, say),
 -- and index entries whose task no longer exists.
 --
+--@include orphans/lib
+--
 -- KEYS[1]  P:q:<queue>:running
 -- ARGV[1]  queue
 -- ARGV[2]  ttl_ms                 node ttl (grace)

@@ -4,6 +4,8 @@
 -- the worker's late complete with the old token gets 409. Skipped during the
 -- post-stall grace, like every other liveness decision.
 --
+--@include orphans/lib
+--
 -- KEYS[1]  P:deadlines            zset, task id -> deadline (Redis ms)
 -- ARGV[1]  ttl_ms                 node ttl (grace)
 -- ARGV[2]  limit                  most tasks per pass

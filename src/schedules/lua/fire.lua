@@ -1,5 +1,7 @@
 -- fire.lua: gives each due occurrence of one schedule its one outcome, in order (G7).
 --
+--@include schedules/lib
+--
 -- The calling node proposes the schedule's occurrences after the cursor it read,
 -- computed from the definition of version ARGV[2], up to its own clock plus
 -- schedules.max_skew_ms. Due-ness is Redis time: the script stops at the first

@@ -1,6 +1,8 @@
 -- lib.lua: schedule helpers shared by the schedule scripts (prepended after the
 -- prelude and the task library, whose helpers it uses to submit and cancel tasks).
 --
+--@include tasks/lib
+--
 -- KEYS / ARGV: none of its own: a library, included in other scripts, whose
 -- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
 --
@@ -11,7 +13,9 @@
 --   P:schedule:<s>:history   list    JSON entries, newest first, trimmed to history_max
 --   P:schedule:<s>:fire:<T>  string  the occurrence record: its task id, or 'skipped';
 --                                    SET NX with a TTL (schedules.record_ttl_ms)
--- A fired task also holds the idempotency key P:idem:schedule:<s>:<T> (task library).
+-- A fired task also holds the idempotency key P:idem:schedule:<s>:<T> (task library);
+-- a triggered one P:idem:schedule:<s>:trigger:<task id> or, with the client's
+-- Idempotency-Key K, P:idem:schedule:<s>:trigger:key:<K> (see trigger.lua).
 --
 -- Definition fields: expr, tz, queue, overlap (allow|forbid|replace), backfill
 -- ('1'|'0'), deadline ('' or ms), enabled ('1'|'0'), spec (the definition as given,

@@ -1,5 +1,7 @@
 -- set_enabled.lua: enables or disables a schedule.
 --
+--@include schedules/lib
+--
 -- A disabled schedule fires nothing and records no missed occurrences. Enabling
 -- moves the cursor to Redis now, so it fires the occurrences after that, and
 -- bumps the version so no node acts on occurrences it computed before.

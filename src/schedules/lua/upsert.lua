@@ -1,5 +1,12 @@
 -- upsert.lua: creates a schedule or replaces its definition.
 --
+--@include schedules/lib
+--
+-- Config wins (README): a schedule written from config.toml (source 'config') is
+-- refused to modes 'create' and 'put', whatever the calling node's own config
+-- says, so a node without the entry cannot change it; only mode 'config' (the
+-- reconcile of a node that lists it) writes over it.
+--
 -- A new schedule's cursor is Redis now: it fires the occurrences after its
 -- creation. A replaced definition keeps the cursor (occurrences up to it keep
 -- their outcomes, and any still pending are fired by the new definition), except
@@ -20,12 +27,14 @@
 --
 -- Returns {code, version}
 --   code  1 created, 2 replaced, 3 unchanged (config), -1 exists (create),
---         -3 too many schedules (schedules.max_schedules)
+--         -3 too many schedules (schedules.max_schedules),
+--         -4 written from config.toml (stored source 'config'; modes create and put)
 -- Emits schedule.created or schedule.updated.
 local s, mode, actor, max, chash = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local n = tonumber(ARGV[6])
 local old = redis.call('HMGET', KEYS[1], 'version', 'enabled', 'source', 'config_hash', 'expr', 'tz', 'cursor')
 local exists = old[1] ~= false
+if exists and mode ~= 'config' and old[3] == 'config' then return {-4, tonumber(old[1])} end
 if exists and mode == 'create' then return {-1, tonumber(old[1])} end
 if exists and mode == 'config' and old[3] == 'config' and old[4] == chash then return {3, tonumber(old[1])} end
 if not exists and redis.call('SCARD', P .. ':schedules') >= max then return {-3, 0} end

@@ -1,5 +1,7 @@
 -- counts.lua: read-only; the counts of several queues as of one Redis instant.
 --
+--@include tasks/lib
+--
 -- KEYS[1]  P:queues               (routes the call)
 -- ARGV[1..n] queue names
 --

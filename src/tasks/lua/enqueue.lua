@@ -1,41 +1,44 @@
 -- enqueue.lua: submits one or more tasks to a queue, atomically.
 --
--- Idempotency: a task with an idempotency key whose key is already recorded
--- (within its window) is not created again; the original id is returned (G5).
--- Aliases are unique while their task lives.
+--@include tasks/lib
+--
+-- Idempotency comes first: a task with an idempotency key whose key is already
+-- recorded (within its window) is not created again; the original id is
+-- returned (G5), even when the queue asked for could not be created now.
+-- Aliases are unique while their task lives. A run_at more than max_delay_ms
+-- after Redis time is refused (the bound `delay_ms` has; G11: Redis time, not
+-- the submitting node's clock). The queue joins P:queues (bounded by
+-- max_queues) with its first created task: a call that creates nothing
+-- registers nothing.
 --
 -- KEYS[1]  P:q:<queue>:ready      (routes the call; all other keys share its slot)
 -- ARGV[1]  queue
 -- ARGV[2]  idempotency window, ms
 -- ARGV[3]  max_queues
 -- ARGV[4]  submitting node id (for the event)
--- ARGV[5]  n, the number of tasks; then 12 fields per task:
+-- ARGV[5]  max_delay_ms: the latest run_at accepted is Redis time + this
+-- ARGV[6]  n, the number of tasks; then 12 fields per task, from ARGV[7]:
 --          id, payload (JSON text), group ('' for none), priority, delay_ms,
 --          run_at (Redis ms, 0 for none), max_attempts, timeout_ms (0: none),
 --          alias (''), idempotency key (''), backoff_base_ms, backoff_cap_ms
 --
 -- Returns a flat list, 3 entries per task, in order: code, id, state
 --   code  1 created, 2 replay of an idempotency key (id is the original task's),
---         -1 alias taken (id is the holder), -2 too many queues
+--         E.ALIAS_TAKEN (id is the holder), E.TOO_MANY_QUEUES,
+--         E.TOO_FAR run_at too far ahead (state is the Redis time now, ms)
 -- Emits task.enqueued per created task.
-local q, window, max_queues, node, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local q, window, max_queues, node = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local max_delay, n = tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
 local nows = int(now)
 local out = {}
-if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
-  if redis.call('SCARD', P .. ':queues') >= max_queues then
-    for i = 0, n - 1 do
-      out[#out + 1] = -2; out[#out + 1] = ARGV[6 + i * 12]; out[#out + 1] = ''
-    end
-    return out
-  end
-  redis.call('SADD', P .. ':queues', q)
-end
+local known = redis.call('SISMEMBER', P .. ':queues', q) == 1
+local room = known or redis.call('SCARD', P .. ':queues') < max_queues
 local seq = next_seqs(n)
 local ready = {}
 local delayed = {}
 for i = 0, n - 1 do
-  local b = 6 + i * 12
+  local b = 7 + i * 12
   local id, payload, g, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local delay, run_at = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local alias, idem = ARGV[b + 8], ARGV[b + 9]
@@ -50,17 +53,29 @@ for i = 0, n - 1 do
       done = true
     end
   end
+  if not done and run_at > now + max_delay then
+    out[#out + 1] = E.TOO_FAR; out[#out + 1] = id; out[#out + 1] = nows
+    done = true
+  end
   if not done and alias ~= '' then
     -- An alias is held while its task lives: queued, delayed or running. A
     -- finished holder (kept for retention) lets it go to a new task.
     local holder = redis.call('GET', P .. ':alias:' .. alias)
     local hstate = holder and redis.call('HGET', tkey(holder), 'state')
     if hstate == 'queued' or hstate == 'delayed' or hstate == 'running' then
-      out[#out + 1] = -1; out[#out + 1] = holder; out[#out + 1] = ''
+      out[#out + 1] = E.ALIAS_TAKEN; out[#out + 1] = holder; out[#out + 1] = ''
       done = true
     end
   end
+  if not done and not room then
+    out[#out + 1] = E.TOO_MANY_QUEUES; out[#out + 1] = id; out[#out + 1] = ''
+    done = true
+  end
   if not done then
+    if not known then
+      redis.call('SADD', P .. ':queues', q)
+      known = true
+    end
     local due = now
     if run_at > 0 then due = run_at elseif delay > 0 then due = now + delay end
     local state, score = 'queued', order_score(tonumber(prio), seq + i)

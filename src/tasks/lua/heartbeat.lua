@@ -8,12 +8,12 @@
 -- ARGV[4]  runtime fields (JSON object text), or '' to leave them
 --
 -- Returns {code, state, cancel_requested}
---   code  1 ok, -1 stale token or not running, -2 unknown task
+--   code  1 ok, E.STALE (token not current or task not running), E.NOT_FOUND
 -- Emits task.progress when progress or fields are given.
 local id, token, progress, fields = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local f = redis.call('HMGET', KEYS[1], 'state', 'token', 'queue', 'owner', 'cancel_requested', 'attempts')
-if not f[1] then return {-2, '', 0} end
-if f[1] ~= 'running' or f[2] ~= token then return {-1, f[1], 0} end
+if not f[1] then return {E.NOT_FOUND, '', 0} end
+if f[1] ~= 'running' or f[2] ~= token then return {E.STALE, f[1], 0} end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'updated_at', int(now))
 if progress ~= '' or fields ~= '' then

@@ -2,11 +2,14 @@
 -- promotes due delayed tasks, trims finished tasks past retention from the
 -- indexes (their hashes expire by TTL), and forgets an empty, unpaused queue.
 --
+--@include tasks/lib
+--
 -- KEYS[1]  P:q:<queue>:meta
 -- ARGV[1]  queue
 -- ARGV[2]  retention_ms (succeeded, cancelled)
 -- ARGV[3]  dead_retention_ms
--- ARGV[4]  '1' to also trim the cross-queue dead index P:dead (once per pass)
+--
+-- The cross-queue dead index P:dead is trimmed by its own script (trim_dead.lua).
 --
 -- Returns {promoted, trimmed, forgotten (1 or 0), queued, delayed, running, dead}
 local q, retention, dead_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -15,7 +18,6 @@ local promoted = promote_due(q, now, 1000)
 local trimmed = redis.call('ZREMRANGEBYSCORE', qkey(q, 'succeeded'), '-inf', int(now - retention))
   + redis.call('ZREMRANGEBYSCORE', qkey(q, 'cancelled'), '-inf', int(now - retention))
   + redis.call('ZREMRANGEBYSCORE', qkey(q, 'dead'), '-inf', int(now - dead_ttl))
-if ARGV[4] == '1' then redis.call('ZREMRANGEBYSCORE', P .. ':dead', '-inf', int(now - dead_ttl)) end
 local queued = queued_count(q)
 local counts = {queued}
 local total = queued

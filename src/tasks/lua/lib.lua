@@ -231,3 +231,130 @@ local function fail_or_retry(id, q, attempt, max_attempts, base, cap, jitter, re
   emit('task.dead', node, {attempt = attempt, reason = reason}, 'task', id, 'queue', q)
   return 'dead', 0
 end
+
+-- Why `node` may not claim now: E.NODE_NOT_ALIVE (unknown, or its heartbeat expired
+-- by Redis time), E.NODE_DRAINING (draining or left), or nil.
+local function claim_refusal(node, now)
+  local score = redis.call('ZSCORE', P .. ':nodes', node)
+  if not score or tonumber(score) <= now then return E.NODE_NOT_ALIVE end
+  local st = redis.call('HGET', P .. ':node:' .. node, 'state')
+  if st == 'draining' or st == 'left' then return E.NODE_DRAINING end
+  return nil
+end
+
+-- Hands up to `max` queued tasks of q to `node` (whose claim_refusal is nil) and
+-- appends 9 entries per task to `out`: id, token, attempt, payload, max_attempts,
+-- timeout_ms, group, priority, created_at. Order: priority, then enqueue order;
+-- delayed tasks due by Redis time are promoted first; a group at its limit is
+-- skipped without blocking the tasks behind it; FIFO within a group (G1, G6).
+-- Returns n (tasks claimed), next_due (Redis ms when the earliest delayed task is
+-- due, or -1), more (1 when max tasks were taken: there may be more). Emits
+-- task.claimed per task.
+local function claim_tasks(q, node, max, now, out)
+  local nows = int(now)
+  local next_due = -1
+  local delayed = qkey(q, 'delayed')
+  local head = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  if #head > 0 and tonumber(head[2]) <= now then
+    promote_due(q, now, 1000)
+    head = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  end
+  if #head > 0 then next_due = tonumber(head[2]) end
+  if redis.call('HGET', qkey(q, 'meta'), 'paused') == '1' then return 0, next_due, 0 end
+  -- 1. Pick ids in claim order, popping the ready set's head. A group token yields
+  --    that group's head (if it has room); members popped after a token go back, and
+  --    the set is read again, because the token's new score may come before them.
+  local ready = qkey(q, 'ready')
+  local picked, from_group = {}, {}
+  local guard = 0
+  while #picked < max and guard < 10000 do
+    guard = guard + 1
+    local popped = redis.call('ZPOPMIN', ready, max - #picked)
+    if #popped == 0 then break end
+    local back
+    for i = 1, #popped, 2 do
+      local m = popped[i]
+      if back then
+        back[#back + 1] = popped[i + 1]; back[#back + 1] = m
+      elseif string.sub(m, 1, 3) == '~g:' then
+        local g = string.sub(m, 4)
+        local first = redis.call('ZRANGE', gqkey(q, g), 0, 0)
+        if #first > 0 and group_has_room(g) then
+          local id = first[1]
+          redis.call('ZREM', gqkey(q, g), id)
+          redis.call('SADD', grunning(g), id)
+          picked[#picked + 1] = id
+          from_group[id] = g
+        end
+        refresh_group_token(q, g)
+        back = {}
+      else
+        picked[#picked + 1] = m
+      end
+    end
+    if not back then break end
+    if #back > 0 then redis.call('ZADD', ready, unpack(back)) end
+  end
+  if #picked == 0 then return 0, next_due, 0 end
+  -- 2. Hand them out.
+  local token = next_tokens(#picked)
+  local running, mine, deadlines = {}, {}, {}
+  local n = 0
+  for i = 1, #picked do
+    local id = picked[i]
+    local t = tkey(id)
+    local f = redis.call('HMGET', t, 'payload', 'attempts', 'max_attempts', 'timeout_ms', 'priority', 'created_at',
+      'progress')
+    if f[1] then
+      local attempt = tonumber(f[2] or '0') + 1
+      local tok = int(token + i - 1)
+      local a = int(attempt)
+      if f[7] and f[7] ~= '0' then
+        redis.call('HSET', t, 'state', 'running', 'owner', node, 'token', tok, 'attempts', a,
+          'started_at', nows, 'a' .. a, node .. '|' .. tok .. '|' .. nows, 'progress', '0')
+      else
+        redis.call('HSET', t, 'state', 'running', 'owner', node, 'token', tok, 'attempts', a,
+          'started_at', nows, 'a' .. a, node .. '|' .. tok .. '|' .. nows)
+      end
+      running[#running + 1] = nows; running[#running + 1] = id
+      mine[#mine + 1] = id
+      local timeout = tonumber(f[4] or '0')
+      if timeout > 0 then
+        deadlines[#deadlines + 1] = int(now + timeout); deadlines[#deadlines + 1] = id
+      end
+      local g = from_group[id] or ''
+      emit_task('task.claimed', node, '{"attempt":' .. a .. ',"token":' .. tok .. '}', id, q, g)
+      n = n + 1
+      out[#out + 1] = id; out[#out + 1] = token + i - 1; out[#out + 1] = attempt; out[#out + 1] = f[1]
+      out[#out + 1] = tonumber(f[3]); out[#out + 1] = timeout; out[#out + 1] = g
+      out[#out + 1] = tonumber(f[5]); out[#out + 1] = tonumber(f[6])
+    elseif from_group[id] then
+      -- the task vanished while queued: give its slot back
+      redis.call('SREM', grunning(from_group[id]), id)
+      refresh_group_everywhere(from_group[id])
+    end
+  end
+  if #running > 0 then redis.call('ZADD', qkey(q, 'running'), unpack(running)) end
+  if #deadlines > 0 then redis.call('ZADD', DEADLINES, unpack(deadlines)) end
+  if #mine > 0 then redis.call('SADD', ntasks(node), unpack(mine)) end
+  local more = 0
+  if #picked == max then more = 1 end
+  return n, next_due, more
+end
+
+-- complete and fail can also claim the worker's next task (one call per task for a
+-- one-at-a-time worker): appends {code, next_due, more, task...} to `out`, where code
+-- is n >= 0 or claim_refusal's. max 0: nothing asked, nothing appended.
+local function claim_next(q, node, max, now, out)
+  if max <= 0 then return end
+  local refused = claim_refusal(node, now)
+  if refused then
+    out[#out + 1] = refused; out[#out + 1] = -1; out[#out + 1] = 0
+    return
+  end
+  local at = #out + 1
+  out[at] = 0; out[at + 1] = -1; out[at + 2] = 0
+  local n, next_due, more = claim_tasks(q, node, max, now, out)
+  out[at] = n; out[at + 1] = next_due; out[at + 2] = more
+end
+

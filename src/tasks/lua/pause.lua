@@ -6,11 +6,11 @@
 -- ARGV[3]  actor, for the event
 -- ARGV[4]  max_queues
 --
--- Returns 1 changed, 0 already so, -2 too many queues.
+-- Returns 1 changed, 0 already so, E.TOO_MANY_QUEUES.
 -- Emits queue.paused or queue.resumed when it changed.
 local q, paused, actor = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
-  if redis.call('SCARD', P .. ':queues') >= tonumber(ARGV[4]) then return -2 end
+  if redis.call('SCARD', P .. ':queues') >= tonumber(ARGV[4]) then return E.TOO_MANY_QUEUES end
   redis.call('SADD', P .. ':queues', q)
 end
 local cur = redis.call('HGET', KEYS[1], 'paused') or '0'

@@ -2,6 +2,8 @@
 -- delayed tasks are cancelled, running tasks are asked to stop (their workers
 -- learn it on their next heartbeat).
 --
+--@include tasks/lib
+--
 -- KEYS[1]  P:wf:<id>
 -- ARGV[1]  workflow id
 -- ARGV[2]  actor, for the event

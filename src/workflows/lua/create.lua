@@ -1,5 +1,7 @@
 -- create.lua: starts a workflow (a DAG of tasks), idempotently.
 --
+--@include tasks/lib
+--
 -- The caller has validated the DAG (unique keys, known dependencies, no cycle)
 -- and assigned every key its task id. Keys without dependencies are dispatched
 -- at once; the others wait until all their dependencies succeeded (hook.lua).
@@ -11,22 +13,25 @@
 -- ARGV[4]  idempotency window, ms
 -- ARGV[5]  retention_ms           how long a finished workflow is kept
 -- ARGV[6]  node id                the submitting node, for events
--- ARGV[7]  max_queues
--- ARGV[8]  n, the number of keys; then 4 fields per key:
+-- ARGV[7]  max_queues             checked here for every queue of the workflow, and
+--                                 kept ('mq') for the successors' dispatch (hook.lua)
+-- ARGV[8]  dead_retention_ms      kept ('dret'): how long a successor refused at
+--                                 dispatch for max_queues is kept dead
+-- ARGV[9]  n, the number of keys; then 4 fields per key, from ARGV[10]:
 --          key, spec JSON ({"id","queue","t"}), dependency count, comma-separated dependents
 --
 -- Returns {code, id}: 1 created, 2 replay of the idempotency key (id is the original),
 --                     -2 too many queues
 -- Emits workflow.started, and task.enqueued per dispatched task.
 local w, policy, idem, window, ret, node = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local max_queues, n = tonumber(ARGV[7]), tonumber(ARGV[8])
+local max_queues, dret, n = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
 if idem ~= '' then
   local prev = redis.call('GET', P .. ':wf:idem:' .. idem)
   if prev then return {2, prev} end
 end
 local new_queues = {}
 for i = 0, n - 1 do
-  local q = cjson.decode(ARGV[10 + i * 4]).queue
+  local q = cjson.decode(ARGV[11 + i * 4]).queue
   if redis.call('SISMEMBER', P .. ':queues', q) == 0 then new_queues[q] = true end
 end
 local count = 0
@@ -35,10 +40,10 @@ if count > 0 and redis.call('SCARD', P .. ':queues') + count > max_queues then r
 local now = now_ms()
 local nows = int(now)
 redis.call('HSET', wkey(w), 'state', 'running', 'policy', policy, 'open', n, 'bad', '0', 'ret', ret,
-  'node', node, 'created_at', nows, 'n', n, 'idem', idem)
+  'node', node, 'created_at', nows, 'n', n, 'idem', idem, 'mq', ARGV[7], 'dret', dret)
 local roots = {}
 for i = 0, n - 1 do
-  local b = 9 + i * 4
+  local b = 10 + i * 4
   local k = ARGV[b]
   redis.call('HSET', wkey(w, 'spec'), k, ARGV[b + 1])
   redis.call('HSET', wkey(w, 'wait'), k, ARGV[b + 2])

@@ -9,7 +9,9 @@
 --   P:wf:<w>         hash  state (running|succeeded|failed|cancelled), policy
 --                          (fail_fast|continue), open (keys not yet terminal), bad (keys
 --                          ended other than succeeded), ret (retention ms), node, created_at,
---                          finished_at, n (keys), idem
+--                          finished_at, n (keys), idem, mq (tasks.max_queues), dret
+--                          (dead retention ms); mq and dret are absent in workflows
+--                          created before they were recorded (no bound at dispatch)
 --   P:wf:<w>:spec    hash  key -> JSON {"id": task id, "queue": ..., "t": {task fields}}
 --   P:wf:<w>:next    hash  key -> comma-separated keys that depend on it
 --   P:wf:<w>:wait    hash  key -> dependencies not yet succeeded
@@ -19,6 +21,15 @@
 --
 -- Exactly-once dispatch: a key is dispatched only while st[key] is 'pending', and the
 -- same call sets it to 'queued'; its `wait` counter reaches 0 in exactly one call.
+--
+-- Queue bound: creation checks that every queue of the workflow fits in
+-- tasks.max_queues, but a successor's queue joins P:queues only when it is
+-- dispatched, and may have been forgotten, or the room taken, meanwhile. Such a
+-- successor is not dropped and the bound is not passed: its task is created
+-- dead, with an error that says why (G2: it reached a terminal state), and the
+-- workflow goes on by its failure policy. Its queue has no indexes, so it is
+-- indexed in P:dead only (listed under /api/v1/dead, trimmed by trim_dead.lua);
+-- a retry queues it once there is room (retry.lua).
 local function wkey(w, s)
   if s then return P .. ':wf:' .. w .. ':' .. s end
   return P .. ':wf:' .. w
@@ -32,7 +43,8 @@ local function split(list)
   return out
 end
 
--- Creates and queues (or delays) the task of key k; records the dispatch.
+-- Creates and queues (or delays) the task of key k; records the dispatch. When
+-- k's queue cannot be registered (tasks.max_queues), creates it dead instead.
 local function wf_dispatch(w, k, nows, node)
   local d = cjson.decode(redis.call('HGET', wkey(w, 'spec'), k))
   local t, id, q = d.t, d.id, d.queue
@@ -42,7 +54,26 @@ local function wf_dispatch(w, k, nows, node)
     'wf', w, 'wfkey', k}
   if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
   if t.timeout_ms ~= '0' then fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = t.timeout_ms end
-  redis.call('SADD', P .. ':queues', q)
+  redis.call('HSET', wkey(w, 'st'), k, 'queued')
+  if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
+    local h = redis.call('HMGET', wkey(w), 'mq', 'dret')
+    if h[1] and redis.call('SCARD', P .. ':queues') >= tonumber(h[1]) then
+      local err = 'the queue `' .. q .. '` could not be created: the cluster already has the maximum of ' ..
+        h[1] .. ' queues (tasks.max_queues); retry this task once a queue is free'
+      fields[#fields + 1] = 'state'; fields[#fields + 1] = 'dead'
+      fields[#fields + 1] = 'finished_at'; fields[#fields + 1] = nows
+      fields[#fields + 1] = 'updated_at'; fields[#fields + 1] = nows
+      fields[#fields + 1] = 'error'; fields[#fields + 1] = err
+      redis.call('HSET', tkey(id), unpack(fields))
+      redis.call('PEXPIRE', tkey(id), h[2])
+      redis.call('ZADD', P .. ':dead', nows, id)
+      emit('task.dead', node, {attempt = 0, reason = 'too_many_queues', workflow = w, key = k},
+        'task', id, 'queue', q, 'workflow', w)
+      wf_on_end(id, 'dead', nows)
+      return
+    end
+    redis.call('SADD', P .. ':queues', q)
+  end
   local state = 'queued'
   if t.delay_ms ~= '0' then
     local due = int(tonumber(nows) + tonumber(t.delay_ms))
@@ -55,7 +86,6 @@ local function wf_dispatch(w, k, nows, node)
     redis.call('HSET', tkey(id), unpack(fields))
     make_queued(id, q, g, order_score(tonumber(t.priority), next_seqs(1)), nows)
   end
-  redis.call('HSET', wkey(w, 'st'), k, 'queued')
   local data = '{"state":"' .. state .. '","workflow":"' .. w .. '","key":"' .. k .. '"}'
   if g ~= '' then
     emit('task.enqueued', node, data, 'task', id, 'queue', q, 'group', g, 'workflow', w)

@@ -1,0 +1,91 @@
+//! The error codes scripts return: one table shared by Lua and Rust.
+//!
+//! Each code is a negative integer. The table is rendered into the prelude
+//! as the Lua table `E` (`E.NOT_FOUND`, `E.STALE`, ...), so a script never
+//! writes a bare number and the Rust side decodes every code by name. A
+//! script's reply starts with its code: a non-negative number is that
+//! script's own success outcome (documented in its header), a negative one
+//! is one of these.
+
+/// Declares the codes once, with their Lua names.
+macro_rules! codes {
+    ($($(#[doc = $doc:literal])* $name:ident = $value:literal, $lua:literal;)*) => {
+        /// A script's refusal (see the module doc).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(i64)]
+        pub enum Code {
+            $($(#[doc = $doc])* $name = $value,)*
+        }
+
+        impl Code {
+            /// Every code, in table order.
+            pub const ALL: &[Code] = &[$(Code::$name,)*];
+
+            /// The name scripts use (`E.<name>`).
+            pub fn lua_name(self) -> &'static str {
+                match self {
+                    $(Code::$name => $lua,)*
+                }
+            }
+
+            /// The code with this value, if it is one.
+            pub fn from_i64(v: i64) -> Option<Code> {
+                match v {
+                    $($value => Some(Code::$name),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+codes! {
+    /// No such task, workflow, schedule, barrier, lock or node.
+    NotFound = -1, "NOT_FOUND";
+    /// The fencing token is not the current one, or the task is not running
+    /// (G1): nothing changed.
+    Stale = -2, "STALE";
+    /// The node or worker is not registered or its heartbeat expired.
+    NodeNotAlive = -3, "NODE_NOT_ALIVE";
+    /// The node or worker is draining or has left: no new work.
+    NodeDraining = -4, "NODE_DRAINING";
+    /// `tasks.max_queues` would be exceeded.
+    TooManyQueues = -5, "TOO_MANY_QUEUES";
+    /// `tasks.max_groups` would be exceeded.
+    TooManyGroups = -6, "TOO_MANY_GROUPS";
+    /// The alias is held by another live task.
+    AliasTaken = -7, "ALIAS_TAKEN";
+    /// The time given is beyond the furthest allowed (a `run_at` more than
+    /// the maximum delay after Redis time).
+    TooFar = -8, "TOO_FAR";
+    /// The state does not allow the change (a finished task cancelled, a
+    /// task deleted while it runs, ...).
+    WrongState = -9, "WRONG_STATE";
+}
+
+/// The Lua table `E`, for the prelude.
+pub fn lua_table() -> String {
+    let fields: Vec<String> = Code::ALL
+        .iter()
+        .map(|c| format!("{} = {}", c.lua_name(), *c as i64))
+        .collect();
+    format!("{{{}}}", fields.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_negative_and_round_trip() {
+        let mut seen = std::collections::HashSet::new();
+        for c in Code::ALL {
+            let v = *c as i64;
+            assert!(v < 0, "{c:?}");
+            assert!(seen.insert(v), "{c:?} repeats {v}");
+            assert_eq!(Code::from_i64(v), Some(*c));
+        }
+        assert_eq!(Code::from_i64(0), None);
+        assert!(lua_table().contains("NOT_FOUND = -1"));
+    }
+}

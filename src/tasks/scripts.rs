@@ -1,0 +1,738 @@
+//! The task scripts: one argument struct and one reply type per script,
+//! each mirroring the header of its `lua/*.lua` file (keys and arguments in
+//! the documented order; replies decoded strictly, codes by name).
+
+use redis::{FromRedisValue, ParsingError, Value};
+
+use crate::store::reply::{Reader, decode_error};
+use crate::store::{Code, Keys, Lua, ScriptCall, ScriptCtx};
+
+/// Every task script, loaded once per node.
+pub(crate) struct Scripts {
+    pub enqueue: Lua,
+    pub claim: Lua,
+    pub complete: Lua,
+    pub fail: Lua,
+    pub heartbeat: Lua,
+    pub cancel: Lua,
+    pub retry: Lua,
+    pub delete: Lua,
+    pub pause: Lua,
+    pub set_group: Lua,
+    pub janitor: Lua,
+    pub trim_dead: Lua,
+    pub counts: Lua,
+    pub list_queued: Lua,
+}
+
+impl Scripts {
+    pub fn new(ctx: &ScriptCtx) -> Scripts {
+        let l = |name, src| Lua::load(name, src, ctx);
+        Scripts {
+            enqueue: l("task_enqueue", include_str!("lua/enqueue.lua")),
+            claim: l("task_claim", include_str!("lua/claim.lua")),
+            complete: l("task_complete", include_str!("lua/complete.lua")),
+            fail: l("task_fail", include_str!("lua/fail.lua")),
+            heartbeat: l("task_heartbeat", include_str!("lua/heartbeat.lua")),
+            cancel: l("task_cancel", include_str!("lua/cancel.lua")),
+            retry: l("task_retry", include_str!("lua/retry.lua")),
+            delete: l("task_delete", include_str!("lua/delete.lua")),
+            pause: l("queue_pause", include_str!("lua/pause.lua")),
+            set_group: l("group_set", include_str!("lua/set_group.lua")),
+            janitor: l("queue_janitor", include_str!("lua/janitor.lua")),
+            trim_dead: l("dead_trim", include_str!("lua/trim_dead.lua")),
+            counts: l("queue_counts", include_str!("lua/counts.lua")),
+            list_queued: l("queue_list_queued", include_str!("lua/list_queued.lua")),
+        }
+    }
+}
+
+fn qkey(k: &Keys, queue: &str, suffix: &str) -> String {
+    format!("{}:q:{queue}:{suffix}", k.prefix())
+}
+
+fn tkey(k: &Keys, id: &str) -> String {
+    format!("{}:task:{id}", k.prefix())
+}
+
+/// Decodes a whole reply with a [`Reader`].
+fn read<T>(v: &Value, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ParsingError>) -> Result<T, ParsingError> {
+    f(&mut Reader::new(v))
+}
+
+// --- enqueue.lua --------------------------------------------------------
+
+/// One task of an enqueue call (validated).
+pub(crate) struct EnqueueItem<'a> {
+    pub id: String,
+    pub payload: &'a str,
+    pub group: &'a str,
+    pub priority: i32,
+    pub delay_ms: u64,
+    pub run_at: i64,
+    pub max_attempts: u32,
+    pub timeout_ms: u64,
+    pub alias: &'a str,
+    pub idempotency_key: &'a str,
+    pub backoff_base_ms: u64,
+    pub backoff_cap_ms: u64,
+}
+
+pub(crate) struct Enqueue<'a> {
+    pub queue: &'a str,
+    pub idempotency_window_ms: u64,
+    pub max_queues: u32,
+    pub node: &'a str,
+    pub max_delay_ms: u64,
+    pub items: Vec<EnqueueItem<'a>>,
+}
+
+/// The outcome of one enqueued item.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Enqueued {
+    Created {
+        id: String,
+        state: String,
+    },
+    /// The idempotency key names a task already: its id, state and queue.
+    Replayed {
+        id: String,
+        state: String,
+        queue: String,
+    },
+    AliasTaken {
+        holder: String,
+    },
+    TooManyQueues,
+    /// `run_at` is beyond the maximum delay; Redis time now, ms.
+    TooFar {
+        now: i64,
+    },
+}
+
+pub(crate) struct EnqueueReply(pub Vec<Enqueued>);
+
+impl ScriptCall for Enqueue<'_> {
+    type Reply = EnqueueReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![qkey(k, self.queue, "ready")]
+    }
+    fn args(&self) -> Vec<String> {
+        let mut a = Vec::with_capacity(6 + 12 * self.items.len());
+        a.extend([
+            self.queue.to_string(),
+            self.idempotency_window_ms.to_string(),
+            self.max_queues.to_string(),
+            self.node.to_string(),
+            self.max_delay_ms.to_string(),
+            self.items.len().to_string(),
+        ]);
+        for t in &self.items {
+            a.extend([
+                t.id.clone(),
+                t.payload.to_string(),
+                t.group.to_string(),
+                t.priority.to_string(),
+                t.delay_ms.to_string(),
+                t.run_at.to_string(),
+                t.max_attempts.to_string(),
+                t.timeout_ms.to_string(),
+                t.alias.to_string(),
+                t.idempotency_key.to_string(),
+                t.backoff_base_ms.to_string(),
+                t.backoff_cap_ms.to_string(),
+            ]);
+        }
+        a
+    }
+}
+
+impl FromRedisValue for EnqueueReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            let mut out = Vec::new();
+            while r.remaining() > 0 {
+                let code = r.code()?;
+                let (id, state) = (r.text("id")?, r.text("state")?);
+                out.push(match code {
+                    Ok(1) => Enqueued::Created { id, state },
+                    Ok(2) => {
+                        // "state:queue" (queue names have no colon).
+                        let (state, queue) = state.split_once(':').unwrap_or((state.as_str(), ""));
+                        Enqueued::Replayed {
+                            id,
+                            state: state.to_string(),
+                            queue: queue.to_string(),
+                        }
+                    }
+                    Err(Code::AliasTaken) => Enqueued::AliasTaken { holder: id },
+                    Err(Code::TooManyQueues) => Enqueued::TooManyQueues,
+                    Err(Code::TooFar) => Enqueued::TooFar {
+                        now: state.parse().unwrap_or(0),
+                    },
+                    other => return Err(decode_error(format!("enqueue outcome {other:?}"))),
+                });
+            }
+            Ok(EnqueueReply(out))
+        })
+    }
+}
+
+// --- claim.lua (and the claim part of complete and fail) -----------------
+
+pub(crate) struct Claim<'a> {
+    pub queue: &'a str,
+    pub node: &'a str,
+    pub max: u32,
+}
+
+/// A claimed task as the script returns it.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimedRow {
+    pub id: String,
+    pub token: u64,
+    pub attempt: u32,
+    pub payload: String,
+    pub max_attempts: u32,
+    pub timeout_ms: u64,
+    pub group: String,
+    pub priority: i32,
+    pub created_at: i64,
+}
+
+/// What a claim did.
+#[derive(Debug, Clone)]
+pub(crate) enum ClaimReply {
+    Claimed {
+        tasks: Vec<ClaimedRow>,
+        /// When the earliest delayed task is due (Redis ms).
+        next_due: Option<i64>,
+        /// `max` tasks were claimed: the queue may hold more.
+        more: bool,
+    },
+    /// NodeNotAlive or NodeDraining.
+    Refused(Code),
+}
+
+impl ClaimReply {
+    fn read(r: &mut Reader<'_>) -> Result<ClaimReply, ParsingError> {
+        let code = r.code()?;
+        let next_due = r.int("next_due")?;
+        let more = r.int("more")? == 1;
+        let n = match code {
+            Ok(n) => n,
+            Err(c @ (Code::NodeNotAlive | Code::NodeDraining)) => return Ok(ClaimReply::Refused(c)),
+            Err(c) => return Err(decode_error(format!("claim code {c:?}"))),
+        };
+        let mut tasks = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            tasks.push(ClaimedRow {
+                id: r.text("id")?,
+                token: r.int("token")? as u64,
+                attempt: r.int("attempt")? as u32,
+                payload: r.text("payload")?,
+                max_attempts: r.int("max_attempts")? as u32,
+                timeout_ms: r.int("timeout_ms")? as u64,
+                group: r.text("group")?,
+                priority: r.int("priority")? as i32,
+                created_at: r.int("created_at")?,
+            });
+        }
+        Ok(ClaimReply::Claimed {
+            tasks,
+            next_due: (next_due >= 0).then_some(next_due),
+            more,
+        })
+    }
+}
+
+impl ScriptCall for Claim<'_> {
+    type Reply = ClaimReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![qkey(k, self.queue, "ready")]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![self.queue.to_string(), self.node.to_string(), self.max.to_string()]
+    }
+}
+
+impl FromRedisValue for ClaimReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, ClaimReply::read)
+    }
+}
+
+/// The next task(s) to claim in the same call as a complete or fail.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Next<'a> {
+    /// 0: claim nothing.
+    pub max: u32,
+    /// '' : the finished task's queue.
+    pub queue: &'a str,
+}
+
+// --- complete.lua ---------------------------------------------------------
+
+pub(crate) struct Complete<'a> {
+    pub retention_ms: u64,
+    pub next: Next<'a>,
+    /// id, token, result JSON ('' for none).
+    pub items: &'a [(String, u64, String)],
+}
+
+/// The outcome of one completed item.
+#[derive(Debug, Clone)]
+pub(crate) enum Completed {
+    Succeeded { queue: String, attempt: u32 },
+    Stale { state: String, attempt: u32 },
+    NotFound,
+}
+
+pub(crate) struct CompleteReply {
+    pub items: Vec<Completed>,
+    pub next: Option<ClaimReply>,
+}
+
+impl ScriptCall for Complete<'_> {
+    type Reply = CompleteReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![format!("{}:deadlines", k.prefix())]
+    }
+    fn args(&self) -> Vec<String> {
+        let mut a = Vec::with_capacity(4 + 3 * self.items.len());
+        a.extend([
+            self.retention_ms.to_string(),
+            self.next.max.to_string(),
+            self.next.queue.to_string(),
+            self.items.len().to_string(),
+        ]);
+        for (id, token, result) in self.items {
+            a.extend([id.clone(), token.to_string(), result.clone()]);
+        }
+        a
+    }
+}
+
+impl FromRedisValue for CompleteReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            let mut it = r.array("items")?;
+            let mut items = Vec::with_capacity(it.remaining() / 3);
+            while it.remaining() > 0 {
+                let code = it.code()?;
+                let (state, attempt) = (it.text("state")?, it.int("attempt")? as u32);
+                items.push(match code {
+                    Ok(1) => Completed::Succeeded {
+                        queue: state.split_once(':').map_or("", |(_, q)| q).to_string(),
+                        attempt,
+                    },
+                    Err(Code::Stale) => Completed::Stale { state, attempt },
+                    Err(Code::NotFound) => Completed::NotFound,
+                    other => return Err(decode_error(format!("complete outcome {other:?}"))),
+                });
+            }
+            let mut claim = r.array("claim")?;
+            let next = if claim.remaining() > 0 {
+                Some(ClaimReply::read(&mut claim)?)
+            } else {
+                None
+            };
+            Ok(CompleteReply { items, next })
+        })
+    }
+}
+
+// --- fail.lua ---------------------------------------------------------------
+
+pub(crate) struct Fail<'a> {
+    pub id: &'a str,
+    pub token: u64,
+    pub error: &'a str,
+    pub retryable: bool,
+    pub jitter: f64,
+    pub retention_ms: u64,
+    pub dead_retention_ms: u64,
+    pub next: Next<'a>,
+}
+
+pub(crate) enum FailReply {
+    /// 1: failed (delayed with run_at, or dead); 2: cancelled.
+    Done {
+        state: String,
+        attempt: u32,
+        run_at: Option<i64>,
+        queue: String,
+        next: Option<ClaimReply>,
+    },
+    Stale {
+        state: String,
+        attempt: u32,
+    },
+    NotFound,
+}
+
+impl ScriptCall for Fail<'_> {
+    type Reply = FailReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![tkey(k, self.id)]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.id.to_string(),
+            self.token.to_string(),
+            self.error.to_string(),
+            if self.retryable { "1" } else { "0" }.into(),
+            format!("{:.6}", self.jitter),
+            self.retention_ms.to_string(),
+            self.dead_retention_ms.to_string(),
+            self.next.max.to_string(),
+            self.next.queue.to_string(),
+        ]
+    }
+}
+
+impl FromRedisValue for FailReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            let code = r.code()?;
+            let (state, attempt, run_at, queue) = (
+                r.text("state")?,
+                r.int("attempt")? as u32,
+                r.int("run_at")?,
+                r.text("queue")?,
+            );
+            Ok(match code {
+                Ok(1 | 2) => FailReply::Done {
+                    state,
+                    attempt,
+                    run_at: (run_at > 0).then_some(run_at),
+                    queue,
+                    next: if r.remaining() > 0 {
+                        Some(ClaimReply::read(r)?)
+                    } else {
+                        None
+                    },
+                },
+                Err(Code::Stale) => FailReply::Stale { state, attempt },
+                Err(Code::NotFound) => FailReply::NotFound,
+                other => return Err(decode_error(format!("fail outcome {other:?}"))),
+            })
+        })
+    }
+}
+
+// --- heartbeat.lua ----------------------------------------------------------
+
+pub(crate) struct Heartbeat<'a> {
+    pub id: &'a str,
+    pub token: u64,
+    pub progress: Option<u8>,
+    pub fields: Option<String>,
+}
+
+pub(crate) enum HeartbeatReply {
+    Ok { cancel_requested: bool },
+    Stale { state: String },
+    NotFound,
+}
+
+impl ScriptCall for Heartbeat<'_> {
+    type Reply = HeartbeatReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![tkey(k, self.id)]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.id.to_string(),
+            self.token.to_string(),
+            self.progress.map(|p| p.to_string()).unwrap_or_default(),
+            self.fields.clone().unwrap_or_default(),
+        ]
+    }
+}
+
+impl FromRedisValue for HeartbeatReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            let code = r.code()?;
+            let state = r.text("state")?;
+            let cancel = r.int("cancel_requested")?;
+            Ok(match code {
+                Ok(_) => HeartbeatReply::Ok {
+                    cancel_requested: cancel == 1,
+                },
+                Err(Code::Stale) => HeartbeatReply::Stale { state },
+                Err(Code::NotFound) => HeartbeatReply::NotFound,
+                other => return Err(decode_error(format!("heartbeat outcome {other:?}"))),
+            })
+        })
+    }
+}
+
+// --- cancel.lua, retry.lua, delete.lua: {code, state} -----------------------
+
+/// The reply of a script answering `{code, state}`.
+pub(crate) struct CodeState {
+    pub code: Result<i64, Code>,
+    pub state: String,
+}
+
+impl FromRedisValue for CodeState {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            Ok(CodeState {
+                code: r.code()?,
+                state: r.text("state")?,
+            })
+        })
+    }
+}
+
+pub(crate) struct Cancel<'a> {
+    pub id: &'a str,
+    pub retention_ms: u64,
+    pub actor: &'a str,
+}
+
+impl ScriptCall for Cancel<'_> {
+    type Reply = CodeState;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![tkey(k, self.id)]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.id.to_string(),
+            self.retention_ms.to_string(),
+            self.actor.to_string(),
+        ]
+    }
+}
+
+pub(crate) struct Retry<'a> {
+    pub id: &'a str,
+    pub actor: &'a str,
+    pub max_queues: u32,
+}
+
+impl ScriptCall for Retry<'_> {
+    type Reply = CodeState;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![tkey(k, self.id)]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![self.id.to_string(), self.actor.to_string(), self.max_queues.to_string()]
+    }
+}
+
+pub(crate) struct Delete<'a> {
+    pub id: &'a str,
+    pub actor: &'a str,
+}
+
+impl ScriptCall for Delete<'_> {
+    type Reply = CodeState;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![tkey(k, self.id)]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![self.id.to_string(), self.actor.to_string()]
+    }
+}
+
+// --- pause.lua, set_group.lua ------------------------------------------------
+
+pub(crate) struct Pause<'a> {
+    pub queue: &'a str,
+    pub paused: bool,
+    pub actor: &'a str,
+    pub max_queues: u32,
+}
+
+/// `1` changed, `0` already so, or a refusal.
+pub(crate) struct Outcome(pub Result<i64, Code>);
+
+impl FromRedisValue for Outcome {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| Ok(Outcome(r.code()?)))
+    }
+}
+
+impl ScriptCall for Pause<'_> {
+    type Reply = Outcome;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![qkey(k, self.queue, "meta")]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.queue.to_string(),
+            if self.paused { "1" } else { "0" }.into(),
+            self.actor.to_string(),
+            self.max_queues.to_string(),
+        ]
+    }
+}
+
+pub(crate) struct SetGroup<'a> {
+    pub group: &'a str,
+    pub limit: Option<u32>,
+    pub max_groups: u32,
+    pub actor: &'a str,
+}
+
+pub(crate) struct SetGroupReply {
+    pub code: Result<i64, Code>,
+    pub running: u64,
+}
+
+impl FromRedisValue for SetGroupReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            Ok(SetGroupReply {
+                code: r.code()?,
+                running: r.int("running")? as u64,
+            })
+        })
+    }
+}
+
+impl ScriptCall for SetGroup<'_> {
+    type Reply = SetGroupReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![format!("{}:group_limits", k.prefix())]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.group.to_string(),
+            self.limit.map(|l| l.to_string()).unwrap_or_default(),
+            self.max_groups.to_string(),
+            self.actor.to_string(),
+        ]
+    }
+}
+
+// --- janitor.lua, trim_dead.lua, counts.lua, list_queued.lua -----------------
+
+pub(crate) struct Janitor<'a> {
+    pub queue: &'a str,
+    pub retention_ms: u64,
+    pub dead_retention_ms: u64,
+}
+
+impl ScriptCall for Janitor<'_> {
+    /// promoted, trimmed, forgotten, queued, delayed, running, dead.
+    type Reply = Vec<i64>;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![qkey(k, self.queue, "meta")]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.queue.to_string(),
+            self.retention_ms.to_string(),
+            self.dead_retention_ms.to_string(),
+        ]
+    }
+}
+
+pub(crate) struct TrimDead {
+    pub dead_retention_ms: u64,
+}
+
+impl ScriptCall for TrimDead {
+    /// Entries removed.
+    type Reply = i64;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![format!("{}:dead", k.prefix())]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![self.dead_retention_ms.to_string()]
+    }
+}
+
+pub(crate) struct Counts<'a> {
+    pub queues: &'a [String],
+}
+
+/// One queue's counts, as counts.lua reads them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CountsRow {
+    pub queued: u64,
+    pub delayed: u64,
+    pub running: u64,
+    pub dead: u64,
+    pub succeeded: u64,
+    pub cancelled: u64,
+    pub finished_last_minute: u64,
+    pub paused: bool,
+}
+
+pub(crate) struct CountsReply(pub Vec<CountsRow>);
+
+impl ScriptCall for Counts<'_> {
+    type Reply = CountsReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![format!("{}:queues", k.prefix())]
+    }
+    fn args(&self) -> Vec<String> {
+        self.queues.to_vec()
+    }
+}
+
+impl FromRedisValue for CountsReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            let _now = r.int("now")?;
+            let mut out = Vec::new();
+            while r.remaining() > 0 {
+                let mut n = |what| r.int(what).map(|v| v as u64);
+                let row = CountsRow {
+                    queued: n("queued")?,
+                    delayed: n("delayed")?,
+                    running: n("running")?,
+                    dead: n("dead")?,
+                    succeeded: n("succeeded")?,
+                    cancelled: n("cancelled")?,
+                    finished_last_minute: n("finished")?,
+                    paused: r.text("paused")? == "1",
+                };
+                let _groups = r.int("groups")?;
+                let _reserved = r.int("reserved")?;
+                out.push(row);
+            }
+            Ok(CountsReply(out))
+        })
+    }
+}
+
+pub(crate) struct ListQueued<'a> {
+    pub queue: &'a str,
+    pub offset: usize,
+    pub limit: usize,
+}
+
+pub(crate) struct ListQueuedReply {
+    pub total: u64,
+    pub ids: Vec<String>,
+}
+
+impl ScriptCall for ListQueued<'_> {
+    type Reply = ListQueuedReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![qkey(k, self.queue, "ready")]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![self.queue.to_string(), self.offset.to_string(), self.limit.to_string()]
+    }
+}
+
+impl FromRedisValue for ListQueuedReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            let total = r.int("total")? as u64;
+            let mut ids = Vec::with_capacity(r.remaining());
+            while r.remaining() > 0 {
+                ids.push(r.text("id")?);
+            }
+            Ok(ListQueuedReply { total, ids })
+        })
+    }
+}

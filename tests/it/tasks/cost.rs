@@ -1,0 +1,128 @@
+//! Per-task Redis cost (issue 13): a one-at-a-time worker completes a task
+//! and claims its next one in the same call, and a ready task wakes only as
+//! many waiting claimers as it can serve.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::*;
+use crate::tasks::{claim, join, submit};
+
+/// Calls of one Redis command so far (commands run inside scripts count).
+async fn calls(redis: &TestRedis, cmd: &str) -> i64 {
+    let info: String = redis.cmd(&["INFO", "commandstats"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_and_fail_can_claim_the_next_task_in_the_same_call() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    for i in 0..3 {
+        submit(&a, "nx", json!({"payload": {"i": i}})).await;
+    }
+    let t = claim(&a, "nx", "w", 1, 0).await;
+    let (s, r) = a
+        .post(
+            &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
+            json!({"token": t[0]["token"], "next": {}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["state"], "succeeded", "{r}");
+    let next = &r["next"]["tasks"];
+    assert_eq!(next.as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(next[0]["payload"]["i"], 1, "FIFO: the next task in line");
+    assert!(
+        next[0]["token"].as_u64().unwrap() > t[0]["token"].as_u64().unwrap(),
+        "G1: a newer token"
+    );
+    // fail with next: the failed task is retried later, the next one runs now.
+    let (s, r) = a
+        .post(
+            &format!("/api/v1/tasks/{}/fail", next[0]["id"].as_str().unwrap()),
+            json!({"token": next[0]["token"], "error": "boom", "next": {"max": 5}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["state"], "delayed", "{r}");
+    assert_eq!(r["next"]["tasks"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["next"]["tasks"][0]["payload"]["i"], 2);
+    // A stale token claims nothing and changes nothing.
+    let third = r["next"]["tasks"][0].clone();
+    let (s, _) = a
+        .post(
+            &format!("/api/v1/tasks/{}/complete", third["id"].as_str().unwrap()),
+            json!({"token": third["token"].as_u64().unwrap() - 1, "next": {}}),
+        )
+        .await;
+    assert_eq!(s, 409);
+    // A draining worker completes but is told why it gets nothing next.
+    let (s, _) = a.post("/api/v1/nodes/w/drain", json!({})).await;
+    assert_eq!(s, 204);
+    submit(&a, "nx", json!({})).await;
+    let (s, r) = a
+        .post(
+            &format!("/api/v1/tasks/{}/complete", third["id"].as_str().unwrap()),
+            json!({"token": third["token"], "next": {}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert!(r["next"]["tasks"].as_array().unwrap().is_empty(), "{r}");
+    assert!(r["next"]["refused"].as_str().unwrap().contains("draining"), "{r}");
+    // Bad input is refused before anything happens.
+    let (s, _) = a
+        .post(
+            &format!("/api/v1/tasks/{}/complete", third["id"].as_str().unwrap()),
+            json!({"token": third["token"], "next": {"max": 0}}),
+        )
+        .await;
+    assert_eq!(s, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_task_wakes_one_waiting_claimer_not_all_of_them() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    // Eight long-polling claimers on an empty queue.
+    let mut waiting = Vec::new();
+    for _ in 0..8 {
+        let http = a.http.clone();
+        let url = format!("{}/api/v1/queues/herd/claim", a.url);
+        waiting.push(tokio::spawn(async move {
+            http.post(&url)
+                .json(&json!({"node": "w", "max": 1, "wait_ms": 20_000}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }));
+    }
+    // Each ran its first (empty) claim (a claim pops the ready set once).
+    let armed = wait_until(Duration::from_secs(10), || async {
+        calls(&redis, "zpopmin").await >= 8
+    })
+    .await;
+    assert!(armed);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = calls(&redis, "zpopmin").await;
+    submit(&a, "herd", json!({})).await;
+    let served = wait_until(Duration::from_secs(5), || async {
+        waiting.iter().any(|h| h.is_finished())
+    })
+    .await;
+    assert!(served, "one claimer got the task");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let runs = calls(&redis, "zpopmin").await - before;
+    assert!(runs <= 2, "one task woke {runs} claims (every waiter: a herd)");
+    assert_eq!(waiting.iter().filter(|h| h.is_finished()).count(), 1);
+    for h in waiting {
+        h.abort();
+    }
+}
