@@ -37,6 +37,10 @@ const REPLAY_PAGE: usize = 500;
 const BATCH: usize = 256;
 
 /// The writing half of one client, with what it has queued so far.
+/// The least time a lagged client gets to read what was queued before its
+/// `lagged` message, and the message.
+const LAGGED_WITHIN: Duration = Duration::from_secs(5);
+
 struct Out {
     sink: SplitSink<WebSocket, Message>,
     within: Duration,
@@ -49,10 +53,14 @@ struct Out {
 }
 
 impl Out {
-    /// Queues an event (no system call yet).
-    async fn feed(&mut self, ev: &Event) -> bool {
-        if self.sink.feed(Message::Text(ev.frame())).await.is_err() {
-            return false;
+    /// Queues an event (no system call yet, unless the socket's write
+    /// buffer is full: then it waits for the client, at most `within`).
+    /// Errs with how the session ends when the event could not be queued.
+    async fn feed(&mut self, ev: &Event) -> Result<(), End> {
+        match tokio::time::timeout(self.within, self.sink.feed(Message::Text(ev.frame()))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(End::Gone),
+            Err(_) => return Err(End::Lagged),
         }
         self.relayed.increment(1);
         let now_ms = std::time::SystemTime::now()
@@ -60,7 +68,7 @@ impl Out {
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
         self.lag.record(((now_ms - ev.ts).max(0) as f64) / 1000.0);
-        true
+        Ok(())
     }
 
     /// Records that every event up to `id` was handled (queued or filtered out).
@@ -74,8 +82,12 @@ impl Out {
     }
 
     async fn send_text(&mut self, text: String) -> bool {
+        self.send_text_within(text, self.within).await
+    }
+
+    async fn send_text_within(&mut self, text: String, within: Duration) -> bool {
         matches!(
-            tokio::time::timeout(self.within, self.sink.send(Message::Text(Utf8Bytes::from(text)))).await,
+            tokio::time::timeout(within, self.sink.send(Message::Text(Utf8Bytes::from(text)))).await,
             Ok(Ok(()))
         )
     }
@@ -148,9 +160,16 @@ pub async fn serve(
             metrics::counter!("muster_ws_lagged_total").increment(1);
             // Only when even the stream's end could not be read: from the start.
             let last = out.upto.unwrap_or(StreamId(0, 0)).to_string();
+            // The `lagged` message goes out behind everything already
+            // queued, which a client that was slow takes a while to read: it
+            // gets at least LAGGED_WITHIN for that (the permit is held
+            // meanwhile), so a client that reads at all learns why it is
+            // closed. One that reads nothing resumes from the last event it
+            // got, which is as good.
+            let within = out.within.max(LAGGED_WITHIN);
             let bye = async {
                 if out
-                    .send_text(json!({"type": "lagged", "last_id": last}).to_string())
+                    .send_text_within(json!({"type": "lagged", "last_id": last}).to_string(), within)
                     .await
                 {
                     let close = Message::Close(Some(CloseFrame {
@@ -215,8 +234,10 @@ async fn session(
             };
             let n = page.len();
             for ev in &page {
-                if filter.matches(ev) && !out.feed(ev).await {
-                    return End::Gone;
+                if filter.matches(ev) {
+                    if let Err(end) = out.feed(ev).await {
+                        return end;
+                    }
                 }
                 last = ev.sid.or(last);
                 out.handled(ev.sid);
@@ -259,8 +280,8 @@ async fn session(
                     }
                     last = ev.sid.or(last);
                     if filter.matches(ev) {
-                        if !out.feed(ev).await {
-                            return End::Gone;
+                        if let Err(end) = out.feed(ev).await {
+                            return end;
                         }
                         queued = true;
                     }
