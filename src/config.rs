@@ -629,8 +629,6 @@ impl Config {
         Ok(())
     }
 
-    /// `[redis]` topology keys and `[failover]`: at most one way to find the
-    /// master, and complete settings for the one chosen.
     /// Settings that work but are unwise, for the log at start.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -647,6 +645,8 @@ impl Config {
         out
     }
 
+    /// `[redis]` topology keys and `[failover]`: at most one way to find the
+    /// master, and complete settings for the one chosen.
     fn validate_topology(&self) -> Result<(), ConfigError> {
         let err = |key: &str, msg: &str| Err(ConfigError(format!("invalid value for key `{key}`: {msg}")));
         let r = &self.redis;

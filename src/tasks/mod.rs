@@ -80,6 +80,13 @@ pub enum TaskError {
     NodeNotAlive(String),
     #[error("node `{0}` is draining (or has left) and takes no new work")]
     NodeDraining(String),
+    #[error(
+        "the finished task's owner is not registered or its heartbeat expired: heartbeat it \
+         (PUT /api/v1/nodes/{{id}}/heartbeat), then claim"
+    )]
+    OwnerNotAlive,
+    #[error("the finished task's owner is draining (or has left) and takes no new work")]
+    OwnerDraining,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -100,7 +107,9 @@ impl From<TaskError> for ApiError {
             TaskError::TooManyQueues(_)
             | TaskError::TooManyGroups(_)
             | TaskError::NodeNotAlive(_)
-            | TaskError::NodeDraining(_) => ApiError::conflict(e.to_string(), serde_json::Value::Null),
+            | TaskError::NodeDraining(_)
+            | TaskError::OwnerNotAlive
+            | TaskError::OwnerDraining => ApiError::conflict(e.to_string(), serde_json::Value::Null),
             TaskError::Store(s) => s.into(),
         }
     }
@@ -184,8 +193,6 @@ pub struct ClaimResult {
 pub struct NextClaim {
     pub max: u32,
     pub queue: Option<String>,
-    /// The owner (the caller's worker id), for error messages.
-    pub owner: Option<String>,
 }
 
 /// The outcome of a complete, fail or heartbeat.
@@ -433,14 +440,21 @@ impl Tasks {
             .store
             .run(&self.scripts.claim, &scripts::Claim { queue, node, max })
             .await?;
-        self.claimed(queue, node, reply)
+        self.claimed(queue, Some(node), reply)
     }
 
     /// Turns a claim reply into tasks, counting them (and empty claims).
-    fn claimed(&self, queue: &str, node: &str, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
+    /// A claim's reply; `node` None: the claim was for a finished task's owner.
+    fn claimed(&self, queue: &str, node: Option<&str>, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
         match reply {
-            ClaimReply::Refused(Code::NodeDraining) => Err(TaskError::NodeDraining(node.into())),
-            ClaimReply::Refused(_) => Err(TaskError::NodeNotAlive(node.into())),
+            ClaimReply::Refused(Code::NodeDraining) => Err(match node {
+                Some(n) => TaskError::NodeDraining(n.into()),
+                None => TaskError::OwnerDraining,
+            }),
+            ClaimReply::Refused(_) => Err(match node {
+                Some(n) => TaskError::NodeNotAlive(n.into()),
+                None => TaskError::OwnerNotAlive,
+            }),
             ClaimReply::Claimed { tasks, next_due, more } => {
                 if tasks.is_empty() {
                     metrics::counter!("muster_claims_empty_total").increment(1);
@@ -514,10 +528,9 @@ impl Tasks {
         for (label, n) in done {
             metrics::counter!("muster_tasks_succeeded_total", "queue" => label).increment(n);
         }
-        let claimed = reply.next.map(|c| {
-            let owner = next.owner.as_deref().unwrap_or("");
-            self.claimed(claim_queue.as_deref().unwrap_or(""), owner, c)
-        });
+        let claimed = reply
+            .next
+            .map(|c| self.claimed(claim_queue.as_deref().unwrap_or(""), None, c));
         Ok((out, claimed))
     }
 
@@ -567,9 +580,8 @@ impl Tasks {
                 if state == "dead" {
                     metrics::counter!("muster_tasks_dead_total", "queue" => label).increment(1);
                 }
-                let owner = next.owner.as_deref().unwrap_or("");
                 let claim_queue = next.queue.as_deref().unwrap_or(&queue);
-                let claimed = claimed.map(|c| self.claimed(claim_queue, owner, c));
+                let claimed = claimed.map(|c| self.claimed(claim_queue, None, c));
                 Ok((
                     Finished {
                         id: id.into(),

@@ -588,9 +588,12 @@ pub struct FinishedNext {
     pub next: Option<NextTasks>,
 }
 
-fn next_claim(next: Option<NextRequest>) -> Result<super::NextClaim> {
+/// What a complete or fail with `next` claims, or, when this node refuses
+/// work now (draining, stopping, cut off from Redis: the same reasons a claim
+/// gets 503 for), why it claims nothing. The finish itself still runs.
+fn next_claim(s: &AppState, next: Option<NextRequest>) -> Result<(super::NextClaim, Option<String>)> {
     let Some(n) = next else {
-        return Ok(super::NextClaim::default());
+        return Ok((super::NextClaim::default(), None));
     };
     let max = n.max.unwrap_or(1);
     if !(1..=1000).contains(&max) {
@@ -599,14 +602,22 @@ fn next_claim(next: Option<NextRequest>) -> Result<super::NextClaim> {
     if let Some(q) = &n.queue {
         validate::name("next.queue", q)?;
     }
-    Ok(super::NextClaim {
-        max,
-        queue: n.queue,
-        owner: Some("this task's owner".into()),
-    })
+    if let Some(why) = s.health.refuses_work() {
+        return Ok((super::NextClaim::default(), Some(format!("{why}; claim through another node"))));
+    }
+    Ok((super::NextClaim { max, queue: n.queue }, None))
 }
 
-fn next_tasks(claimed: Option<std::result::Result<super::ClaimResult, TaskError>>) -> Option<NextTasks> {
+fn next_tasks(
+    claimed: Option<std::result::Result<super::ClaimResult, TaskError>>,
+    refused_here: Option<String>,
+) -> Option<NextTasks> {
+    if let Some(why) = refused_here {
+        return Some(NextTasks {
+            tasks: Vec::new(),
+            refused: Some(why),
+        });
+    }
     claimed.map(|c| match c {
         Ok(r) => NextTasks {
             tasks: r.tasks,
@@ -648,12 +659,12 @@ async fn complete_task(
     caller.require(Role::Worker)?;
     check_task_id(&id)?;
     let result = result_text(&s, req.result)?;
-    let next = next_claim(req.next)?;
+    let (next, refused_here) = next_claim(&s, req.next)?;
     let (out, claimed) = s.tasks.complete_then(&[(id.clone(), req.token, result)], next).await?;
     match out.into_iter().next() {
         Some(r) => Ok(Json(FinishedNext {
             finished: r?,
-            next: next_tasks(claimed),
+            next: next_tasks(claimed, refused_here),
         })),
         None => Err(ApiError::internal("complete returned nothing")),
     }
@@ -823,14 +834,14 @@ async fn fail_task(
         }
         error.truncate(cut);
     }
-    let next = next_claim(req.next)?;
+    let (next, refused_here) = next_claim(&s, req.next)?;
     let (finished, claimed) = s
         .tasks
         .fail_then(&id, req.token, &error, req.retry.unwrap_or(true), next)
         .await?;
     Ok(Json(FinishedNext {
         finished,
-        next: next_tasks(claimed),
+        next: next_tasks(claimed, refused_here),
     }))
 }
 

@@ -189,7 +189,8 @@ async fn a_long_ttl_worker_keeps_its_lock_and_double_barrier_place_across_a_stal
 }
 
 /// Issue 15 #11: a node that must not hand out work (draining here; its own
-/// heartbeat failing likewise) answers claims with 503.
+/// heartbeat failing likewise) answers claims with 503, and claims nothing
+/// for a complete's `next`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_node_refuses_claims_through_it() {
     let redis = TestRedis::start();
@@ -214,5 +215,20 @@ async fn a_draining_node_refuses_claims_through_it() {
     assert_eq!(s, 503);
     assert!(r["detail"].as_str().unwrap().contains("draining"), "{r}");
     // Another node still hands the task out.
-    assert_eq!(claim(&b, "nd", "w", 1, 0).await.len(), 1);
+    let t = claim(&b, "nd", "w", 1, 0).await;
+    assert_eq!(t.len(), 1);
+    // A complete through the draining node still completes, but its `next`
+    // claims nothing there and says why, as a claim would.
+    submit(&a, "nd", json!({})).await;
+    let (s, r) = a
+        .post(
+            &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
+            json!({"token": t[0]["token"], "next": {"max": 1}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["state"], "succeeded", "{r}");
+    assert_eq!(r["next"]["tasks"], json!([]), "{r}");
+    assert!(r["next"]["refused"].as_str().unwrap().contains("draining"), "{r}");
+    assert_eq!(claim(&b, "nd", "w", 1, 0).await.len(), 1, "the next task is still queued");
 }
