@@ -573,8 +573,9 @@ pub struct NextRequest {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct NextTasks {
     pub tasks: Vec<Claimed>,
-    /// Why nothing was claimed although tasks may be waiting (the worker is
-    /// not registered, or is draining); absent when the claim ran.
+    /// Why nothing was claimed although tasks may be waiting: the worker is
+    /// not registered or is draining, or this node refuses work now (it is
+    /// draining, stopping, or cannot heartbeat); absent when the claim ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
 }
