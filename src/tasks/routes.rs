@@ -604,7 +604,10 @@ fn next_claim(s: &AppState, next: Option<NextRequest>) -> Result<(super::NextCla
         validate::name("next.queue", q)?;
     }
     if let Some(why) = s.health.refuses_work() {
-        return Ok((super::NextClaim::default(), Some(format!("{why}; claim through another node"))));
+        return Ok((
+            super::NextClaim::default(),
+            Some(format!("{why}; claim through another node")),
+        ));
     }
     Ok((super::NextClaim { max, queue: n.queue }, None))
 }

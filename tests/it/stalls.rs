@@ -230,5 +230,9 @@ async fn a_draining_node_refuses_claims_through_it() {
     assert_eq!(r["state"], "succeeded", "{r}");
     assert_eq!(r["next"]["tasks"], json!([]), "{r}");
     assert!(r["next"]["refused"].as_str().unwrap().contains("draining"), "{r}");
-    assert_eq!(claim(&b, "nd", "w", 1, 0).await.len(), 1, "the next task is still queued");
+    assert_eq!(
+        claim(&b, "nd", "w", 1, 0).await.len(),
+        1,
+        "the next task is still queued"
+    );
 }
