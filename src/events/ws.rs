@@ -234,10 +234,10 @@ async fn session(
             };
             let n = page.len();
             for ev in &page {
-                if filter.matches(ev) {
-                    if let Err(end) = out.feed(ev).await {
-                        return end;
-                    }
+                if filter.matches(ev)
+                    && let Err(end) = out.feed(ev).await
+                {
+                    return end;
                 }
                 last = ev.sid.or(last);
                 out.handled(ev.sid);
