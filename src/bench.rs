@@ -379,7 +379,11 @@ async fn phase(
                 }
                 let (res, k) = if use_next {
                     let t = held.remove(0);
-                    let body = json!({"token": t["token"], "result": true, "next": {"max": 1}});
+                    // On an empty queue the complete waits for the next
+                    // task itself, as a long-poll claim would.
+                    let wait = if long_poll { 200 } else { 0 };
+                    let next = json!({"max": 1, "queue": queue, "wait_ms": wait});
+                    let body = json!({"token": t["token"], "result": true, "next": next});
                     let id = t["id"].as_str().unwrap_or("");
                     (client.post(&format!("/api/v1/tasks/{id}/complete"), &body).await, 1)
                 } else {

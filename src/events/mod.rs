@@ -202,6 +202,11 @@ impl QueueWaiter<'_> {
         self.notify.notified()
     }
 
+    /// The queue waited on.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
     /// Passes a wake-up on to another waiter of this queue: a claim that
     /// took its `max` tasks may have left more behind.
     pub fn wake_another(&self) {

@@ -80,13 +80,7 @@ pub enum TaskError {
     NodeNotAlive(String),
     #[error("node `{0}` is draining (or has left) and takes no new work")]
     NodeDraining(String),
-    #[error(
-        "the finished task's owner is not registered or its heartbeat expired: heartbeat it \
-         (PUT /api/v1/nodes/{{id}}/heartbeat), then claim"
-    )]
-    OwnerNotAlive,
-    #[error("the finished task's owner is draining (or has left) and takes no new work")]
-    OwnerDraining,
+
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -107,9 +101,7 @@ impl From<TaskError> for ApiError {
             TaskError::TooManyQueues(_)
             | TaskError::TooManyGroups(_)
             | TaskError::NodeNotAlive(_)
-            | TaskError::NodeDraining(_)
-            | TaskError::OwnerNotAlive
-            | TaskError::OwnerDraining => ApiError::conflict(e.to_string(), serde_json::Value::Null),
+            | TaskError::NodeDraining(_) => ApiError::conflict(e.to_string(), serde_json::Value::Null),
             TaskError::Store(s) => s.into(),
         }
     }
@@ -184,6 +176,16 @@ pub struct ClaimResult {
     pub next_due: Option<i64>,
     /// `max` tasks were claimed: the queue may hold more.
     pub more: bool,
+}
+
+/// What a complete or fail claimed next: for whom, from which queue, and
+/// the outcome.
+#[derive(Debug)]
+pub struct NextClaimed {
+    /// The finished task's owner.
+    pub owner: String,
+    pub queue: String,
+    pub result: Result<ClaimResult, TaskError>,
 }
 
 /// What a complete or fail should claim next, in the same call: up to `max`
@@ -440,21 +442,14 @@ impl Tasks {
             .store
             .run(&self.scripts.claim, &scripts::Claim { queue, node, max })
             .await?;
-        self.claimed(queue, Some(node), reply)
+        self.claimed(queue, node, reply)
     }
 
     /// Turns a claim reply into tasks, counting them (and empty claims).
-    /// A claim's reply; `node` None: the claim was for a finished task's owner.
-    fn claimed(&self, queue: &str, node: Option<&str>, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
+    fn claimed(&self, queue: &str, node: &str, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
         match reply {
-            ClaimReply::Refused(Code::NodeDraining) => Err(match node {
-                Some(n) => TaskError::NodeDraining(n.into()),
-                None => TaskError::OwnerDraining,
-            }),
-            ClaimReply::Refused(_) => Err(match node {
-                Some(n) => TaskError::NodeNotAlive(n.into()),
-                None => TaskError::OwnerNotAlive,
-            }),
+            ClaimReply::Refused(Code::NodeDraining) => Err(TaskError::NodeDraining(node.into())),
+            ClaimReply::Refused(_) => Err(TaskError::NodeNotAlive(node.into())),
             ClaimReply::Claimed { tasks, next_due, more } => {
                 if tasks.is_empty() {
                     metrics::counter!("muster_claims_empty_total").increment(1);
@@ -496,7 +491,7 @@ impl Tasks {
         &self,
         items: &[(String, u64, String)],
         next: NextClaim,
-    ) -> Result<(Vec<Result<Finished, TaskError>>, Option<Result<ClaimResult, TaskError>>), TaskError> {
+    ) -> Result<(Vec<Result<Finished, TaskError>>, Option<NextClaimed>), TaskError> {
         let call = scripts::Complete {
             retention_ms: self.cfg.retention_ms,
             next: scripts::Next {
@@ -528,9 +523,14 @@ impl Tasks {
         for (label, n) in done {
             metrics::counter!("muster_tasks_succeeded_total", "queue" => label).increment(n);
         }
-        let claimed = reply
-            .next
-            .map(|c| self.claimed(claim_queue.as_deref().unwrap_or(""), None, c));
+        let claimed = reply.next.map(|c| {
+            let queue = claim_queue.unwrap_or_default();
+            NextClaimed {
+                result: self.claimed(&queue, &c.owner, c.claim),
+                owner: c.owner,
+                queue,
+            }
+        });
         Ok((out, claimed))
     }
 
@@ -551,7 +551,7 @@ impl Tasks {
         error: &str,
         retryable: bool,
         next: NextClaim,
-    ) -> Result<(Finished, Option<Result<ClaimResult, TaskError>>), TaskError> {
+    ) -> Result<(Finished, Option<NextClaimed>), TaskError> {
         let call = scripts::Fail {
             id,
             token,
@@ -580,8 +580,12 @@ impl Tasks {
                 if state == "dead" {
                     metrics::counter!("muster_tasks_dead_total", "queue" => label).increment(1);
                 }
-                let claim_queue = next.queue.as_deref().unwrap_or(&queue);
-                let claimed = claimed.map(|c| self.claimed(claim_queue, None, c));
+                let claim_queue = next.queue.clone().unwrap_or_else(|| queue.clone());
+                let claimed = claimed.map(|c| NextClaimed {
+                    result: self.claimed(&claim_queue, &c.owner, c.claim),
+                    owner: c.owner,
+                    queue: claim_queue,
+                });
                 Ok((
                     Finished {
                         id: id.into(),

@@ -1,6 +1,9 @@
 //! REST routes of the task store.
 
+use std::pin::Pin;
 use std::time::{Duration, Instant};
+
+use tokio::sync::futures::Notified;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -12,11 +15,14 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{Claimed, Finished, GroupInfo, QueueStats, STATES, Submitted, Task, TaskError, TaskPage, TaskSpec};
+use super::{
+    ClaimResult, Claimed, Finished, GroupInfo, QueueStats, STATES, Submitted, Task, TaskError, TaskPage, TaskSpec,
+};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::config::Role;
 use crate::error::{ApiError, Result};
+use crate::events::QueueWaiter;
 use crate::http::{ApiJson, ApiQuery, OptJson, no_content};
 use crate::validate;
 
@@ -290,22 +296,57 @@ async fn claim_tasks(
     // Dropped on every way out, including the client going away mid-wait
     // (then hyper drops this future).
     let waiter = s.bus.wakers.wait(&queue);
-    loop {
-        let notified = waiter.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
+    let notified = armed(&waiter);
+    let r = claim_until(&s, &queue, &req.node, max, deadline, &waiter, notified, None).await?;
+    if r.tasks.is_empty() {
+        return Ok(no_content());
+    }
+    Ok(Json(ClaimResponse { tasks: r.tasks }).into_response())
+}
+
+/// A wake-up of `waiter`'s queue, enabled now: a wake-up from here on is
+/// not lost, even before it is awaited. Arm it before the claim it follows.
+fn armed<'a>(waiter: &'a QueueWaiter<'_>) -> Pin<Box<Notified<'a>>> {
+    let mut n = Box::pin(waiter.notified());
+    n.as_mut().enable();
+    n
+}
+
+/// A long-poll claim: claims up to `max` tasks of `queue` for `node` until
+/// it gets some, `deadline` passes or the node stops (then the result is
+/// empty). `first` is a claim already made (by a complete's or fail's
+/// `next`), after `notified` was armed; None: claim first.
+#[allow(clippy::too_many_arguments)]
+async fn claim_until<'a>(
+    s: &AppState,
+    queue: &str,
+    node: &str,
+    max: u32,
+    deadline: Instant,
+    waiter: &'a QueueWaiter<'_>,
+    mut notified: Pin<Box<Notified<'a>>>,
+    first: Option<ClaimResult>,
+) -> Result<ClaimResult> {
+    let claim = || async {
         let started = Instant::now();
-        let r = s.tasks.claim(&queue, &req.node, max).await?;
+        let r = s.tasks.claim(queue, node, max).await;
         metrics::histogram!("muster_claim_duration_seconds").record(started.elapsed().as_secs_f64());
+        r
+    };
+    let mut r = match first {
+        Some(r) => r,
+        None => claim().await?,
+    };
+    loop {
         if !r.tasks.is_empty() {
             if r.more {
                 waiter.wake_another();
             }
-            return Ok(Json(ClaimResponse { tasks: r.tasks }).into_response());
+            return Ok(r);
         }
         let now = Instant::now();
         if now >= deadline {
-            return Ok(no_content());
+            return Ok(r);
         }
         // Sleep until woken by an event, the next delayed task is due, the
         // deadline passes, or the node stops. The 2 s cap is a safety net
@@ -319,10 +360,12 @@ async fn claim_tasks(
             until = until.min(now + Duration::from_millis(in_ms + 1));
         }
         tokio::select! {
-            _ = &mut notified => {}
+            _ = notified.as_mut() => {}
             _ = tokio::time::sleep_until(until.into()) => {}
-            _ = s.shutdown.cancelled() => return Ok(no_content()),
+            _ = s.shutdown.cancelled() => return Ok(r),
         }
+        notified = armed(waiter);
+        r = claim().await?;
     }
 }
 
@@ -557,8 +600,8 @@ pub struct CompleteRequest {
 }
 
 /// What to claim next, for the task's owner, in the same call as a complete
-/// or fail. Never waits: when nothing is claimable `next.tasks` is empty and
-/// the worker long-polls `claim` as usual.
+/// or fail. When nothing is claimable `next.tasks` is empty, at once or, with
+/// `wait_ms`, when the wait ends; the worker then long-polls `claim` as usual.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NextRequest {
@@ -567,6 +610,13 @@ pub struct NextRequest {
     pub max: Option<u32>,
     /// The queue to claim from; default the finished task's queue.
     pub queue: Option<String>,
+    /// 0 to 30000; default 0. When nothing is claimable, wait up to this
+    /// long for a task, as a claim's `wait_ms` does: the finish is applied at
+    /// once, and the answer comes with the task or when the wait ends. With
+    /// `queue` given this costs no more Redis calls than the task needs;
+    /// without it, one more claim.
+    #[schema(minimum = 0, maximum = 30000)]
+    pub wait_ms: Option<u64>,
 }
 
 /// The task(s) claimed next by a complete or fail that asked for them.
@@ -589,12 +639,23 @@ pub struct FinishedNext {
     pub next: Option<NextTasks>,
 }
 
-/// What a complete or fail with `next` claims, or, when this node refuses
-/// work now (draining, stopping, cut off from Redis: the same reasons a claim
-/// gets 503 for), why it claims nothing. The finish itself still runs.
-fn next_claim(s: &AppState, next: Option<NextRequest>) -> Result<(super::NextClaim, Option<String>)> {
+/// What a complete or fail with `next` asks for.
+struct NextAsk {
+    claim: super::NextClaim,
+    /// Why this node claims nothing now (draining, stopping, cut off from
+    /// Redis: the same reasons a claim gets 503 for). The finish still runs.
+    refused_here: Option<String>,
+    /// How long to wait for a task when none is claimable.
+    wait: Duration,
+}
+
+fn next_ask(s: &AppState, next: Option<NextRequest>) -> Result<NextAsk> {
     let Some(n) = next else {
-        return Ok((super::NextClaim::default(), None));
+        return Ok(NextAsk {
+            claim: super::NextClaim::default(),
+            refused_here: None,
+            wait: Duration::ZERO,
+        });
     };
     let max = n.max.unwrap_or(1);
     if !(1..=1000).contains(&max) {
@@ -603,35 +664,88 @@ fn next_claim(s: &AppState, next: Option<NextRequest>) -> Result<(super::NextCla
     if let Some(q) = &n.queue {
         validate::name("next.queue", q)?;
     }
-    if let Some(why) = s.health.refuses_work() {
-        return Ok((
-            super::NextClaim::default(),
-            Some(format!("{why}; claim through another node")),
-        ));
+    let wait = n.wait_ms.unwrap_or(0);
+    if wait > 30_000 {
+        return Err(ApiError::bad_request("`next.wait_ms` must be at most 30000"));
     }
-    Ok((super::NextClaim { max, queue: n.queue }, None))
-}
-
-fn next_tasks(
-    claimed: Option<std::result::Result<super::ClaimResult, TaskError>>,
-    refused_here: Option<String>,
-) -> Option<NextTasks> {
-    if let Some(why) = refused_here {
-        return Some(NextTasks {
-            tasks: Vec::new(),
-            refused: Some(why),
+    if let Some(why) = s.health.refuses_work() {
+        return Ok(NextAsk {
+            claim: super::NextClaim::default(),
+            refused_here: Some(format!("{why}; claim through another node")),
+            wait: Duration::ZERO,
         });
     }
-    claimed.map(|c| match c {
-        Ok(r) => NextTasks {
-            tasks: r.tasks,
-            refused: None,
-        },
-        Err(e) => NextTasks {
-            tasks: Vec::new(),
-            refused: Some(e.to_string()),
-        },
+    Ok(NextAsk {
+        claim: super::NextClaim { max, queue: n.queue },
+        refused_here: None,
+        wait: Duration::from_millis(wait),
     })
+}
+
+/// Runs a complete or fail (`finish`) that may claim next, then, when it
+/// claimed nothing and the caller asked to wait, waits for a task as a
+/// long-poll claim does. The waiter is armed before `finish` when the queue
+/// is known, so a task enqueued meanwhile is not missed; otherwise one claim
+/// runs after arming it.
+async fn finish_then_claim<T, F>(
+    s: &AppState,
+    ask: NextAsk,
+    finish: impl FnOnce(super::NextClaim) -> F,
+) -> Result<(T, Option<NextTasks>)>
+where
+    F: std::future::Future<Output = std::result::Result<(T, Option<super::NextClaimed>), TaskError>>,
+{
+    let started = Instant::now();
+    let early = match (&ask.claim.queue, ask.wait.is_zero()) {
+        (Some(q), false) => Some(s.bus.wakers.wait(q)),
+        _ => None,
+    };
+    let notified = early.as_ref().map(armed);
+    let max = ask.claim.max;
+    let (out, next) = finish(ask.claim).await?;
+    if let Some(why) = ask.refused_here {
+        return Ok((
+            out,
+            Some(NextTasks {
+                tasks: Vec::new(),
+                refused: Some(why),
+            }),
+        ));
+    }
+    let Some(next) = next else {
+        return Ok((out, None));
+    };
+    let result = match next.result {
+        Ok(r) if r.tasks.is_empty() && !ask.wait.is_zero() => {
+            let deadline = started + ask.wait;
+            match (&early, notified) {
+                (Some(w), Some(n)) if next.queue == w.queue() => {
+                    claim_until(s, &next.queue, &next.owner, max, deadline, w, n, Some(r)).await
+                }
+                _ => {
+                    let late = s.bus.wakers.wait(&next.queue);
+                    let n = armed(&late);
+                    claim_until(s, &next.queue, &next.owner, max, deadline, &late, n, None).await
+                }
+            }
+            .map_err(|e| e.to_string())
+        }
+        Ok(r) => Ok(r),
+        Err(e) => Err(e.to_string()),
+    };
+    Ok((
+        out,
+        Some(match result {
+            Ok(r) => NextTasks {
+                tasks: r.tasks,
+                refused: None,
+            },
+            Err(why) => NextTasks {
+                tasks: Vec::new(),
+                refused: Some(why),
+            },
+        }),
+    ))
 }
 
 fn result_text(s: &AppState, result: Option<Box<RawValue>>) -> Result<String> {
@@ -663,13 +777,11 @@ async fn complete_task(
     caller.require(Role::Worker)?;
     check_task_id(&id)?;
     let result = result_text(&s, req.result)?;
-    let (next, refused_here) = next_claim(&s, req.next)?;
-    let (out, claimed) = s.tasks.complete_then(&[(id.clone(), req.token, result)], next).await?;
+    let ask = next_ask(&s, req.next)?;
+    let items = [(id.clone(), req.token, result)];
+    let (out, next) = finish_then_claim(&s, ask, |next| s.tasks.complete_then(&items, next)).await?;
     match out.into_iter().next() {
-        Some(r) => Ok(Json(FinishedNext {
-            finished: r?,
-            next: next_tasks(claimed, refused_here),
-        })),
+        Some(r) => Ok(Json(FinishedNext { finished: r?, next })),
         None => Err(ApiError::internal("complete returned nothing")),
     }
 }
@@ -838,15 +950,11 @@ async fn fail_task(
         }
         error.truncate(cut);
     }
-    let (next, refused_here) = next_claim(&s, req.next)?;
-    let (finished, claimed) = s
-        .tasks
-        .fail_then(&id, req.token, &error, req.retry.unwrap_or(true), next)
-        .await?;
-    Ok(Json(FinishedNext {
-        finished,
-        next: next_tasks(claimed, refused_here),
-    }))
+    let ask = next_ask(&s, req.next)?;
+    let retry = req.retry.unwrap_or(true);
+    let (finished, next) =
+        finish_then_claim(&s, ask, |next| s.tasks.fail_then(&id, req.token, &error, retry, next)).await?;
+    Ok(Json(FinishedNext { finished, next }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -262,6 +262,24 @@ impl FromRedisValue for ClaimReply {
     }
 }
 
+/// What a complete or fail claimed next, for the finished task's owner.
+#[derive(Debug, Clone)]
+pub(crate) struct NextReply {
+    /// The node claimed for (the finished task's owner).
+    pub owner: String,
+    pub claim: ClaimReply,
+}
+
+impl NextReply {
+    fn read(r: &mut Reader<'_>) -> Result<NextReply, ParsingError> {
+        let owner = r.text("owner")?;
+        Ok(NextReply {
+            owner,
+            claim: ClaimReply::read(r)?,
+        })
+    }
+}
+
 /// The next task(s) to claim in the same call as a complete or fail.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Next<'a> {
@@ -290,7 +308,7 @@ pub(crate) enum Completed {
 
 pub(crate) struct CompleteReply {
     pub items: Vec<Completed>,
-    pub next: Option<ClaimReply>,
+    pub next: Option<NextReply>,
 }
 
 impl ScriptCall for Complete<'_> {
@@ -333,7 +351,7 @@ impl FromRedisValue for CompleteReply {
             }
             let mut claim = r.array("claim")?;
             let next = if claim.remaining() > 0 {
-                Some(ClaimReply::read(&mut claim)?)
+                Some(NextReply::read(&mut claim)?)
             } else {
                 None
             };
@@ -362,7 +380,7 @@ pub(crate) enum FailReply {
         attempt: u32,
         run_at: Option<i64>,
         queue: String,
-        next: Option<ClaimReply>,
+        next: Option<NextReply>,
     },
     Stale {
         state: String,
@@ -408,7 +426,7 @@ impl FromRedisValue for FailReply {
                     run_at: (run_at > 0).then_some(run_at),
                     queue,
                     next: if r.remaining() > 0 {
-                        Some(ClaimReply::read(r)?)
+                        Some(NextReply::read(r)?)
                     } else {
                         None
                     },

@@ -14,8 +14,8 @@
 --
 -- Returns {items, claim}
 --   items  a flat list, 3 entries per task: code, state, attempt
---   claim  when next_max > 0 and the task was completed, {code, next_due, more, task...}
---          as claim.lua returns; else empty
+--   claim  when next_max > 0 and the task was completed, {owner, code, next_due, more,
+--          task...}: the owner claimed for, then what claim.lua returns; else empty
 --   code  1 succeeded (state 'succeeded:<queue>', for the metrics' label),
 --         E.STALE (token not current or task not running: state is the current one),
 --         E.NOT_FOUND

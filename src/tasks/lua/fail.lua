@@ -21,8 +21,8 @@
 --   code  1 failed (state 'delayed' with run_at, or 'dead'), 2 cancelled,
 --         E.STALE (token not current or task not running: state and attempt are the
 --         current ones), E.NOT_FOUND
---   claim when next_max > 0 and the failure was recorded: {code, next_due, more,
---         task...} as claim.lua returns
+--   claim when next_max > 0 and the failure was recorded: {owner, code, next_due,
+--         more, task...}: the owner claimed for, then what claim.lua returns
 -- Emits task.failed, then task.retrying, task.dead or task.cancelled; task.claimed.
 local id, token, err, retryable, jitter = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', tonumber(ARGV[5])
 local retention, dead_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])

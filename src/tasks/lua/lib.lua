@@ -343,10 +343,12 @@ local function claim_tasks(q, node, max, now, out)
 end
 
 -- complete and fail can also claim the worker's next task (one call per task for a
--- one-at-a-time worker): appends {code, next_due, more, task...} to `out`, where code
--- is n >= 0 or claim_refusal's. max 0: nothing asked, nothing appended.
+-- one-at-a-time worker): appends {node, code, next_due, more, task...} to `out`,
+-- where node is the owner claimed for and code is n >= 0 or claim_refusal's. max 0:
+-- nothing asked, nothing appended.
 local function claim_next(q, node, max, now, out)
   if max <= 0 then return end
+  out[#out + 1] = node
   local refused = claim_refusal(node, now)
   if refused then
     out[#out + 1] = refused; out[#out + 1] = -1; out[#out + 1] = 0

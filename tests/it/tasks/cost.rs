@@ -2,7 +2,7 @@
 //! and claims its next one in the same call, and a ready task wakes only as
 //! many waiting claimers as it can serve.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -75,7 +75,10 @@ async fn complete_and_fail_can_claim_the_next_task_in_the_same_call() {
         .await;
     assert_eq!(s, 200, "{r}");
     assert!(r["next"]["tasks"].as_array().unwrap().is_empty(), "{r}");
-    assert!(r["next"]["refused"].as_str().unwrap().contains("draining"), "{r}");
+    assert!(
+        r["next"]["refused"].as_str().unwrap().contains("node `w` is draining"),
+        "{r}"
+    );
     // Bad input is refused before anything happens.
     let (s, _) = a
         .post(
@@ -125,4 +128,78 @@ async fn a_ready_task_wakes_one_waiting_claimer_not_all_of_them() {
     for h in waiting {
         h.abort();
     }
+}
+
+/// `next.wait_ms`: a one-at-a-time worker on an empty queue completes and
+/// waits in the same call; a task enqueued meanwhile (on another node)
+/// comes back in its answer, and, with `queue` given, the wait costs one
+/// claim beyond the complete's own: two queue reads for the task, not three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_can_wait_for_the_next_task() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let b = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    submit(&a, "nw", json!({})).await;
+    let t = claim(&a, "nw", "w", 1, 0).await;
+    let url = format!("{}/api/v1/tasks/{}/complete", a.url, t[0]["id"].as_str().unwrap());
+    // Bad waits are refused and change nothing.
+    for bad in [
+        json!({"wait_ms": 30_001}),
+        json!({"wait_ms": -1}),
+        json!({"wait_ms": "1"}),
+    ] {
+        let (s, r) = a
+            .post(&url.replace(&a.url, ""), json!({"token": t[0]["token"], "next": bad}))
+            .await;
+        assert_eq!(s, 400, "{r}");
+    }
+    let pops = calls(&redis, "zpopmin").await;
+    let http = a.http.clone();
+    let body = json!({"token": t[0]["token"], "next": {"queue": "nw", "wait_ms": 10_000}});
+    let started = Instant::now();
+    let done = tokio::spawn(async move {
+        let r = http.post(&url).json(&body).send().await.unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<serde_json::Value>().await.unwrap(),
+            started.elapsed(),
+        )
+    });
+    // The complete is applied at once, before the wait.
+    let (_, task) = a.get(&format!("/api/v1/tasks/{}", t[0]["id"].as_str().unwrap())).await;
+    let applied = wait_until(Duration::from_secs(5), || async {
+        let (_, task) = a.get(&format!("/api/v1/tasks/{}", t[0]["id"].as_str().unwrap())).await;
+        task["state"] == "succeeded"
+    })
+    .await;
+    assert!(applied, "{task}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!done.is_finished(), "it waits while the queue is empty");
+    let second = submit(&b, "nw", json!({"payload": {"n": 2}})).await;
+    let (s, r, took) = done.await.unwrap();
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["state"], "succeeded", "{r}");
+    assert_eq!(r["next"]["tasks"][0]["id"], second.as_str(), "{r}");
+    assert!(
+        took < Duration::from_secs(8),
+        "woken by the enqueue, not the end of the wait: {took:?}"
+    );
+    assert_eq!(
+        calls(&redis, "zpopmin").await - pops,
+        2,
+        "the complete's claim and one after the wake-up"
+    );
+    // Nothing comes: the answer comes when the wait ends, with no task.
+    let t2 = &r["next"]["tasks"][0];
+    let started = Instant::now();
+    let (s, r) = a
+        .post(
+            &format!("/api/v1/tasks/{}/complete", t2["id"].as_str().unwrap()),
+            json!({"token": t2["token"], "next": {"wait_ms": 400}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["next"]["tasks"], json!([]), "{r}");
+    assert!(started.elapsed() >= Duration::from_millis(400));
 }
