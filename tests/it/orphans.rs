@@ -275,6 +275,9 @@ async fn a_node_cut_off_from_redis_stops_handing_out_work() {
         last.lock().unwrap()
     );
     proxy.unblock();
+    // The proxy cuts open connections within a few ms of block(), so a claim
+    // sent just before may have taken the first task: give it another.
+    submit(&a, "cut", json!({})).await;
     let ok = wait_until(Duration::from_secs(20), || async {
         let r = b.post("/api/v1/queues/cut/claim", json!({"node": "w"})).await;
         let ok = r.0 == 200;
