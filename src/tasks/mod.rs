@@ -174,7 +174,7 @@ pub struct ClaimResult {
     pub tasks: Vec<Claimed>,
     /// When the earliest delayed task of the queue is due (Redis ms).
     pub next_due: Option<i64>,
-    /// `max` tasks were claimed: the queue may hold more.
+    /// `max` tasks were claimed and more are ready: wake another waiter.
     pub more: bool,
 }
 

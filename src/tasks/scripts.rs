@@ -207,7 +207,7 @@ pub(crate) enum ClaimReply {
         tasks: Vec<ClaimedRow>,
         /// When the earliest delayed task is due (Redis ms).
         next_due: Option<i64>,
-        /// `max` tasks were claimed: the queue may hold more.
+        /// `max` tasks were claimed and more are ready: wake another waiter.
         more: bool,
     },
     /// NodeNotAlive or NodeDraining.

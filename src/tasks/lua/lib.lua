@@ -248,7 +248,7 @@ end
 -- delayed tasks due by Redis time are promoted first; a group at its limit is
 -- skipped without blocking the tasks behind it; FIFO within a group (G1, G6).
 -- Returns n (tasks claimed), next_due (Redis ms when the earliest delayed task is
--- due, or -1), more (1 when max tasks were taken: there may be more). Emits
+-- due, or -1), more (1 when max tasks were taken and the ready set is not empty). Emits
 -- task.claimed per task.
 local function claim_tasks(q, node, max, now, out)
   local nows = int(now)
@@ -337,8 +337,11 @@ local function claim_tasks(q, node, max, now, out)
   if #running > 0 then redis.call('ZADD', qkey(q, 'running'), unpack(running)) end
   if #deadlines > 0 then redis.call('ZADD', DEADLINES, unpack(deadlines)) end
   if #mine > 0 then redis.call('SADD', ntasks(node), unpack(mine)) end
+  -- more: the queue holds more ready tasks (or group heads) after these, so the
+  -- caller wakes another waiter; checked, not guessed from #picked == max, since
+  -- a waiter woken for nothing costs a whole claim call.
   local more = 0
-  if #picked == max then more = 1 end
+  if #picked == max and redis.call('ZCARD', ready) > 0 then more = 1 end
   return n, next_due, more
 end
 
