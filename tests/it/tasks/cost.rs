@@ -95,6 +95,7 @@ async fn a_ready_task_wakes_one_waiting_claimer_not_all_of_them() {
     let a = TestApp::start(&redis).await;
     join(&a, "w").await;
     // Eight long-polling claimers on an empty queue.
+    let spawned = Instant::now();
     let mut waiting = Vec::new();
     for _ in 0..8 {
         let http = a.http.clone();
@@ -124,8 +125,14 @@ async fn a_ready_task_wakes_one_waiting_claimer_not_all_of_them() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let runs = calls(&redis, "zpopmin").await - before;
     // One claim: the woken one took the only task and, the ready set being
-    // empty after it, woke nobody else.
-    assert_eq!(runs, 1, "one task woke {runs} claims (every waiter: a herd)");
+    // empty after it, woke nobody else. (A waiter also re-checks every 2 s
+    // as a safety net: only on a machine so loaded that this took that long
+    // may those add claims.)
+    if spawned.elapsed() < Duration::from_millis(1900) {
+        assert_eq!(runs, 1, "one task woke {runs} claims (every waiter: a herd)");
+    } else {
+        assert!(runs < 8, "one task woke {runs} claims (every waiter: a herd)");
+    }
     assert_eq!(waiting.iter().filter(|h| h.is_finished()).count(), 1);
     for h in waiting {
         h.abort();
@@ -187,10 +194,13 @@ async fn a_complete_can_wait_for_the_next_task() {
         took < Duration::from_secs(8),
         "woken by the enqueue, not the end of the wait: {took:?}"
     );
-    assert_eq!(
-        calls(&redis, "zpopmin").await - pops,
-        2,
-        "the complete's claim and one after the wake-up"
+    // The complete's claim and one after the wake-up; the waiter's 2 s
+    // safety-net re-check adds one only if this machine was slow enough.
+    let extra = (took.as_millis() / 2000) as i64;
+    let reads = calls(&redis, "zpopmin").await - pops;
+    assert!(
+        (2..=2 + extra).contains(&reads),
+        "the complete's claim and one after the wake-up: {reads} queue reads in {took:?}"
     );
     // Nothing comes: the answer comes when the wait ends, with no task.
     let t2 = &r["next"]["tasks"][0];
