@@ -36,7 +36,7 @@ use utoipa::ToSchema;
 use crate::config::LocksConfig;
 use crate::error::ApiError;
 use crate::store::reply::{at, int, text};
-use crate::store::{Lua, ScriptCtx, Store, StoreError};
+use crate::store::{Code, Lua, ScriptCtx, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -248,7 +248,7 @@ impl Locks {
             )
             .await?;
         match int(at(&reply, 0)) {
-            -1 => Err(LockError::NodeNotAlive(node.unwrap_or("").into())),
+            c if c == Code::NodeNotAlive as i64 => Err(LockError::NodeNotAlive(node.unwrap_or("").into())),
             code @ (1 | 2) => {
                 if code == 1 {
                     metrics::counter!("muster_locks_acquired_total").increment(1);
@@ -297,7 +297,7 @@ impl Locks {
             .await?;
         match int(at(&reply, 0)) {
             1 => Ok(int(at(&reply, 1))),
-            -2 => Err(LockError::Lapsed { name: name.into() }),
+            c if c == Code::Lapsed as i64 => Err(LockError::Lapsed { name: name.into() }),
             _ => Err(LockError::Stale {
                 name: name.into(),
                 token,
@@ -328,7 +328,7 @@ impl Locks {
                 metrics::counter!("muster_locks_released_total").increment(1);
                 Ok(())
             }
-            0 => Err(LockError::NotHeld(name.into())),
+            c if c == Code::NotFound as i64 => Err(LockError::NotHeld(name.into())),
             _ => Err(LockError::Stale {
                 name: name.into(),
                 token: token.unwrap_or(0),
