@@ -24,6 +24,7 @@
 
 pub mod cli;
 pub mod routes;
+mod scripts;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -36,7 +37,9 @@ use utoipa::ToSchema;
 use crate::config::LocksConfig;
 use crate::error::ApiError;
 use crate::store::reply::{at, int, text};
-use crate::store::{Lua, ScriptCtx, Store, StoreError};
+use crate::store::{ScriptCtx, Store, StoreError};
+
+use self::scripts::{AcquireReply, Campaigned, LeaderRow, ReleaseReply, RenewReply, ResignReply, Scripts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -146,16 +149,6 @@ pub struct Campaign {
     pub state: Leadership,
 }
 
-struct Scripts {
-    acquire: Lua,
-    renew: Lua,
-    release: Lua,
-    dequeue: Lua,
-    expire: Lua,
-    campaign: Lua,
-    resign: Lua,
-}
-
 /// The lock and election service.
 pub struct Locks {
     store: Store,
@@ -171,21 +164,12 @@ fn nonempty(s: String) -> Option<String> {
 
 impl Locks {
     pub fn new(store: Store, cfg: LocksConfig, node_ttl_ms: u64, node_id: String, ctx: &ScriptCtx) -> Arc<Locks> {
-        let l = |name, src| Lua::load(name, src, ctx);
         Arc::new(Locks {
             store,
             cfg,
             node_ttl_ms,
             node_id,
-            scripts: Scripts {
-                acquire: l("lock_acquire", include_str!("lua/acquire.lua")),
-                renew: l("lock_renew", include_str!("lua/renew.lua")),
-                release: l("lock_release", include_str!("lua/release.lua")),
-                dequeue: l("lock_dequeue", include_str!("lua/dequeue.lua")),
-                expire: l("lease_expire", include_str!("lua/expire.lua")),
-                campaign: l("election_campaign", include_str!("lua/campaign.lua")),
-                resign: l("election_resign", include_str!("lua/resign.lua")),
-            },
+            scripts: Scripts::new(ctx),
         })
     }
 
@@ -193,26 +177,23 @@ impl Locks {
         &self.cfg
     }
 
-    fn p(&self) -> &str {
-        self.store.keys().prefix()
-    }
     fn k_lock(&self, l: &str) -> String {
-        format!("{}:lock:{l}", self.p())
+        scripts::lock_key(self.store.keys(), l)
     }
     fn k_queue(&self, l: &str) -> String {
-        format!("{}:lock:{l}:q", self.p())
+        scripts::queue_key(self.store.keys(), l)
     }
     fn k_queue_exp(&self, l: &str) -> String {
-        format!("{}:lock:{l}:qx", self.p())
+        scripts::queue_exp_key(self.store.keys(), l)
     }
     fn k_locks(&self) -> String {
-        format!("{}:locks", self.p())
+        scripts::locks_key(self.store.keys())
     }
     fn k_election(&self, e: &str) -> String {
-        format!("{}:election:{e}", self.p())
+        scripts::election_key(self.store.keys(), e)
     }
     fn k_elections(&self) -> String {
-        format!("{}:elections", self.p())
+        scripts::elections_key(self.store.keys())
     }
 
     /// One acquire attempt (see `acquire.lua`). `queue`: keep a place in
@@ -225,115 +206,91 @@ impl Locks {
         node: Option<&str>,
         queue: bool,
     ) -> Result<Attempt, LockError> {
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.acquire,
-                &[
-                    self.k_lock(name),
-                    self.k_queue(name),
-                    self.k_queue_exp(name),
-                    self.k_locks(),
-                ],
-                &[
-                    name.into(),
-                    owner.into(),
-                    ttl_ms.to_string(),
-                    node.unwrap_or("").into(),
-                    if queue { "1" } else { "0" }.into(),
-                    self.cfg.waiter_ttl_ms.to_string(),
-                    self.node_ttl_ms.to_string(),
-                    self.node_id.clone(),
-                ],
-            )
-            .await?;
-        match int(at(&reply, 0)) {
-            -1 => Err(LockError::NodeNotAlive(node.unwrap_or("").into())),
-            code @ (1 | 2) => {
-                if code == 1 {
+        let call = scripts::Acquire {
+            name,
+            owner,
+            ttl_ms,
+            node: node.unwrap_or(""),
+            queue,
+            waiter_ttl_ms: self.cfg.waiter_ttl_ms,
+            node_ttl_ms: self.node_ttl_ms,
+            me: &self.node_id,
+        };
+        match self.store.run(&self.scripts.acquire, &call).await? {
+            AcquireReply::NodeNotAlive => Err(LockError::NodeNotAlive(node.unwrap_or("").into())),
+            AcquireReply::Granted {
+                token,
+                expires_at,
+                again,
+            } => {
+                if !again {
                     metrics::counter!("muster_locks_acquired_total").increment(1);
                 }
                 Ok(Attempt::Granted {
-                    token: int(at(&reply, 1)) as u64,
-                    expires_at: int(at(&reply, 2)),
-                    again: code == 2,
+                    token,
+                    expires_at,
+                    again,
                 })
             }
-            _ => Ok(Attempt::Busy {
-                holder: nonempty(text(at(&reply, 3))),
-                position: int(at(&reply, 4)) as u32,
+            AcquireReply::Busy { holder, position } => Ok(Attempt::Busy {
+                holder: nonempty(holder),
+                position,
             }),
         }
     }
 
     /// Gives up a place in the queue (a long poll ended without the lock).
     pub async fn dequeue(&self, name: &str, owner: &str) -> Result<(), LockError> {
-        let _: i64 = self
-            .store
-            .eval(
-                &self.scripts.dequeue,
-                &[self.k_lock(name), self.k_queue(name), self.k_queue_exp(name)],
-                &[name.into(), owner.into(), self.node_id.clone()],
-            )
-            .await?;
+        let call = scripts::Dequeue {
+            name,
+            owner,
+            me: &self.node_id,
+        };
+        self.store.run(&self.scripts.dequeue, &call).await?;
         Ok(())
     }
 
     /// Extends the lease held under `token`; returns the new expiry (Redis ms).
     pub async fn renew(&self, name: &str, token: u64, ttl_ms: u64) -> Result<i64, LockError> {
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.renew,
-                &[self.k_lock(name), self.k_locks()],
-                &[
-                    name.into(),
-                    token.to_string(),
-                    ttl_ms.to_string(),
-                    self.node_ttl_ms.to_string(),
-                    self.node_id.clone(),
-                ],
-            )
-            .await?;
-        match int(at(&reply, 0)) {
-            1 => Ok(int(at(&reply, 1))),
-            -2 => Err(LockError::Lapsed { name: name.into() }),
-            _ => Err(LockError::Stale {
+        let call = scripts::Renew {
+            name,
+            token,
+            ttl_ms,
+            node_ttl_ms: self.node_ttl_ms,
+            me: &self.node_id,
+        };
+        match self.store.run(&self.scripts.renew, &call).await? {
+            RenewReply::Renewed { expires_at } => Ok(expires_at),
+            RenewReply::Lapsed => Err(LockError::Lapsed { name: name.into() }),
+            RenewReply::Stale { holder, token: current } => Err(LockError::Stale {
                 name: name.into(),
                 token,
-                holder: nonempty(text(at(&reply, 2))),
-                current: Some(int(at(&reply, 3)) as u64).filter(|t| *t > 0),
+                holder: nonempty(holder),
+                current,
             }),
         }
     }
 
     /// Releases the lock held under `token`, or with None breaks it.
     pub async fn release(&self, name: &str, token: Option<u64>, actor: &str) -> Result<(), LockError> {
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.release,
-                &[self.k_lock(name), self.k_locks()],
-                &[
-                    name.into(),
-                    token.map(|t| t.to_string()).unwrap_or_default(),
-                    actor.into(),
-                    self.node_ttl_ms.to_string(),
-                    self.node_id.clone(),
-                ],
-            )
-            .await?;
-        match int(at(&reply, 0)) {
-            1 => {
+        let call = scripts::Release {
+            name,
+            token,
+            actor,
+            node_ttl_ms: self.node_ttl_ms,
+            me: &self.node_id,
+        };
+        match self.store.run(&self.scripts.release, &call).await? {
+            ReleaseReply::Released => {
                 metrics::counter!("muster_locks_released_total").increment(1);
                 Ok(())
             }
-            0 => Err(LockError::NotHeld(name.into())),
-            _ => Err(LockError::Stale {
+            ReleaseReply::NotHeld => Err(LockError::NotHeld(name.into())),
+            ReleaseReply::Stale { holder, token: current } => Err(LockError::Stale {
                 name: name.into(),
                 token: token.unwrap_or(0),
-                holder: nonempty(text(at(&reply, 1))),
-                current: Some(int(at(&reply, 2)) as u64).filter(|t| *t > 0),
+                holder: nonempty(holder),
+                current,
             }),
         }
     }
@@ -397,25 +354,24 @@ impl Locks {
 
     /// Ends lapsed leases (the background loop). Returns (locks, elections).
     pub async fn expire_due(&self) -> Result<(i64, i64), LockError> {
-        let (l, e): (i64, i64) = self
-            .store
-            .eval(
-                &self.scripts.expire,
-                &[self.k_locks(), self.k_elections()],
-                &["100".into(), self.node_ttl_ms.to_string(), self.node_id.clone()],
-            )
-            .await?;
-        Ok((l, e))
+        let call = scripts::Expire {
+            limit: 100,
+            node_ttl_ms: self.node_ttl_ms,
+            me: &self.node_id,
+        };
+        let n = self.store.run(&self.scripts.expire, &call).await?;
+        Ok((n.locks, n.elections))
     }
 
-    fn leadership(name: &str, reply: &[Value], offset: usize) -> Leadership {
-        let leader = nonempty(text(at(reply, offset)));
-        let value = nonempty(text(at(reply, offset + 3))).and_then(|v| serde_json::from_str(&v).ok());
+    /// A leadership from its stored fields ('' and 0 when nobody leads).
+    fn leadership(name: &str, row: LeaderRow) -> Leadership {
+        let leader = nonempty(row.leader);
+        let value = nonempty(row.value).and_then(|v| serde_json::from_str(&v).ok());
         Leadership {
             name: name.into(),
-            epoch: leader.as_ref().map(|_| int(at(reply, offset + 1)) as u64),
-            expires_at: leader.as_ref().map(|_| int(at(reply, offset + 2))),
-            elected_at: leader.as_ref().map(|_| int(at(reply, offset + 4))),
+            epoch: leader.as_ref().map(|_| row.epoch as u64),
+            expires_at: leader.as_ref().map(|_| row.expires_at),
+            elected_at: leader.as_ref().map(|_| row.elected_at),
             value,
             leader,
         }
@@ -429,55 +385,41 @@ impl Locks {
         ttl_ms: u64,
         value: Option<&str>,
     ) -> Result<Campaign, LockError> {
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.campaign,
-                &[self.k_election(name), self.k_elections()],
-                &[
-                    name.into(),
-                    candidate.into(),
-                    ttl_ms.to_string(),
-                    value.unwrap_or("").into(),
-                    self.node_id.clone(),
-                ],
-            )
-            .await?;
-        let code = int(at(&reply, 0));
-        if code == 1 {
+        let call = scripts::Campaign {
+            name,
+            candidate,
+            ttl_ms,
+            value: value.unwrap_or(""),
+            me: &self.node_id,
+        };
+        let reply = self.store.run(&self.scripts.campaign, &call).await?;
+        if reply.outcome == Campaigned::Elected {
             metrics::counter!("muster_elections_won_total").increment(1);
         }
         Ok(Campaign {
-            code,
-            state: Self::leadership(name, &reply, 1),
+            code: reply.outcome as i64,
+            state: Self::leadership(name, reply.row),
         })
     }
 
     /// The leader resigns (at `epoch`, when given).
     pub async fn resign(&self, name: &str, candidate: &str, epoch: Option<u64>) -> Result<u64, LockError> {
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.resign,
-                &[self.k_election(name), self.k_elections()],
-                &[
-                    name.into(),
-                    candidate.into(),
-                    epoch.map(|e| e.to_string()).unwrap_or_default(),
-                    self.node_id.clone(),
-                ],
-            )
-            .await?;
-        if int(at(&reply, 0)) == 1 {
-            return Ok(int(at(&reply, 2)) as u64);
-        }
-        Err(LockError::NotLeader {
-            name: name.into(),
-            candidate: candidate.into(),
+        let call = scripts::Resign {
+            name,
+            candidate,
             epoch,
-            leader: nonempty(text(at(&reply, 1))),
-            current: Some(int(at(&reply, 2)) as u64).filter(|e| *e > 0),
-        })
+            me: &self.node_id,
+        };
+        match self.store.run(&self.scripts.resign, &call).await? {
+            ResignReply::Resigned { epoch } => Ok(epoch),
+            ResignReply::NotLeader { leader, epoch: current } => Err(LockError::NotLeader {
+                name: name.into(),
+                candidate: candidate.into(),
+                epoch,
+                leader: nonempty(leader),
+                current,
+            }),
+        }
     }
 
     /// An election as of now (a lapsed lease reads as nobody).
@@ -505,7 +447,17 @@ impl Locks {
             .zip(rows.get(1..).unwrap_or(&[]))
             .map(|(n, row)| {
                 let f: Vec<Value> = redis::from_redis_value_ref(row).unwrap_or_default();
-                let l = Self::leadership(n, &f, 0);
+                // HMGET leader, epoch, expires_at, value, elected_at (nil when unset).
+                let l = Self::leadership(
+                    n,
+                    LeaderRow {
+                        leader: text(at(&f, 0)),
+                        epoch: int(at(&f, 1)),
+                        expires_at: int(at(&f, 2)),
+                        value: text(at(&f, 3)),
+                        elected_at: int(at(&f, 4)),
+                    },
+                );
                 if l.expires_at.is_some_and(|e| e > now) {
                     l
                 } else {

@@ -43,7 +43,8 @@ codes! {
     /// No such task, workflow, schedule, barrier, lock or node.
     NotFound = -1, "NOT_FOUND";
     /// The fencing token is not the current one, or the task is not running
-    /// (G1): nothing changed.
+    /// (G1), or the candidate is not the leader (at the epoch given): nothing
+    /// changed.
     Stale = -2, "STALE";
     /// The node or worker is not registered or its heartbeat expired.
     NodeNotAlive = -3, "NODE_NOT_ALIVE";
@@ -61,6 +62,9 @@ codes! {
     /// The state does not allow the change (a finished task cancelled, a
     /// task deleted while it runs, ...).
     WrongState = -9, "WRONG_STATE";
+    /// The lease lapsed (by Redis time, or its node is gone) before the
+    /// call: the lock is free now.
+    Lapsed = -10, "LAPSED";
 }
 
 /// The Lua table `E`, for the prelude.

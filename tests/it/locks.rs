@@ -2,7 +2,8 @@
 //! refused, waiters are served in FIFO order, an abandoned waiter does not
 //! block the line, a dead holder's lock is re-acquired after its TTL (or at
 //! its node's death), one leader per epoch under contention, `muster lock
-//! run`, roles, and keys returning to baseline.
+//! run`, roles, keys returning to baseline, and each script refusal's HTTP
+//! answer.
 
 use std::collections::{BTreeSet, HashSet};
 use std::process::{Command, Stdio};
@@ -713,4 +714,45 @@ async fn an_acquire_after_thousands_of_lapsed_waiters_succeeds() {
     for k in ["{muster}:lock:crowd:q", "{muster}:lock:crowd:qx"] {
         assert_eq!(redis.cmd::<i64>(&["ZCARD", k]).await, 0, "{k}");
     }
+}
+
+/// Every refusal a lock or election script returns, by its code, maps to its
+/// HTTP status and body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_outcomes_map_to_http() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    // E.NOT_FOUND: breaking a lock nobody holds.
+    assert_eq!(a.delete("/api/v1/locks/free").await.0, 404);
+    // E.STALE: releasing a free lock under a token.
+    assert_eq!(release(&a, "free", &json!(7)).await, 409);
+    // E.LAPSED: the lease lapsed by Redis time before the expiry loop saw it
+    // (its index entry still says later).
+    let (_, held) = acquire(&a, "l", "o", 60_000, 0).await;
+    let _: i64 = redis.cmd(&["HSET", "{muster}:lock:l", "expires_at", "1"]).await;
+    let (s, v) = a
+        .post("/api/v1/locks/l/renew", json!({"token": held["token"], "ttl_ms": 5000}))
+        .await;
+    assert_eq!((s, v["reason"].clone()), (409, json!("lapsed")), "{v}");
+    assert_eq!(a.get("/api/v1/locks/l").await.1["held"], json!(false));
+    // E.NODE_NOT_ALIVE: a lease tied to a node that is not registered.
+    let (s, _) = a
+        .post("/api/v1/locks/n/acquire", json!({"owner": "o", "node": "nowhere"}))
+        .await;
+    assert_eq!(s, 409);
+    // E.STALE: a candidate that does not lead resigns.
+    let (s, v) = a
+        .post(
+            "/api/v1/elections/e/campaign",
+            json!({"candidate": "c1", "ttl_ms": 60_000}),
+        )
+        .await;
+    assert_eq!((s, v["elected"].clone()), (200, json!(true)), "{v}");
+    let epoch = v["epoch"].clone();
+    let (s, v) = a.post("/api/v1/elections/e/resign", json!({"candidate": "c2"})).await;
+    assert_eq!(
+        (s, v["leader"].clone(), v["epoch"].clone()),
+        (409, json!("c1"), epoch),
+        "{v}"
+    );
 }

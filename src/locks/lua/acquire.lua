@@ -23,7 +23,7 @@
 --
 -- Returns {code, token, expires_at, holder, position}
 --   code      1 acquired now, 2 already held by this owner (lease extended, same token),
---             0 not acquired, -1 the given node is not alive
+--             0 not acquired, E.NODE_NOT_ALIVE the given node is not alive
 --   holder    the current holder when not acquired ('' when free but others are ahead)
 --   position  1-based place in the queue when not acquired and queued, else 0
 -- Emits lock.expired (a lapsed lease found here), lock.acquired.
@@ -40,7 +40,7 @@ for i = 1, #gone, 4000 do
 end
 if node ~= '' then
   local s = redis.call('ZSCORE', P .. ':nodes', node)
-  if not s or tonumber(s) <= now then return {-1, 0, 0, '', 0} end
+  if not s or tonumber(s) <= now then return {E.NODE_NOT_ALIVE, 0, 0, '', 0} end
 end
 
 local function not_granted(holder)

@@ -12,7 +12,8 @@
 -- ARGV[5]  acting muster node id (events)
 --
 -- Returns {code, holder, token}
---   code  1 released, -1 stale token (current holder and token returned), 0 was not held
+--   code  1 released, E.STALE stale token (current holder and token returned),
+--         E.NOT_FOUND was not held (and no token given)
 -- Emits lock.expired (a lapsed lease found here), lock.released when it returns 1.
 local l, token = ARGV[1], ARGV[2]
 local now = now_ms()
@@ -20,10 +21,10 @@ liveness_pass(now, tonumber(ARGV[4]))
 lock_check(l, now, ARGV[5])
 local f = redis.call('HMGET', KEYS[1], 'owner', 'token')
 if not f[1] then
-  if token == '' then return {0, '', 0} end
-  return {-1, '', 0}
+  if token == '' then return {E.NOT_FOUND, '', 0} end
+  return {E.STALE, '', 0}
 end
-if token ~= '' and f[2] ~= token then return {-1, f[1], tonumber(f[2])} end
+if token ~= '' and f[2] ~= token then return {E.STALE, f[1], tonumber(f[2])} end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], l)
 local forced = 'false'

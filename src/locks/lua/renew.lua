@@ -13,15 +13,16 @@
 -- ARGV[5]  acting muster node id (events)
 --
 -- Returns {code, expires_at, holder, token}
---   code    1 renewed, -1 stale token (current holder and token returned, '' and 0 when
---           free), -2 the lease had lapsed (or its node is gone): the lock is free now
--- Emits lock.expired when it returns -2.
+--   code    1 renewed, E.STALE stale token (current holder and token returned, '' and 0
+--           when free), E.LAPSED the lease had lapsed (or its node is gone): the lock is
+--           free now
+-- Emits lock.expired when it returns E.LAPSED.
 local l, token, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
 liveness_pass(now, tonumber(ARGV[4]))
 local f = redis.call('HMGET', KEYS[1], 'owner', 'token')
-if not f[1] or f[2] ~= token then return {-1, 0, f[1] or '', tonumber(f[2] or '0')} end
-if lock_check(l, now, ARGV[5]) then return {-2, 0, '', 0} end
+if not f[1] or f[2] ~= token then return {E.STALE, 0, f[1] or '', tonumber(f[2] or '0')} end
+if lock_check(l, now, ARGV[5]) then return {E.LAPSED, 0, '', 0} end
 local expires = int(now + ttl)
 redis.call('HSET', KEYS[1], 'expires_at', expires, 'ttl_ms', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], int(ttl + LINGER))

@@ -11,15 +11,15 @@
 -- ARGV[4]  acting muster node id (events)
 --
 -- Returns {code, leader, epoch}
---   code  1 resigned, -1 not the leader (at that epoch): the current leader and epoch
---         returned ('' and 0 when nobody leads)
+--   code  1 resigned, E.STALE not the leader (at that epoch): the current leader and
+--         epoch returned ('' and 0 when nobody leads)
 -- Emits election.expired (a lapsed lease found here), election.resigned.
 local e, cand, epoch, me = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 election_check(e, now, me)
 local f = redis.call('HMGET', KEYS[1], 'leader', 'epoch')
 if f[1] ~= cand or (epoch ~= '' and f[2] ~= epoch) then
-  return {-1, f[1] or '', tonumber(f[2] or '0')}
+  return {E.STALE, f[1] or '', tonumber(f[2] or '0')}
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], e)
