@@ -35,6 +35,7 @@
 pub mod bench;
 pub mod cli;
 pub mod routes;
+mod scripts;
 pub mod worker;
 
 use std::collections::{BTreeMap, HashMap};
@@ -47,8 +48,10 @@ use utoipa::ToSchema;
 
 use crate::config::BarriersConfig;
 use crate::error::ApiError;
-use crate::store::reply::{at, int, text};
-use crate::store::{Lua, ScriptCtx, Store, StoreError};
+use crate::store::reply::{at, int};
+use crate::store::{ScriptCtx, Store, StoreError};
+
+use self::scripts::{ArriveReply, ConfigureReply, EnterReply, HoldReply, Scripts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BarrierError {
@@ -273,18 +276,6 @@ pub struct Left {
     pub cycle: Option<String>,
 }
 
-struct Scripts {
-    configure: Lua,
-    delete: Lua,
-    arrive: Lua,
-    decide_due: Lua,
-    hold: Lua,
-    lift: Lua,
-    enter: Lua,
-    leave: Lua,
-    db_sweep: Lua,
-}
-
 /// A decided round shared by the waiters of one node (see [`Barriers::decided`]).
 type SharedRound = Arc<tokio::sync::OnceCell<Option<Arc<Round>>>>;
 
@@ -360,34 +351,15 @@ pub fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String>) -> O
     })
 }
 
-fn pairs(values: &[Value]) -> BTreeMap<String, String> {
-    values
-        .chunks(2)
-        .filter(|c| c.len() == 2)
-        .map(|c| (text(&c[0]), text(&c[1])))
-        .collect()
-}
-
 impl Barriers {
     pub fn new(store: Store, cfg: BarriersConfig, node_ttl_ms: u64, node_id: String, ctx: &ScriptCtx) -> Arc<Barriers> {
-        let l = |name, src| Lua::load(name, src, ctx);
         Arc::new(Barriers {
             store,
             cfg,
             node_ttl_ms,
             node_id,
             decided: Mutex::new(HashMap::new()),
-            scripts: Scripts {
-                configure: l("barrier_configure", include_str!("lua/configure.lua")),
-                delete: l("barrier_delete", include_str!("lua/delete.lua")),
-                arrive: l("barrier_arrive", include_str!("lua/arrive.lua")),
-                decide_due: l("barrier_decide_due", include_str!("lua/decide_due.lua")),
-                hold: l("barrier_hold", include_str!("lua/hold.lua")),
-                lift: l("barrier_lift", include_str!("lua/lift.lua")),
-                enter: l("dbarrier_enter", include_str!("lua/enter.lua")),
-                leave: l("dbarrier_leave", include_str!("lua/leave.lua")),
-                db_sweep: l("dbarrier_sweep", include_str!("lua/db_sweep.lua")),
-            },
+            scripts: Scripts::new(ctx),
         })
     }
 
@@ -399,44 +371,32 @@ impl Barriers {
         &self.store
     }
 
-    fn p(&self) -> &str {
-        self.store.keys().prefix()
-    }
     fn k_index(&self) -> String {
-        format!("{}:barriers", self.p())
+        scripts::index_key(self.store.keys())
     }
     fn k_config(&self, b: &str) -> String {
-        format!("{}:barrier:{b}", self.p())
+        scripts::config_key(self.store.keys(), b)
     }
     fn k_rounds(&self, b: &str) -> String {
-        format!("{}:barrier:{b}:rounds", self.p())
-    }
-    fn k_open(&self, b: &str) -> String {
-        format!("{}:barrier:{b}:open", self.p())
-    }
-    fn k_decided(&self, b: &str) -> String {
-        format!("{}:barrier:{b}:decided", self.p())
+        scripts::rounds_key(self.store.keys(), b)
     }
     fn k_round(&self, b: &str, r: &str) -> String {
-        format!("{}:barrier:{b}:r:{r}", self.p())
-    }
-    fn k_deadlines(&self) -> String {
-        format!("{}:barriers:deadlines", self.p())
+        scripts::round_key(self.store.keys(), b, r)
     }
     fn k_hold(&self, b: &str) -> String {
-        format!("{}:barrier:{b}:hold", self.p())
+        scripts::hold_key(self.store.keys(), b)
     }
     fn k_holds(&self) -> String {
-        format!("{}:barriers:holds", self.p())
+        scripts::holds_key(self.store.keys())
     }
     fn k_db(&self, b: &str) -> String {
-        format!("{}:dbarrier:{b}", self.p())
+        scripts::db_key(self.store.keys(), b)
     }
     fn k_db_in(&self, b: &str) -> String {
-        format!("{}:dbarrier:{b}:in", self.p())
+        scripts::db_in_key(self.store.keys(), b)
     }
     fn k_db_index(&self) -> String {
-        format!("{}:dbarriers", self.p())
+        scripts::db_index_key(self.store.keys())
     }
 
     /// Creates or updates a barrier (validated by the caller). Returns whether
@@ -449,51 +409,30 @@ impl Barriers {
         timeout_ms: u64,
         actor: &str,
     ) -> Result<bool, BarrierError> {
-        let parts = format!(",{},", participants.join(","));
-        let (code, _now): (i64, i64) = self
-            .store
-            .eval(
-                &self.scripts.configure,
-                &[self.k_index(), self.k_config(name)],
-                &[
-                    name.into(),
-                    parts,
-                    participants.len().to_string(),
-                    max_missing.to_string(),
-                    timeout_ms.to_string(),
-                    actor.into(),
-                    self.cfg.max_barriers.to_string(),
-                    self.node_id.clone(),
-                ],
-            )
-            .await?;
-        if code < 0 {
-            return Err(BarrierError::TooMany(self.cfg.max_barriers));
+        let call = scripts::Configure {
+            name,
+            participants,
+            max_missing,
+            timeout_ms,
+            actor,
+            max_barriers: self.cfg.max_barriers,
+            me: &self.node_id,
+        };
+        match self.store.run(&self.scripts.configure, &call).await? {
+            ConfigureReply::Done { created } => Ok(created),
+            ConfigureReply::TooMany => Err(BarrierError::TooMany(self.cfg.max_barriers)),
         }
-        Ok(code == 1)
     }
 
     /// Deletes a barrier, its rounds and its hold (or only its hold, when it
     /// was never configured).
     pub async fn delete(&self, name: &str, actor: &str) -> Result<(), BarrierError> {
-        let code: i64 = self
-            .store
-            .eval(
-                &self.scripts.delete,
-                &[
-                    self.k_index(),
-                    self.k_config(name),
-                    self.k_rounds(name),
-                    self.k_deadlines(),
-                    self.k_hold(name),
-                    self.k_open(name),
-                    self.k_decided(name),
-                    self.k_holds(),
-                ],
-                &[name.into(), actor.into(), self.node_id.clone()],
-            )
-            .await?;
-        if code == 0 {
+        let call = scripts::Delete {
+            name,
+            actor,
+            me: &self.node_id,
+        };
+        if !self.store.run(&self.scripts.delete, &call).await?.0 {
             return Err(BarrierError::NotFound(name.into()));
         }
         Ok(())
@@ -542,52 +481,36 @@ impl Barriers {
 
     /// Participant `node` arrives at `round` (see `arrive.lua`).
     pub async fn arrive(&self, name: &str, round: &str, node: &str) -> Result<ArriveOutcome, BarrierError> {
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.arrive,
-                &[
-                    self.k_config(name),
-                    self.k_round(name, round),
-                    self.k_rounds(name),
-                    self.k_deadlines(),
-                ],
-                &[
-                    name.into(),
-                    round.into(),
-                    node.into(),
-                    self.node_id.clone(),
-                    self.cfg.round_retention_ms.to_string(),
-                    self.cfg.rounds_kept.to_string(),
-                    self.cfg.max_open_rounds.to_string(),
-                ],
-            )
-            .await?;
-        match int(at(&reply, 0)) {
-            -1 => return Err(BarrierError::NotFound(name.into())),
-            -3 => {
+        let call = scripts::Arrive {
+            name,
+            round,
+            node,
+            me: &self.node_id,
+            retention_ms: self.cfg.round_retention_ms,
+            rounds_kept: self.cfg.rounds_kept,
+            max_open_rounds: self.cfg.max_open_rounds,
+        };
+        let (decided_now, now, fields) = match self.store.run(&self.scripts.arrive, &call).await? {
+            ArriveReply::Arrived { decided, now, fields } => (decided, now, fields),
+            ArriveReply::NotFound => return Err(BarrierError::NotFound(name.into())),
+            ArriveReply::TooManyOpenRounds => {
                 return Err(BarrierError::TooManyOpenRounds {
                     barrier: name.into(),
                     max: self.cfg.max_open_rounds,
                 });
             }
-            -2 => {
+            ArriveReply::NotParticipant => {
                 return Err(BarrierError::NotParticipant {
                     barrier: name.into(),
                     round: round.into(),
                     node: node.into(),
                 });
             }
-            _ => {}
-        }
-        let decided = text(at(&reply, 1));
-        let now = int(at(&reply, 2));
-        let fields = pairs(reply.get(3..).unwrap_or(&[]));
+        };
         let round = round_from(name, round, &fields).ok_or_else(|| BarrierError::RoundNotFound {
             barrier: name.into(),
             round: round.into(),
         })?;
-        let decided_now = (!decided.is_empty()).then(|| Verdict::parse(&decided));
         if let Some(v) = decided_now {
             metrics::counter!("muster_barrier_rounds_total", "verdict" => v.as_str()).increment(1);
         }
@@ -714,22 +637,16 @@ impl Barriers {
     pub async fn decide_due(&self) -> Result<(i64, i64), BarrierError> {
         let (mut released, mut aborted) = (0, 0);
         for _ in 0..10 {
-            let (r, a, more): (i64, i64, i64) = self
-                .store
-                .eval(
-                    &self.scripts.decide_due,
-                    &[self.k_deadlines()],
-                    &[
-                        self.node_id.clone(),
-                        self.cfg.round_retention_ms.to_string(),
-                        "100".into(),
-                        self.cfg.rounds_kept.to_string(),
-                    ],
-                )
-                .await?;
-            released += r;
-            aborted += a;
-            if more == 0 {
+            let call = scripts::DecideDue {
+                me: &self.node_id,
+                retention_ms: self.cfg.round_retention_ms,
+                limit: 100,
+                rounds_kept: self.cfg.rounds_kept,
+            };
+            let d = self.store.run(&self.scripts.decide_due, &call).await?;
+            released += d.released;
+            aborted += d.aborted;
+            if !d.more {
                 break;
             }
         }
@@ -745,43 +662,43 @@ impl Barriers {
     /// Raises the etcd-style barrier `name` for `ttl_ms`. Returns the hold and
     /// whether this call raised it.
     pub async fn hold(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<(Hold, bool), BarrierError> {
-        let (code, who, held_at, expires): (i64, String, i64, i64) = self
-            .store
-            .eval(
-                &self.scripts.hold,
-                &[self.k_hold(name), self.k_holds()],
-                &[name.into(), holder.into(), ttl_ms.to_string(), self.node_id.clone()],
-            )
-            .await?;
-        if code < 0 {
-            return Err(BarrierError::HeldByOther {
+        let call = scripts::Hold {
+            name,
+            holder,
+            ttl_ms,
+            me: &self.node_id,
+        };
+        match self.store.run(&self.scripts.hold, &call).await? {
+            HoldReply::HeldByOther { holder } => Err(BarrierError::HeldByOther {
                 barrier: name.into(),
-                holder: who,
-            });
+                holder,
+            }),
+            HoldReply::Held {
+                holder,
+                held_at,
+                expires_at,
+                again,
+            } => Ok((
+                Hold {
+                    barrier: name.into(),
+                    held: true,
+                    holder: Some(holder),
+                    held_at: Some(held_at),
+                    expires_at: Some(expires_at),
+                },
+                !again,
+            )),
         }
-        Ok((
-            Hold {
-                barrier: name.into(),
-                held: true,
-                holder: Some(who),
-                held_at: Some(held_at),
-                expires_at: Some(expires),
-            },
-            code == 1,
-        ))
     }
 
     /// Lowers the etcd-style barrier. Returns whether it was held.
     pub async fn lift(&self, name: &str, actor: &str) -> Result<bool, BarrierError> {
-        let code: i64 = self
-            .store
-            .eval(
-                &self.scripts.lift,
-                &[self.k_hold(name), self.k_holds()],
-                &[name.into(), actor.into(), self.node_id.clone()],
-            )
-            .await?;
-        Ok(code == 1)
+        let call = scripts::Lift {
+            name,
+            actor,
+            me: &self.node_id,
+        };
+        Ok(self.store.run(&self.scripts.lift, &call).await?.0)
     }
 
     /// The hold of `name` as of now, and the milliseconds until it lifts
@@ -861,59 +778,46 @@ impl Barriers {
 
     /// `node` enters DoubleBarrier `name` of `count`.
     pub async fn enter(&self, name: &str, node: &str, count: u32) -> Result<Entered, BarrierError> {
-        let (code, cnt, entrants, ready_at, _cycle): (i64, u32, u32, i64, String) = self
-            .store
-            .eval(
-                &self.scripts.enter,
-                &[self.k_db(name), self.k_db_in(name), self.k_db_index()],
-                &[
-                    name.into(),
-                    node.into(),
-                    count.to_string(),
-                    self.node_ttl_ms.to_string(),
-                    self.cfg.idle_ttl_ms.to_string(),
-                    self.node_id.clone(),
-                ],
-            )
-            .await?;
-        match code {
-            -1 => Err(BarrierError::TooManyEntrants {
+        let call = scripts::Enter {
+            name,
+            node,
+            count,
+            node_ttl_ms: self.node_ttl_ms,
+            idle_ttl_ms: self.cfg.idle_ttl_ms,
+            me: &self.node_id,
+        };
+        match self.store.run(&self.scripts.enter, &call).await? {
+            EnterReply::TooMany { state } => Err(BarrierError::TooManyEntrants {
                 name: name.into(),
-                count: cnt,
+                count: state.count,
             }),
-            -2 => Err(BarrierError::CountMismatch {
+            EnterReply::CountMismatch { state } => Err(BarrierError::CountMismatch {
                 name: name.into(),
-                count: cnt,
+                count: state.count,
             }),
-            -3 => Err(BarrierError::NodeNotAlive(node.into())),
-            _ => Ok(Entered {
-                entered_now: code == 1,
-                count: cnt,
-                entrants,
-                ready_at: (ready_at > 0).then_some(ready_at),
+            EnterReply::NodeNotAlive => Err(BarrierError::NodeNotAlive(node.into())),
+            EnterReply::Entered { state, again } => Ok(Entered {
+                entered_now: !again,
+                count: state.count,
+                entrants: state.entrants,
+                ready_at: state.ready_at,
             }),
         }
     }
 
     /// `node` leaves DoubleBarrier `name`.
     pub async fn leave(&self, name: &str, node: &str) -> Result<Left, BarrierError> {
-        let (code, entrants, _ready_at, cycle): (i64, u32, i64, String) = self
-            .store
-            .eval(
-                &self.scripts.leave,
-                &[self.k_db(name), self.k_db_in(name)],
-                &[
-                    name.into(),
-                    node.into(),
-                    self.node_ttl_ms.to_string(),
-                    self.node_id.clone(),
-                ],
-            )
-            .await?;
+        let call = scripts::Leave {
+            name,
+            node,
+            node_ttl_ms: self.node_ttl_ms,
+            me: &self.node_id,
+        };
+        let reply = self.store.run(&self.scripts.leave, &call).await?;
         Ok(Left {
-            left_now: code == 1,
-            entrants,
-            cycle: (!cycle.is_empty()).then_some(cycle),
+            left_now: reply.left_now,
+            entrants: reply.entrants,
+            cycle: (!reply.cycle.is_empty()).then_some(reply.cycle),
         })
     }
 
@@ -968,19 +872,12 @@ impl Barriers {
 
     /// Evicts dead entrants of every DoubleBarrier (the background loop).
     pub async fn sweep_double_barriers(&self) -> Result<i64, BarrierError> {
-        let (evicted, _known): (i64, i64) = self
-            .store
-            .eval(
-                &self.scripts.db_sweep,
-                &[self.k_db_index()],
-                &[
-                    self.node_ttl_ms.to_string(),
-                    self.cfg.idle_ttl_ms.to_string(),
-                    self.node_id.clone(),
-                    "1000".into(),
-                ],
-            )
-            .await?;
-        Ok(evicted)
+        let call = scripts::DbSweep {
+            node_ttl_ms: self.node_ttl_ms,
+            idle_ttl_ms: self.cfg.idle_ttl_ms,
+            me: &self.node_id,
+            limit: 1000,
+        };
+        Ok(self.store.run(&self.scripts.db_sweep, &call).await?.evicted)
     }
 }

@@ -60,11 +60,18 @@ codes! {
     /// the maximum delay after Redis time).
     TooFar = -8, "TOO_FAR";
     /// The state does not allow the change (a finished task cancelled, a
-    /// task deleted while it runs, ...).
+    /// task deleted while it runs, a barrier held by another holder, a
+    /// DoubleBarrier entered with another count, ...).
     WrongState = -9, "WRONG_STATE";
     /// The lease lapsed (by Redis time, or its node is gone) before the
     /// call: the lock is free now.
     Lapsed = -10, "LAPSED";
+    /// The node is not a participant (of the barrier round).
+    NotParticipant = -11, "NOT_PARTICIPANT";
+    /// A bound without a code of its own would be exceeded:
+    /// `barriers.max_barriers`, `barriers.max_open_rounds`, or a
+    /// DoubleBarrier's count of entrants (the script's header says which).
+    TooMany = -12, "TOO_MANY";
 }
 
 /// The Lua table `E`, for the prelude.

@@ -2,7 +2,8 @@
 //! verdict follows the rule, late arrivals read it too, a round nobody calls
 //! about is decided at its deadline, waiters wake on the decision; etcd-style
 //! holds and DoubleBarriers (count, too-many, leave, a crashed entrant); the
-//! CLI's exit codes; the page, the metrics, and keys returning to baseline.
+//! CLI's exit codes; the page, the metrics, keys returning to baseline, and
+//! each script refusal's HTTP answer.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::process::Command;
@@ -934,4 +935,68 @@ async fn holds_are_visible_configured_or_not() {
     // A round's incarnation is internal (see a_cached_verdict_never_answers_a_reopened_round).
     let round = &doc["components"]["schemas"]["Round"];
     assert!(round["properties"].get("incarnation").is_none(), "{round}");
+}
+
+/// Every refusal a barrier script returns, by its code, maps to its HTTP
+/// status and body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_outcomes_map_to_http() {
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| {
+        c.barriers.max_barriers = 1;
+        c.barriers.max_open_rounds = 1;
+    })
+    .await;
+    // E.NOT_FOUND: an arrival at a barrier nobody configured.
+    assert_eq!(arrive(&a, "nope", "r", "x", 0).await.0, 404);
+    // delete.lua's 0: deleting a barrier that is neither configured nor held.
+    assert_eq!(a.delete("/api/v1/barriers/nope").await.0, 404);
+    configure(&a, "only", &strings(&["x", "y"]), 0, 60_000).await;
+    // E.TOO_MANY (max_barriers): a second barrier; updating the first is fine.
+    let (s, v) = a
+        .put(
+            "/api/v1/barriers/second",
+            json!({"participants": ["x"], "max_missing": 0, "timeout_ms": 1000}),
+        )
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("barriers.max_barriers"), "{v}");
+    configure(&a, "only", &strings(&["x", "y"]), 1, 60_000).await;
+    // E.NOT_PARTICIPANT: 403, and nothing opened.
+    let (s, v) = arrive(&a, "only", "r1", "intruder", 0).await;
+    assert_eq!(s, 403, "{v}");
+    assert_eq!(a.get("/api/v1/barriers/only/rounds/r1").await.0, 404);
+    // E.TOO_MANY (max_open_rounds): a second open round.
+    assert_eq!(arrive(&a, "only", "r1", "x", 0).await.0, 200);
+    let (s, v) = arrive(&a, "only", "r2", "x", 0).await;
+    assert_eq!((s, v["reason"].clone()), (409, json!("too_many_open_rounds")), "{v}");
+    assert_eq!(v["max_open_rounds"], 1, "{v}");
+    // E.WRONG_STATE (hold.lua): held by another holder.
+    assert_eq!(a.post("/api/v1/barriers/g/hold", json!({"holder": "ops"})).await.0, 201);
+    let (s, v) = a.post("/api/v1/barriers/g/hold", json!({"holder": "other"})).await;
+    assert_eq!((s, v["holder"].clone()), (409, json!("ops")), "{v}");
+    // E.NODE_NOT_ALIVE: an entrant whose node is not registered.
+    let (s, v) = enter(&a, "d", "ghost", 2, 0).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("`ghost` is not registered"),
+        "{v}"
+    );
+    let _hb: Vec<_> = futures_util::future::join_all(["w1", "w2", "w3"].map(|w| join_worker(&a, w))).await;
+    assert_eq!(enter(&a, "d", "w1", 2, 0).await.0, 200);
+    // E.WRONG_STATE (enter.lua): another count; the barrier's is returned.
+    let (s, v) = enter(&a, "d", "w2", 3, 0).await;
+    assert_eq!(
+        (s, v["reason"].clone(), v["count"].clone()),
+        (409, json!("count_mismatch"), json!(2)),
+        "{v}"
+    );
+    // E.TOO_MANY (enter.lua): the count+1-th entrant.
+    assert_eq!(enter(&a, "d", "w2", 2, 0).await.0, 200);
+    let (s, v) = enter(&a, "d", "w3", 2, 0).await;
+    assert_eq!(
+        (s, v["reason"].clone(), v["count"].clone()),
+        (409, json!("too_many"), json!(2)),
+        "{v}"
+    );
 }

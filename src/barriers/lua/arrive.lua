@@ -27,8 +27,9 @@
 -- ARGV[7]  max_open_rounds          undecided rounds allowed per barrier
 --
 -- Returns {code, decided, now_ms, field, value, ...}
---   code     1 ok, -1 no such barrier, -2 not a participant of this round, -3 the round
---            would open but the barrier has max_open_rounds undecided rounds already
+--   code     1 ok, E.NOT_FOUND no such barrier, E.NOT_PARTICIPANT not a participant of
+--            this round, E.TOO_MANY the round would open but the barrier has
+--            max_open_rounds undecided rounds already
 --   decided  the verdict this call set ('released' | 'aborted'), or ''
 --   field, value ...  the round hash after the call (HGETALL)
 -- Emits barrier.round_opened (first arrival), barrier.arrived (each participant once,
@@ -40,12 +41,12 @@ local rk = KEYS[2]
 local now = now_ms()
 local nows = int(now)
 local cfg = redis.call('HMGET', KEYS[1], 'parts', 'n', 'max_missing', 'timeout_ms')
-if not cfg[1] then return {-1, '', now} end
+if not cfg[1] then return {E.NOT_FOUND, '', now} end
 
 local parts = redis.call('HGET', rk, 'parts')
 if not parts then
   -- Open the round with a snapshot of the configuration.
-  if not string.find(cfg[1], ',' .. who .. ',', 1, true) then return {-2, '', now} end
+  if not string.find(cfg[1], ',' .. who .. ',', 1, true) then return {E.NOT_PARTICIPANT, '', now} end
   local ok = open_key(b)
   if redis.call('ZCARD', ok) >= max_open then
     -- At the bound: entries past their deadline may be stale (a round decided by an
@@ -54,7 +55,7 @@ if not parts then
       local k = round_key(b, o)
       if redis.call('EXISTS', k) == 0 or redis.call('HEXISTS', k, 'verdict') == 1 then redis.call('ZREM', ok, o) end
     end
-    if redis.call('ZCARD', ok) >= max_open then return {-3, '', now} end
+    if redis.call('ZCARD', ok) >= max_open then return {E.TOO_MANY, '', now} end
   end
   local life = tonumber(cfg[4]) + tonumber(retention)
   local deadline = int(now + tonumber(cfg[4]))
@@ -77,7 +78,7 @@ if not parts then
   redis.call('HSET', rk, 'opened_id', oid)
   parts = cfg[1]
 elseif not string.find(parts, ',' .. who .. ',', 1, true) then
-  return {-2, '', now}
+  return {E.NOT_PARTICIPANT, '', now}
 end
 
 local decided = ''

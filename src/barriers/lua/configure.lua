@@ -14,11 +14,12 @@
 -- ARGV[7]  max_barriers
 -- ARGV[8]  acting muster node id (events)
 --
--- Returns {code, now_ms}: code 1 created, 0 updated, -1 too many barriers.
--- Emits barrier.configured unless it returns -1.
+-- Returns {code, now_ms}: code 1 created, 0 updated, E.TOO_MANY too many barriers
+-- (max_barriers).
+-- Emits barrier.configured unless it returns E.TOO_MANY.
 local now = now_ms()
 local created = redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0
-if created and redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[7]) then return {-1, now} end
+if created and redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[7]) then return {E.TOO_MANY, now} end
 redis.call('SADD', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], 'parts', ARGV[2], 'n', ARGV[3], 'max_missing', ARGV[4], 'timeout_ms', ARGV[5],
   'updated_at', int(now), 'updated_by', ARGV[6])

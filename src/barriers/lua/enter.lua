@@ -19,8 +19,9 @@
 -- ARGV[6]  acting muster node id (events)
 --
 -- Returns {code, count, entrants, ready_at, cycle}
---   code      1 entered now, 2 already an entrant, -1 too many entrants, -2 count differs
---             from the barrier's (count returned), -3 the node is not alive
+--   code      1 entered now, 2 already an entrant, E.TOO_MANY too many entrants,
+--             E.WRONG_STATE count differs from the barrier's (count returned),
+--             E.NODE_NOT_ALIVE the node is not alive
 --   ready_at  Redis ms when the barrier became ready, 0 while not ready
 --   cycle     id of the ready cycle (the stream id of its dbarrier.ready event), or ''
 -- Emits dbarrier.evicted, dbarrier.reset (see db_evict), dbarrier.entered, and
@@ -45,10 +46,10 @@ if redis.call('ZSCORE', KEYS[2], node) then
   return state(2)
 end
 local score = redis.call('ZSCORE', P .. ':nodes', node)
-if not score or tonumber(score) <= now then return state(-3) end
+if not score or tonumber(score) <= now then return state(E.NODE_NOT_ALIVE) end
 local f = redis.call('HMGET', KEYS[1], 'count', 'ready_at')
-if f[1] and tonumber(f[1]) ~= count then return state(-2) end
-if f[2] or redis.call('ZCARD', KEYS[2]) >= count then return state(-1) end
+if f[1] and tonumber(f[1]) ~= count then return state(E.WRONG_STATE) end
+if f[2] or redis.call('ZCARD', KEYS[2]) >= count then return state(E.TOO_MANY) end
 redis.call('ZADD', KEYS[2], int(now), node)
 if not f[1] then redis.call('HSET', KEYS[1], 'count', int(count), 'created_at', int(now)) end
 local entrants = redis.call('ZCARD', KEYS[2])

@@ -12,12 +12,12 @@
 -- ARGV[4]  acting muster node id (events)
 --
 -- Returns {code, holder, held_at, expires_at}
---   code 1 held now, 2 refreshed (same holder), -1 held by another holder
+--   code 1 held now, 2 refreshed (same holder), E.WRONG_STATE held by another holder
 -- Emits barrier.held when it returns 1.
 local now = now_ms()
 local f = redis.call('HMGET', KEYS[1], 'holder', 'held_at')
 if f[1] and f[1] ~= ARGV[2] then
-  return {-1, f[1], tonumber(f[2]), now + redis.call('PTTL', KEYS[1])}
+  return {E.WRONG_STATE, f[1], tonumber(f[2]), now + redis.call('PTTL', KEYS[1])}
 end
 local expires = now + tonumber(ARGV[3])
 -- Holds that lifted themselves (their TTL passed) leave the index here.
