@@ -60,11 +60,16 @@ codes! {
     /// the maximum delay after Redis time).
     TooFar = -8, "TOO_FAR";
     /// The state does not allow the change (a finished task cancelled, a
-    /// task deleted while it runs, ...).
+    /// task deleted while it runs, a disabled schedule fired, a schedule
+    /// written from config.toml changed through the API, ...).
     WrongState = -9, "WRONG_STATE";
     /// The lease lapsed (by Redis time, or its node is gone) before the
     /// call: the lock is free now.
     Lapsed = -10, "LAPSED";
+    /// A create of something that exists already (a schedule id).
+    Exists = -12, "EXISTS";
+    /// `schedules.max_schedules` would be exceeded.
+    TooManySchedules = -13, "TOO_MANY_SCHEDULES";
 }
 
 /// The Lua table `E`, for the prelude.
