@@ -30,6 +30,7 @@
 //! - Every state change emits its event in the same script (G9).
 
 pub mod routes;
+mod scripts;
 pub mod worker;
 
 use std::collections::{BTreeMap, HashSet};
@@ -44,10 +45,10 @@ use redis::Value;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use self::scripts::{DeleteReply, Scripts, SetEnabledReply, TriggerReply, UpsertMode, UpsertReply};
 use crate::config::{SchedulesConfig, TasksConfig};
 use crate::error::ApiError;
-use crate::store::reply::{at, int, text};
-use crate::store::{Lua, ScriptCtx, Store, StoreError};
+use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::{NewTask, TaskSpec};
 
 /// What happens when an occurrence is due while the previous firing's task is
@@ -458,23 +459,36 @@ pub struct Triggered {
     pub replayed: bool,
 }
 
+/// How one fire script call ended (see `lua/fire.lua`, whose refusals are
+/// the shared codes `E.NOT_FOUND`, `E.STALE` and `E.WRONG_STATE`). The
+/// discriminant is [`FireResult::code`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i64)]
+pub enum FireOutcome {
+    /// Every proposed occurrence was due and has its outcome.
+    Done = 1,
+    /// Stopped at a proposed occurrence not yet due (`wait_ms` until it is).
+    NotDue = 0,
+    /// The schedule is gone.
+    NotFound = -1,
+    /// The definition changed (another version) since it was read.
+    Changed = -2,
+    /// The schedule is disabled.
+    Disabled = -3,
+}
+
 /// What one fire script call did (see `lua/fire.lua`).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct FireResult {
+    pub outcome: FireOutcome,
+    /// `outcome` as a number: 1 done, 0 not due, -1 no such schedule, -2 the
+    /// definition changed, -3 disabled.
     pub code: i64,
     pub cursor: i64,
     pub fired: u64,
     pub skipped: u64,
     pub missed: u64,
     pub wait_ms: i64,
-}
-
-struct Scripts {
-    upsert: Lua,
-    delete: Lua,
-    set_enabled: Lua,
-    fire: Lua,
-    trigger: Lua,
 }
 
 /// The schedule service.
@@ -500,7 +514,6 @@ impl Schedules {
         node_id: String,
         ctx: &ScriptCtx,
     ) -> Arc<Schedules> {
-        let l = |name, src| Lua::load(name, src, ctx);
         let config_ids = cfg.items.iter().map(|d| d.id.clone()).collect();
         for result in ["fired", "skipped_overlap", "missed"] {
             metrics::counter!("muster_schedule_fires_total", "result" => result).increment(0);
@@ -511,13 +524,7 @@ impl Schedules {
             tasks,
             node_id,
             config_ids,
-            scripts: Scripts {
-                upsert: l("schedule_upsert", include_str!("lua/upsert.lua")),
-                delete: l("schedule_delete", include_str!("lua/delete.lua")),
-                set_enabled: l("schedule_set_enabled", include_str!("lua/set_enabled.lua")),
-                fire: l("schedule_fire", include_str!("lua/fire.lua")),
-                trigger: l("schedule_trigger", include_str!("lua/trigger.lua")),
-            },
+            scripts: Scripts::new(ctx),
             changed: tokio::sync::Notify::new(),
         })
     }
@@ -541,19 +548,25 @@ impl Schedules {
     }
 
     fn key(&self, id: &str) -> String {
-        format!("{}:schedule:{id}", self.store.keys().prefix())
+        scripts::schedule_key(self.store.keys(), id)
     }
 
     fn history_key(&self, id: &str) -> String {
-        format!("{}:schedule:{id}:history", self.store.keys().prefix())
+        scripts::history_key(self.store.keys(), id)
     }
 
     fn set_key(&self) -> String {
-        format!("{}:schedules", self.store.keys().prefix())
+        scripts::schedules_key(self.store.keys())
     }
 
-    /// Writes a checked definition. Returns (code, version) of `upsert.lua`.
-    async fn upsert(&self, c: &Checked, mode: &str, actor: &str, config_hash: &str) -> Result<(i64, u64), StoreError> {
+    /// Writes a checked definition with `upsert.lua`.
+    async fn upsert(
+        &self,
+        c: &Checked,
+        mode: UpsertMode,
+        actor: &str,
+        config_hash: &str,
+    ) -> Result<UpsertReply, StoreError> {
         let d = &c.def;
         let t = &c.task;
         let spec = serde_json::to_string(d).unwrap_or_default();
@@ -577,20 +590,15 @@ impl Schedules {
             ("backoff_base", t.backoff_base_ms.to_string()),
             ("backoff_cap", t.backoff_cap_ms.to_string()),
         ];
-        let mut args = vec![
-            d.id.clone(),
-            mode.to_string(),
-            actor.to_string(),
-            self.cfg.max_schedules.to_string(),
-            config_hash.to_string(),
-            fields.len().to_string(),
-        ];
-        for (f, v) in fields {
-            args.push(f.to_string());
-            args.push(v);
-        }
-        let r: Vec<i64> = self.store.eval(&self.scripts.upsert, &[self.key(&d.id)], &args).await?;
-        Ok((r.first().copied().unwrap_or(0), r.get(1).copied().unwrap_or(0) as u64))
+        let call = scripts::Upsert {
+            id: &d.id,
+            mode,
+            actor,
+            max_schedules: self.cfg.max_schedules,
+            config_hash,
+            fields,
+        };
+        self.store.run(&self.scripts.upsert, &call).await
     }
 
     /// Creates a schedule; refused if the id exists.
@@ -598,11 +606,11 @@ impl Schedules {
         if self.in_config(&c.def.id) {
             return Err(ScheduleError::InThisConfig(c.def.id.clone()));
         }
-        match self.upsert(c, "create", actor, "").await? {
-            (-1, _) => Err(ScheduleError::Exists(c.def.id.clone())),
-            (-3, _) => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
-            (-4, _) => Err(ScheduleError::FromConfig(c.def.id.clone())),
-            _ => {
+        match self.upsert(c, UpsertMode::Create, actor, "").await? {
+            UpsertReply::Exists => Err(ScheduleError::Exists(c.def.id.clone())),
+            UpsertReply::TooMany => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
+            UpsertReply::FromConfig => Err(ScheduleError::FromConfig(c.def.id.clone())),
+            UpsertReply::Created { .. } | UpsertReply::Replaced { .. } | UpsertReply::Unchanged { .. } => {
                 self.changed.notify_one();
                 Ok(())
             }
@@ -615,12 +623,14 @@ impl Schedules {
         if self.in_config(&c.def.id) {
             return Err(ScheduleError::InThisConfig(c.def.id.clone()));
         }
-        match self.upsert(c, "put", actor, "").await? {
-            (-3, _) => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
-            (-4, _) => Err(ScheduleError::FromConfig(c.def.id.clone())),
-            (code, _) => {
+        match self.upsert(c, UpsertMode::Put, actor, "").await? {
+            UpsertReply::TooMany => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
+            UpsertReply::FromConfig => Err(ScheduleError::FromConfig(c.def.id.clone())),
+            // Exists: mode create only.
+            UpsertReply::Exists => Err(ScheduleError::Exists(c.def.id.clone())),
+            reply => {
                 self.changed.notify_one();
-                Ok(code == 1)
+                Ok(matches!(reply, UpsertReply::Created { .. }))
             }
         }
     }
@@ -641,10 +651,11 @@ impl Schedules {
             };
             let text = serde_json::to_string(def).unwrap_or_default();
             let hash = crate::auth::hex(&<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
-            match self.upsert(&c, "config", &self.node_id, &hash).await? {
-                (-3, _) => return Err(ScheduleError::TooMany(self.cfg.max_schedules)),
-                (1 | 2, _) => changed += 1,
-                _ => {}
+            match self.upsert(&c, UpsertMode::Config, &self.node_id, &hash).await? {
+                UpsertReply::TooMany => return Err(ScheduleError::TooMany(self.cfg.max_schedules)),
+                UpsertReply::Created { .. } | UpsertReply::Replaced { .. } => changed += 1,
+                // Unchanged; Exists and FromConfig are not answers to mode config.
+                UpsertReply::Unchanged { .. } | UpsertReply::Exists | UpsertReply::FromConfig => {}
             }
         }
         Ok(changed)
@@ -658,18 +669,11 @@ impl Schedules {
         if self.in_config(id) {
             return Err(ScheduleError::InThisConfig(id.into()));
         }
-        let n: i64 = self
-            .store
-            .eval(
-                &self.scripts.delete,
-                &[self.key(id)],
-                &[id.into(), actor.into(), if force { "1" } else { "0" }.into()],
-            )
-            .await?;
-        match n {
-            0 => Err(ScheduleError::NotFound(id.into())),
-            -1 => Err(ScheduleError::FromConfig(id.into())),
-            _ => Ok(()),
+        let call = scripts::Delete { id, actor, force };
+        match self.store.run(&self.scripts.delete, &call).await? {
+            DeleteReply::Deleted => Ok(()),
+            DeleteReply::NotFound => Err(ScheduleError::NotFound(id.into())),
+            DeleteReply::FromConfig => Err(ScheduleError::FromConfig(id.into())),
         }
     }
 
@@ -677,19 +681,12 @@ impl Schedules {
     /// switch stands until their config entry changes). Returns true if it
     /// changed.
     pub async fn set_enabled(&self, id: &str, enabled: bool, actor: &str) -> Result<bool, ScheduleError> {
-        let r: Vec<i64> = self
-            .store
-            .eval(
-                &self.scripts.set_enabled,
-                &[self.key(id)],
-                &[id.into(), if enabled { "1" } else { "0" }.into(), actor.into()],
-            )
-            .await?;
-        match r.first().copied().unwrap_or(-1) {
-            -1 => Err(ScheduleError::NotFound(id.into())),
-            code => {
+        let call = scripts::SetEnabled { id, enabled, actor };
+        match self.store.run(&self.scripts.set_enabled, &call).await? {
+            SetEnabledReply::NotFound => Err(ScheduleError::NotFound(id.into())),
+            reply => {
                 self.changed.notify_one();
-                Ok(code == 1)
+                Ok(matches!(reply, SetEnabledReply::Changed { .. }))
             }
         }
     }
@@ -699,45 +696,52 @@ impl Schedules {
     /// `tasks.idempotency_window_ms` returns that trigger's task and fires nothing.
     pub async fn trigger(&self, id: &str, actor: &str, key: Option<&str>) -> Result<Triggered, ScheduleError> {
         let task_id = ulid::Ulid::generate().to_string();
-        let reply: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.trigger,
-                &[self.key(id)],
-                &[
-                    id.into(),
-                    actor.into(),
-                    self.node_id.clone(),
-                    task_id,
-                    self.cfg.history_max.to_string(),
-                    self.tasks.idempotency_window_ms.to_string(),
-                    self.tasks.max_queues.to_string(),
-                    self.tasks.retention_ms.to_string(),
-                    key.unwrap_or_default().to_string(),
-                ],
-            )
-            .await?;
-        let (code, task, occurrence) = (int(at(&reply, 0)), text(at(&reply, 1)), int(at(&reply, 2)));
-        match code {
-            1 | 2 => {
-                if code == 1 {
-                    metrics::counter!("muster_schedule_fires_total", "result" => "fired").increment(1);
-                }
+        let call = scripts::Trigger {
+            id,
+            actor,
+            node: &self.node_id,
+            task_id: &task_id,
+            history_max: self.cfg.history_max,
+            idempotency_window_ms: self.tasks.idempotency_window_ms,
+            max_queues: self.tasks.max_queues,
+            retention_ms: self.tasks.retention_ms,
+            key,
+        };
+        match self.store.run(&self.scripts.trigger, &call).await? {
+            TriggerReply::Fired {
+                task,
+                occurrence,
+                queue,
+                replaced,
+            } => {
+                metrics::counter!("muster_schedule_fires_total", "result" => "fired").increment(1);
                 Ok(Triggered {
                     schedule: id.into(),
                     task,
-                    queue: text(at(&reply, 3)),
+                    queue,
                     occurrence,
-                    replaced: Some(text(at(&reply, 4))).filter(|r| !r.is_empty()),
-                    replayed: code == 2,
+                    replaced,
+                    replayed: false,
                 })
             }
-            -4 => {
+            TriggerReply::Replayed {
+                task,
+                occurrence,
+                queue,
+            } => Ok(Triggered {
+                schedule: id.into(),
+                task,
+                queue,
+                occurrence,
+                replaced: None,
+                replayed: true,
+            }),
+            TriggerReply::Skipped { live_task } => {
                 metrics::counter!("muster_schedule_fires_total", "result" => "skipped_overlap").increment(1);
-                Err(ScheduleError::Overlap(task))
+                Err(ScheduleError::Overlap(live_task))
             }
-            -5 => Err(ScheduleError::TooManyQueues(self.tasks.max_queues)),
-            _ => Err(ScheduleError::NotFound(id.into())),
+            TriggerReply::TooManyQueues => Err(ScheduleError::TooManyQueues(self.tasks.max_queues)),
+            TriggerReply::NotFound => Err(ScheduleError::NotFound(id.into())),
         }
     }
 
@@ -750,34 +754,23 @@ impl Schedules {
         occurrences: &[i64],
         after: Option<i64>,
     ) -> Result<FireResult, StoreError> {
-        let mut args = Vec::with_capacity(11 + 2 * occurrences.len());
-        args.extend([
-            id.to_string(),
-            version.to_string(),
-            self.node_id.clone(),
-            self.cfg.max_skew_ms.to_string(),
-            self.cfg.record_ttl_ms.to_string(),
-            self.cfg.history_max.to_string(),
-            self.tasks.idempotency_window_ms.to_string(),
-            self.tasks.max_queues.to_string(),
-            self.tasks.retention_ms.to_string(),
-            after.unwrap_or(0).to_string(),
-            occurrences.len().to_string(),
-        ]);
-        for t in occurrences {
-            args.push(t.to_string());
-            args.push(ulid::Ulid::generate().to_string());
-        }
-        let r: Vec<i64> = self.store.eval(&self.scripts.fire, &[self.key(id)], &args).await?;
-        let g = |i: usize| r.get(i).copied().unwrap_or(0);
-        let res = FireResult {
-            code: g(0),
-            cursor: g(1),
-            fired: g(2).max(0) as u64,
-            skipped: g(3).max(0) as u64,
-            missed: g(4).max(0) as u64,
-            wait_ms: g(5),
+        let call = scripts::Fire {
+            id,
+            version,
+            node: &self.node_id,
+            grace_ms: self.cfg.max_skew_ms,
+            record_ttl_ms: self.cfg.record_ttl_ms,
+            history_max: self.cfg.history_max,
+            idempotency_window_ms: self.tasks.idempotency_window_ms,
+            max_queues: self.tasks.max_queues,
+            retention_ms: self.tasks.retention_ms,
+            after,
+            occurrences: occurrences
+                .iter()
+                .map(|t| (*t, ulid::Ulid::generate().to_string()))
+                .collect(),
         };
+        let res = self.store.run(&self.scripts.fire, &call).await?;
         for (result, n) in [
             ("fired", res.fired),
             ("skipped_overlap", res.skipped),

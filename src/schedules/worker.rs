@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{Schedules, Timing};
+use super::{FireOutcome, Schedules, Timing};
 use crate::store::StoreError;
 
 /// Occurrences proposed per script call.
@@ -118,18 +118,18 @@ impl Schedules {
                         break;
                     }
                 };
-                match r.code {
-                    1 => {
+                match r.outcome {
+                    FireOutcome::Done => {
                         cursor = r.cursor;
                         if after.is_none_or(|a| a > horizon) {
                             break;
                         }
                     }
-                    0 => {
+                    FireOutcome::NotDue => {
                         wake = wake.min(Duration::from_millis(r.wait_ms.max(1) as u64));
                         break;
                     }
-                    _ => {
+                    FireOutcome::NotFound | FireOutcome::Changed | FireOutcome::Disabled => {
                         // Changed, disabled or deleted since it was read: look again soon.
                         wake = wake.min(Duration::from_millis(20));
                         break;

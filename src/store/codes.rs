@@ -61,7 +61,8 @@ codes! {
     TooFar = -8, "TOO_FAR";
     /// The state does not allow the change (a finished task cancelled, a
     /// task deleted while it runs, a barrier held by another holder, a
-    /// DoubleBarrier entered with another count, ...).
+    /// DoubleBarrier entered with another count, a disabled schedule fired,
+    /// a schedule written from config.toml changed through the API, ...).
     WrongState = -9, "WRONG_STATE";
     /// The lease lapsed (by Redis time, or its node is gone) before the
     /// call: the lock is free now.
@@ -69,9 +70,12 @@ codes! {
     /// The node is not a participant (of the barrier round).
     NotParticipant = -11, "NOT_PARTICIPANT";
     /// A bound without a code of its own would be exceeded:
-    /// `barriers.max_barriers`, `barriers.max_open_rounds`, or a
-    /// DoubleBarrier's count of entrants (the script's header says which).
+    /// `barriers.max_barriers`, `barriers.max_open_rounds`, a
+    /// DoubleBarrier's count of entrants, or `schedules.max_schedules` (the
+    /// script's header says which).
     TooMany = -12, "TOO_MANY";
+    /// A create of something that exists already (a schedule id).
+    Exists = -13, "EXISTS";
 }
 
 /// The Lua table `E`, for the prelude.

@@ -35,7 +35,8 @@
 -- Returns {code, cursor, fired, skipped, missed, wait_ms}
 --   code  1  every proposed occurrence was due and has its outcome (wait_ms -1)
 --         0  stopped at a proposed occurrence not yet due; wait_ms until it is
---        -1  no such schedule, -2 the definition changed (version), -3 disabled
+--        E.NOT_FOUND no such schedule, E.STALE the definition changed (version),
+--        E.WRONG_STATE disabled (after a refusal the counts are 0, wait_ms -1)
 -- Emits schedule.fired (after task.enqueued, and task.cancelled for 'replace'),
 -- schedule.skipped, and one schedule.missed per run of consecutive missed occurrences.
 local s, version, node = ARGV[1], ARGV[2], ARGV[3]
@@ -43,9 +44,9 @@ local grace, record_ttl, hist_max = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]
 local o = {node = node, window = ARGV[7], max_queues = tonumber(ARGV[8])}
 local retention, after, n = ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
 local sf = hash_table(KEYS[1])
-if not sf.version then return {-1, 0, 0, 0, 0, -1} end
-if sf.version ~= version then return {-2, 0, 0, 0, 0, -1} end
-if sf.enabled ~= '1' then return {-3, 0, 0, 0, 0, -1} end
+if not sf.version then return {E.NOT_FOUND, 0, 0, 0, 0, -1} end
+if sf.version ~= version then return {E.STALE, 0, 0, 0, 0, -1} end
+if sf.enabled ~= '1' then return {E.WRONG_STATE, 0, 0, 0, 0, -1} end
 local now = now_ms()
 local nows = int(now)
 local cursor = tonumber(sf.cursor or '0')

@@ -84,11 +84,11 @@ end
 -- the claim indexes (make_queued) and the task.enqueued event.
 -- sf: the schedule's fields (HGETALL as a table); o: {node, window, max_queues}.
 -- Returns code, task id: 1 created, 2 the idempotency key already names a task
--- (that task's id), -2 too many queues.
+-- (that task's id), E.TOO_MANY_QUEUES too many queues ('') -- the codes of enqueue.lua.
 local function submit_task(s, sf, id, idem, occurrence, nows, o)
   local q, g = sf.queue, sf.group or ''
   if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
-    if redis.call('SCARD', P .. ':queues') >= o.max_queues then return -2, '' end
+    if redis.call('SCARD', P .. ':queues') >= o.max_queues then return E.TOO_MANY_QUEUES, '' end
     redis.call('SADD', P .. ':queues', q)
   end
   local prev = redis.call('GET', P .. ':idem:' .. idem)

@@ -11,11 +11,12 @@
 -- ARGV[2]  '1' enable, '0' disable
 -- ARGV[3]  actor, for the event
 --
--- Returns {code, version}: 1 changed, 0 already so, -1 no such schedule.
+-- Returns {code, version}: 1 changed, 0 already so, E.NOT_FOUND no such schedule
+-- (version 0).
 -- Emits schedule.enabled or schedule.disabled.
 local s, want, actor = ARGV[1], ARGV[2], ARGV[3]
 local f = redis.call('HMGET', KEYS[1], 'version', 'enabled')
-if not f[1] then return {-1, 0} end
+if not f[1] then return {E.NOT_FOUND, 0} end
 if f[2] == want then return {0, tonumber(f[1])} end
 local nows = int(now_ms())
 redis.call('HSET', KEYS[1], 'enabled', want, 'updated_at', nows)

@@ -26,9 +26,9 @@
 -- Returns {code, task id, occurrence, queue, replaced}
 --   code  1 fired (the new task's id; replaced: the live task 'replace' cancelled, or ''),
 --         2 replay (the task the key names, its occurrence and queue; replaced ''),
---         -1 no such schedule,
---         -4 skipped: overlap 'forbid' and the previous task (its id) is live,
---         -5 too many queues (tasks.max_queues)
+--         3 skipped: overlap 'forbid' and the previous task (its id) is live,
+--         E.NOT_FOUND no such schedule (task '', occurrence 0, queue ''),
+--         E.TOO_MANY_QUEUES too many queues (tasks.max_queues; task '')
 -- Emits schedule.fired with manual = true (after task.enqueued, and task.cancelled
 -- for 'replace'), or schedule.skipped; nothing on a replay.
 local s, actor = ARGV[1], ARGV[2]
@@ -43,21 +43,21 @@ if earlier then
   local f = redis.call('HMGET', tkey(earlier), 'queue', 'occurrence')
   return {2, earlier, tonumber(f[2] or '0'), f[1] or sf.queue or '', ''}
 end
-if not sf.version then return {-1, '', 0, '', ''} end
+if not sf.version then return {E.NOT_FOUND, '', 0, '', ''} end
 local now = now_ms()
 local nows = int(now)
-if not queue_has_room(sf.queue, o.max_queues) then return {-5, '', now, sf.queue, ''} end
+if not queue_has_room(sf.queue, o.max_queues) then return {E.TOO_MANY_QUEUES, '', now, sf.queue, ''} end
 local gate, prev = overlap_gate(s, sf, nows, nows, retention, actor)
 if gate == 'skip' then
   push_history(s, {result = 'skipped_overlap', t = now, at = now, node = o.node, task = prev, manual = true,
     by = actor}, hist_max)
   redis.call('HINCRBY', KEYS[1], 'skipped', 1)
   emit('schedule.skipped', actor, {occurrence = now, live_task = prev, manual = true}, 'schedule', s, 'task', prev)
-  return {-4, prev, now, sf.queue, ''}
+  return {3, prev, now, sf.queue, ''}
 end
 -- The key was checked above and the queue has room: this creates the task.
 local c, id = submit_task(s, sf, ARGV[4], idem, nows, nows, o)
-if c == -2 then return {-5, '', now, sf.queue, ''} end
+if c == E.TOO_MANY_QUEUES then return {E.TOO_MANY_QUEUES, '', now, sf.queue, ''} end
 redis.call('HSET', KEYS[1], 'last_task', id, 'last_t', nows, 'last_at', nows, 'last_node', o.node)
 redis.call('HINCRBY', KEYS[1], 'fired', 1)
 push_history(s, {result = 'fired', t = now, at = now, node = o.node, task = id, late_ms = 0, manual = true,

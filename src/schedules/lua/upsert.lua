@@ -26,18 +26,19 @@
 -- ARGV[6]  n; then n field, value pairs: the definition (see lib.lua), enabled included
 --
 -- Returns {code, version}
---   code  1 created, 2 replaced, 3 unchanged (config), -1 exists (create),
---         -3 too many schedules (schedules.max_schedules),
---         -4 written from config.toml (stored source 'config'; modes create and put)
+--   code  1 created, 2 replaced, 3 unchanged (config), E.EXISTS exists (create),
+--         E.TOO_MANY too many schedules (schedules.max_schedules; version 0),
+--         E.WRONG_STATE written from config.toml (stored source 'config'; modes
+--         create and put)
 -- Emits schedule.created or schedule.updated.
 local s, mode, actor, max, chash = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local n = tonumber(ARGV[6])
 local old = redis.call('HMGET', KEYS[1], 'version', 'enabled', 'source', 'config_hash', 'expr', 'tz', 'cursor')
 local exists = old[1] ~= false
-if exists and mode ~= 'config' and old[3] == 'config' then return {-4, tonumber(old[1])} end
-if exists and mode == 'create' then return {-1, tonumber(old[1])} end
+if exists and mode ~= 'config' and old[3] == 'config' then return {E.WRONG_STATE, tonumber(old[1])} end
+if exists and mode == 'create' then return {E.EXISTS, tonumber(old[1])} end
 if exists and mode == 'config' and old[3] == 'config' and old[4] == chash then return {3, tonumber(old[1])} end
-if not exists and redis.call('SCARD', P .. ':schedules') >= max then return {-3, 0} end
+if not exists and redis.call('SCARD', P .. ':schedules') >= max then return {E.TOO_MANY, 0} end
 local now = now_ms()
 local nows = int(now)
 local fields = {}
