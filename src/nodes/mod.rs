@@ -14,6 +14,7 @@
 //!   and pruned, so nothing here grows without bound (G4).
 
 pub mod routes;
+mod scripts;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -23,7 +24,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::config::NodesConfig;
-use crate::store::{Lua, ScriptCtx, Store, StoreError};
+use crate::store::{ScriptCtx, Store, StoreError};
+use scripts::{DrainReply, HeartbeatOutcome, LeaveReply, Scripts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodesError {
@@ -157,13 +159,6 @@ pub struct Prune {
     pub grace_until: i64,
 }
 
-struct Scripts {
-    heartbeat: Lua,
-    prune: Lua,
-    drain: Lua,
-    leave: Lua,
-}
-
 /// The registry service.
 pub struct Nodes {
     store: Store,
@@ -173,12 +168,7 @@ pub struct Nodes {
 
 impl Nodes {
     pub fn new(store: Store, cfg: NodesConfig, ctx: &ScriptCtx) -> Arc<Nodes> {
-        let scripts = Scripts {
-            heartbeat: Lua::load("node_heartbeat", include_str!("lua/heartbeat.lua"), ctx),
-            prune: Lua::load("node_prune", include_str!("lua/prune.lua"), ctx),
-            drain: Lua::load("node_drain", include_str!("lua/drain.lua"), ctx),
-            leave: Lua::load("node_leave", include_str!("lua/leave.lua"), ctx),
-        };
+        let scripts = Scripts::new(ctx);
         Arc::new(Nodes { store, cfg, scripts })
     }
 
@@ -196,97 +186,59 @@ impl Nodes {
         version: &str,
         labels: &BTreeMap<String, String>,
     ) -> Result<Heartbeat, NodesError> {
-        let k = self.store.keys();
         let labels = serde_json::to_string(labels).unwrap_or_else(|_| "{}".into());
-        let info_ttl = ttl_ms + self.cfg.dead_retention_ms;
-        let (code, now, expires, state): (i64, i64, i64, String) = self
-            .store
-            .eval(
-                &self.scripts.heartbeat,
-                &[k.nodes(), k.node(id)],
-                &[
-                    id.into(),
-                    ttl_ms.to_string(),
-                    info_ttl.to_string(),
-                    self.cfg.max_nodes.to_string(),
-                    kind.as_str().into(),
-                    addr.into(),
-                    version.into(),
-                    labels,
-                ],
-            )
-            .await?;
+        let call = scripts::Heartbeat {
+            id,
+            kind,
+            ttl_ms,
+            info_ttl_ms: ttl_ms + self.cfg.dead_retention_ms,
+            max_nodes: self.cfg.max_nodes,
+            addr,
+            version,
+            labels: &labels,
+        };
+        let reply = self.store.run(&self.scripts.heartbeat, &call).await?;
         // The script read Redis time before this reply arrived: a sample for
         // the node's estimate of Redis time (script deadlines, G12).
-        self.store.observe_clock(now, std::time::Instant::now());
-        if code < 0 {
+        self.store.observe_clock(reply.now, std::time::Instant::now());
+        if reply.outcome == HeartbeatOutcome::TooMany {
             return Err(NodesError::TooMany(self.cfg.max_nodes));
         }
         Ok(Heartbeat {
-            joined: code == 1,
-            now,
-            expires_at: expires,
-            state,
+            joined: reply.outcome == HeartbeatOutcome::Joined,
+            now: reply.now,
+            expires_at: reply.expires_at,
+            state: reply.state,
         })
     }
 
     /// Marks expired nodes dead and removes long-dead ones.
     pub async fn prune(&self) -> Result<Prune, NodesError> {
-        let k = self.store.keys();
-        let (marked, removed, alive, expired, grace_until): (i64, i64, i64, i64, i64) = self
-            .store
-            .eval(
-                &self.scripts.prune,
-                &[k.nodes()],
-                &[
-                    self.cfg.ttl_ms.to_string(),
-                    self.cfg.dead_retention_ms.to_string(),
-                    "100".into(),
-                ],
-            )
-            .await?;
-        Ok(Prune {
-            marked,
-            removed,
-            alive,
-            expired,
-            grace_until,
-        })
+        let call = scripts::Prune {
+            ttl_ms: self.cfg.ttl_ms,
+            dead_retention_ms: self.cfg.dead_retention_ms,
+            limit: 100,
+        };
+        Ok(self.store.run(&self.scripts.prune, &call).await?)
     }
 
     /// Marks a live node draining. Returns false if it already was.
     pub async fn drain(&self, id: &str, actor: &str) -> Result<bool, NodesError> {
-        let k = self.store.keys();
-        let code: i64 = self
-            .store
-            .eval(
-                &self.scripts.drain,
-                &[k.nodes(), k.node(id)],
-                &[id.into(), actor.into()],
-            )
-            .await?;
-        match code {
-            0 => Err(NodesError::NotFound(id.into())),
-            1 => Ok(true),
-            _ => Ok(false),
+        let call = scripts::Drain { id, actor };
+        match self.store.run(&self.scripts.drain, &call).await? {
+            DrainReply::NotAlive => Err(NodesError::NotFound(id.into())),
+            DrainReply::Marked => Ok(true),
+            DrainReply::AlreadyDraining => Ok(false),
         }
     }
 
     /// Removes a node from the cluster (see `leave.lua`).
     pub async fn leave(&self, id: &str, reason: &str) -> Result<(), NodesError> {
-        let k = self.store.keys();
-        let code: i64 = self
-            .store
-            .eval(
-                &self.scripts.leave,
-                &[k.nodes(), k.node(id), k.node_tasks(id)],
-                &[id.into(), reason.into()],
-            )
-            .await?;
-        if code == 0 {
-            return Err(NodesError::NotFound(id.into()));
+        let call = scripts::Leave { id, reason };
+        match self.store.run(&self.scripts.leave, &call).await? {
+            LeaveReply::NotFound => Err(NodesError::NotFound(id.into())),
+            LeaveReply::Removed | LeaveReply::Kept => Ok(()),
         }
-        Ok(())
     }
 
     /// Every registered node, read in two pipelined round trips.

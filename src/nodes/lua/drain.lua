@@ -6,12 +6,12 @@
 -- ARGV[1]  node id
 -- ARGV[2]  actor              who asked (a node id or token name), for the event
 --
--- Returns 1 marked draining, 2 already draining, 0 no such live node.
+-- Returns 1 marked draining, 2 already draining, E.NODE_NOT_ALIVE no such live node.
 -- Emits node.draining when it returns 1.
 local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) <= now or redis.call('EXISTS', KEYS[2]) == 0 then
-  return 0
+  return E.NODE_NOT_ALIVE
 end
 if redis.call('HGET', KEYS[2], 'state') == 'draining' then
   return 2

@@ -19,14 +19,14 @@
 --
 -- Returns {code, now_ms, expires_ms, state}
 --   code  1 joined (new, back after leaving or being marked dead), 0 refreshed,
---         -1 too many nodes
+--         E.TOO_MANY nodes.max_nodes registered already (expires_ms 0, state '')
 --   state "active" | "draining"
 -- Emits node.joined when code is 1.
 local id, ttl, info_ttl, max_nodes = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local prev = redis.call('ZSCORE', KEYS[1], id)
 if not prev and redis.call('ZCARD', KEYS[1]) >= max_nodes then
-  return {-1, now, 0, ''}
+  return {E.TOO_MANY, now, 0, ''}
 end
 local expires = now + ttl
 redis.call('ZADD', KEYS[1], expires, id)

@@ -11,11 +11,12 @@
 -- ARGV[1]  node id
 -- ARGV[2]  reason             "left" (the node itself) or "removed" (an admin)
 --
--- Returns 1 left (removed), 2 left (kept until its tasks are recovered), 0 unknown node.
--- Emits node.left unless it returns 0.
+-- Returns 1 left (removed), 2 left (kept until its tasks are recovered),
+--   E.NOT_FOUND unknown node.
+-- Emits node.left unless it returns E.NOT_FOUND.
 local now = now_ms()
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return 0
+  return E.NOT_FOUND
 end
 emit('node.left', ARGV[1], {reason = ARGV[2]})
 if redis.call('SCARD', KEYS[3]) > 0 then
