@@ -25,6 +25,7 @@
 
 pub mod coordinator;
 pub mod routes;
+pub(crate) mod scripts;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

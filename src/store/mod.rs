@@ -554,25 +554,33 @@ impl Store {
             .find_map(|l| l.strip_prefix("run_id:"))
             .map(|v| v.trim().to_string())
             .unwrap_or_default();
-        let k = &self.inner.keys;
+        // Sent on `conn` itself (the new master, not yet in use), so not
+        // through `Store::run`; the typed call still orders keys and args.
+        let call = crate::failover::scripts::Epoch {
+            run_id: &run_id,
+            min_epoch: self.known_epoch() + 1,
+            node: &node,
+            addr,
+        };
         let mut inv = lua.script().prepare_invoke();
-        inv.key(format!("{}:epoch", k.prefix()))
-            .key(format!("{}:epoch:master", k.prefix()))
-            .arg(run_id)
-            .arg(self.known_epoch() + 1)
-            .arg(node)
-            .arg(addr)
-            .arg(self.deadline()?);
-        let (epoch, bumped): (u64, i64) = self
+        for key in call.keys(&self.inner.keys) {
+            inv.key(key);
+        }
+        for arg in call.args() {
+            inv.arg(arg);
+        }
+        inv.arg(self.deadline()?);
+        let reply: crate::failover::scripts::EpochReply = self
             .timed_on(&probe, lua.name(), inv.invoke_async(conn))
             .await
             .map_err(RetryableOr::into_error)?;
+        let (epoch, bumped) = (reply.epoch, reply.bumped);
         self.saw_epoch(epoch);
-        if bumped == 1 {
+        if bumped {
             metrics::counter!("muster_failover_switches_total").increment(1);
             tracing::warn!(epoch, master = %addr, "fencing epoch bumped for a new Redis master");
         }
-        Ok((epoch, bumped == 1))
+        Ok((epoch, bumped))
     }
 
     /// Stops using the master: every call fails as unavailable until
