@@ -71,8 +71,8 @@ codes! {
     NotParticipant = -11, "NOT_PARTICIPANT";
     /// A bound without a code of its own would be exceeded:
     /// `barriers.max_barriers`, `barriers.max_open_rounds`, a
-    /// DoubleBarrier's count of entrants, or `schedules.max_schedules` (the
-    /// script's header says which).
+    /// DoubleBarrier's count of entrants, `schedules.max_schedules`, or
+    /// `nodes.max_nodes` (the script's header says which).
     TooMany = -12, "TOO_MANY";
     /// A create of something that exists already (a schedule id).
     Exists = -13, "EXISTS";
