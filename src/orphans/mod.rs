@@ -14,17 +14,17 @@
 //! - The orphan history is bounded by count and by age (G4).
 
 pub mod routes;
+pub(crate) mod scripts;
 pub mod worker;
 
 use std::sync::Arc;
 
-use redis::Value;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::config::{NodesConfig, OrphansConfig, TasksConfig};
-use crate::store::reply::{int, text};
-use crate::store::{Lua, ScriptCtx, Store, StoreError};
+use crate::store::{ScriptCtx, Store, StoreError};
+use scripts::{Recover, RecoveryOpts, Scripts, Sweep, TimeoutsCall};
 
 /// What one cleaner pass did.
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
@@ -69,12 +69,6 @@ pub struct OrphanRecord {
     pub reason: String,
 }
 
-struct Scripts {
-    recover: Lua,
-    timeouts: Lua,
-    sweep: Lua,
-}
-
 pub struct Orphans {
     pub(crate) store: Store,
     cfg: OrphansConfig,
@@ -96,7 +90,6 @@ impl Orphans {
         labels: Arc<crate::tasks::QueueLabels>,
         ctx: &ScriptCtx,
     ) -> Arc<Orphans> {
-        let l = |name, src| Lua::load(name, src, ctx);
         Arc::new(Orphans {
             store,
             cfg,
@@ -104,11 +97,7 @@ impl Orphans {
             tasks,
             node_id,
             labels,
-            scripts: Scripts {
-                recover: l("orphans_recover", include_str!("lua/recover.lua")),
-                timeouts: l("orphans_timeouts", include_str!("lua/timeouts.lua")),
-                sweep: l("orphans_sweep", include_str!("lua/sweep.lua")),
-            },
+            scripts: Scripts::new(ctx),
         })
     }
 
@@ -116,94 +105,63 @@ impl Orphans {
         &self.cfg
     }
 
-    fn recovery_args(&self) -> [String; 5] {
-        [
-            self.tasks.retention_ms.to_string(),
-            self.tasks.dead_retention_ms.to_string(),
-            self.cfg.history_max.to_string(),
-            self.cfg.history_max_age_ms.to_string(),
-            self.node_id.clone(),
-        ]
+    fn recovery_opts(&self) -> RecoveryOpts<'_> {
+        RecoveryOpts {
+            retention_ms: self.tasks.retention_ms,
+            dead_retention_ms: self.tasks.dead_retention_ms,
+            history_max: self.cfg.history_max,
+            history_max_age_ms: self.cfg.history_max_age_ms,
+            actor: &self.node_id,
+        }
     }
 
     /// One cleaner pass.
     pub async fn recover(&self) -> Result<Recovery, StoreError> {
-        let mut args = vec![self.node_ttl_ms.to_string(), "1000".to_string()];
-        args.extend(self.recovery_args());
-        let r: Vec<Value> = self
-            .store
-            .eval(&self.scripts.recover, &[self.store.keys().nodes()], &args)
-            .await?;
-        let g = |i: usize| r.get(i).map(int).unwrap_or(0);
-        Ok(Recovery {
-            requeued: g(0),
-            dead: g(1),
-            cancelled: g(2),
-            stale: g(3),
-            grace_until: g(4),
-            dead_queues: names(r.get(5)),
-        })
+        let call = Recover {
+            ttl_ms: self.node_ttl_ms,
+            limit: 1000,
+            opts: self.recovery_opts(),
+        };
+        self.store.run(&self.scripts.recover, &call).await
     }
 
     /// One timeout pass.
     pub async fn timeouts(&self) -> Result<Timeouts, StoreError> {
-        let jitter: f64 = rand::random();
-        let key = format!("{}:deadlines", self.store.keys().prefix());
-        let r: Vec<Value> = self
-            .store
-            .eval(
-                &self.scripts.timeouts,
-                &[key],
-                &[
-                    self.node_ttl_ms.to_string(),
-                    "1000".into(),
-                    format!("{jitter:.6}"),
-                    self.tasks.retention_ms.to_string(),
-                    self.tasks.dead_retention_ms.to_string(),
-                    self.node_id.clone(),
-                ],
-            )
-            .await?;
-        let g = |i: usize| r.get(i).map(int).unwrap_or(0);
-        Ok(Timeouts {
-            timed_out: g(0),
-            retried: g(1),
-            dead: g(2),
-            grace_until: g(3),
-            timed_out_queues: names(r.get(4)),
-            dead_queues: names(r.get(5)),
-        })
+        let call = TimeoutsCall {
+            ttl_ms: self.node_ttl_ms,
+            limit: 1000,
+            jitter: rand::random(),
+            retention_ms: self.tasks.retention_ms,
+            dead_retention_ms: self.tasks.dead_retention_ms,
+            actor: &self.node_id,
+        };
+        self.store.run(&self.scripts.timeouts, &call).await
     }
 
     /// The consistency sweep of one queue. Returns (recovered, removed).
     pub async fn sweep(&self, queue: &str) -> Result<(i64, i64), StoreError> {
-        let key = format!("{}:q:{queue}:running", self.store.keys().prefix());
-        let mut args = vec![queue.to_string(), self.node_ttl_ms.to_string(), "2000".to_string()];
-        args.extend(self.recovery_args());
-        let r: Vec<Value> = self.store.eval(&self.scripts.sweep, &[key], &args).await?;
-        Ok((r.first().map(int).unwrap_or(0), r.get(1).map(int).unwrap_or(0)))
+        let call = Sweep {
+            queue,
+            ttl_ms: self.node_ttl_ms,
+            window: 2000,
+            opts: self.recovery_opts(),
+        };
+        let r = self.store.run(&self.scripts.sweep, &call).await?;
+        Ok((r.recovered, r.removed))
     }
 
     /// The most recent recoveries, newest first, and the totals per action.
     pub async fn history(&self, limit: usize) -> Result<(Vec<OrphanRecord>, Vec<(String, u64)>), StoreError> {
-        let p = self.store.keys().prefix();
+        let k = self.store.keys();
         let mut pipe = redis::pipe();
         pipe.cmd("ZRANGE")
-            .arg(format!("{p}:orphans:history"))
+            .arg(scripts::history_key(k))
             .arg(0)
             .arg(limit.saturating_sub(1))
             .arg("REV");
-        pipe.cmd("HGETALL").arg(format!("{p}:orphans:counts"));
+        pipe.cmd("HGETALL").arg(scripts::counts_key(k));
         let (rows, counts): (Vec<String>, Vec<(String, u64)>) = self.store.pipe("orphans_history", &pipe).await?;
         let records = rows.iter().filter_map(|r| serde_json::from_str(r).ok()).collect();
         Ok((records, counts))
-    }
-}
-
-/// A list of names in a script reply (absent: none).
-fn names(v: Option<&Value>) -> Vec<String> {
-    match v {
-        Some(Value::Array(items)) => items.iter().map(text).collect(),
-        _ => Vec::new(),
     }
 }

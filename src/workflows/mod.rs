@@ -13,20 +13,20 @@
 //!   janitor trims the indexes that name it (G4).
 
 pub mod routes;
+pub(crate) mod scripts;
 pub mod worker;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use redis::Value;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
 use crate::error::ApiError;
-use crate::store::reply::text;
-use crate::store::{Lua, ScriptCtx, Store, StoreError};
+use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::TaskSpec;
+use scripts::{CancelReply, CreateReply, Scripts};
 
 /// Most tasks in one workflow.
 pub const MAX_TASKS: usize = 500;
@@ -160,12 +160,6 @@ pub struct Plan {
     pub keys: Vec<(String, String, usize, String)>,
     pub policy: FailurePolicy,
     pub idempotency_key: String,
-}
-
-struct Scripts {
-    create: Lua,
-    cancel: Lua,
-    janitor: Lua,
 }
 
 pub struct Workflows {
@@ -313,64 +307,43 @@ fn find_cycle(deps: &[BTreeSet<usize>]) -> Option<Vec<usize>> {
 
 impl Workflows {
     pub fn new(store: Store, tasks: TasksConfig, ctx: &ScriptCtx) -> Arc<Workflows> {
-        let l = |name, src| Lua::load(name, src, ctx);
         Arc::new(Workflows {
             store,
             tasks,
-            scripts: Scripts {
-                create: l("workflow_create", include_str!("lua/create.lua")),
-                cancel: l("workflow_cancel", include_str!("lua/cancel.lua")),
-                janitor: l("workflow_janitor", include_str!("lua/janitor.lua")),
-            },
+            scripts: Scripts::new(ctx),
         })
     }
 
     fn key(&self, id: &str, part: Option<&str>) -> String {
-        match part {
-            Some(p) => format!("{}:wf:{id}:{p}", self.store.keys().prefix()),
-            None => format!("{}:wf:{id}", self.store.keys().prefix()),
-        }
+        scripts::workflow_key(self.store.keys(), id, part)
     }
 
     /// Starts a workflow; returns its id and whether it is new.
     pub async fn create(&self, plan: &Plan, node: &str) -> Result<(String, bool), WorkflowError> {
-        let mut args = vec![
-            plan.id.clone(),
-            plan.policy.as_str().into(),
-            plan.idempotency_key.clone(),
-            self.tasks.idempotency_window_ms.to_string(),
-            self.tasks.retention_ms.to_string(),
-            node.to_string(),
-            self.tasks.max_queues.to_string(),
-            self.tasks.dead_retention_ms.to_string(),
-            plan.keys.len().to_string(),
-        ];
-        for (k, spec, n, next) in &plan.keys {
-            args.extend([k.clone(), spec.clone(), n.to_string(), next.clone()]);
-        }
-        let key = format!("{}:workflows", self.store.keys().prefix());
-        let r: Vec<Value> = self.store.eval(&self.scripts.create, &[key], &args).await?;
-        let code = r.first().map(|v| text(v).parse::<i64>().unwrap_or(0)).unwrap_or(0);
-        let id = r.get(1).map(text).unwrap_or_default();
-        match code {
-            1 => Ok((id, true)),
-            2 => Ok((id, false)),
-            _ => Err(WorkflowError::TooManyQueues(self.tasks.max_queues)),
+        let call = scripts::Create {
+            id: &plan.id,
+            policy: plan.policy.as_str(),
+            idempotency_key: &plan.idempotency_key,
+            idempotency_window_ms: self.tasks.idempotency_window_ms,
+            retention_ms: self.tasks.retention_ms,
+            node,
+            max_queues: self.tasks.max_queues,
+            dead_retention_ms: self.tasks.dead_retention_ms,
+            keys: &plan.keys,
+        };
+        match self.store.run(&self.scripts.create, &call).await? {
+            CreateReply::Created { id } => Ok((id, true)),
+            CreateReply::Replayed { id } => Ok((id, false)),
+            CreateReply::TooManyQueues => Err(WorkflowError::TooManyQueues(self.tasks.max_queues)),
         }
     }
 
     pub async fn cancel(&self, id: &str, actor: &str) -> Result<(), WorkflowError> {
-        let r: Vec<Value> = self
-            .store
-            .eval(&self.scripts.cancel, &[self.key(id, None)], &[id.into(), actor.into()])
-            .await?;
-        match r.first().map(|v| text(v).parse::<i64>().unwrap_or(0)).unwrap_or(0) {
-            1 => Ok(()),
-            0 => Err(WorkflowError::Finished(
-                id.into(),
-                r.get(1).map(text).unwrap_or_default(),
-            )),
-            _ => Err(WorkflowError::NotFound(id.into())),
+        let call = scripts::Cancel { id, actor };
+        match self.store.run(&self.scripts.cancel, &call).await? {
+            CancelReply::Cancelled => Ok(()),
+            CancelReply::Finished { state } => Err(WorkflowError::Finished(id.into(), state)),
+            CancelReply::NotFound => Err(WorkflowError::NotFound(id.into())),
         }
     }
 
@@ -439,7 +412,7 @@ impl Workflows {
         limit: usize,
         cursor: usize,
     ) -> Result<(Vec<WorkflowSummary>, Option<usize>), WorkflowError> {
-        let key = format!("{}:workflows", self.store.keys().prefix());
+        let key = scripts::workflows_key(self.store.keys());
         let mut out = Vec::new();
         let mut at = cursor;
         // Scan at most ten pages of the index to fill one page of a state.
@@ -496,15 +469,12 @@ impl Workflows {
 
     /// Trims the indexes of workflows past retention.
     pub async fn janitor(&self) -> Result<i64, WorkflowError> {
-        let p = self.store.keys().prefix();
-        Ok(self
-            .store
-            .eval(
-                &self.scripts.janitor,
-                &[format!("{p}:workflows"), format!("{p}:workflows:done")],
-                &[self.tasks.retention_ms.to_string(), "1000".into()],
-            )
-            .await?)
+        let call = scripts::Janitor {
+            retention_ms: self.tasks.retention_ms,
+            limit: 1000,
+        };
+        let reply = self.store.run(&self.scripts.janitor, &call).await?;
+        Ok(reply.forgotten as i64)
     }
 }
 

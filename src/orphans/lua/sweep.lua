@@ -9,9 +9,15 @@
 -- ARGV[1]  queue
 -- ARGV[2]  ttl_ms                 node ttl (grace)
 -- ARGV[3]  window                 entries looked at per index
--- ARGV[4..8] retention_ms, dead_retention_ms, history_max, history_max_age_ms, actor
+-- ARGV[4]  retention_ms           for tasks cancelled on recovery
+-- ARGV[5]  dead_retention_ms      for tasks dead on recovery
+-- ARGV[6]  history_max            orphan history, most records
+-- ARGV[7]  history_max_age_ms     orphan history, oldest record
+-- ARGV[8]  acting node id         for events
 --
 -- Returns {recovered, dangling_removed}
+-- Emits orphan.recovered per recovered task, and task.dead or task.cancelled
+-- where recovery ends a task.
 local q, ttl, window = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local grace = liveness_pass(now, ttl)

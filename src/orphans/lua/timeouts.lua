@@ -16,12 +16,14 @@
 --
 -- Returns {timed_out, retried, dead, grace_until_ms, {queue of each timed-out task},
 --          {queue of each task that went dead}}
+--   grace_until_ms  while task timeouts wait after a stall (Redis ms; nothing
+--                   done, both lists empty), else 0
 -- Emits task.failed (reason timeout), then task.retrying, task.dead or task.cancelled.
 local ttl, limit, jitter = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local retention, dead_ttl, actor = ARGV[4], ARGV[5], ARGV[6]
 local now = now_ms()
 local grace = liveness_pass(now, ttl)
-if grace > 0 then return {0, 0, 0, grace} end
+if grace > 0 then return {0, 0, 0, grace, {}, {}} end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'LIMIT', 0, limit)
 local timed_out, retried, dead = 0, 0, 0
 local timed_q, dead_q = {}, {}

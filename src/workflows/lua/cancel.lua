@@ -8,11 +8,11 @@
 -- ARGV[1]  workflow id
 -- ARGV[2]  actor, for the event
 --
--- Returns {code, state}: 1 cancelled, 0 already finished (state), -2 unknown workflow
+-- Returns {code, state}: 1 cancelled, 0 already finished (state), E.NOT_FOUND unknown workflow
 -- Emits workflow.cancelled, and task.cancelled per cancelled task.
 local w, actor = ARGV[1], ARGV[2]
 local h = redis.call('HMGET', KEYS[1], 'state', 'ret')
-if not h[1] then return {-2, ''} end
+if not h[1] then return {E.NOT_FOUND, ''} end
 if h[1] ~= 'running' then return {0, h[1]} end
 local nows = int(now_ms())
 redis.call('HSET', KEYS[1], 'state', 'cancelled')

@@ -21,7 +21,7 @@
 --          key, spec JSON ({"id","queue","t"}), dependency count, comma-separated dependents
 --
 -- Returns {code, id}: 1 created, 2 replay of the idempotency key (id is the original),
---                     -2 too many queues
+--                     E.TOO_MANY_QUEUES too many queues (id is '')
 -- Emits workflow.started, and task.enqueued per dispatched task.
 local w, policy, idem, window, ret, node = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local max_queues, dret, n = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
@@ -36,7 +36,7 @@ for i = 0, n - 1 do
 end
 local count = 0
 for _ in pairs(new_queues) do count = count + 1 end
-if count > 0 and redis.call('SCARD', P .. ':queues') + count > max_queues then return {-2, ''} end
+if count > 0 and redis.call('SCARD', P .. ':queues') + count > max_queues then return {E.TOO_MANY_QUEUES, ''} end
 local now = now_ms()
 local nows = int(now)
 redis.call('HSET', wkey(w), 'state', 'running', 'policy', policy, 'open', n, 'bad', '0', 'ret', ret,

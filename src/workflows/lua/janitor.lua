@@ -7,7 +7,8 @@
 -- ARGV[1]  retention_ms
 -- ARGV[2]  limit
 --
--- Returns the number of workflows forgotten.
+-- Returns the number of workflows forgotten (0 or more).
+-- Emits nothing.
 local now = now_ms()
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', int(now - tonumber(ARGV[1])), 'LIMIT', 0, tonumber(ARGV[2]))
 for _, w in ipairs(old) do
