@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::Verdict;
-use crate::store::reply::{Reader, decode_error};
+use crate::store::reply::{decode_error, read};
 use crate::store::{Code, Keys, Lua, ScriptCall, ScriptCtx};
 
 /// Every barrier script, loaded once per node.
@@ -89,11 +89,6 @@ pub(crate) fn db_in_key(k: &Keys, b: &str) -> String {
 /// Sorted set: DoubleBarrier names by last activity.
 pub(crate) fn db_index_key(k: &Keys) -> String {
     format!("{}:dbarriers", k.prefix())
-}
-
-/// Decodes a whole reply with a [`Reader`].
-fn read<T>(v: &Value, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ParsingError>) -> Result<T, ParsingError> {
-    f(&mut Reader::new(v))
 }
 
 /// A Redis time as returned: 0 means none.
@@ -604,22 +599,7 @@ impl FromRedisValue for Swept {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn int(i: i64) -> Value {
-        Value::Int(i)
-    }
-    fn s(t: &str) -> Value {
-        Value::BulkString(t.as_bytes().to_vec())
-    }
-    fn arr(v: Vec<Value>) -> Value {
-        Value::Array(v)
-    }
-
-    /// The number of `-- KEYS[n]` and `-- ARGV[n]` lines of a script header.
-    fn header(src: &str) -> (usize, usize) {
-        let count = |what: &str| src.lines().filter(|l| l.starts_with(&format!("-- {what}["))).count();
-        (count("KEYS"), count("ARGV"))
-    }
+    use crate::store::reply::testing::{arr, header, int, s};
 
     fn check(call: &impl ScriptCall, src: &str) {
         let k = Keys::new("muster");

@@ -5,7 +5,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use crate::store::reply::{Reader, decode_error};
+use crate::store::reply::{decode_error, read};
 use crate::store::{Code, Keys, Lua, ScriptCall, ScriptCtx};
 
 /// Every lock and election script, loaded once per node.
@@ -59,11 +59,6 @@ pub(crate) fn election_key(k: &Keys, e: &str) -> String {
 /// Sorted set: led elections by lease expiry.
 pub(crate) fn elections_key(k: &Keys) -> String {
     format!("{}:elections", k.prefix())
-}
-
-/// Decodes a whole reply with a [`Reader`].
-fn read<T>(v: &Value, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ParsingError>) -> Result<T, ParsingError> {
-    f(&mut Reader::new(v))
 }
 
 /// A token or epoch as returned: 0 means none.
@@ -470,22 +465,7 @@ impl FromRedisValue for ResignReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn int(i: i64) -> Value {
-        Value::Int(i)
-    }
-    fn s(t: &str) -> Value {
-        Value::BulkString(t.as_bytes().to_vec())
-    }
-    fn arr(v: Vec<Value>) -> Value {
-        Value::Array(v)
-    }
-
-    /// The number of `-- KEYS[n]` and `-- ARGV[n]` lines of a script header.
-    fn header(src: &str) -> (usize, usize) {
-        let count = |what: &str| src.lines().filter(|l| l.starts_with(&format!("-- {what}["))).count();
-        (count("KEYS"), count("ARGV"))
-    }
+    use crate::store::reply::testing::{arr, header, int, s};
 
     fn check(call: &impl ScriptCall, src: &str) {
         let k = Keys::new("muster");

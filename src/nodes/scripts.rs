@@ -7,7 +7,7 @@
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::{NodeKind, Prune as PruneResult};
-use crate::store::reply::{Reader, decode_error};
+use crate::store::reply::{decode_error, read};
 use crate::store::{Code, Keys, Lua, ScriptCall, ScriptCtx};
 
 /// Every node registry script, loaded once per node.
@@ -28,11 +28,6 @@ impl Scripts {
             leave: l("node_leave", include_str!("lua/leave.lua")),
         }
     }
-}
-
-/// Decodes a whole reply with a [`Reader`].
-fn read<T>(v: &Value, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ParsingError>) -> Result<T, ParsingError> {
-    f(&mut Reader::new(v))
 }
 
 // --- heartbeat.lua ------------------------------------------------------------
@@ -235,22 +230,7 @@ impl FromRedisValue for LeaveReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn int(i: i64) -> Value {
-        Value::Int(i)
-    }
-    fn s(t: &str) -> Value {
-        Value::BulkString(t.as_bytes().to_vec())
-    }
-    fn arr(v: Vec<Value>) -> Value {
-        Value::Array(v)
-    }
-
-    /// The number of `-- KEYS[n]` and `-- ARGV[n]` lines of a script header.
-    fn header(src: &str) -> (usize, usize) {
-        let count = |what: &str| src.lines().filter(|l| l.starts_with(&format!("-- {what}["))).count();
-        (count("KEYS"), count("ARGV"))
-    }
+    use crate::store::reply::testing::{arr, header, int, s};
 
     fn check(call: &impl ScriptCall, src: &str) {
         let k = Keys::new("muster");

@@ -231,22 +231,7 @@ impl FromRedisValue for SweepReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn int(i: i64) -> Value {
-        Value::Int(i)
-    }
-    fn s(t: &str) -> Value {
-        Value::BulkString(t.as_bytes().to_vec())
-    }
-    fn arr(v: Vec<Value>) -> Value {
-        Value::Array(v)
-    }
-
-    /// The number of `-- KEYS[n]` and `-- ARGV[n]` lines of a script header.
-    fn header(src: &str) -> (usize, usize) {
-        let count = |what: &str| src.lines().filter(|l| l.starts_with(&format!("-- {what}["))).count();
-        (count("KEYS"), count("ARGV"))
-    }
+    use crate::store::reply::testing::{arr, header, int, s};
 
     fn check(call: &impl ScriptCall, src: &str) {
         let k = Keys::new("muster");

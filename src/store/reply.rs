@@ -46,6 +46,12 @@ pub fn decode_error(what: impl Into<String>) -> ParsingError {
 type Decoded<T> = Result<T, ParsingError>;
 
 /// Reads a script's array reply in order.
+/// Decodes a whole reply with a [`Reader`]: the body of every script
+/// reply's `FromRedisValue`.
+pub fn read<T>(v: &Value, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ParsingError>) -> Result<T, ParsingError> {
+    f(&mut Reader::new(v))
+}
+
 pub struct Reader<'a> {
     items: &'a [Value],
     pos: usize,
@@ -149,5 +155,30 @@ mod tests {
         assert!(Reader::new(&v).code().is_err());
         let v = Value::Int(2);
         assert_eq!(Reader::new(&v).code().unwrap(), Ok(2));
+    }
+}
+
+/// Helpers for the script layers' unit tests: reply values, and the counts
+/// of `KEYS` and `ARGV` a script's header documents.
+#[cfg(test)]
+pub mod testing {
+    use redis::Value;
+
+    pub fn int(i: i64) -> Value {
+        Value::Int(i)
+    }
+
+    pub fn s(t: &str) -> Value {
+        Value::BulkString(t.as_bytes().to_vec())
+    }
+
+    pub fn arr(v: Vec<Value>) -> Value {
+        Value::Array(v)
+    }
+
+    /// The number of `-- KEYS[n]` and `-- ARGV[n]` lines of a script header.
+    pub fn header(src: &str) -> (usize, usize) {
+        let count = |what: &str| src.lines().filter(|l| l.starts_with(&format!("-- {what}["))).count();
+        (count("KEYS"), count("ARGV"))
     }
 }

@@ -4,7 +4,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use crate::store::reply::{Reader, decode_error};
+use crate::store::reply::{Reader, decode_error, read};
 use crate::store::{Code, Keys, Lua, ScriptCall, ScriptCtx};
 
 /// Every task script, loaded once per node.
@@ -53,11 +53,6 @@ fn qkey(k: &Keys, queue: &str, suffix: &str) -> String {
 
 fn tkey(k: &Keys, id: &str) -> String {
     format!("{}:task:{id}", k.prefix())
-}
-
-/// Decodes a whole reply with a [`Reader`].
-fn read<T>(v: &Value, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ParsingError>) -> Result<T, ParsingError> {
-    f(&mut Reader::new(v))
 }
 
 // --- enqueue.lua --------------------------------------------------------

@@ -5,7 +5,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use crate::store::reply::{Reader, decode_error};
+use crate::store::reply::{decode_error, read};
 use crate::store::{Code, Keys, Lua, ScriptCall, ScriptCtx};
 
 /// Every workflow script, loaded once per node.
@@ -43,11 +43,6 @@ pub(crate) fn workflows_key(k: &Keys) -> String {
 /// Zset: finished workflow ids by finished_at.
 pub(crate) fn done_key(k: &Keys) -> String {
     format!("{}:workflows:done", k.prefix())
-}
-
-/// Decodes a whole reply with a [`Reader`].
-fn read<T>(v: &Value, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ParsingError>) -> Result<T, ParsingError> {
-    f(&mut Reader::new(v))
 }
 
 // --- create.lua ---------------------------------------------------------------
@@ -206,22 +201,7 @@ impl FromRedisValue for JanitorReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn int(i: i64) -> Value {
-        Value::Int(i)
-    }
-    fn s(t: &str) -> Value {
-        Value::BulkString(t.as_bytes().to_vec())
-    }
-    fn arr(v: Vec<Value>) -> Value {
-        Value::Array(v)
-    }
-
-    /// The number of `-- KEYS[n]` and `-- ARGV[n]` lines of a script header.
-    fn header(src: &str) -> (usize, usize) {
-        let count = |what: &str| src.lines().filter(|l| l.starts_with(&format!("-- {what}["))).count();
-        (count("KEYS"), count("ARGV"))
-    }
+    use crate::store::reply::testing::{arr, header, int, s};
 
     /// `extra`: the arguments of the variable part (after the documented ones).
     fn check(call: &impl ScriptCall, src: &str, extra: usize) {
