@@ -599,17 +599,7 @@ impl FromRedisValue for Swept {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::reply::testing::{arr, header, int, s};
-
-    fn check(call: &impl ScriptCall, src: &str) {
-        let k = Keys::new("muster");
-        assert_eq!(
-            (call.keys(&k).len(), call.args().len()),
-            header(src),
-            "{}",
-            src.lines().next().unwrap()
-        );
-    }
+    use crate::store::reply::testing::{arr, check, int, s};
 
     #[test]
     fn every_call_passes_what_its_header_documents() {

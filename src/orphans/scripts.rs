@@ -231,17 +231,7 @@ impl FromRedisValue for SweepReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::reply::testing::{arr, header, int, s};
-
-    fn check(call: &impl ScriptCall, src: &str) {
-        let k = Keys::new("muster");
-        assert_eq!(
-            (call.keys(&k).len(), call.args().len()),
-            header(src),
-            "{}",
-            src.lines().next().unwrap()
-        );
-    }
+    use crate::store::reply::testing::{arr, check, int, s};
 
     fn opts() -> RecoveryOpts<'static> {
         RecoveryOpts {

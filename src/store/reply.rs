@@ -164,6 +164,8 @@ mod tests {
 pub mod testing {
     use redis::Value;
 
+    use crate::store::{Keys, ScriptCall};
+
     pub fn int(i: i64) -> Value {
         Value::Int(i)
     }
@@ -180,5 +182,23 @@ pub mod testing {
     pub fn header(src: &str) -> (usize, usize) {
         let count = |what: &str| src.lines().filter(|l| l.starts_with(&format!("-- {what}["))).count();
         (count("KEYS"), count("ARGV"))
+    }
+
+    /// Asserts that `call` passes the keys and arguments `src`'s header documents.
+    pub fn check(call: &impl ScriptCall, src: &str) {
+        check_with_extra(call, src, 0);
+    }
+
+    /// As [`check`], for a call that adds `extra` arguments after the
+    /// documented ones (a variable part, such as n field/value pairs).
+    pub fn check_with_extra(call: &impl ScriptCall, src: &str, extra: usize) {
+        let k = Keys::new("muster");
+        let (keys, args) = header(src);
+        assert_eq!(
+            (call.keys(&k).len(), call.args().len()),
+            (keys, args + extra),
+            "{}",
+            src.lines().next().unwrap()
+        );
     }
 }

@@ -201,20 +201,9 @@ impl FromRedisValue for JanitorReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::reply::testing::{arr, header, int, s};
+    use crate::store::reply::testing::{arr, check_with_extra as check, int, s};
 
     /// `extra`: the arguments of the variable part (after the documented ones).
-    fn check(call: &impl ScriptCall, src: &str, extra: usize) {
-        let k = Keys::new("muster");
-        let (keys, args) = header(src);
-        assert_eq!(
-            (call.keys(&k).len(), call.args().len()),
-            (keys, args + extra),
-            "{}",
-            src.lines().next().unwrap()
-        );
-    }
-
     #[test]
     fn every_call_passes_what_its_header_documents() {
         let two = [
