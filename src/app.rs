@@ -9,7 +9,6 @@ use axum::extract::DefaultBodyLimit;
 use axum::middleware::{from_fn, from_fn_with_state};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::limit::RequestBodyLimitLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -107,8 +106,11 @@ pub fn router(state: AppState) -> Router {
         .merge(api)
         .merge(crate::web::router())
         .fallback(crate::system::not_found)
+        // The body limit applies when a handler reads the body (`ApiJson`,
+        // forms), after its role extractor: a caller without the role gets
+        // 403 whatever the body's size (tower-http's RequestBodyLimitLayer
+        // would answer 413 first, from Content-Length).
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(RequestBodyLimitLayer::new(max_body))
         .layer(from_fn_with_state(state.auth.clone(), crate::auth::middleware))
         .layer(from_fn(crate::http::problemize))
         .layer(from_fn(crate::http::track_metrics))

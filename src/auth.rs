@@ -14,6 +14,8 @@
 //! Dashboard forms carry a CSRF token derived from the session's secret, so a
 //! page on another site cannot submit them.
 
+use std::marker::PhantomData;
+
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
@@ -260,6 +262,61 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             .get::<Caller>()
             .cloned()
             .ok_or_else(|| ApiError::Unauthorized("authentication required".into()))
+    }
+}
+
+/// The least role an operation needs, as a type: a handler that takes
+/// [`WorkerCaller`] answers 403 to a `read` caller before its path, query or
+/// body is parsed, because axum runs this extractor before the body one.
+/// Derefs to the [`Caller`].
+pub struct Need<R>(pub Caller, PhantomData<R>);
+
+/// A role marker for [`Need`].
+pub trait LeastRole {
+    const ROLE: Role;
+}
+
+/// Role markers: `Need<least::Worker>` and friends, named by the aliases below.
+pub mod least {
+    use super::{LeastRole, Role};
+
+    pub struct Read;
+    pub struct Worker;
+    pub struct Admin;
+
+    impl LeastRole for Read {
+        const ROLE: Role = Role::Read;
+    }
+    impl LeastRole for Worker {
+        const ROLE: Role = Role::Worker;
+    }
+    impl LeastRole for Admin {
+        const ROLE: Role = Role::Admin;
+    }
+}
+
+/// Any authenticated caller (`read` and up).
+pub type ReadCaller = Need<least::Read>;
+/// A caller with the `worker` role or more.
+pub type WorkerCaller = Need<least::Worker>;
+/// A caller with the `admin` role.
+pub type AdminCaller = Need<least::Admin>;
+
+impl<R> std::ops::Deref for Need<R> {
+    type Target = Caller;
+
+    fn deref(&self) -> &Caller {
+        &self.0
+    }
+}
+
+impl<S: Send + Sync, R: LeastRole> FromRequestParts<S> for Need<R> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        caller.require(R::ROLE)?;
+        Ok(Need(caller, PhantomData))
     }
 }
 

@@ -10,8 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result, problem};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -79,8 +78,7 @@ async fn readyz(State(s): State<AppState>) -> Response {
 /// Prometheus metrics in the text format.
 #[utoipa::path(get, path = "/metrics", tag = "system",
     responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain")))]
-async fn metrics(State(s): State<AppState>, caller: Caller) -> Result<Response> {
-    caller.require(Role::Read)?;
+async fn metrics(State(s): State<AppState>, _caller: ReadCaller) -> Result<Response> {
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.metrics.render(),
@@ -141,8 +139,7 @@ pub async fn redis_summary(s: &AppState) -> Result<RedisSummary> {
 #[utoipa::path(get, path = "/api/v1/redis", tag = "system",
     responses((status = 200, body = RedisSummary),
               (status = 503, description = "Redis unreachable", content_type = "application/problem+json")))]
-async fn get_redis(State(s): State<AppState>, caller: Caller) -> Result<Json<RedisSummary>> {
-    caller.require(Role::Read)?;
+async fn get_redis(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<RedisSummary>> {
     Ok(Json(redis_summary(&s).await?))
 }
 

@@ -15,8 +15,7 @@ use utoipa_axum::routes;
 
 use super::{Arrival, BarrierConfigView, BarrierError, DoubleBarrier, Hold, Round, Verdict};
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery, OptJson, no_content};
 use crate::longpoll::{self, RECHECK, Wake};
@@ -76,8 +75,7 @@ pub struct BarrierList {
 
 /// Every configured barrier, and every etcd-style hold.
 #[utoipa::path(get, path = "/api/v1/barriers", tag = "barriers", responses((status = 200, body = BarrierList)))]
-async fn list_barriers(State(s): State<AppState>, caller: Caller) -> Result<Json<BarrierList>> {
-    caller.require(Role::Read)?;
+async fn list_barriers(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<BarrierList>> {
     Ok(Json(BarrierList {
         barriers: s.barriers.list().await?,
         holds: s.barriers.holds().await?,
@@ -146,10 +144,9 @@ impl BarrierDetail {
     responses((status = 200, body = BarrierDetail), (status = 404, description = "Neither configured nor held")))]
 async fn get_barrier(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     Path(name): Path<String>,
 ) -> Result<Json<BarrierDetail>> {
-    caller.require(Role::Read)?;
     validate::name("name", &name)?;
     let config = s.barriers.get(&name).await?;
     let (hold, _) = s.barriers.hold_state(&name).await?;
@@ -169,11 +166,10 @@ async fn get_barrier(
               (status = 400, description = "Invalid field"), (status = 409, description = "Too many barriers")))]
 async fn put_barrier(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: AdminCaller,
     Path(name): Path<String>,
     ApiJson(spec): ApiJson<BarrierSpec>,
 ) -> Result<Response> {
-    caller.require(Role::Admin)?;
     validate::name("name", &name)?;
     let n = spec.participants.len();
     if !(1..=1000).contains(&n) {
@@ -220,8 +216,7 @@ async fn put_barrier(
 #[utoipa::path(delete, path = "/api/v1/barriers/{name}", tag = "barriers",
     params(("name" = String, Path, description = "Barrier name")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "Neither configured nor held")))]
-async fn delete_barrier(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn delete_barrier(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<String>) -> Result<Response> {
     validate::name("name", &name)?;
     s.barriers.delete(&name, &caller.name).await?;
     Ok(no_content())
@@ -248,11 +243,10 @@ pub struct RoundList {
     responses((status = 200, body = RoundList), (status = 404, description = "Unknown barrier")))]
 async fn list_rounds(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     Path(name): Path<String>,
     ApiQuery(p): ApiQuery<RoundsParams>,
 ) -> Result<Json<RoundList>> {
-    caller.require(Role::Read)?;
     validate::name("name", &name)?;
     let limit = p.limit.unwrap_or(50);
     if !(1..=1000).contains(&limit) {
@@ -272,10 +266,9 @@ async fn list_rounds(
     responses((status = 200, body = Round), (status = 404, description = "Unknown round")))]
 async fn get_round(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     Path((name, round)): Path<(String, String)>,
 ) -> Result<Json<Round>> {
-    caller.require(Role::Read)?;
     validate::name("name", &name)?;
     validate::name("round", &round)?;
     let (r, _) = s
@@ -365,11 +358,10 @@ impl<'a> ArriveResponse<'a> {
               (status = 409, description = "The round would open but the barrier has `barriers.max_open_rounds` undecided rounds")))]
 async fn arrive_round(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path((name, round)): Path<(String, String)>,
     ApiJson(req): ApiJson<ArriveRequest>,
 ) -> Result<Response> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     validate::name("round", &round)?;
     validate::node_id("node", &req.node)?;
@@ -452,11 +444,10 @@ pub struct HoldRequest {
               (status = 409, description = "Held by another holder")))]
 async fn hold_barrier(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: WorkerCaller,
     Path(name): Path<String>,
     OptJson(req): OptJson<HoldRequest>,
 ) -> Result<Response> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     let holder = req.holder.unwrap_or_else(|| caller.name.clone());
     validate::opaque_key("holder", &holder)?;
@@ -486,10 +477,9 @@ pub struct Released {
     responses((status = 200, body = Released)))]
 async fn release_barrier(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: WorkerCaller,
     Path(name): Path<String>,
 ) -> Result<Json<Released>> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     Ok(Json(Released {
         released: s.barriers.lift(&name, &caller.name).await?,
@@ -511,11 +501,10 @@ pub struct WaitRequest {
     responses((status = 200, body = Hold)))]
 async fn wait_barrier(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     Path(name): Path<String>,
     OptJson(req): OptJson<WaitRequest>,
 ) -> Result<Json<Hold>> {
-    caller.require(Role::Read)?;
     validate::name("name", &name)?;
     let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
     let ticket = s.waiters.ticket(longpoll::hold_key(&name));
@@ -544,8 +533,7 @@ pub struct DoubleBarrierList {
 /// Every DoubleBarrier with entrants.
 #[utoipa::path(get, path = "/api/v1/double-barriers", tag = "barriers",
     responses((status = 200, body = DoubleBarrierList)))]
-async fn list_double_barriers(State(s): State<AppState>, caller: Caller) -> Result<Json<DoubleBarrierList>> {
-    caller.require(Role::Read)?;
+async fn list_double_barriers(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<DoubleBarrierList>> {
     Ok(Json(DoubleBarrierList {
         double_barriers: s.barriers.double_barriers().await?,
     }))
@@ -557,10 +545,9 @@ async fn list_double_barriers(State(s): State<AppState>, caller: Caller) -> Resu
     responses((status = 200, body = DoubleBarrier)))]
 async fn get_double_barrier(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     Path(name): Path<String>,
 ) -> Result<Json<DoubleBarrier>> {
-    caller.require(Role::Read)?;
     validate::name("name", &name)?;
     Ok(Json(s.barriers.double_barrier(&name).await?))
 }
@@ -616,11 +603,10 @@ fn inside(d: &DoubleBarrier, node: &str) -> bool {
               (status = 409, description = "Too many entrants, a different count, or the node is not alive")))]
 async fn enter_double_barrier(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(name): Path<String>,
     ApiJson(req): ApiJson<EnterRequest>,
 ) -> Result<Json<DoubleBarrierReply>> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     validate::node_id("node", &req.node)?;
     if !(1..=1000).contains(&req.count) {
@@ -660,11 +646,10 @@ async fn enter_double_barrier(
     responses((status = 200, body = DoubleBarrierReply)))]
 async fn leave_double_barrier(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(name): Path<String>,
     ApiJson(req): ApiJson<LeaveRequest>,
 ) -> Result<Json<DoubleBarrierReply>> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     validate::node_id("node", &req.node)?;
     let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;

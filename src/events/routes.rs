@@ -13,8 +13,7 @@ use utoipa_axum::routes;
 use super::live::Snapshot;
 use super::{Filter, Retained, StreamId, check_since, read_after, retained};
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result};
 use crate::http::ApiQuery;
 
@@ -69,11 +68,10 @@ fn refuse_future_since(since: StreamId, info: &Retained, now_ms: i64) -> Result<
               (status = 503, description = "Too many subscribers on this node (events.max_clients)")))]
 async fn events_ws(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     ApiQuery(p): ApiQuery<WsParams>,
     ws: WebSocketUpgrade,
 ) -> Result<Response> {
-    caller.require(Role::Read)?;
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
     let since = parse_since(p.since.as_deref())?;
     if let Some(since) = since {
@@ -126,10 +124,9 @@ pub struct EventPage {
               (status = 400, description = "Bad parameters: unknown topics, or a `since` past the stream's newest event")))]
 async fn list_events(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     ApiQuery(p): ApiQuery<ReplayParams>,
 ) -> Result<Json<EventPage>> {
-    caller.require(Role::Read)?;
     let limit = p.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
@@ -224,7 +221,6 @@ pub async fn replay(
 /// This node's cached live view (what the dashboard shows): node states,
 /// queue counts, orphan totals, throughput over the last ten minutes.
 #[utoipa::path(get, path = "/api/v1/live", tag = "events", responses((status = 200, body = Snapshot)))]
-async fn get_live(State(s): State<AppState>, caller: Caller) -> Result<Json<Snapshot>> {
-    caller.require(Role::Read)?;
+async fn get_live(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<Snapshot>> {
     Ok(Json(s.live.snapshot()))
 }

@@ -13,8 +13,7 @@ use utoipa_axum::routes;
 
 use super::{Attempt, Leadership, LockError, LockInfo, Locks};
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, no_content};
 use crate::longpoll::{self, RECHECK};
@@ -65,8 +64,7 @@ pub struct LockList {
 
 /// Every held lock.
 #[utoipa::path(get, path = "/api/v1/locks", tag = "locks", responses((status = 200, body = LockList)))]
-async fn list_locks(State(s): State<AppState>, caller: Caller) -> Result<Json<LockList>> {
-    caller.require(Role::Read)?;
+async fn list_locks(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<LockList>> {
     Ok(Json(LockList {
         locks: s.locks.list().await?,
     }))
@@ -76,8 +74,7 @@ async fn list_locks(State(s): State<AppState>, caller: Caller) -> Result<Json<Lo
 #[utoipa::path(get, path = "/api/v1/locks/{name}", tag = "locks",
     params(("name" = String, Path, description = "Lock name")),
     responses((status = 200, body = LockInfo)))]
-async fn get_lock(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Json<LockInfo>> {
-    caller.require(Role::Read)?;
+async fn get_lock(State(s): State<AppState>, _caller: ReadCaller, Path(name): Path<String>) -> Result<Json<LockInfo>> {
     validate::name("name", &name)?;
     Ok(Json(s.locks.get(&name).await?))
 }
@@ -87,8 +84,7 @@ async fn get_lock(State(s): State<AppState>, caller: Caller, Path(name): Path<St
 #[utoipa::path(delete, path = "/api/v1/locks/{name}", tag = "locks",
     params(("name" = String, Path, description = "Lock name")),
     responses((status = 204, description = "Broken"), (status = 404, description = "Not held")))]
-async fn break_lock(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn break_lock(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<String>) -> Result<Response> {
     validate::name("name", &name)?;
     s.locks.release(&name, None, &caller.name).await?;
     Ok(no_content())
@@ -153,11 +149,10 @@ impl Drop for QueueGuard {
               (status = 409, description = "Held by another owner (`holder`, `position` in line), or the node is not alive")))]
 async fn acquire_lock(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(name): Path<String>,
     ApiJson(req): ApiJson<AcquireRequest>,
 ) -> Result<Json<Acquired>> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     validate::opaque_key("owner", &req.owner)?;
     if let Some(n) = &req.node {
@@ -246,11 +241,10 @@ pub struct Renewed {
     responses((status = 200, body = Renewed), (status = 409, description = "Stale token or lapsed lease")))]
 async fn renew_lock(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(name): Path<String>,
     ApiJson(req): ApiJson<RenewRequest>,
 ) -> Result<Json<Renewed>> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     let ttl = check_ttl(&s, req.ttl_ms)?;
     let expires_at = s.locks.renew(&name, req.token, ttl).await?;
@@ -276,11 +270,10 @@ pub struct ReleaseRequest {
     responses((status = 204, description = "Released"), (status = 409, description = "Stale token or lapsed lease")))]
 async fn release_lock(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: WorkerCaller,
     Path(name): Path<String>,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> Result<Response> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     match s.locks.release(&name, Some(req.token), &caller.name).await {
         Ok(()) => Ok(no_content()),
@@ -304,8 +297,7 @@ pub struct ElectionList {
 
 /// Every election that has a leader.
 #[utoipa::path(get, path = "/api/v1/elections", tag = "elections", responses((status = 200, body = ElectionList)))]
-async fn list_elections(State(s): State<AppState>, caller: Caller) -> Result<Json<ElectionList>> {
-    caller.require(Role::Read)?;
+async fn list_elections(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<ElectionList>> {
     Ok(Json(ElectionList {
         elections: s.locks.elections().await?,
     }))
@@ -315,8 +307,11 @@ async fn list_elections(State(s): State<AppState>, caller: Caller) -> Result<Jso
 #[utoipa::path(get, path = "/api/v1/elections/{name}", tag = "elections",
     params(("name" = String, Path, description = "Election name")),
     responses((status = 200, body = Leadership)))]
-async fn get_leader(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<Json<Leadership>> {
-    caller.require(Role::Read)?;
+async fn get_leader(
+    State(s): State<AppState>,
+    _caller: ReadCaller,
+    Path(name): Path<String>,
+) -> Result<Json<Leadership>> {
     validate::name("name", &name)?;
     Ok(Json(s.locks.leader(&name).await?))
 }
@@ -354,11 +349,10 @@ pub struct CampaignResponse {
     responses((status = 200, body = CampaignResponse), (status = 400, description = "Bad input")))]
 async fn campaign(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(name): Path<String>,
     ApiJson(req): ApiJson<CampaignRequest>,
 ) -> Result<Json<CampaignResponse>> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     validate::opaque_key("candidate", &req.candidate)?;
     let ttl = check_ttl(&s, req.ttl_ms)?;
@@ -412,11 +406,10 @@ pub struct ResignRequest {
     responses((status = 204, description = "Resigned"), (status = 409, description = "Not the leader")))]
 async fn resign(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(name): Path<String>,
     ApiJson(req): ApiJson<ResignRequest>,
 ) -> Result<Response> {
-    caller.require(Role::Worker)?;
     validate::name("name", &name)?;
     validate::opaque_key("candidate", &req.candidate)?;
     s.locks.resign(&name, &req.candidate, req.epoch).await?;

@@ -12,8 +12,7 @@ use utoipa_axum::routes;
 
 use super::{Heartbeat, NodeInfo, NodeKind, NodeList};
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{OptJson, no_content};
 use crate::validate;
@@ -28,8 +27,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Every registered node with its state, as of one Redis instant.
 #[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", responses((status = 200, body = NodeList)))]
-async fn list_nodes(State(s): State<AppState>, caller: Caller) -> Result<Json<NodeList>> {
-    caller.require(Role::Read)?;
+async fn list_nodes(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<NodeList>> {
     Ok(Json(s.nodes.list().await?))
 }
 
@@ -37,8 +35,7 @@ async fn list_nodes(State(s): State<AppState>, caller: Caller) -> Result<Json<No
 #[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes",
     params(("id" = String, Path, description = "Node id")),
     responses((status = 200, body = NodeInfo), (status = 404, description = "Unknown node")))]
-async fn get_node(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<NodeInfo>> {
-    caller.require(Role::Read)?;
+async fn get_node(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path<String>) -> Result<Json<NodeInfo>> {
     validate::node_id("id", &id)?;
     s.nodes
         .get(&id)
@@ -74,11 +71,10 @@ pub struct HeartbeatBody {
               (status = 409, description = "Too many nodes")))]
 async fn heartbeat_node(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(id): Path<String>,
     OptJson(body): OptJson<HeartbeatBody>,
 ) -> Result<Json<Heartbeat>> {
-    caller.require(Role::Worker)?;
     validate::node_id("id", &id)?;
     let ttl = body.ttl_ms.unwrap_or(s.cfg.nodes.ttl_ms);
     if !(500..=3_600_000).contains(&ttl) {
@@ -115,8 +111,7 @@ async fn heartbeat_node(
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes",
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Draining"), (status = 404, description = "No live node with this id")))]
-async fn drain_node(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
     validate::node_id("id", &id)?;
     s.nodes.drain(&id, &caller.name).await?;
     Ok(no_content())
@@ -127,8 +122,7 @@ async fn drain_node(State(s): State<AppState>, caller: Caller, Path(id): Path<St
 #[utoipa::path(delete, path = "/api/v1/nodes/{id}", tag = "nodes",
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Removed"), (status = 404, description = "Unknown node")))]
-async fn delete_node(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn delete_node(State(s): State<AppState>, _caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
     validate::node_id("id", &id)?;
     s.nodes.leave(&id, "removed").await?;
     Ok(no_content())

@@ -11,8 +11,7 @@ use utoipa_axum::routes;
 
 use super::OrphanRecord;
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result};
 use crate::http::ApiQuery;
 use crate::nodes::{NodeInfo, NodeState};
@@ -59,10 +58,9 @@ pub async fn report(s: &AppState, limit: usize) -> Result<OrphanReport> {
     responses((status = 200, body = OrphanReport)))]
 async fn list_orphans(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     ApiQuery(p): ApiQuery<OrphanParams>,
 ) -> Result<Json<OrphanReport>> {
-    caller.require(Role::Read)?;
     let limit = p.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));

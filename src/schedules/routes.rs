@@ -11,8 +11,7 @@ use utoipa_axum::routes;
 
 use super::{Schedule, ScheduleDef, ScheduleError, Triggered};
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::{AdminCaller, ReadCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery, no_content};
 use crate::validate;
@@ -34,8 +33,7 @@ pub struct ScheduleList {
 /// Every schedule with its next fire times and totals.
 #[utoipa::path(get, path = "/api/v1/schedules", tag = "schedules",
     responses((status = 200, body = ScheduleList)))]
-async fn list_schedules(State(s): State<AppState>, caller: Caller) -> Result<Json<ScheduleList>> {
-    caller.require(Role::Read)?;
+async fn list_schedules(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<ScheduleList>> {
     Ok(Json(ScheduleList {
         schedules: s.schedules.list().await?,
     }))
@@ -49,10 +47,9 @@ async fn list_schedules(State(s): State<AppState>, caller: Caller) -> Result<Jso
                (status = 409, description = "The id exists, is defined in config.toml, or too many schedules")))]
 async fn create_schedule(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: AdminCaller,
     ApiJson(def): ApiJson<ScheduleDef>,
 ) -> Result<Response> {
-    caller.require(Role::Admin)?;
     let c = s.schedules.check(&def)?;
     s.schedules.create(&c, &caller.name).await?;
     let created = s
@@ -76,11 +73,10 @@ pub struct GetParams {
     responses((status = 200, body = Schedule), (status = 404, description = "Unknown schedule")))]
 async fn get_schedule(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     Path(id): Path<String>,
     ApiQuery(p): ApiQuery<GetParams>,
 ) -> Result<Json<Schedule>> {
-    caller.require(Role::Read)?;
     validate::name("id", &id)?;
     let history = p.history.unwrap_or(50);
     if history > 1000 {
@@ -104,11 +100,10 @@ async fn get_schedule(
                (status = 409, description = "Defined in config.toml, or too many schedules")))]
 async fn put_schedule(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: AdminCaller,
     Path(id): Path<String>,
     ApiJson(mut def): ApiJson<ScheduleDef>,
 ) -> Result<Response> {
-    caller.require(Role::Admin)?;
     validate::name("id", &id)?;
     if def.id.is_empty() {
         def.id = id.clone();
@@ -145,11 +140,10 @@ pub struct DeleteParams {
                (status = 409, description = "Written from config.toml (without `force`), or defined in this node's config.toml")))]
 async fn delete_schedule(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: AdminCaller,
     Path(id): Path<String>,
     ApiQuery(p): ApiQuery<DeleteParams>,
 ) -> Result<Response> {
-    caller.require(Role::Admin)?;
     validate::name("id", &id)?;
     s.schedules.delete(&id, &caller.name, p.force.unwrap_or(false)).await?;
     Ok(no_content())
@@ -170,11 +164,10 @@ async fn delete_schedule(
                (status = 409, description = "Skipped by the overlap policy (the live task is in `task`), or too many queues")))]
 async fn trigger_schedule(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: AdminCaller,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response> {
-    caller.require(Role::Admin)?;
     validate::name("id", &id)?;
     let key = crate::tasks::routes::idempotency_header(&headers)?;
     let t = s.schedules.trigger(&id, &caller.name, key.as_deref()).await?;
@@ -191,8 +184,7 @@ async fn trigger_schedule(
 #[utoipa::path(post, path = "/api/v1/schedules/{id}/enable", tag = "schedules",
     params(("id" = String, Path, description = "Schedule id")),
     responses((status = 204, description = "Enabled"), (status = 404, description = "Unknown schedule")))]
-async fn enable_schedule(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn enable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
     validate::name("id", &id)?;
     s.schedules.set_enabled(&id, true, &caller.name).await?;
     Ok(no_content())
@@ -202,8 +194,7 @@ async fn enable_schedule(State(s): State<AppState>, caller: Caller, Path(id): Pa
 #[utoipa::path(post, path = "/api/v1/schedules/{id}/disable", tag = "schedules",
     params(("id" = String, Path, description = "Schedule id")),
     responses((status = 204, description = "Disabled"), (status = 404, description = "Unknown schedule")))]
-async fn disable_schedule(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn disable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
     validate::name("id", &id)?;
     s.schedules.set_enabled(&id, false, &caller.name).await?;
     Ok(no_content())

@@ -19,8 +19,7 @@ use super::{
     ClaimResult, Claimed, Finished, GroupInfo, QueueStats, STATES, Submitted, Task, TaskError, TaskPage, TaskSpec,
 };
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::events::QueueWaiter;
 use crate::http::{ApiJson, ApiQuery, OptJson, no_content};
@@ -87,12 +86,11 @@ pub(crate) fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>> 
                (status = 413, description = "Payload too large")))]
 async fn submit_task(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(queue): Path<String>,
     headers: HeaderMap,
     ApiJson(mut spec): ApiJson<TaskSpec>,
 ) -> Result<Response> {
-    caller.require(Role::Worker)?;
     validate::name("queue", &queue)?;
     if let Some(h) = idempotency_header(&headers)? {
         match &spec.idempotency_key {
@@ -186,11 +184,10 @@ fn item_error(e: &ApiError) -> BatchItem {
     responses((status = 200, body = BatchResponse), (status = 400, description = "Bad queue or batch size")))]
 async fn submit_batch(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(queue): Path<String>,
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> Result<Json<BatchResponse>> {
-    caller.require(Role::Worker)?;
     validate::name("queue", &queue)?;
     if req.tasks.is_empty() || req.tasks.len() > 1000 {
         return Err(ApiError::bad_request("`tasks` must hold 1 to 1000 tasks"));
@@ -274,11 +271,10 @@ pub struct ClaimResponse {
                (status = 503, description = "Redis unreachable or this node is stopping")))]
 async fn claim_tasks(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(queue): Path<String>,
     ApiJson(req): ApiJson<ClaimRequest>,
 ) -> Result<Response> {
-    caller.require(Role::Worker)?;
     validate::name("queue", &queue)?;
     validate::node_id("node", &req.node)?;
     let max = req.max.unwrap_or(1);
@@ -406,11 +402,10 @@ fn page_args(p: &ListParams) -> Result<(usize, usize)> {
                (status = 400, description = "Bad state, limit or cursor (at most 10000 for state=queued)")))]
 async fn list_tasks(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     Path(queue): Path<String>,
     ApiQuery(p): ApiQuery<ListParams>,
 ) -> Result<Json<TaskPage>> {
-    caller.require(Role::Read)?;
     validate::name("queue", &queue)?;
     let state = p.state.clone().unwrap_or_else(|| "queued".into());
     if !STATES.contains(&state.as_str()) {
@@ -430,8 +425,7 @@ pub struct QueueList {
 
 /// Every queue with its counts.
 #[utoipa::path(get, path = "/api/v1/queues", tag = "tasks", responses((status = 200, body = QueueList)))]
-async fn list_queues(State(s): State<AppState>, caller: Caller) -> Result<Json<QueueList>> {
-    caller.require(Role::Read)?;
+async fn list_queues(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<QueueList>> {
     Ok(Json(QueueList {
         queues: s.tasks.queues().await?,
     }))
@@ -449,8 +443,11 @@ pub struct QueueDetail {
 #[utoipa::path(get, path = "/api/v1/queues/{queue}", tag = "tasks",
     params(("queue" = String, Path, description = "Queue name")),
     responses((status = 200, body = QueueDetail)))]
-async fn get_queue(State(s): State<AppState>, caller: Caller, Path(queue): Path<String>) -> Result<Json<QueueDetail>> {
-    caller.require(Role::Read)?;
+async fn get_queue(
+    State(s): State<AppState>,
+    _caller: ReadCaller,
+    Path(queue): Path<String>,
+) -> Result<Json<QueueDetail>> {
     validate::name("queue", &queue)?;
     let stats = s
         .tasks
@@ -466,8 +463,7 @@ async fn get_queue(State(s): State<AppState>, caller: Caller, Path(queue): Path<
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/pause", tag = "tasks",
     params(("queue" = String, Path, description = "Queue name")),
     responses((status = 204, description = "Paused")))]
-async fn pause_queue(State(s): State<AppState>, caller: Caller, Path(queue): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn pause_queue(State(s): State<AppState>, caller: AdminCaller, Path(queue): Path<String>) -> Result<Response> {
     validate::name("queue", &queue)?;
     s.tasks.set_paused(&queue, true, &caller.name).await?;
     Ok(no_content())
@@ -477,8 +473,7 @@ async fn pause_queue(State(s): State<AppState>, caller: Caller, Path(queue): Pat
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/resume", tag = "tasks",
     params(("queue" = String, Path, description = "Queue name")),
     responses((status = 204, description = "Resumed")))]
-async fn resume_queue(State(s): State<AppState>, caller: Caller, Path(queue): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn resume_queue(State(s): State<AppState>, caller: AdminCaller, Path(queue): Path<String>) -> Result<Response> {
     validate::name("queue", &queue)?;
     s.tasks.set_paused(&queue, false, &caller.name).await?;
     Ok(no_content())
@@ -499,8 +494,7 @@ fn check_task_id(id: &str) -> Result<()> {
 #[utoipa::path(get, path = "/api/v1/tasks/{id}", tag = "tasks",
     params(("id" = String, Path, description = "Task id")),
     responses((status = 200, body = Task), (status = 404, description = "Unknown task")))]
-async fn get_task(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Task>> {
-    caller.require(Role::Read)?;
+async fn get_task(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path<String>) -> Result<Json<Task>> {
     check_task_id(&id)?;
     s.tasks
         .get(&id)
@@ -514,8 +508,7 @@ async fn get_task(State(s): State<AppState>, caller: Caller, Path(id): Path<Stri
     params(("id" = String, Path, description = "Task id")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "Unknown task"),
                (status = 409, description = "Not finished")))]
-async fn delete_task(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn delete_task(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
     check_task_id(&id)?;
     s.tasks.delete(&id, &caller.name).await?;
     Ok(no_content())
@@ -525,8 +518,7 @@ async fn delete_task(State(s): State<AppState>, caller: Caller, Path(id): Path<S
 #[utoipa::path(get, path = "/api/v1/aliases/{alias}", tag = "tasks",
     params(("alias" = String, Path, description = "Alias")),
     responses((status = 200, body = Task), (status = 404, description = "No task holds this alias")))]
-async fn get_alias(State(s): State<AppState>, caller: Caller, Path(alias): Path<String>) -> Result<Json<Task>> {
-    caller.require(Role::Read)?;
+async fn get_alias(State(s): State<AppState>, _caller: ReadCaller, Path(alias): Path<String>) -> Result<Json<Task>> {
     validate::name("alias", &alias)?;
     let key = format!("{}:alias:{alias}", s.store.keys().prefix());
     let id: Option<String> = s.store.query("alias_get", redis::cmd("GET").arg(key)).await?;
@@ -563,11 +555,10 @@ pub struct HeartbeatResponse {
                (status = 404, description = "Unknown task")))]
 async fn heartbeat_task(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>> {
-    caller.require(Role::Worker)?;
     check_task_id(&id)?;
     if req.progress.is_some_and(|p| p > 100) {
         return Err(ApiError::bad_request("`progress` must be between 0 and 100"));
@@ -770,11 +761,10 @@ fn result_text(s: &AppState, result: Option<Box<RawValue>>) -> Result<String> {
                (status = 404, description = "Unknown task")))]
 async fn complete_task(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<CompleteRequest>,
 ) -> Result<Json<FinishedNext>> {
-    caller.require(Role::Worker)?;
     check_task_id(&id)?;
     let result = result_text(&s, req.result)?;
     let ask = next_ask(&s, req.next)?;
@@ -848,10 +838,9 @@ pub struct CompleteBatchResponse {
     responses((status = 200, body = CompleteBatchResponse), (status = 400, description = "Bad batch")))]
 async fn complete_batch(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     ApiJson(body): ApiJson<Box<RawValue>>,
 ) -> Result<Json<CompleteBatchResponse>> {
-    caller.require(Role::Worker)?;
     let items = parse_batch(&body)?;
     if items.is_empty() || items.len() > 1000 {
         return Err(ApiError::bad_request("send 1 to 1000 completions"));
@@ -936,11 +925,10 @@ pub struct FailRequest {
                (status = 404, description = "Unknown task")))]
 async fn fail_task(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<FailRequest>,
 ) -> Result<Json<FinishedNext>> {
-    caller.require(Role::Worker)?;
     check_task_id(&id)?;
     let mut error = req.error;
     if error.len() > 4096 {
@@ -972,10 +960,9 @@ pub struct CancelResponse {
                (status = 404, description = "Unknown task")))]
 async fn cancel_task(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: WorkerCaller,
     Path(id): Path<String>,
 ) -> Result<Json<CancelResponse>> {
-    caller.require(Role::Worker)?;
     check_task_id(&id)?;
     let state = s.tasks.cancel(&id, &caller.name).await?;
     let cancel_requested = state == "running";
@@ -991,8 +978,7 @@ async fn cancel_task(
     responses((status = 204, description = "Queued again"),
                (status = 409, description = "Not dead, or its queue was forgotten and the cluster has tasks.max_queues queues"),
                (status = 404, description = "Unknown task")))]
-async fn retry_task(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn retry_task(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
     check_task_id(&id)?;
     s.tasks.retry(&id, &caller.name).await?;
     Ok(no_content())
@@ -1011,10 +997,9 @@ pub struct PageParams {
     responses((status = 200, body = TaskPage)))]
 async fn list_dead(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     ApiQuery(p): ApiQuery<PageParams>,
 ) -> Result<Json<TaskPage>> {
-    caller.require(Role::Read)?;
     let (limit, cursor) = page_args(&ListParams {
         state: None,
         limit: p.limit,
@@ -1030,8 +1015,7 @@ pub struct GroupList {
 
 /// Groups with a configured limit, with their slots in use.
 #[utoipa::path(get, path = "/api/v1/groups", tag = "tasks", responses((status = 200, body = GroupList)))]
-async fn list_groups(State(s): State<AppState>, caller: Caller) -> Result<Json<GroupList>> {
-    caller.require(Role::Read)?;
+async fn list_groups(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<GroupList>> {
     Ok(Json(GroupList {
         groups: s.tasks.groups(None).await?,
     }))
@@ -1064,11 +1048,10 @@ const GROUP_BODY: &str = r#"send {"limit": n} (1 to 100000) to set the group's l
                (status = 409, description = "Too many groups")))]
 async fn put_group(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: AdminCaller,
     Path(group): Path<String>,
     body: std::result::Result<OptJson<Option<serde_json::Value>>, ApiError>,
 ) -> Result<Json<GroupInfo>> {
-    caller.require(Role::Admin)?;
     validate::name("group", &group)?;
     let hint = |m: String| format!("{m}; {GROUP_BODY}");
     let req: GroupRequest = match body {

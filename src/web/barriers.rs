@@ -13,9 +13,8 @@ use axum::routing::get;
 use super::Layout;
 use super::filters;
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::ReadCaller;
 use crate::barriers::{BarrierConfigView, BarrierError, DoubleBarrier, Hold, Round, Verdict};
-use crate::config::Role;
 use crate::error::Result;
 use crate::locks::{Leadership, LockInfo};
 use crate::validate;
@@ -95,8 +94,7 @@ pub struct BarriersPage {
     pub live: bool,
 }
 
-async fn barriers_page(State(s): State<AppState>, caller: Caller) -> Result<BarriersPage> {
-    caller.require(Role::Read)?;
+async fn barriers_page(State(s): State<AppState>, caller: ReadCaller) -> Result<BarriersPage> {
     let configs = s.barriers.list().await?;
     let names: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
     let latest = s.barriers.latest_rounds(&names).await?;
@@ -112,7 +110,7 @@ async fn barriers_page(State(s): State<AppState>, caller: Caller) -> Result<Barr
     let doubles = s.barriers.double_barriers().await?;
     let live = barriers.iter().any(|b| b.latest.as_ref().is_some_and(|r| r.open));
     Ok(BarriersPage {
-        layout: Layout::new(&s, Some(&caller), "Barriers", "Barriers"),
+        layout: Layout::new(&s, Some(&caller.0), "Barriers", "Barriers"),
         barriers,
         holds,
         doubles,
@@ -132,8 +130,7 @@ pub struct BarrierPage {
     pub live: bool,
 }
 
-async fn barrier_page(State(s): State<AppState>, caller: Caller, Path(name): Path<String>) -> Result<BarrierPage> {
-    caller.require(Role::Read)?;
+async fn barrier_page(State(s): State<AppState>, caller: ReadCaller, Path(name): Path<String>) -> Result<BarrierPage> {
     validate::name("name", &name)?;
     let config = s.barriers.get(&name).await?;
     let (hold, _) = s.barriers.hold_state(&name).await?;
@@ -152,7 +149,7 @@ async fn barrier_page(State(s): State<AppState>, caller: Caller, Path(name): Pat
     };
     let live = rounds.iter().any(|r| r.open);
     Ok(BarrierPage {
-        layout: Layout::new(&s, Some(&caller), &format!("Barrier {name}"), "Barriers"),
+        layout: Layout::new(&s, Some(&caller.0), &format!("Barrier {name}"), "Barriers"),
         name,
         config,
         hold,
@@ -169,10 +166,9 @@ pub struct LocksPage {
     pub elections: Vec<Leadership>,
 }
 
-async fn locks_page(State(s): State<AppState>, caller: Caller) -> Result<LocksPage> {
-    caller.require(Role::Read)?;
+async fn locks_page(State(s): State<AppState>, caller: ReadCaller) -> Result<LocksPage> {
     Ok(LocksPage {
-        layout: Layout::new(&s, Some(&caller), "Locks", "Locks"),
+        layout: Layout::new(&s, Some(&caller.0), "Locks", "Locks"),
         locks: s.locks.list().await?,
         elections: s.locks.elections().await?,
     })

@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 
 use crate::app::AppState;
-use crate::auth::{Caller, MaybeCaller, SESSION_COOKIE, csrf_ok};
+use crate::auth::{Caller, MaybeCaller, ReadCaller, SESSION_COOKIE, csrf_ok};
 use crate::config::Role;
 use crate::error::{ApiError, Result};
 use crate::nodes::NodeList;
@@ -129,8 +129,7 @@ pub fn chart_points(series: &[u32]) -> String {
         .join(" ")
 }
 
-async fn overview_page(State(s): State<AppState>, caller: Caller) -> Result<OverviewPage> {
-    caller.require(Role::Read)?;
+async fn overview_page(State(s): State<AppState>, caller: ReadCaller) -> Result<OverviewPage> {
     let list = s.nodes.list().await.ok();
     let redis = crate::system::redis_summary(&s).await.map_err(|e| e.to_string());
     let uptime = SystemTime::now().duration_since(s.started_at).unwrap_or_default();
@@ -152,7 +151,7 @@ async fn overview_page(State(s): State<AppState>, caller: Caller) -> Result<Over
         chart_points: chart_points(&live.throughput),
         throughput_now,
         throughput_max: live.throughput.iter().copied().max().unwrap_or(0),
-        layout: Layout::new(&s, Some(&caller), "Overview", "Overview"),
+        layout: Layout::new(&s, Some(&caller.0), "Overview", "Overview"),
         alive: list.as_ref().map_or(0, |l| l.alive),
         draining: list.as_ref().map_or(0, |l| l.draining),
         dead: list.as_ref().map_or(0, |l| l.dead),
@@ -170,11 +169,10 @@ pub struct NodesPage {
     pub list: NodeList,
 }
 
-async fn nodes_page(State(s): State<AppState>, caller: Caller) -> Result<NodesPage> {
-    caller.require(Role::Read)?;
+async fn nodes_page(State(s): State<AppState>, caller: ReadCaller) -> Result<NodesPage> {
     let list = s.nodes.list().await?;
     Ok(NodesPage {
-        layout: Layout::new(&s, Some(&caller), "Nodes", "Nodes"),
+        layout: Layout::new(&s, Some(&caller.0), "Nodes", "Nodes"),
         list,
     })
 }
@@ -186,10 +184,9 @@ pub struct FailoverPage {
     pub st: crate::failover::Status,
 }
 
-async fn failover_page(State(s): State<AppState>, caller: Caller) -> Result<FailoverPage> {
-    caller.require(Role::Read)?;
+async fn failover_page(State(s): State<AppState>, caller: ReadCaller) -> Result<FailoverPage> {
     Ok(FailoverPage {
-        layout: Layout::new(&s, Some(&caller), "Failover", "Failover"),
+        layout: Layout::new(&s, Some(&caller.0), "Failover", "Failover"),
         st: s.failover.status().await,
     })
 }
@@ -202,12 +199,11 @@ pub struct OrphansPage {
     pub counts: Vec<(String, u64)>,
 }
 
-async fn orphans_page(State(s): State<AppState>, caller: Caller) -> Result<OrphansPage> {
-    caller.require(Role::Read)?;
+async fn orphans_page(State(s): State<AppState>, caller: ReadCaller) -> Result<OrphansPage> {
     let report = crate::orphans::routes::report(&s, 200).await?;
     let counts = report.counts.iter().map(|(k, v)| (k.clone(), *v)).collect();
     Ok(OrphansPage {
-        layout: Layout::new(&s, Some(&caller), "Orphans", "Orphans"),
+        layout: Layout::new(&s, Some(&caller.0), "Orphans", "Orphans"),
         report,
         counts,
     })
@@ -241,12 +237,15 @@ pub struct EventsQuery {
     queue: Option<String>,
 }
 
-async fn events_page(State(s): State<AppState>, caller: Caller, Query(q): Query<EventsQuery>) -> Result<EventsPage> {
-    caller.require(Role::Read)?;
+async fn events_page(
+    State(s): State<AppState>,
+    caller: ReadCaller,
+    Query(q): Query<EventsQuery>,
+) -> Result<EventsPage> {
     let topics = q.topics.unwrap_or_default();
     let queue = q.queue.filter(|v| !v.is_empty());
     let mut page = EventsPage {
-        layout: Layout::new(&s, Some(&caller), "Events", "Events"),
+        layout: Layout::new(&s, Some(&caller.0), "Events", "Events"),
         topics_attr: if topics.is_empty() { "*".into() } else { topics.clone() },
         topics,
         queue,

@@ -11,7 +11,7 @@ use axum::routing::{get, post};
 use super::filters;
 use super::{Layout, UiForm};
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::ReadCaller;
 use crate::config::Role;
 use crate::error::{ApiError, Result};
 use crate::schedules::{HistoryEntry, Schedule, Timing};
@@ -55,8 +55,7 @@ pub struct SchedulesPage {
     pub max_skew_ms: u64,
 }
 
-async fn schedules_page(State(s): State<AppState>, caller: Caller) -> Result<SchedulesPage> {
-    caller.require(Role::Read)?;
+async fn schedules_page(State(s): State<AppState>, caller: ReadCaller) -> Result<SchedulesPage> {
     let rows = s
         .schedules
         .list()
@@ -72,7 +71,7 @@ async fn schedules_page(State(s): State<AppState>, caller: Caller) -> Result<Sch
         })
         .collect();
     Ok(SchedulesPage {
-        layout: Layout::new(&s, Some(&caller), "Schedules", "Schedules"),
+        layout: Layout::new(&s, Some(&caller.0), "Schedules", "Schedules"),
         rows,
         max_skew_ms: s.schedules.config().max_skew_ms,
     })
@@ -97,8 +96,11 @@ pub struct SchedulePageView {
     pub in_config: bool,
 }
 
-async fn schedule_page(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<SchedulePageView> {
-    caller.require(Role::Read)?;
+async fn schedule_page(
+    State(s): State<AppState>,
+    caller: ReadCaller,
+    Path(id): Path<String>,
+) -> Result<SchedulePageView> {
     validate::name("id", &id)?;
     let sc = s
         .schedules
@@ -117,7 +119,7 @@ async fn schedule_page(State(s): State<AppState>, caller: Caller, Path(id): Path
         })
         .collect();
     Ok(SchedulePageView {
-        layout: Layout::new(&s, Some(&caller), &format!("Schedule {id}"), "Schedules"),
+        layout: Layout::new(&s, Some(&caller.0), &format!("Schedule {id}"), "Schedules"),
         template: serde_json::to_string_pretty(&sc.task).unwrap_or_default(),
         in_config: s.schedules.in_config(&id),
         next,

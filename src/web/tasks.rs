@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::filters;
 use super::{Layout, UiForm};
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::ReadCaller;
 use crate::config::Role;
 use crate::error::{ApiError, Result};
 use crate::tasks::{GroupInfo, QueueStats, STATES, Task, TaskPage};
@@ -37,11 +37,10 @@ pub struct QueuesPage {
     pub queues: Vec<QueueStats>,
 }
 
-async fn queues_page(State(s): State<AppState>, caller: Caller) -> Result<QueuesPage> {
-    caller.require(Role::Read)?;
+async fn queues_page(State(s): State<AppState>, caller: ReadCaller) -> Result<QueuesPage> {
     let queues = s.tasks.queues().await?;
     Ok(QueuesPage {
-        layout: Layout::new(&s, Some(&caller), "Queues", "Queues"),
+        layout: Layout::new(&s, Some(&caller.0), "Queues", "Queues"),
         queues,
     })
 }
@@ -66,11 +65,10 @@ pub struct QueuePage {
 
 async fn queue_page(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: ReadCaller,
     Path(queue): Path<String>,
     Query(q): Query<PageQuery>,
 ) -> Result<QueuePage> {
-    caller.require(Role::Read)?;
     validate::name("queue", &queue)?;
     let state = q.state.unwrap_or_else(|| "queued".into());
     if !STATES.contains(&state.as_str()) {
@@ -97,7 +95,7 @@ async fn queue_page(
     let groups = s.tasks.groups(Some(&queue)).await?;
     let page = s.tasks.list(&queue, &state, 50, cursor).await?;
     Ok(QueuePage {
-        layout: Layout::new(&s, Some(&caller), &format!("Queue {queue}"), "Queues"),
+        layout: Layout::new(&s, Some(&caller.0), &format!("Queue {queue}"), "Queues"),
         stats,
         tabs,
         state,
@@ -125,8 +123,7 @@ fn pretty(raw: &serde_json::value::RawValue) -> String {
         .unwrap_or_else(|_| raw.get().to_string())
 }
 
-async fn task_page(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<TaskPageView> {
-    caller.require(Role::Read)?;
+async fn task_page(State(s): State<AppState>, caller: ReadCaller, Path(id): Path<String>) -> Result<TaskPageView> {
     validate::name("id", &id)?;
     let task = s
         .tasks
@@ -135,7 +132,7 @@ async fn task_page(State(s): State<AppState>, caller: Caller, Path(id): Path<Str
         .ok_or_else(|| ApiError::not_found(format!("no task `{id}`")))?;
     let active = matches!(task.state.as_str(), "queued" | "delayed" | "running");
     Ok(TaskPageView {
-        layout: Layout::new(&s, Some(&caller), &format!("Task {id}"), "Queues"),
+        layout: Layout::new(&s, Some(&caller.0), &format!("Task {id}"), "Queues"),
         payload: pretty(&task.payload),
         fields: task.fields.as_deref().map(pretty),
         result: task.result.as_deref().map(pretty),
@@ -153,12 +150,11 @@ pub struct DeadPage {
     pub cursor: usize,
 }
 
-async fn dead_page(State(s): State<AppState>, caller: Caller, Query(q): Query<PageQuery>) -> Result<DeadPage> {
-    caller.require(Role::Read)?;
+async fn dead_page(State(s): State<AppState>, caller: ReadCaller, Query(q): Query<PageQuery>) -> Result<DeadPage> {
     let cursor = q.cursor.unwrap_or(0).min(1_000_000);
     let page = s.tasks.dead(50, cursor).await?;
     Ok(DeadPage {
-        layout: Layout::new(&s, Some(&caller), "Dead letters", "Dead letters"),
+        layout: Layout::new(&s, Some(&caller.0), "Dead letters", "Dead letters"),
         page,
         cursor,
     })

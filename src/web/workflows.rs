@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::filters;
 use super::{Layout, UiForm};
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::ReadCaller;
 use crate::config::Role;
 use crate::error::Result;
 use crate::workflows::{Workflow, WorkflowSummary};
@@ -44,10 +44,9 @@ pub struct WorkflowsPage {
 
 async fn workflows_page(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: ReadCaller,
     Query(q): Query<ListQuery>,
 ) -> Result<WorkflowsPage> {
-    caller.require(Role::Read)?;
     let states = vec!["running", "succeeded", "failed", "cancelled"];
     let state = q.state.filter(|st| states.contains(&st.as_str()));
     let (list, next) = s
@@ -55,7 +54,7 @@ async fn workflows_page(
         .list(state.as_deref(), 50, q.cursor.unwrap_or(0).min(1_000_000))
         .await?;
     Ok(WorkflowsPage {
-        layout: Layout::new(&s, Some(&caller), "Workflows", "Workflows"),
+        layout: Layout::new(&s, Some(&caller.0), "Workflows", "Workflows"),
         list,
         state,
         states,
@@ -161,13 +160,12 @@ fn layout(wf: &Workflow) -> (Vec<NodeBox>, Vec<Edge>, i64, i64) {
     (boxes, edges, width, height)
 }
 
-async fn workflow_page(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<WorkflowPage> {
-    caller.require(Role::Read)?;
+async fn workflow_page(State(s): State<AppState>, caller: ReadCaller, Path(id): Path<String>) -> Result<WorkflowPage> {
     crate::validate::name("id", &id)?;
     let wf = s.workflows.get(&id).await?;
     let (boxes, edges, width, height) = layout(&wf);
     Ok(WorkflowPage {
-        layout: Layout::new(&s, Some(&caller), &format!("Workflow {id}"), "Workflows"),
+        layout: Layout::new(&s, Some(&caller.0), &format!("Workflow {id}"), "Workflows"),
         wf,
         boxes,
         edges,

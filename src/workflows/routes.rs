@@ -11,8 +11,7 @@ use utoipa_axum::routes;
 
 use super::{NewWorkflow, Workflow, WorkflowSummary, plan};
 use crate::app::AppState;
-use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery};
 
@@ -51,11 +50,10 @@ fn check_id(id: &str) -> Result<()> {
               (status = 413, description = "A payload is too large")))]
 async fn create_workflow(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: WorkerCaller,
     headers: HeaderMap,
     ApiJson(mut w): ApiJson<NewWorkflow>,
 ) -> Result<Response> {
-    caller.require(Role::Worker)?;
     if let Some(h) = headers.get("idempotency-key") {
         let h = h
             .to_str()
@@ -97,10 +95,9 @@ pub struct WorkflowList {
     responses((status = 200, body = WorkflowList)))]
 async fn list_workflows(
     State(s): State<AppState>,
-    caller: Caller,
+    _caller: ReadCaller,
     ApiQuery(p): ApiQuery<WorkflowListParams>,
 ) -> Result<Json<WorkflowList>> {
-    caller.require(Role::Read)?;
     if let Some(st) = &p.state
         && !["running", "succeeded", "failed", "cancelled"].contains(&st.as_str())
     {
@@ -123,8 +120,11 @@ async fn list_workflows(
 #[utoipa::path(get, path = "/api/v1/workflows/{id}", tag = "workflows",
     params(("id" = String, Path, description = "Workflow id")),
     responses((status = 200, body = Workflow), (status = 404, description = "Unknown workflow")))]
-async fn get_workflow(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<Workflow>> {
-    caller.require(Role::Read)?;
+async fn get_workflow(
+    State(s): State<AppState>,
+    _caller: ReadCaller,
+    Path(id): Path<String>,
+) -> Result<Json<Workflow>> {
     check_id(&id)?;
     Ok(Json(s.workflows.get(&id).await?))
 }
@@ -135,8 +135,7 @@ async fn get_workflow(State(s): State<AppState>, caller: Caller, Path(id): Path<
     params(("id" = String, Path, description = "Workflow id")),
     responses((status = 204, description = "Cancelled"), (status = 404, description = "Unknown workflow"),
               (status = 409, description = "Already finished")))]
-async fn cancel_workflow(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
-    caller.require(Role::Admin)?;
+async fn cancel_workflow(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
     check_id(&id)?;
     s.workflows.cancel(&id, &caller.name).await?;
     Ok(crate::http::no_content())

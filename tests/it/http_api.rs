@@ -361,3 +361,88 @@ async fn dashboard_sign_in_and_csrf() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 403);
 }
+
+/// A caller without the role an operation needs gets 403 before its body is
+/// read: not 400 for a bad body, 413 for a big one or 415 for a wrong type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_role_check_comes_before_the_body() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.server.max_body_bytes = 4096;
+    })
+    .await;
+    // A 403 leaves the body unread, so the server closes that connection:
+    // no pooled connections, or the next request could land on it.
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let send = |token: &'static str, path: &'static str, ctype: &'static str, body: Vec<u8>| {
+        let req = http
+            .post(format!("{}{path}", app.url))
+            .bearer_auth(token)
+            .header("content-type", ctype)
+            .body(body);
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap_or_default())
+        }
+    };
+    let big = vec![b' '; 64 * 1024];
+    // (token, path, what the body is wrong in, content type, body)
+    let refused: Vec<(&str, &str, &str, &str, Vec<u8>)> = vec![
+        (
+            "tok-r",
+            "/api/v1/schedules",
+            "fields",
+            "application/json",
+            br#"{"bogus":1}"#.to_vec(),
+        ),
+        (
+            "tok-r",
+            "/api/v1/schedules",
+            "syntax",
+            "application/json",
+            b"{".to_vec(),
+        ),
+        ("tok-r", "/api/v1/schedules", "type", "text/plain", b"hello".to_vec()),
+        ("tok-r", "/api/v1/schedules", "size", "application/json", big.clone()),
+        (
+            "tok-r",
+            "/api/v1/queues/q/tasks",
+            "size",
+            "application/json",
+            big.clone(),
+        ),
+        (
+            "tok-r",
+            "/api/v1/queues/q/claim",
+            "type",
+            "text/plain",
+            b"x".to_vec(),
+        ),
+        (
+            "tok-w",
+            "/api/v1/schedules",
+            "fields",
+            "application/json",
+            br#"{"bogus":1}"#.to_vec(),
+        ),
+        ("tok-w", "/api/v1/schedules", "size", "application/json", big.clone()),
+    ];
+    for (token, path, what, ctype, body) in refused {
+        let (status, text) = send(token, path, ctype, body).await;
+        assert_eq!(status, 403, "{token} POST {path} with a bad {what}: {text}");
+        assert!(text.contains("role"), "the 403 names the role: {text}");
+    }
+    // With the role, the same bodies are judged on their merits.
+    let bogus = br#"{"bogus":1}"#.to_vec();
+    let judged = [
+        ("tok-a", "/api/v1/schedules", "application/json", bogus, 400),
+        ("tok-a", "/api/v1/schedules", "text/plain", b"x".to_vec(), 415),
+        ("tok-w", "/api/v1/queues/q/tasks", "application/json", big, 413),
+    ];
+    for (token, path, ctype, body, want) in judged {
+        let (status, text) = send(token, path, ctype, body).await;
+        assert_eq!(status, want, "{token} POST {path}: {text}");
+    }
+}
