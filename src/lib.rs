@@ -8,6 +8,7 @@
 //!   key builders, the Lua script wrapper with its shared prelude.
 //! - [`nodes`]: membership by heartbeat into a sorted set scored by Redis time.
 //! - [`tasks`]: queues, atomic claim with fencing tokens, retries, dead
+//! - [`telemetry`]: the catalogue of Prometheus metrics (help, type, zero series).
 //!   letters, idempotency, concurrency groups, retention.
 //! - [`orphans`]: the cleaner that recovers tasks of dead owners, and the
 //!   timeout monitor.
@@ -46,6 +47,7 @@ pub mod schedules;
 pub mod store;
 pub mod system;
 pub mod tasks;
+pub mod telemetry;
 pub mod validate;
 pub mod web;
 pub mod workflows;
@@ -137,7 +139,9 @@ pub fn metrics_handle() -> PrometheusHandle {
                 .expect("static bucket list is non-empty")
                 .build_recorder();
             let handle = recorder.handle();
-            let _ = metrics::set_global_recorder(recorder);
+            if metrics::set_global_recorder(recorder).is_ok() {
+                telemetry::register();
+            }
             handle
         })
         .clone()

@@ -81,7 +81,7 @@ async fn readyz(State(s): State<AppState>) -> Response {
 async fn metrics(State(s): State<AppState>, _caller: ReadCaller) -> Result<Response> {
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(),
+        crate::telemetry::render(s.metrics.render()),
     )
         .into_response())
 }

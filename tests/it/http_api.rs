@@ -446,3 +446,50 @@ async fn the_role_check_comes_before_the_body() {
         assert_eq!(status, want, "{token} POST {path}: {text}");
     }
 }
+
+/// Every metric in the README's table has `# HELP` and `# TYPE` from the
+/// first scrape, and those without an open label set have a zero series, so
+/// alerts can tell zero from absent. The README and the catalogue agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_document_every_metric_from_the_start() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let documented: std::collections::BTreeSet<&str> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `muster_"))
+        .filter_map(|l| l.split('`').next())
+        .collect();
+    let catalogue: std::collections::BTreeSet<&str> = muster::telemetry::METRICS
+        .iter()
+        .map(|m| m.name.strip_prefix("muster_").unwrap())
+        .collect();
+    assert_eq!(
+        documented, catalogue,
+        "README's metrics table and telemetry::METRICS differ"
+    );
+
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let text = app.page("/metrics").await;
+    for m in muster::telemetry::METRICS {
+        assert!(text.contains(&format!("# HELP {} ", m.name)), "no HELP for {}", m.name);
+        assert!(text.contains(&format!("# TYPE {} ", m.name)), "no TYPE for {}", m.name);
+        if !m.open {
+            let sample = text.lines().any(|l| {
+                !l.starts_with('#')
+                    && (l.starts_with(&format!("{} ", m.name))
+                        || l.starts_with(&format!("{}{{", m.name))
+                        || l.starts_with(&format!("{}_count", m.name)))
+            });
+            assert!(sample, "{} has no series before its first event:\n{text}", m.name);
+        }
+    }
+    for (name, label) in [
+        ("muster_orphans_recovered_total", "action=\"requeued\""),
+        ("muster_schedule_fires_total", "result=\"missed\""),
+    ] {
+        assert!(
+            text.contains(&format!("{name}{{{label}}}")),
+            "{name}{{{label}}} is pre-registered"
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! The catalogue of Prometheus metrics: one line per metric with its type,
+//! labels and help text, so that `/metrics` carries `# HELP` and `# TYPE`
+//! for every metric from the first scrape, and every metric that can exist
+//! before its first event is exported as zero.
+//!
+//! Metrics without labels, and metrics whose labels take a fixed set of
+//! values (`action`, `result`, `verdict`, `state`), are registered at zero
+//! when the recorder is installed, so dashboards and alerts
+//! (`rate(...)`, `absent(...)`) can tell "zero" from "not exported". Metrics
+//! labelled by an open set (`queue`, `op`, `path`) have no series until
+//! their first event; [`render`] still writes their `# HELP` and `# TYPE`
+//! lines, which the text format allows for a family without samples.
+//!
+//! The README's metrics table lists the same names; a test keeps the two in
+//! step.
+
+use std::fmt::Write as _;
+
+/// A metric's Prometheus type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric of the catalogue.
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+    /// The one label whose every value is known up front, with those values
+    /// (each registered at zero); `None` for no label. Metrics with an open
+    /// label set are marked by `open: true` and registered on first use.
+    pub fixed: Option<(&'static str, &'static [&'static str])>,
+    pub open: bool,
+}
+
+const fn m(name: &'static str, kind: Kind, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind,
+        help,
+        fixed: None,
+        open: false,
+    }
+}
+
+const fn open(name: &'static str, kind: Kind, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind,
+        help,
+        fixed: None,
+        open: true,
+    }
+}
+
+const fn fixed(
+    name: &'static str,
+    kind: Kind,
+    help: &'static str,
+    label: &'static str,
+    values: &'static [&'static str],
+) -> Metric {
+    Metric {
+        name,
+        kind,
+        help,
+        fixed: Some((label, values)),
+        open: false,
+    }
+}
+
+use Kind::{Counter, Gauge, Histogram};
+
+/// Every metric muster exports.
+pub const METRICS: &[Metric] = &[
+    open(
+        "muster_http_requests_total",
+        Counter,
+        "HTTP requests by method, matched route and status",
+    ),
+    open(
+        "muster_http_request_duration_seconds",
+        Histogram,
+        "HTTP request duration by method and matched route",
+    ),
+    open(
+        "muster_redis_call_duration_seconds",
+        Histogram,
+        "Redis call duration by operation (script or command)",
+    ),
+    open(
+        "muster_redis_errors_total",
+        Counter,
+        "Failed Redis calls by operation and kind (unavailable, server, decode, timeout, cut)",
+    ),
+    m(
+        "muster_redis_reconnects_total",
+        Counter,
+        "Shared Redis connections cut after a call timed out, and reopened",
+    ),
+    m(
+        "muster_redis_master_changes_total",
+        Counter,
+        "Times this node switched to a new Redis master",
+    ),
+    m(
+        "muster_failover_switches_total",
+        Counter,
+        "Times this node raised the fencing epoch for a new master",
+    ),
+    fixed(
+        "muster_failover_rounds_total",
+        Counter,
+        "Coordinated failover rounds run by this node as coordinator, by result",
+        "result",
+        &["promoted", "cancelled"],
+    ),
+    fixed(
+        "muster_nodes",
+        Gauge,
+        "Registered nodes at this node's last liveness pass, by state",
+        "state",
+        &["alive", "expired"],
+    ),
+    open(
+        "muster_tasks_enqueued_total",
+        Counter,
+        "Tasks created by the submit endpoints, by queue",
+    ),
+    open("muster_tasks_claimed_total", Counter, "Tasks claimed, by queue"),
+    open("muster_tasks_succeeded_total", Counter, "Tasks completed, by queue"),
+    open(
+        "muster_tasks_failed_total",
+        Counter,
+        "Failed executions (fail calls accepted and timeouts), by queue",
+    ),
+    open("muster_tasks_dead_total", Counter, "Tasks dead-lettered, by queue"),
+    open(
+        "muster_queue_depth",
+        Gauge,
+        "Tasks per queue and state (queued, delayed, running, dead)",
+    ),
+    m(
+        "muster_claim_duration_seconds",
+        Histogram,
+        "One claim call to Redis, long-poll waiting excluded",
+    ),
+    m(
+        "muster_claims_empty_total",
+        Counter,
+        "Claim scripts that found nothing to claim",
+    ),
+    m(
+        "muster_claim_waiting_queues",
+        Gauge,
+        "Queues with at least one long-polling claim waiting on this node",
+    ),
+    fixed(
+        "muster_orphans_recovered_total",
+        Counter,
+        "Orphaned tasks recovered, by action",
+        "action",
+        &["requeued", "dead", "cancelled"],
+    ),
+    m(
+        "muster_task_timeouts_total",
+        Counter,
+        "Running tasks failed by their timeout_ms",
+    ),
+    fixed(
+        "muster_schedule_fires_total",
+        Counter,
+        "Schedule occurrences by outcome",
+        "result",
+        &["fired", "skipped_overlap", "missed"],
+    ),
+    fixed(
+        "muster_barrier_rounds_total",
+        Counter,
+        "Barrier rounds decided by this node, by verdict",
+        "verdict",
+        &["released", "aborted"],
+    ),
+    m(
+        "muster_barrier_wait_seconds",
+        Histogram,
+        "Barrier arrival to verdict, per participant",
+    ),
+    m("muster_locks_acquired_total", Counter, "Locks acquired"),
+    m("muster_locks_released_total", Counter, "Locks released"),
+    m(
+        "muster_locks_expired_total",
+        Counter,
+        "Lock leases ended by the periodic expiry pass",
+    ),
+    m("muster_elections_won_total", Counter, "Elections won"),
+    m(
+        "muster_events_read_total",
+        Counter,
+        "Events this node's tailer read from the stream",
+    ),
+    m(
+        "muster_events_relayed_total",
+        Counter,
+        "Events sent to WebSocket clients",
+    ),
+    m(
+        "muster_event_relay_lag_seconds",
+        Histogram,
+        "Event time to the moment it is handed to a client's socket",
+    ),
+    m("muster_ws_clients", Gauge, "Connected WebSocket subscribers"),
+    m(
+        "muster_ws_lagged_total",
+        Counter,
+        "WebSocket subscribers closed with lagged",
+    ),
+];
+
+/// Describes every metric to the installed recorder and registers at zero
+/// those that can be (see the module docs). Called once, right after the
+/// recorder is installed.
+pub fn register() {
+    for metric in METRICS {
+        let name = metric.name;
+        match metric.kind {
+            Counter => metrics::describe_counter!(name, metric.help),
+            Gauge => metrics::describe_gauge!(name, metric.help),
+            Histogram => metrics::describe_histogram!(name, metric.help),
+        }
+        if metric.open {
+            continue;
+        }
+        match metric.fixed {
+            None => zero(metric.kind, name, &[]),
+            Some((label, values)) => {
+                for v in values {
+                    zero(metric.kind, name, &[(label, v)]);
+                }
+            }
+        }
+    }
+}
+
+fn zero(kind: Kind, name: &'static str, labels: &[(&'static str, &'static str)]) {
+    let labels: Vec<metrics::Label> = labels.iter().map(|(k, v)| metrics::Label::new(*k, *v)).collect();
+    match kind {
+        Counter => metrics::counter!(name, labels).increment(0),
+        // Registers the gauge; a gauge only ever set by a pass (`muster_nodes`)
+        // reads 0 until that pass runs.
+        Gauge => metrics::gauge!(name, labels).increment(0.0),
+        Histogram => {
+            let _ = metrics::histogram!(name, labels);
+        }
+    }
+}
+
+/// The exporter's text with `# HELP`/`# TYPE` added for families that have
+/// no series yet.
+pub fn render(exported: String) -> String {
+    let mut out = exported;
+    for metric in METRICS {
+        let marker = format!("# TYPE {} ", metric.name);
+        if out.contains(&marker) {
+            continue;
+        }
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        let _ = writeln!(out, "# HELP {} {}", metric.name, metric.help);
+        let _ = writeln!(out, "# TYPE {} {}", metric.name, metric.kind.as_str());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions_and_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for m in METRICS {
+            assert!(seen.insert(m.name), "{} listed twice", m.name);
+            assert!(m.name.starts_with("muster_"), "{}", m.name);
+            assert_eq!(
+                m.kind == Counter,
+                m.name.ends_with("_total"),
+                "{}: counters end in _total",
+                m.name
+            );
+            if m.kind == Histogram {
+                assert!(m.name.ends_with("_seconds"), "{}: durations in seconds", m.name);
+            }
+            assert!(!m.help.is_empty() && !m.help.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn render_adds_help_and_type_for_families_without_series() {
+        let text = render("# TYPE muster_nodes gauge\nmuster_nodes{state=\"alive\"} 1\n".into());
+        assert!(text.contains("# HELP muster_tasks_claimed_total Tasks claimed, by queue\n"));
+        assert!(text.contains("# TYPE muster_tasks_claimed_total counter\n"));
+        assert_eq!(
+            text.matches("# TYPE muster_nodes ").count(),
+            1,
+            "present families are left alone"
+        );
+    }
+}
