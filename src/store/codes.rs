@@ -78,15 +78,6 @@ codes! {
     Exists = -13, "EXISTS";
 }
 
-/// The Lua table `E`, for the prelude.
-pub fn lua_table() -> String {
-    let fields: Vec<String> = Code::ALL
-        .iter()
-        .map(|c| format!("{} = {}", c.lua_name(), *c as i64))
-        .collect();
-    format!("{{{}}}", fields.join(", "))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +92,5 @@ mod tests {
             assert_eq!(Code::from_i64(v), Some(*c));
         }
         assert_eq!(Code::from_i64(0), None);
-        assert!(lua_table().contains("NOT_FOUND = -1"));
     }
 }

@@ -73,12 +73,175 @@ fn resolve(source: &str, out: &mut String, seen: &mut Vec<String>) -> Result<(),
 pub fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<String, String> {
     let mut code = PRELUDE
         .replace("__PREFIX__", &ctx.prefix)
-        .replace("__EVENTS_MAXLEN__", &ctx.events_max_len.to_string())
-        .replace("__CODES__", &super::codes::lua_table());
+        .replace("__EVENTS_MAXLEN__", &ctx.events_max_len.to_string());
+    let mut libs = String::new();
     let mut seen = Vec::new();
-    resolve(source, &mut code, &mut seen).map_err(|e| format!("script {name}: {e}"))?;
+    resolve(source, &mut libs, &mut seen).map_err(|e| format!("script {name}: {e}"))?;
+    code.push_str(&shake(&libs, source));
     code.push_str(&format!("\n-- script: {name}\n{source}"));
-    Ok(code)
+    inline_codes(&code).map_err(|e| format!("script {name}: {e}"))
+}
+
+/// One top-level piece of a library: a function definition (`local function
+/// NAME(` or `NAME = function(`, through the `end` in column 0, or one line
+/// that ends in ` end`) or any other
+/// lines (constants, forward declarations, comments).
+enum Item<'a> {
+    Function { name: &'a str, text: String },
+    Other(String),
+}
+
+fn function_name(line: &str) -> Option<&str> {
+    let ident = |s: &str| {
+        s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map(|n| n.min(s.len()))
+    };
+    if let Some(rest) = line.strip_prefix("local function ") {
+        let n = ident(rest)?;
+        return rest[n..].starts_with('(').then(|| &rest[..n]);
+    }
+    let n = ident(line)?;
+    (n > 0 && line[n..].starts_with(" = function(")).then(|| &line[..n])
+}
+
+fn items(libs: &str) -> Vec<Item<'_>> {
+    let mut out = Vec::new();
+    let mut other = String::new();
+    let mut lines = libs.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = function_name(line) else {
+            other.push_str(line);
+            other.push('\n');
+            continue;
+        };
+        out.push(Item::Other(std::mem::take(&mut other)));
+        let mut text = format!("{line}\n");
+        // A one-line function (`local function f(x) return x end`) ends here.
+        if !line.trim_end().ends_with(" end") {
+            for l in lines.by_ref() {
+                text.push_str(l);
+                text.push('\n');
+                if l == "end" {
+                    break;
+                }
+            }
+        }
+        out.push(Item::Function { name, text });
+    }
+    out.push(Item::Other(other));
+    out
+}
+
+/// The code without its `--` comments and forward declarations (`local
+/// name` alone on a line: it names a function without using it), for looking
+/// up names.
+fn code_only(text: &str) -> String {
+    let forward = |l: &str| {
+        l.strip_prefix("local ")
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+    };
+    text.lines()
+        .map(|l| l.split("--").next().unwrap_or(""))
+        .filter(|l| !forward(l.trim_end()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn mentions(code: &str, name: &str) -> bool {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    code.match_indices(name).any(|(at, _)| {
+        let before = code[..at].chars().next_back();
+        let after = code[at + name.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+/// The libraries without the functions the script cannot reach. Every call
+/// defines each library function anew (EVALSHA runs the whole chunk), which
+/// costs Redis CPU per call; a claim needs a few of the task library's
+/// thirty functions. A function is kept when its name appears in the
+/// script, in the libraries' other lines, or in a kept function (comments
+/// ignored); Lua resolves local names lexically, so a function no kept code
+/// names cannot be called, and dropping it changes nothing else.
+fn shake(libs: &str, source: &str) -> String {
+    let items = items(libs);
+    let mut reach = code_only(source);
+    for item in &items {
+        if let Item::Other(text) = item {
+            reach.push_str(&code_only(text));
+        }
+    }
+    let mut keep = vec![false; items.len()];
+    loop {
+        let mut grew = false;
+        for (i, item) in items.iter().enumerate() {
+            if let Item::Function { name, text } = item
+                && !keep[i]
+                && mentions(&reach, name)
+            {
+                keep[i] = true;
+                reach.push_str(&code_only(text));
+                grew = true;
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    let mut out = String::with_capacity(libs.len());
+    for (i, item) in items.iter().enumerate() {
+        match item {
+            Item::Other(text) => out.push_str(text),
+            Item::Function { text, .. } if keep[i] => out.push_str(text),
+            Item::Function { name, .. } => out.push_str(&format!("-- (unused here: {name})\n")),
+        }
+    }
+    out
+}
+
+/// `E.NAME` replaced by the code's value outside comments, so a call does
+/// not build a code table. An unknown name is an error (a typo would
+/// otherwise be a runtime error on the path that uses it).
+fn inline_codes(code: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(code.len());
+    for line in code.lines() {
+        let (text, comment) = match line.find("--") {
+            Some(at) => line.split_at(at),
+            None => (line, ""),
+        };
+        inline_line(text, &mut out)?;
+        out.push_str(comment);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+fn inline_line(text: &str, out: &mut String) -> Result<(), String> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut rest = text;
+    let mut prev: Option<char> = None;
+    while let Some(at) = rest.find("E.") {
+        let before = rest[..at].chars().next_back().or(prev);
+        let tail = &rest[at + 2..];
+        let len = tail.find(|c: char| !is_ident(c)).unwrap_or(tail.len());
+        if before.is_some_and(is_ident) || len == 0 {
+            out.push_str(&rest[..at + 2]);
+            prev = Some('.');
+            rest = tail;
+            continue;
+        }
+        let name = &tail[..len];
+        let c = super::codes::Code::ALL
+            .iter()
+            .find(|c| c.lua_name() == name)
+            .ok_or_else(|| format!("unknown error code E.{name}"))?;
+        out.push_str(&rest[..at]);
+        out.push_str(&format!("({})", *c as i64));
+        prev = Some(')');
+        rest = &tail[len..];
+    }
+    out.push_str(rest);
+    Ok(())
 }
 
 /// One call of a script: its keys and arguments in the order its header
@@ -173,6 +336,72 @@ mod tests {
             }
         }
         assert!(assemble("x", "--@include nope/lib\nreturn 1", &ctx()).is_err());
+    }
+
+    #[test]
+    fn error_codes_are_inlined_and_checked() {
+        let code = assemble(
+            "x",
+            "-- E.NOT_FOUND stays in a comment\nreturn {E.TOO_MANY, E.TOO_MANY_QUEUES, NODE.x}",
+            &ctx(),
+        )
+        .unwrap();
+        assert!(code.ends_with("return {(-12), (-5), NODE.x}\n"), "{code}");
+        assert!(code.contains("-- E.NOT_FOUND stays in a comment"));
+        let err = assemble("x", "return E.NOPE", &ctx()).unwrap_err();
+        assert!(err.contains("unknown error code E.NOPE"), "{err}");
+        for (name, source) in all_scripts() {
+            let code = code_only(&assemble(&name, &source, &ctx()).unwrap());
+            assert!(!mentions(&code, "E"), "{name} still names the code table E");
+        }
+    }
+
+    #[test]
+    fn functions_no_kept_code_names_are_left_out() {
+        let libs = "local K = 1\n-- mentions c in a comment\nlocal function a()\n  return K\nend\nlocal function b()\n  return a()\nend\nlocal function c()\n  return 3\nend\nlocal f\nf = function(x)\n  return b()\nend\n";
+        let out = shake(libs, "return f(1)");
+        assert!(
+            out.contains("local function a()") && out.contains("local function b()"),
+            "{out}"
+        );
+        assert!(out.contains("f = function(x)"));
+        assert!(
+            !out.contains("local function c()") && out.contains("-- (unused here: c)"),
+            "{out}"
+        );
+        assert!(out.contains("local K = 1"));
+        // A forward declaration does not keep its function.
+        let none = shake(libs, "return 1");
+        assert!(
+            !none.contains("f = function(x)") && none.contains("local f\n"),
+            "{none}"
+        );
+        assert!(!none.contains("local function a()"), "{none}");
+    }
+
+    #[test]
+    fn shaking_keeps_every_library_line_that_is_not_a_dropped_function() {
+        // Parsing the real libraries: every function found ends with its own
+        // `end` line, and nothing else is lost.
+        for (lib, text) in LIBRARIES {
+            let items = items(text);
+            let mut joined = String::new();
+            for item in &items {
+                match item {
+                    Item::Other(t) => joined.push_str(t),
+                    Item::Function { text, name } => {
+                        assert!(text.ends_with("end\n"), "{lib}: {name} does not end with `end`");
+                        assert_eq!(
+                            text.matches("\nlocal function ").count(),
+                            0,
+                            "{lib}: {name} swallowed another function"
+                        );
+                        joined.push_str(text);
+                    }
+                }
+            }
+            assert_eq!(joined.trim_end(), text.trim_end(), "{lib}");
+        }
     }
 
     #[test]

@@ -9,7 +9,8 @@
 --                script does nothing and fails with the error `LATE`: the node that
 --                sent it has given up and answered its client with an error, so the
 --                call must not take effect now that it arrives.
--- E              the error codes scripts return (store/codes.rs): E.NOT_FOUND, E.STALE, ...
+-- E.NAME         the error codes scripts return (store/codes.rs): E.NOT_FOUND, E.STALE,
+--                ...; replaced by their values when a script is assembled (no table).
 -- now_ms()       Redis server time in milliseconds (the one clock, G11), read once
 --                per call: every step of a script sees the same instant.
 -- int(n)         an integer-valued number as a string without exponent (tostring
@@ -17,7 +18,6 @@
 -- emit(...)      appends one event to the stream, in the caller's atomic step (G9).
 local P = '__PREFIX__'
 local EVENTS_MAXLEN = '__EVENTS_MAXLEN__'
-local E = __CODES__
 local DEADLINE = tonumber(table.remove(ARGV))
 
 local NOW
