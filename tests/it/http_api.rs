@@ -413,13 +413,7 @@ async fn the_role_check_comes_before_the_body() {
             "application/json",
             big.clone(),
         ),
-        (
-            "tok-r",
-            "/api/v1/queues/q/claim",
-            "type",
-            "text/plain",
-            b"x".to_vec(),
-        ),
+        ("tok-r", "/api/v1/queues/q/claim", "type", "text/plain", b"x".to_vec()),
         (
             "tok-w",
             "/api/v1/schedules",
