@@ -232,8 +232,11 @@ impl TestRedis {
         let key = format!("{{{prefix}}}:events");
         let mut out = Vec::new();
         let mut start = "-".to_string();
+        let mut retry_until = Instant::now() + Duration::from_secs(20);
         loop {
-            let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            // A read, so safe to retry: on a loaded machine a reply can take
+            // longer than the client's response timeout.
+            let rows: Vec<(String, Vec<(String, String)>)> = match redis::cmd("XRANGE")
                 .arg(&key)
                 .arg(&start)
                 .arg("+")
@@ -241,7 +244,17 @@ impl TestRedis {
                 .arg(1000)
                 .query_async(&mut c)
                 .await
-                .unwrap();
+            {
+                Ok(rows) => rows,
+                Err(e) if Instant::now() < retry_until => {
+                    eprintln!("test harness: XRANGE {key} failed ({e}); retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    c = self.conn().await;
+                    continue;
+                }
+                Err(e) => panic!("test harness: XRANGE {key} kept failing for 20 s: {e}"),
+            };
+            retry_until = Instant::now() + Duration::from_secs(20);
             let Some(last) = rows.last().map(|r| r.0.clone()) else {
                 break;
             };
