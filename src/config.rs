@@ -53,6 +53,19 @@ pub struct ServerConfig {
     /// autotuning, up to several MiB per connection). Bounds the memory a slow
     /// WebSocket client can pin, and lets the node notice it sooner.
     pub socket_send_buffer_bytes: usize,
+    /// Longest time from a request head's first byte to its end; a slower
+    /// client's connection is closed.
+    pub header_read_timeout_ms: u64,
+    /// Longest time to read a request body, from the end of its head; a
+    /// handler still reading then answers 408 and the connection closes.
+    /// Long polls are not bounded by it: they wait after the body was read.
+    pub body_read_timeout_ms: u64,
+    /// A keep-alive connection with no request and no traffic for this long
+    /// is closed.
+    pub idle_timeout_ms: u64,
+    /// Most connections open at once; beyond it new connections wait in the
+    /// kernel's listen backlog until one closes.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +78,10 @@ impl Default for ServerConfig {
             max_body_bytes: 1024 * 1024,
             labels: BTreeMap::new(),
             socket_send_buffer_bytes: 256 * 1024,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            max_connections: 10_000,
         }
     }
 }
@@ -497,6 +514,18 @@ impl Config {
         }
         if self.server.max_body_bytes < 1024 {
             return err("server.max_body_bytes", "must be at least 1024");
+        }
+        for (key, v) in [
+            ("server.header_read_timeout_ms", self.server.header_read_timeout_ms),
+            ("server.body_read_timeout_ms", self.server.body_read_timeout_ms),
+            ("server.idle_timeout_ms", self.server.idle_timeout_ms),
+        ] {
+            if !(100..=3_600_000).contains(&v) {
+                return err(key, "must be between 100 and 3600000 (one hour)");
+            }
+        }
+        if !(1..=1_000_000).contains(&self.server.max_connections) {
+            return err("server.max_connections", "must be between 1 and 1000000");
         }
         let prefix = &self.redis.key_prefix;
         if prefix.is_empty()

@@ -5,11 +5,15 @@
 //! The connection tests speak raw HTTP/1.1 over `TcpStream`, so nothing
 //! between the test and the node retries or pools.
 
+use std::time::{Duration, Instant};
+
 use reqwest::Method;
-use serde_json::Value;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::common::*;
-use muster::config::{Role, TokenConfig};
+use muster::config::{Config, Role, TokenConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn method_not_allowed_names_the_methods() {
@@ -43,4 +47,177 @@ async fn the_sign_in_page_shows_no_identity() {
     assert!(html.contains("Sign in"), "{html}");
     assert!(!html.contains("sign out"), "{html}");
     assert!(!html.contains("()"), "{html}");
+}
+
+fn short_timeouts(c: &mut Config) {
+    c.server.header_read_timeout_ms = 500;
+    c.server.body_read_timeout_ms = 700;
+    c.server.idle_timeout_ms = 1000;
+}
+
+async fn connect(app: &TestApp) -> TcpStream {
+    TcpStream::connect(app.running.as_ref().unwrap().addr).await.unwrap()
+}
+
+/// Reads until the node closes the connection (or `within` passes: then
+/// None); returns what it sent.
+async fn read_until_closed(s: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(String::from_utf8_lossy(&out).into_owned()),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Reads one response (head and a Content-Length body) from a keep-alive
+/// connection.
+async fn read_response(s: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let text = String::from_utf8_lossy(&out).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .unwrap_or(0);
+            if out.len() >= end + 4 + len {
+                return Some(text);
+            }
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return None,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_a_header_is_cut_at_the_header_timeout() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, short_timeouts).await;
+    let mut s = connect(&app).await;
+    let start = Instant::now();
+    s.write_all(b"GET /api/v1/nodes HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let got = read_until_closed(&mut s, Duration::from_secs(5)).await;
+    assert!(got.is_some(), "a half header holds the connection past 5 s");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_millis(2500),
+        "closed after {took:?}; header_read_timeout_ms is 500"
+    );
+    // The idle bound (1000 ms) is longer: a connection that sent a byte is
+    // cut by the header bound, not the idle one.
+    assert!(took < Duration::from_millis(1000), "closed after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_body_gets_408_at_the_body_timeout() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, short_timeouts).await;
+    let mut s = connect(&app).await;
+    let start = Instant::now();
+    s.write_all(
+        b"POST /api/v1/queues/q/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"payload\":",
+    )
+    .await
+    .unwrap();
+    let got = read_until_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("a body short of its Content-Length holds the connection past 5 s");
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(600), "answered after {took:?}");
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(
+        got.to_ascii_lowercase()
+            .contains("content-type: application/problem+json"),
+        "{got}"
+    );
+    assert!(got.contains("body_read_timeout_ms"), "{got}");
+    let (n, _) = app.get("/api/v1/queues/q/tasks").await;
+    assert_eq!(n, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, short_timeouts).await;
+    let mut s = connect(&app).await;
+    // One complete exchange, then silence: longer than the header bound is
+    // fine (the connection is idle, not in a head), the idle bound is not.
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let resp = read_response(&mut s, Duration::from_secs(5)).await.unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let resp = read_response(&mut s, Duration::from_secs(5))
+        .await
+        .expect("idle for 700 ms, past the header bound but within the idle bound, the connection still serves");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let idle_from = Instant::now();
+    assert!(
+        read_until_closed(&mut s, Duration::from_secs(5)).await.is_some(),
+        "still open after 5 s idle"
+    );
+    let took = idle_from.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed after {took:?}; idle_timeout_ms is 1000"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_outlives_the_read_timeouts() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, short_timeouts).await;
+    let start = Instant::now();
+    let (st, _) = app
+        .post(
+            "/api/v1/queues/q/claim",
+            json!({"node": app.node_id, "max": 1, "wait_ms": 2000}),
+        )
+        .await;
+    let took = start.elapsed();
+    assert_eq!(st, 204, "an empty long poll ends with 204");
+    assert!(
+        took >= Duration::from_millis(1900),
+        "the long poll was cut after {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_bound_wait() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.server.max_connections = 2).await;
+    let mut a = connect(&app).await;
+    let mut b = connect(&app).await;
+    for s in [&mut a, &mut b] {
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        assert!(read_response(s, Duration::from_secs(5)).await.is_some());
+    }
+    // The third is not accepted while two are open: it waits in the backlog.
+    let mut c = connect(&app).await;
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert!(
+        read_response(&mut c, Duration::from_millis(800)).await.is_none(),
+        "a third connection was served beyond max_connections = 2"
+    );
+    drop(a);
+    let resp = read_response(&mut c, Duration::from_secs(5))
+        .await
+        .expect("served once a slot is free");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    drop(b);
 }
