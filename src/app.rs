@@ -121,4 +121,5 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn(crate::http::problemize))
         .layer(CatchPanicLayer::custom(crate::http::panic_response))
         .layer(from_fn(crate::http::request_id))
+        .layer(from_fn(crate::http::security_headers))
 }

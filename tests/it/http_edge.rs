@@ -221,3 +221,40 @@ async fn connections_beyond_the_bound_wait() {
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     drop(b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_and_api_carry_security_headers() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    for path in [
+        "/",
+        "/barriers",
+        "/api/v1/nodes",
+        "/static/css/muster.css",
+        "/no/such/page",
+    ] {
+        let resp = app.request(Method::GET, path).send().await.unwrap();
+        let h = resp.headers();
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("script-src 'self'"), "{path}: {csp}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert!(!csp.contains("unsafe-inline"), "{path}: {csp}");
+        assert_eq!(h["x-frame-options"], "DENY", "{path}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(h["referrer-policy"], "same-origin", "{path}");
+    }
+    // The policy forbids inline script and style: the pages have none.
+    for path in [
+        "/",
+        "/nodes",
+        "/queues",
+        "/barriers",
+        "/events",
+        "/schedules",
+        "/workflows",
+    ] {
+        let html = app.page(path).await;
+        assert!(!html.contains("style=\""), "{path} has an inline style");
+        assert!(!html.contains("<script>"), "{path} has an inline script");
+    }
+}
