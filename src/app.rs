@@ -120,6 +120,7 @@ pub fn router(state: AppState) -> Router {
         .fallback_service(routes)
         .layer(from_fn(crate::http::problemize))
         .layer(CatchPanicLayer::custom(crate::http::panic_response))
+        .layer(from_fn(crate::http::limit_uri))
         .layer(from_fn(crate::http::request_id))
         .layer(from_fn(crate::http::security_headers))
 }

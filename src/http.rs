@@ -33,6 +33,24 @@ pub async fn request_id(req: Request, next: Next) -> Response {
     resp
 }
 
+/// Longest accepted request target (path and query), in bytes. Longer ones
+/// get 414 problem+json here; hyper itself refuses targets of 65534 bytes
+/// and more, with an empty 414 (see the README's Security section).
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// 414 problem+json for a request target over [`MAX_URI_BYTES`].
+pub async fn limit_uri(req: Request, next: Next) -> Response {
+    let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if len > MAX_URI_BYTES {
+        return problem(
+            StatusCode::URI_TOO_LONG,
+            &format!("the request target is {len} bytes; the limit is {MAX_URI_BYTES}"),
+            None,
+        );
+    }
+    next.run(req).await
+}
+
 /// The policy of every response: scripts, styles and everything else only
 /// from this node (no inline script or style, so an injected tag runs
 /// nothing), WebSockets back to this node, no framing by any site, forms

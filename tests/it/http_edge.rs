@@ -258,3 +258,26 @@ async fn pages_and_api_carry_security_headers() {
         assert!(!html.contains("<script>"), "{path} has an inline script");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_targets_get_414_problem_json() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let long = format!("/api/v1/queues/{}/tasks", "a".repeat(9000));
+    let resp = app.request(Method::GET, &long).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 414);
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    let body: Value = resp.json().await.unwrap();
+    assert!(body["detail"].as_str().unwrap().contains("8192"), "{body}");
+    // Just under the bound is an ordinary request (a 400 for the bad name).
+    let ok = format!("/api/v1/queues/{}/tasks", "a".repeat(8000));
+    let resp = app.request(Method::GET, &ok).send().await.unwrap();
+    assert_ne!(resp.status().as_u16(), 414);
+    // Beyond hyper's own bound (65534 bytes) hyper answers 414 itself, with
+    // an empty body (documented in the README).
+    let mut s = connect(&app).await;
+    let huge = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    s.write_all(huge.as_bytes()).await.unwrap();
+    let got = read_until_closed(&mut s, Duration::from_secs(5)).await.unwrap();
+    assert!(got.starts_with("HTTP/1.1 414"), "{got}");
+}
