@@ -109,7 +109,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(crate::system::not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(RequestBodyLimitLayer::new(max_body))
-        .layer(from_fn_with_state(state.auth.clone(), crate::auth::middleware))
+        .layer(from_fn_with_state(state.clone(), crate::auth::middleware))
         .layer(from_fn(crate::http::track_metrics))
         .with_state(state);
     // `Router::layer` wraps each route's method router, and a method router

@@ -256,11 +256,23 @@ pub struct TokenConfig {
     pub sha256: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// With no tokens the node binds loopback only and lets everyone in.
     pub tokens: Vec<TokenConfig>,
+    /// How long a dashboard sign-in lasts (the session key's TTL in Redis
+    /// and the cookie's Max-Age).
+    pub session_ttl_ms: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            tokens: Vec::new(),
+            session_ttl_ms: 12 * 3600 * 1000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -526,6 +538,12 @@ impl Config {
         }
         if !(1..=1_000_000).contains(&self.server.max_connections) {
             return err("server.max_connections", "must be between 1 and 1000000");
+        }
+        if !(60_000..=30 * 24 * 3600 * 1000).contains(&self.auth.session_ttl_ms) {
+            return err(
+                "auth.session_ttl_ms",
+                "must be between 60000 (a minute) and 2592000000 (30 days)",
+            );
         }
         let prefix = &self.redis.key_prefix;
         if prefix.is_empty()
