@@ -21,7 +21,10 @@
 //! cookie request gets 503, never an anonymous page.
 //!
 //! Dashboard forms carry a CSRF token derived from the session id, so a
-//! page on another site cannot submit them.
+//! page on another site cannot submit them. A WebSocket handshake
+//! authenticated by the cookie must come from this node's own origin (or
+//! one in `server.allowed_origins`): SameSite does not stop another port of
+//! the same host.
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -289,6 +292,45 @@ fn is_public(path: &str) -> bool {
         || path.starts_with("/internal/failover/")
 }
 
+/// Whether the request asks for a WebSocket.
+fn is_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// `scheme://host[:port]` without a default port, lowercased.
+fn normal_origin(scheme: &str, authority: &str) -> String {
+    let scheme = scheme.to_ascii_lowercase();
+    let authority = authority.trim_end_matches('/').to_ascii_lowercase();
+    let authority = match (scheme.as_str(), authority.rsplit_once(':')) {
+        ("http", Some((host, "80"))) | ("https", Some((host, "443"))) => host.to_string(),
+        _ => authority,
+    };
+    format!("{scheme}://{authority}")
+}
+
+/// Whether a browser's `Origin` is this node's own (the request's `Host`,
+/// over http or https, or the advertised URL) or one of
+/// `server.allowed_origins`. No `Origin` at all is not a browser: allowed.
+pub fn origin_allowed(s: &AppState, headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let Some((scheme, authority)) = origin.to_str().ok().and_then(|o| o.split_once("://")) else {
+        return false;
+    };
+    let origin = normal_origin(scheme, authority);
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let own = |sch: &str| !host.is_empty() && origin == normal_origin(sch, host);
+    let listed = |url: &str| {
+        url.split_once("://")
+            .is_some_and(|(sch, rest)| origin == normal_origin(sch, rest.split('/').next().unwrap_or("")))
+    };
+    own("http") || own("https") || listed(&s.advertise) || s.cfg.server.allowed_origins.iter().any(|o| listed(o))
+}
+
 /// Resolves the caller of every request; refuses unauthenticated API calls
 /// (401) and sends unauthenticated dashboard visitors to the sign-in page.
 pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
@@ -329,6 +371,14 @@ pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next)
         None
     };
     match caller {
+        Some(_) if by_cookie && is_websocket(req.headers()) && !origin_allowed(&s, req.headers()) => {
+            ApiError::Forbidden(
+                "this WebSocket was opened by a page of another origin with the session cookie; \
+                 add the page's origin to server.allowed_origins, or authenticate with a token"
+                    .into(),
+            )
+            .into_response()
+        }
         Some(c) => {
             req.extensions_mut().insert(c);
             next.run(req).await
@@ -399,6 +449,14 @@ mod tests {
         assert!(a.resolve("s3cre").is_none());
         assert!(c.require(Role::Read).is_ok());
         assert!(c.require(Role::Admin).is_err());
+    }
+
+    #[test]
+    fn normalises_origins() {
+        assert_eq!(normal_origin("HTTP", "Example.com:80"), "http://example.com");
+        assert_eq!(normal_origin("https", "a:443"), "https://a");
+        assert_eq!(normal_origin("http", "a:8080"), "http://a:8080");
+        assert_ne!(normal_origin("http", "a:8080"), normal_origin("http", "a:8081"));
     }
 
     #[test]

@@ -66,6 +66,9 @@ pub struct ServerConfig {
     /// Most connections open at once; beyond it new connections wait in the
     /// kernel's listen backlog until one closes.
     pub max_connections: usize,
+    /// Origins (`https://ops.example.com`) besides this node's own whose
+    /// pages may open a WebSocket with the session cookie.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +85,7 @@ impl Default for ServerConfig {
             body_read_timeout_ms: 30_000,
             idle_timeout_ms: 60_000,
             max_connections: 10_000,
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -538,6 +542,17 @@ impl Config {
         }
         if !(1..=1_000_000).contains(&self.server.max_connections) {
             return err("server.max_connections", "must be between 1 and 1000000");
+        }
+        for o in &self.server.allowed_origins {
+            let ok = o.split_once("://").is_some_and(|(sch, rest)| {
+                (sch == "http" || sch == "https") && !rest.is_empty() && !rest.contains('/')
+            });
+            if !ok {
+                return err(
+                    "server.allowed_origins",
+                    "each entry must be an origin such as https://ops.example.com (scheme, host, optional port, no path)",
+                );
+            }
         }
         if !(60_000..=30 * 24 * 3600 * 1000).contains(&self.auth.session_ttl_ms) {
             return err(

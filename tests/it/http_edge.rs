@@ -11,6 +11,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::common::*;
 use muster::config::{Config, Role, TokenConfig};
@@ -461,4 +462,69 @@ async fn sessions_of_a_removed_token_stop_working() {
     assert_eq!(resp.status().as_u16(), 503);
     assert_eq!(resp.headers()["content-type"], "application/problem+json");
     app.kill().await;
+}
+
+async fn ws_status(url: &str, headers: &[(&str, &str)]) -> u16 {
+    let mut req = url.into_client_request().unwrap();
+    for (k, v) in headers {
+        req.headers_mut().insert(
+            reqwest::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((_, resp)) => resp.status().as_u16(),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            if resp.status().as_u16() == 403 {
+                let body = String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default()).into_owned();
+                assert!(body.contains("allowed_origins"), "{body}");
+            }
+            resp.status().as_u16()
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_websocket_must_come_from_our_origin() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.server.allowed_origins = vec!["https://ops.example.com".into()];
+    })
+    .await;
+    let http = no_redirects();
+    let session = sign_in(&http, &app, "tok-r")
+        .await
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let addr = app.running.as_ref().unwrap().addr;
+    let ws = format!("ws://{addr}/api/v1/events/ws?topics=task.*");
+    let own = format!("http://{addr}");
+    assert_eq!(ws_status(&ws, &[("cookie", &session), ("origin", &own)]).await, 101);
+    assert_eq!(
+        ws_status(&ws, &[("cookie", &session), ("origin", "https://ops.example.com")]).await,
+        101
+    );
+    let other_port = format!("http://127.0.0.1:{}", addr.port() + 1);
+    for bad in ["http://evil.example", other_port.as_str(), "null"] {
+        assert_eq!(
+            ws_status(&ws, &[("cookie", &session), ("origin", bad)]).await,
+            403,
+            "origin {bad}"
+        );
+    }
+    // Tokens are for non-browser clients: no Origin check.
+    assert_eq!(
+        ws_status(
+            &ws,
+            &[("authorization", "Bearer tok-r"), ("origin", "http://evil.example")]
+        )
+        .await,
+        101
+    );
+    assert_eq!(ws_status(&format!("{ws}&token=tok-r"), &[]).await, 101);
+    assert_eq!(ws_status(&ws, &[]).await, 401);
 }
