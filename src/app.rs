@@ -102,7 +102,7 @@ pub fn router(state: AppState) -> Router {
     let (api, doc) = api_router().split_for_parts();
     let _ = state.openapi.set(doc.to_pretty_json().unwrap_or_else(|_| "{}".into()));
     let max_body = state.cfg.server.max_body_bytes;
-    Router::new()
+    let routes = Router::new()
         .merge(api)
         .merge(crate::web::router())
         .fallback(crate::system::not_found)
@@ -111,10 +111,18 @@ pub fn router(state: AppState) -> Router {
         // 403 whatever the body's size (tower-http's RequestBodyLimitLayer
         // would answer 413 first, from Content-Length).
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(from_fn_with_state(state.auth.clone(), crate::auth::middleware))
-        .layer(from_fn(crate::http::problemize))
+        .layer(from_fn_with_state(state.clone(), crate::auth::middleware))
         .layer(from_fn(crate::http::track_metrics))
+        .with_state(state);
+    // `Router::layer` wraps each route's method router, and a method router
+    // adds the `Allow` header of its 405 only after its layers ran: the
+    // layers below wrap the whole router instead, so they see final
+    // responses (the 405 with its `Allow`, the fallback's 404).
+    Router::new()
+        .fallback_service(routes)
+        .layer(from_fn(crate::http::problemize))
         .layer(CatchPanicLayer::custom(crate::http::panic_response))
+        .layer(from_fn(crate::http::limit_uri))
         .layer(from_fn(crate::http::request_id))
-        .with_state(state)
+        .layer(from_fn(crate::http::security_headers))
 }

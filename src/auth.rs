@@ -11,8 +11,20 @@
 //! WebSocket). With no tokens configured, every caller is an anonymous admin
 //! and the server refuses to bind anything but loopback.
 //!
-//! Dashboard forms carry a CSRF token derived from the session's secret, so a
-//! page on another site cannot submit them.
+//! Sessions: signing in stores a random 256-bit session id in the cookie,
+//! never the token. Redis keeps only the SHA-256 of the id (`session` key,
+//! with a TTL of `auth.session_ttl_ms`), mapped to the digest of the token
+//! that signed in; every cookie request reads it back (one GET) and looks
+//! the token up in the *current* config. So signing out (the key is
+//! deleted) ends the session on every node at once, and removing a token
+//! from the config ends its sessions too. When Redis cannot answer, a
+//! cookie request gets 503, never an anonymous page.
+//!
+//! Dashboard forms carry a CSRF token derived from the session id, so a
+//! page on another site cannot submit them. A WebSocket handshake
+//! authenticated by the cookie must come from this node's own origin (or
+//! one in `server.allowed_origins`): SameSite does not stop another port of
+//! the same host.
 
 use std::marker::PhantomData;
 
@@ -23,8 +35,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use sha2::{Digest, Sha256};
 
+use crate::app::AppState;
 use crate::config::{AuthConfig, Role};
 use crate::error::ApiError;
+use crate::store::StoreError;
 
 pub const SESSION_COOKIE: &str = "muster_session";
 
@@ -98,16 +112,21 @@ impl Auth {
         !self.tokens.is_empty()
     }
 
-    /// The caller for a presented secret, or None.
-    pub fn resolve(&self, secret: &str) -> Option<Caller> {
-        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+    /// The configured token with this digest (every token compared).
+    fn by_digest(&self, digest: &[u8; 32]) -> Option<&Token> {
         let mut found: Option<&Token> = None;
         for t in &self.tokens {
-            if ct_eq(&t.digest, &digest) {
+            if ct_eq(&t.digest, digest) {
                 found = Some(t);
             }
         }
-        found.map(|t| Caller {
+        found
+    }
+
+    /// The caller for a presented secret, or None.
+    pub fn resolve(&self, secret: &str) -> Option<Caller> {
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        self.by_digest(&digest).map(|t| Caller {
             name: t.name.clone(),
             role: t.role,
             csrf: csrf_for(secret.as_bytes()),
@@ -122,6 +141,69 @@ impl Auth {
             csrf: csrf_for(&self.anon_secret),
         }
     }
+}
+
+/// Starts a dashboard session for `token` (which must resolve); returns the
+/// session id for the cookie.
+pub async fn create_session(s: &AppState, token: &str) -> Result<String, StoreError> {
+    let id = hex(&rand::random::<[u8; 32]>());
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(session_key(s, &id))
+        .arg(hex(&Sha256::digest(token.as_bytes())))
+        .arg("PX")
+        .arg(s.cfg.auth.session_ttl_ms);
+    s.store.exec::<()>("session_create", &cmd).await?;
+    Ok(id)
+}
+
+/// Ends a session on every node.
+pub async fn end_session(s: &AppState, id: &str) -> Result<(), StoreError> {
+    if !is_session_id(id) {
+        return Ok(());
+    }
+    let mut cmd = redis::cmd("DEL");
+    cmd.arg(session_key(s, id));
+    s.store.exec::<()>("session_end", &cmd).await
+}
+
+/// The caller of a session cookie: None when the session is unknown, ended
+/// or expired, or its token is no longer configured.
+async fn session_caller(s: &AppState, id: &str) -> Result<Option<Caller>, StoreError> {
+    if !is_session_id(id) {
+        return Ok(None);
+    }
+    let mut cmd = redis::cmd("GET");
+    cmd.arg(session_key(s, id));
+    let Some(stored) = s.store.query::<Option<String>>("session_get", &cmd).await? else {
+        return Ok(None);
+    };
+    let mut digest = [0u8; 32];
+    if stored.len() != 64 {
+        return Ok(None);
+    }
+    for (i, chunk) in stored.as_bytes().chunks(2).enumerate() {
+        let Some(b) = std::str::from_utf8(chunk)
+            .ok()
+            .and_then(|h| u8::from_str_radix(h, 16).ok())
+        else {
+            return Ok(None);
+        };
+        digest[i] = b;
+    }
+    Ok(s.auth.by_digest(&digest).map(|t| Caller {
+        name: t.name.clone(),
+        role: t.role,
+        csrf: csrf_for(id.as_bytes()),
+    }))
+}
+
+/// Redis keeps the hash of the id, so a read of Redis yields no cookie.
+fn session_key(s: &AppState, id: &str) -> String {
+    s.store.keys().session(&hex(&Sha256::digest(id.as_bytes())))
+}
+
+fn is_session_id(id: &str) -> bool {
+    id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn csrf_for(secret: &[u8]) -> String {
@@ -212,34 +294,102 @@ fn is_public(path: &str) -> bool {
         || path.starts_with("/internal/failover/")
 }
 
+/// Whether the request asks for a WebSocket.
+fn is_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// `scheme://host[:port]` without a default port, lowercased.
+fn normal_origin(scheme: &str, authority: &str) -> String {
+    let scheme = scheme.to_ascii_lowercase();
+    let authority = authority.trim_end_matches('/').to_ascii_lowercase();
+    let authority = match (scheme.as_str(), authority.rsplit_once(':')) {
+        ("http", Some((host, "80"))) | ("https", Some((host, "443"))) => host.to_string(),
+        _ => authority,
+    };
+    format!("{scheme}://{authority}")
+}
+
+/// Whether a browser's `Origin` is this node's own (the request's `Host`,
+/// over http or https, or the advertised URL) or one of
+/// `server.allowed_origins`. No `Origin` at all is not a browser: allowed.
+pub fn origin_allowed(s: &AppState, headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let Some((scheme, authority)) = origin.to_str().ok().and_then(|o| o.split_once("://")) else {
+        return false;
+    };
+    let origin = normal_origin(scheme, authority);
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let own = |sch: &str| !host.is_empty() && origin == normal_origin(sch, host);
+    let listed = |url: &str| {
+        url.split_once("://")
+            .is_some_and(|(sch, rest)| origin == normal_origin(sch, rest.split('/').next().unwrap_or("")))
+    };
+    own("http") || own("https") || listed(&s.advertise) || s.cfg.server.allowed_origins.iter().any(|o| listed(o))
+}
+
 /// Resolves the caller of every request; refuses unauthenticated API calls
 /// (401) and sends unauthenticated dashboard visitors to the sign-in page.
-pub async fn middleware(State(auth): State<std::sync::Arc<Auth>>, mut req: Request, next: Next) -> Response {
+pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    let auth = &s.auth;
     if !auth.enabled() {
         req.extensions_mut().insert(auth.anonymous());
         return next.run(req).await;
     }
     let path = req.uri().path().to_string();
     let headers = req.headers();
-    let presented = bearer(headers)
-        .map(str::to_string)
-        .or_else(|| cookie(headers, SESSION_COOKIE).map(str::to_string))
-        .or_else(|| {
-            if path.starts_with("/api/v1/events") {
-                query_token(req.uri().query())
-            } else {
-                None
+    let mut by_cookie = false;
+    let mut presented = true;
+    let caller = if let Some(t) = bearer(headers) {
+        auth.resolve(t)
+    } else if let Some(id) = cookie(headers, SESSION_COOKIE) {
+        // Assets and probes need no caller: no Redis read for them.
+        if is_public(&path) && path != "/login" {
+            None
+        } else {
+            by_cookie = true;
+            match session_caller(&s, id).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read a dashboard session");
+                    return ApiError::Unavailable("sessions are kept in Redis, which is unavailable now".into())
+                        .into_response();
+                }
             }
-        });
-    let caller = presented.as_deref().and_then(|s| auth.resolve(s));
+        }
+    } else if let Some(t) = path
+        .starts_with("/api/v1/events")
+        .then(|| query_token(req.uri().query()))
+        .flatten()
+    {
+        auth.resolve(&t)
+    } else {
+        presented = false;
+        None
+    };
     match caller {
+        Some(_) if by_cookie && is_websocket(req.headers()) && !origin_allowed(&s, req.headers()) => {
+            ApiError::Forbidden(
+                "this WebSocket was opened by a page of another origin with the session cookie; \
+                 add the page's origin to server.allowed_origins, or authenticate with a token"
+                    .into(),
+            )
+            .into_response()
+        }
         Some(c) => {
             req.extensions_mut().insert(c);
             next.run(req).await
         }
         None if is_public(&path) => next.run(req).await,
         None if path.starts_with("/api/") || path == "/metrics" => {
-            let msg = if presented.is_some() {
+            let msg = if by_cookie {
+                "the session has ended; sign in again, or send `Authorization: Bearer <token>`"
+            } else if presented {
                 "the token is not recognized; check it against [auth] tokens in the config"
             } else {
                 "authentication required: send `Authorization: Bearer <token>`"
@@ -344,6 +494,7 @@ mod tests {
                 role: Role::Worker,
                 sha256: digest,
             }],
+            ..AuthConfig::default()
         })
     }
 
@@ -355,6 +506,14 @@ mod tests {
         assert!(a.resolve("s3cre").is_none());
         assert!(c.require(Role::Read).is_ok());
         assert!(c.require(Role::Admin).is_err());
+    }
+
+    #[test]
+    fn normalises_origins() {
+        assert_eq!(normal_origin("HTTP", "Example.com:80"), "http://example.com");
+        assert_eq!(normal_origin("https", "a:443"), "https://a");
+        assert_eq!(normal_origin("http", "a:8080"), "http://a:8080");
+        assert_ne!(normal_origin("http", "a:8080"), normal_origin("http", "a:8081"));
     }
 
     #[test]

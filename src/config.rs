@@ -53,6 +53,22 @@ pub struct ServerConfig {
     /// autotuning, up to several MiB per connection). Bounds the memory a slow
     /// WebSocket client can pin, and lets the node notice it sooner.
     pub socket_send_buffer_bytes: usize,
+    /// Longest time from a request head's first byte to its end; a slower
+    /// client's connection is closed.
+    pub header_read_timeout_ms: u64,
+    /// Longest time to read a request body, from the end of its head; a
+    /// handler still reading then answers 408 and the connection closes.
+    /// Long polls are not bounded by it: they wait after the body was read.
+    pub body_read_timeout_ms: u64,
+    /// A keep-alive connection with no request and no traffic for this long
+    /// is closed.
+    pub idle_timeout_ms: u64,
+    /// Most connections open at once; beyond it new connections wait in the
+    /// kernel's listen backlog until one closes.
+    pub max_connections: usize,
+    /// Origins (`https://ops.example.com`) besides this node's own whose
+    /// pages may open a WebSocket with the session cookie.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +81,11 @@ impl Default for ServerConfig {
             max_body_bytes: 1024 * 1024,
             labels: BTreeMap::new(),
             socket_send_buffer_bytes: 256 * 1024,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            max_connections: 10_000,
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -239,11 +260,23 @@ pub struct TokenConfig {
     pub sha256: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// With no tokens the node binds loopback only and lets everyone in.
     pub tokens: Vec<TokenConfig>,
+    /// How long a dashboard sign-in lasts (the session key's TTL in Redis
+    /// and the cookie's Max-Age).
+    pub session_ttl_ms: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            tokens: Vec::new(),
+            session_ttl_ms: 12 * 3600 * 1000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -497,6 +530,35 @@ impl Config {
         }
         if self.server.max_body_bytes < 1024 {
             return err("server.max_body_bytes", "must be at least 1024");
+        }
+        for (key, v) in [
+            ("server.header_read_timeout_ms", self.server.header_read_timeout_ms),
+            ("server.body_read_timeout_ms", self.server.body_read_timeout_ms),
+            ("server.idle_timeout_ms", self.server.idle_timeout_ms),
+        ] {
+            if !(100..=3_600_000).contains(&v) {
+                return err(key, "must be between 100 and 3600000 (one hour)");
+            }
+        }
+        if !(1..=1_000_000).contains(&self.server.max_connections) {
+            return err("server.max_connections", "must be between 1 and 1000000");
+        }
+        for o in &self.server.allowed_origins {
+            let ok = o.split_once("://").is_some_and(|(sch, rest)| {
+                (sch == "http" || sch == "https") && !rest.is_empty() && !rest.contains('/')
+            });
+            if !ok {
+                return err(
+                    "server.allowed_origins",
+                    "each entry must be an origin such as https://ops.example.com (scheme, host, optional port, no path)",
+                );
+            }
+        }
+        if !(60_000..=30 * 24 * 3600 * 1000).contains(&self.auth.session_ttl_ms) {
+            return err(
+                "auth.session_ttl_ms",
+                "must be between 60000 (a minute) and 2592000000 (30 days)",
+            );
         }
         let prefix = &self.redis.key_prefix;
         if prefix.is_empty()

@@ -26,6 +26,7 @@
 //! - [`longpoll`]: long polls woken by cluster events.
 //! - [`web`]: the server-rendered dashboard.
 //! - [`app`]: the shared state and the router.
+//! - [`serve`]: the connection loop, with its read, idle and connection bounds.
 //!
 //! [`start`] takes an already-bound listener, so tests bind port 0, and
 //! returns a [`Running`] node whose shutdown is explicit and ordered: stop
@@ -44,6 +45,7 @@ pub mod http;
 pub mod nodes;
 pub mod orphans;
 pub mod schedules;
+pub mod serve;
 pub mod store;
 pub mod system;
 pub mod tasks;
@@ -427,20 +429,8 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
 
     let router = app::router(state.clone());
     let server_cancel = cancel.clone();
-    let send_buffer = cfg.server.socket_send_buffer_bytes;
-    let listener = axum::serve::ListenerExt::tap_io(listener, move |tcp: &mut tokio::net::TcpStream| {
-        let _ = tcp.set_nodelay(true);
-        if send_buffer > 0 {
-            let _ = socket2::SockRef::from(&*tcp).set_send_buffer_size(send_buffer);
-        }
-    });
-    let server = tokio::spawn(async move {
-        let serve = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move { server_cancel.cancelled().await });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "HTTP server failed");
-        }
-    });
+    let limits = serve::Limits::from_config(&cfg.server);
+    let server = tokio::spawn(serve::serve(listener, router, limits, server_cancel));
 
     let join_cancel = cancel.clone();
     let kill = CancellationToken::new();

@@ -30,6 +30,13 @@ impl Keys {
         format!("{}:events", self.p)
     }
 
+    /// String: a dashboard session, by the hex SHA-256 of its id (never the
+    /// id itself); holds the hex SHA-256 of the token that signed in. TTL
+    /// `auth.session_ttl_ms`.
+    pub fn session(&self, id_hash: &str) -> String {
+        format!("{}:session:{id_hash}", self.p)
+    }
+
     // --- nodes ---------------------------------------------------------
 
     /// Sorted set: node id scored by the expiry of its last heartbeat (Redis ms).
@@ -56,5 +63,6 @@ mod tests {
         assert_eq!(k.nodes(), "{muster}:nodes");
         assert_eq!(k.node("a"), "{muster}:node:a");
         assert_eq!(k.events(), "{muster}:events");
+        assert_eq!(k.session("ab"), "{muster}:session:ab");
     }
 }

@@ -315,7 +315,7 @@ struct LoginForm {
     token: String,
 }
 
-async fn login(State(s): State<AppState>, Form(form): Form<LoginForm>) -> Response {
+async fn login(State(s): State<AppState>, headers: HeaderMap, Form(form): Form<LoginForm>) -> Response {
     if !s.auth.enabled() {
         return Redirect::to("/").into_response();
     }
@@ -328,15 +328,20 @@ async fn login(State(s): State<AppState>, Form(form): Form<LoginForm>) -> Respon
         *resp.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
         return resp;
     }
-    let secure = if s.advertise.starts_with("https://") {
-        "; Secure"
-    } else {
-        ""
+    let id = match crate::auth::create_session(&s, &form.token).await {
+        Ok(id) => id,
+        Err(e) => return ApiError::from(e).into_response(),
     };
-    let cookie = format!(
-        "{SESSION_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age=86400{secure}",
-        form.token
-    );
+    // Secure when the browser reached us over https: the advertised URL
+    // says so, or the TLS proxy in front does.
+    let https = s.advertise.starts_with("https://")
+        || headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("https"));
+    let secure = if https { "; Secure" } else { "" };
+    let max_age = s.cfg.auth.session_ttl_ms / 1000;
+    let cookie = format!("{SESSION_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{secure}");
     let mut resp = Redirect::to("/").into_response();
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         resp.headers_mut().insert(header::SET_COOKIE, v);
@@ -360,8 +365,16 @@ pub fn check_csrf(caller: &Caller, got: &str) -> Result<()> {
     }
 }
 
-async fn logout(caller: Caller, Form(form): Form<CsrfForm>) -> Result<Response> {
+async fn logout(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    caller: Caller,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response> {
     check_csrf(&caller, &form.csrf)?;
+    if let Some(id) = crate::auth::cookie(&headers, SESSION_COOKIE) {
+        crate::auth::end_session(&s, id).await?;
+    }
     let mut resp = Redirect::to("/login").into_response();
     resp.headers_mut().insert(
         header::SET_COOKIE,

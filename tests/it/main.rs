@@ -15,6 +15,7 @@ mod ha_coordinated_bin;
 mod ha_harness;
 mod ha_sentinel;
 mod http_api;
+mod http_edge;
 mod late_writes;
 mod locks;
 mod nodes;

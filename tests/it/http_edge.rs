@@ -1,0 +1,530 @@
+//! The HTTP edge as a public service sees it: slow and idle connections,
+//! the connection bound, server-side dashboard sessions, the WebSocket
+//! Origin check, security headers, and problem+json for 405 and 414.
+//!
+//! The connection tests speak raw HTTP/1.1 over `TcpStream`, so nothing
+//! between the test and the node retries or pools.
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::common::*;
+use muster::config::{Config, Role, TokenConfig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn method_not_allowed_names_the_methods() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let resp = app.request(Method::POST, "/api/v1/queues/tasks").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 405);
+    let allow = resp.headers()["allow"].to_str().unwrap().to_string();
+    let body: Value = resp.json().await.unwrap();
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("GET"), "{detail} (allow: {allow})");
+    assert!(detail.ends_with(&allow), "{detail} (allow: {allow})");
+}
+
+fn tokens() -> Vec<TokenConfig> {
+    [("r", Role::Read), ("a", Role::Admin)]
+        .into_iter()
+        .map(|(name, role)| TokenConfig {
+            name: name.into(),
+            role,
+            sha256: sha256_hex(&format!("tok-{name}")),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sign_in_page_shows_no_identity() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let html = app.page("/login").await;
+    assert!(html.contains("Sign in"), "{html}");
+    assert!(!html.contains("sign out"), "{html}");
+    assert!(!html.contains("()"), "{html}");
+}
+
+fn short_timeouts(c: &mut Config) {
+    c.server.header_read_timeout_ms = 500;
+    c.server.body_read_timeout_ms = 700;
+    c.server.idle_timeout_ms = 1000;
+}
+
+async fn connect(app: &TestApp) -> TcpStream {
+    TcpStream::connect(app.running.as_ref().unwrap().addr).await.unwrap()
+}
+
+/// Reads until the node closes the connection (or `within` passes: then
+/// None); returns what it sent.
+async fn read_until_closed(s: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(String::from_utf8_lossy(&out).into_owned()),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Reads one response (head and a Content-Length body) from a keep-alive
+/// connection.
+async fn read_response(s: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let text = String::from_utf8_lossy(&out).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .unwrap_or(0);
+            if out.len() >= end + 4 + len {
+                return Some(text);
+            }
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return None,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_a_header_is_cut_at_the_header_timeout() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, short_timeouts).await;
+    let mut s = connect(&app).await;
+    let start = Instant::now();
+    s.write_all(b"GET /api/v1/nodes HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let got = read_until_closed(&mut s, Duration::from_secs(5)).await;
+    assert!(got.is_some(), "a half header holds the connection past 5 s");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_millis(2500),
+        "closed after {took:?}; header_read_timeout_ms is 500"
+    );
+    // The idle bound (1000 ms) is longer: a connection that sent a byte is
+    // cut by the header bound, not the idle one.
+    assert!(took < Duration::from_millis(1000), "closed after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_body_gets_408_at_the_body_timeout() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, short_timeouts).await;
+    let mut s = connect(&app).await;
+    let start = Instant::now();
+    s.write_all(
+        b"POST /api/v1/queues/q/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"payload\":",
+    )
+    .await
+    .unwrap();
+    let got = read_until_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("a body short of its Content-Length holds the connection past 5 s");
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(600), "answered after {took:?}");
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(
+        got.to_ascii_lowercase()
+            .contains("content-type: application/problem+json"),
+        "{got}"
+    );
+    assert!(got.contains("body_read_timeout_ms"), "{got}");
+    let (n, _) = app.get("/api/v1/queues/q/tasks").await;
+    assert_eq!(n, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, short_timeouts).await;
+    let mut s = connect(&app).await;
+    // One complete exchange, then silence: longer than the header bound is
+    // fine (the connection is idle, not in a head), the idle bound is not.
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let resp = read_response(&mut s, Duration::from_secs(5)).await.unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let resp = read_response(&mut s, Duration::from_secs(5))
+        .await
+        .expect("idle for 700 ms, past the header bound but within the idle bound, the connection still serves");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let idle_from = Instant::now();
+    assert!(
+        read_until_closed(&mut s, Duration::from_secs(5)).await.is_some(),
+        "still open after 5 s idle"
+    );
+    let took = idle_from.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed after {took:?}; idle_timeout_ms is 1000"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_outlives_the_read_timeouts() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, short_timeouts).await;
+    let start = Instant::now();
+    let (st, _) = app
+        .post(
+            "/api/v1/queues/q/claim",
+            json!({"node": app.node_id, "max": 1, "wait_ms": 2000}),
+        )
+        .await;
+    let took = start.elapsed();
+    assert_eq!(st, 204, "an empty long poll ends with 204");
+    assert!(
+        took >= Duration::from_millis(1900),
+        "the long poll was cut after {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_bound_wait() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.server.max_connections = 2).await;
+    let mut a = connect(&app).await;
+    let mut b = connect(&app).await;
+    for s in [&mut a, &mut b] {
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        assert!(read_response(s, Duration::from_secs(5)).await.is_some());
+    }
+    // The third is not accepted while two are open: it waits in the backlog.
+    let mut c = connect(&app).await;
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert!(
+        read_response(&mut c, Duration::from_millis(800)).await.is_none(),
+        "a third connection was served beyond max_connections = 2"
+    );
+    drop(a);
+    let resp = read_response(&mut c, Duration::from_secs(5))
+        .await
+        .expect("served once a slot is free");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_and_api_carry_security_headers() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    for path in [
+        "/",
+        "/barriers",
+        "/api/v1/nodes",
+        "/static/css/muster.css",
+        "/no/such/page",
+    ] {
+        let resp = app.request(Method::GET, path).send().await.unwrap();
+        let h = resp.headers();
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("script-src 'self'"), "{path}: {csp}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert!(!csp.contains("unsafe-inline"), "{path}: {csp}");
+        assert_eq!(h["x-frame-options"], "DENY", "{path}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(h["referrer-policy"], "same-origin", "{path}");
+    }
+    // The policy forbids inline script and style: the pages have none.
+    for path in [
+        "/",
+        "/nodes",
+        "/queues",
+        "/barriers",
+        "/events",
+        "/schedules",
+        "/workflows",
+    ] {
+        let html = app.page(path).await;
+        assert!(!html.contains("style=\""), "{path} has an inline style");
+        assert!(!html.contains("<script>"), "{path} has an inline script");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_targets_get_414_problem_json() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let long = format!("/api/v1/queues/{}/tasks", "a".repeat(9000));
+    let resp = app.request(Method::GET, &long).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 414);
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    let body: Value = resp.json().await.unwrap();
+    assert!(body["detail"].as_str().unwrap().contains("8192"), "{body}");
+    // Just under the bound is an ordinary request (a 400 for the bad name).
+    let ok = format!("/api/v1/queues/{}/tasks", "a".repeat(8000));
+    let resp = app.request(Method::GET, &ok).send().await.unwrap();
+    assert_ne!(resp.status().as_u16(), 414);
+    // Beyond hyper's own bound (65534 bytes) hyper answers 414 itself, with
+    // an empty body (documented in the README).
+    let mut s = connect(&app).await;
+    let huge = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    s.write_all(huge.as_bytes()).await.unwrap();
+    let got = read_until_closed(&mut s, Duration::from_secs(5)).await.unwrap();
+    assert!(got.starts_with("HTTP/1.1 414"), "{got}");
+}
+
+async fn sign_in(http: &reqwest::Client, app: &TestApp, token: &str) -> String {
+    let resp = http
+        .post(format!("{}/login", app.url))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    resp.headers()["set-cookie"].to_str().unwrap().to_string()
+}
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn csrf_of(html: &str) -> String {
+    html.split("data-csrf=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_live_in_redis_and_sign_out_revokes_them() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.redis.key_prefix = "edge".into();
+    })
+    .await;
+    let other = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.redis.key_prefix = "edge".into();
+    })
+    .await;
+    let http = no_redirects();
+    let set_cookie = sign_in(&http, &app, "tok-a").await;
+    assert!(
+        set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Strict") && set_cookie.contains("Path=/"),
+        "{set_cookie}"
+    );
+    assert!(set_cookie.contains("Max-Age=43200"), "{set_cookie}");
+    let session = set_cookie.split(';').next().unwrap().to_string();
+    let id = session.strip_prefix("muster_session=").unwrap();
+    assert!(!id.contains("tok-a"), "the cookie carries the token: {session}");
+    assert_eq!(id.len(), 64, "256 random bits in hex: {id}");
+
+    // Redis holds one session key, by the hash of the id, with a TTL.
+    let keys: Vec<String> = redis.cmd(&["KEYS", "{edge}:session:*"]).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(!keys[0].contains(id), "the key names the id itself");
+    let ttl: i64 = redis.cmd(&["PTTL", &keys[0]]).await;
+    assert!(ttl > 12 * 3600 * 1000 - 60_000 && ttl <= 12 * 3600 * 1000, "pttl {ttl}");
+    let stored: String = redis.cmd(&["GET", &keys[0]]).await;
+    assert_ne!(stored, "tok-a");
+
+    // The cookie works on both nodes, for pages and the API.
+    for node in [&app, &other] {
+        let page = http
+            .get(format!("{}/nodes", node.url))
+            .header("cookie", &session)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status().as_u16(), 200);
+        let api = http
+            .get(format!("{}/api/v1/nodes", node.url))
+            .header("cookie", &session)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(api.status().as_u16(), 200);
+    }
+
+    // The CSRF token comes from the session, not from the token.
+    let html = http
+        .get(format!("{}/", app.url))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&html);
+    let second = sign_in(&http, &app, "tok-a").await;
+    let second = second.split(';').next().unwrap().to_string();
+    let html2 = http
+        .get(format!("{}/", app.url))
+        .header("cookie", &second)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_ne!(csrf, csrf_of(&html2), "two sessions of one token share a CSRF token");
+
+    // Sign out on one node: the cookie stops working on both at once.
+    let out = http
+        .post(format!("{}/logout", other.url))
+        .header("cookie", &session)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status().as_u16(), 303);
+    for node in [&app, &other] {
+        let page = http
+            .get(format!("{}/nodes", node.url))
+            .header("cookie", &session)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status().as_u16(), 303, "a signed-out cookie still opens pages");
+        assert_eq!(page.headers()["location"], "/login");
+        let api = http
+            .get(format!("{}/api/v1/nodes", node.url))
+            .header("cookie", &session)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(api.status().as_u16(), 401, "a signed-out cookie still reaches the API");
+    }
+    // The other session is untouched.
+    let page = http
+        .get(format!("{}/nodes", app.url))
+        .header("cookie", &second)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    // The raw token as a cookie is no credential.
+    let page = http
+        .get(format!("{}/api/v1/nodes", app.url))
+        .header("cookie", "muster_session=tok-a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status().as_u16(), 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_of_a_removed_token_stop_working() {
+    let redis = TestRedis::start();
+    let mut app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let http = no_redirects();
+    let session = sign_in(&http, &app, "tok-a")
+        .await
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    // A node whose config no longer has the admin token, on the same Redis.
+    let only_read = TestApp::start_with(&redis, |c| c.auth.tokens = tokens().into_iter().take(1).collect()).await;
+    let page = http
+        .get(format!("{}/nodes", only_read.url))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status().as_u16(), 303);
+    // Redis down: a cookie gets 503 problem+json, never an anonymous page.
+    drop(redis);
+    let resp = http
+        .get(format!("{}/nodes", app.url))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    app.kill().await;
+}
+
+async fn ws_status(url: &str, headers: &[(&str, &str)]) -> u16 {
+    let mut req = url.into_client_request().unwrap();
+    for (k, v) in headers {
+        req.headers_mut().insert(
+            reqwest::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((_, resp)) => resp.status().as_u16(),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            if resp.status().as_u16() == 403 {
+                let body = String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default()).into_owned();
+                assert!(body.contains("allowed_origins"), "{body}");
+            }
+            resp.status().as_u16()
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_websocket_must_come_from_our_origin() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.server.allowed_origins = vec!["https://ops.example.com".into()];
+    })
+    .await;
+    let http = no_redirects();
+    let session = sign_in(&http, &app, "tok-r")
+        .await
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let addr = app.running.as_ref().unwrap().addr;
+    let ws = format!("ws://{addr}/api/v1/events/ws?topics=task.*");
+    let own = format!("http://{addr}");
+    assert_eq!(ws_status(&ws, &[("cookie", &session), ("origin", &own)]).await, 101);
+    assert_eq!(
+        ws_status(&ws, &[("cookie", &session), ("origin", "https://ops.example.com")]).await,
+        101
+    );
+    let other_port = format!("http://127.0.0.1:{}", addr.port() + 1);
+    for bad in ["http://evil.example", other_port.as_str(), "null"] {
+        assert_eq!(
+            ws_status(&ws, &[("cookie", &session), ("origin", bad)]).await,
+            403,
+            "origin {bad}"
+        );
+    }
+    // Tokens are for non-browser clients: no Origin check.
+    assert_eq!(
+        ws_status(
+            &ws,
+            &[("authorization", "Bearer tok-r"), ("origin", "http://evil.example")]
+        )
+        .await,
+        101
+    );
+    assert_eq!(ws_status(&format!("{ws}&token=tok-r"), &[]).await, 101);
+    assert_eq!(ws_status(&ws, &[]).await, 401);
+}
