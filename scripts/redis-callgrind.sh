@@ -28,9 +28,11 @@ node=$!
 for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$node_port/readyz" >/dev/null && break; sleep 0.3; done
 "$bin" bench --url "http://127.0.0.1:$node_port" --redis-url "redis://127.0.0.1:$port" \
   --tasks 2000 --batch 1 --workers 4 --producers 1 --no-half-load --no-baseline --json >"$out/$label.bench.json"
-kill "$node"; wait "$node" || true
-calls=$(redis-cli -p "$port" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+kill "$node" 2>/dev/null || true
+wait "$node" 2>/dev/null || true
+calls=$(redis-cli -p "$port" info commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+echo "$label: EVALSHA calls: ${calls:?no EVALSHA count from INFO commandstats}"
 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
 wait "$vg" || true
 ir=$(callgrind_annotate --inclusive=yes "$out/$label.out" 2>/dev/null | awk '/evalShaCommand/ {gsub(",", "", $1); print $1; exit}')
-echo "$label: $calls EVALSHA calls, $ir instructions in evalShaCommand, $((ir / calls)) per call"
+echo "$label: $calls EVALSHA calls, $ir instructions in evalShaCommand in all, $((ir / calls)) per call"
