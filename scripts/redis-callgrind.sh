@@ -34,5 +34,5 @@ calls=$(redis-cli -p "$port" info commandstats | tr -d '\r' | sed -n 's/^cmdstat
 echo "$label: EVALSHA calls: ${calls:?no EVALSHA count from INFO commandstats}"
 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
 wait "$vg" || true
-ir=$(callgrind_annotate --inclusive=yes "$out/$label.out" 2>/dev/null | awk '/evalShaCommand/ {gsub(",", "", $1); print $1; exit}')
+ir=$(callgrind_annotate --inclusive=yes "$out/$label.out" 2>/dev/null | awk '/evalShaCommand/ && !done {gsub(",", "", $1); print $1; done = 1}')
 echo "$label: $calls EVALSHA calls, $ir instructions in evalShaCommand in all, $((ir / calls)) per call"
