@@ -27,14 +27,14 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// Every registered node with its state, as of one Redis instant.
-#[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", responses((status = 200, body = NodeList)))]
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = NodeList)))]
 async fn list_nodes(State(s): State<AppState>, caller: Caller) -> Result<Json<NodeList>> {
     caller.require(Role::Read)?;
     Ok(Json(s.nodes.list().await?))
 }
 
 /// One node.
-#[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes",
+#[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 200, body = NodeInfo), (status = 404, description = "Unknown node")))]
 async fn get_node(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Json<NodeInfo>> {
@@ -67,9 +67,9 @@ pub struct HeartbeatBody {
 /// An external worker joins the cluster or refreshes its membership. A
 /// worker must heartbeat before it claims, and keep heartbeating while it
 /// runs tasks: when its heartbeat expires its tasks are recovered.
-#[utoipa::path(put, path = "/api/v1/nodes/{id}/heartbeat", tag = "nodes",
+#[utoipa::path(put, path = "/api/v1/nodes/{id}/heartbeat", tag = "nodes", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("id" = String, Path, description = "Worker id, [A-Za-z0-9._-]{1,64}")),
-    request_body(content = HeartbeatBody, description = "Optional"),
+    request_body(content = Option<HeartbeatBody>, description = "Optional: without a body the defaults apply"),
     responses((status = 200, body = Heartbeat), (status = 400, description = "Bad id or body"),
               (status = 409, description = "Too many nodes")))]
 async fn heartbeat_node(
@@ -81,9 +81,7 @@ async fn heartbeat_node(
     caller.require(Role::Worker)?;
     validate::node_id("id", &id)?;
     let ttl = body.ttl_ms.unwrap_or(s.cfg.nodes.ttl_ms);
-    if !(500..=3_600_000).contains(&ttl) {
-        return Err(ApiError::bad_request("`ttl_ms` must be between 500 and 3600000"));
-    }
+    validate::in_range("ttl_ms", ttl, &validate::WORKER_TTL_MS)?;
     if body.labels.len() > 32
         || body
             .labels
@@ -112,7 +110,7 @@ async fn heartbeat_node(
 }
 
 /// Marks a node draining for the whole cluster: it gets no new work.
-#[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes",
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Draining"), (status = 404, description = "No live node with this id")))]
 async fn drain_node(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {
@@ -124,7 +122,7 @@ async fn drain_node(State(s): State<AppState>, caller: Caller, Path(id): Path<St
 
 /// Removes a node from the registry. Its running tasks are recovered by the
 /// orphan cleaner. A live node that keeps heartbeating joins again.
-#[utoipa::path(delete, path = "/api/v1/nodes/{id}", tag = "nodes",
+#[utoipa::path(delete, path = "/api/v1/nodes/{id}", tag = "nodes", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Removed"), (status = 404, description = "Unknown node")))]
 async fn delete_node(State(s): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response> {

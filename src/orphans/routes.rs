@@ -13,7 +13,7 @@ use super::OrphanRecord;
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::config::Role;
-use crate::error::{ApiError, Result};
+use crate::error::Result;
 use crate::http::ApiQuery;
 use crate::nodes::{NodeInfo, NodeState};
 
@@ -55,7 +55,7 @@ pub async fn report(s: &AppState, limit: usize) -> Result<OrphanReport> {
 }
 
 /// Recovered tasks, suspect nodes and totals.
-#[utoipa::path(get, path = "/api/v1/orphans", tag = "orphans", params(OrphanParams),
+#[utoipa::path(get, path = "/api/v1/orphans", tag = "orphans", security(("bearer" = ["read"]), ("session" = ["read"])), params(OrphanParams),
     responses((status = 200, body = OrphanReport)))]
 async fn list_orphans(
     State(s): State<AppState>,
@@ -64,8 +64,6 @@ async fn list_orphans(
 ) -> Result<Json<OrphanReport>> {
     caller.require(Role::Read)?;
     let limit = p.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
-    }
+    crate::validate::in_range("limit", limit, &crate::validate::LONG_PAGE_LIMIT)?;
     Ok(Json(report(&s, limit).await?))
 }
