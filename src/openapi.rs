@@ -67,6 +67,32 @@ fn complete(d: &mut Value, cfg: &Config) {
     if let Some(root) = d.as_object_mut() {
         root.remove("security");
     }
+    unsigned(d);
+}
+
+/// utoipa writes Rust's `u32` and `u64` as `format: int32` / `int64` with
+/// `minimum: 0`; those formats stop at 2^31 - 1 and 2^63 - 1, which serde
+/// does not. State the real range (`uint32`, `uint64`, with the maximum),
+/// so a fuzzer does not expect a 400 for 2^31.
+fn unsigned(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let unsigned_max = match (m.get("format").and_then(Value::as_str), m.get("minimum")) {
+                (Some("int32"), Some(min)) if min.as_u64() == Some(0) => Some(("uint32", u64::from(u32::MAX))),
+                (Some("int64"), Some(min)) if min.as_u64() == Some(0) => Some(("uint64", u64::MAX)),
+                _ => None,
+            };
+            if let Some((format, max)) = unsigned_max {
+                m.insert("format".into(), json!(format));
+                m.entry("maximum").or_insert(json!(max));
+            }
+            for (_, child) in m.iter_mut() {
+                unsigned(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(unsigned),
+        _ => {}
+    }
 }
 
 fn add_components(d: &mut Value) {
@@ -295,7 +321,7 @@ fn query_bounds(path: &str, name: &str) -> Option<Value> {
     Some(match (path, name) {
         ("/api/v1/queues/{queue}/tasks" | "/api/v1/dead", "limit") => range(&v::TASK_PAGE_LIMIT),
         ("/api/v1/queues/{queue}/tasks" | "/api/v1/dead", "cursor") => {
-            json!({"pattern": format!("^[0-9]{{1,{}}}$", v::TASK_CURSOR_MAX.to_string().len())})
+            json!({"type": "integer", "minimum": 0, "maximum": v::TASK_CURSOR_MAX})
         }
         ("/api/v1/queues/{queue}/tasks", "state") => json!({"enum": crate::tasks::STATES}),
         ("/api/v1/workflows", "limit") => range(&v::WORKFLOW_PAGE_LIMIT),
@@ -345,7 +371,6 @@ fn field_bounds(cfg: &Config) -> Vec<(&'static str, &'static str, Value)> {
     let node =
         || json!({"minLength": 1, "maxLength": v::NODE_ID_MAX_LEN, "pattern": v::name_pattern(v::NODE_ID_MAX_LEN)});
     let key = || json!({"minLength": 1, "maxLength": v::OPAQUE_KEY_MAX_LEN, "pattern": v::opaque_key_pattern()});
-    let id = || json!({"minLength": v::ID_LEN, "maxLength": v::ID_LEN, "pattern": v::id_pattern()});
     let upto = |max: u64| json!({"minimum": 0, "maximum": max});
     let claim_wait = || upto(v::CLAIM_WAIT_MAX_MS);
     let barrier_wait = || upto(cfg.barriers.max_wait_ms);
@@ -380,12 +405,28 @@ fn field_bounds(cfg: &Config) -> Vec<(&'static str, &'static str, Value)> {
         ("NextRequest", "queue", name()),
         ("NextRequest", "wait_ms", claim_wait()),
         ("HeartbeatRequest", "progress", range(&v::PROGRESS)),
-        ("CompleteItem", "id", id()),
         ("GroupRequest", "limit", range(&v::GROUP_LIMIT)),
         ("HeartbeatBody", "ttl_ms", range(&v::WORKER_TTL_MS)),
+        (
+            "HeartbeatBody",
+            "labels",
+            json!({
+                "maxProperties": v::WORKER_LABELS_MAX,
+                "propertyNames": {"minLength": 1, "maxLength": v::WORKER_LABEL_KEY_MAX_LEN},
+                "additionalProperties": {"type": "string", "maxLength": v::WORKER_LABEL_VALUE_MAX_LEN},
+            }),
+        ),
+        ("HeartbeatBody", "addr", json!({"maxLength": v::WORKER_ADDR_MAX_LEN})),
+        (
+            "HeartbeatBody",
+            "version",
+            json!({"maxLength": v::WORKER_VERSION_MAX_LEN}),
+        ),
         ("BarrierSpec", "participants", {
+            let mut item = json!({"type": "string"});
+            merge(&mut item, node());
             let mut p = items(&v::PARTICIPANTS);
-            merge(&mut p, json!({"uniqueItems": true}));
+            merge(&mut p, json!({"uniqueItems": true, "items": item}));
             p
         }),
         ("BarrierSpec", "timeout_ms", range(&v::ROUND_TIMEOUT_MS)),
@@ -440,6 +481,22 @@ fn items(r: &std::ops::RangeInclusive<usize>) -> Value {
 }
 
 fn bound_schemas(schemas: &mut Map<String, Value>, cfg: &Config) {
+    // A batch submit checks each item's options apart: an invalid item gets
+    // an error entry in a 200, so the request's schema has only the types.
+    if let Some(spec) = schemas.get("TaskSpec").cloned() {
+        let mut unchecked = spec;
+        unchecked["description"] = json!(
+            "Task options as in TaskSpec; their bounds are checked per item, and an item that breaks one \
+             gets an error entry in the answer"
+        );
+        schemas.insert("BatchTaskSpec".into(), unchecked);
+        if let Some(items) = schemas
+            .get_mut("BatchRequest")
+            .and_then(|b| b.pointer_mut("/properties/tasks/items"))
+        {
+            *items = json!({"$ref": "#/components/schemas/BatchTaskSpec"});
+        }
+    }
     for (schema, prop, bounds) in field_bounds(cfg) {
         if let Some(p) = schemas
             .get_mut(schema)
@@ -449,6 +506,20 @@ fn bound_schemas(schemas: &mut Map<String, Value>, cfg: &Config) {
             merge(p, bounds);
         } else {
             debug_assert!(false, "no property {schema}.{prop} in the document");
+        }
+    }
+    // A batch of completions: bare, or wrapped as `{"tasks": [...]}`.
+    if let Some(alts) = schemas
+        .get_mut("CompleteBatch")
+        .and_then(|s| s.get_mut("oneOf"))
+        .and_then(Value::as_array_mut)
+    {
+        for alt in alts.iter_mut() {
+            let list = match alt.pointer_mut("/properties/tasks") {
+                Some(tasks) => tasks,
+                None => alt,
+            };
+            merge(list, items(&v::BATCH_ITEMS));
         }
     }
     // `delay_ms` and `run_at` exclude each other.

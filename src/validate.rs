@@ -54,6 +54,13 @@ pub const GROUP_LIMIT: RangeInclusive<u32> = 1..=100_000;
 pub const PROGRESS: RangeInclusive<u8> = 0..=100;
 /// An external worker's heartbeat `ttl_ms`.
 pub const WORKER_TTL_MS: RangeInclusive<u64> = 500..=3_600_000;
+/// An external worker's labels: how many, and the longest key and value.
+pub const WORKER_LABELS_MAX: usize = 32;
+pub const WORKER_LABEL_KEY_MAX_LEN: usize = 64;
+pub const WORKER_LABEL_VALUE_MAX_LEN: usize = 256;
+/// An external worker's `addr` and `version`.
+pub const WORKER_ADDR_MAX_LEN: usize = 256;
+pub const WORKER_VERSION_MAX_LEN: usize = 64;
 /// A task's `priority`.
 pub const PRIORITY: RangeInclusive<i32> = -1000..=1000;
 /// A task's `max_attempts`.

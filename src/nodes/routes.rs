@@ -82,20 +82,28 @@ async fn heartbeat_node(
     validate::node_id("id", &id)?;
     let ttl = body.ttl_ms.unwrap_or(s.cfg.nodes.ttl_ms);
     validate::in_range("ttl_ms", ttl, &validate::WORKER_TTL_MS)?;
-    if body.labels.len() > 32
-        || body
-            .labels
-            .iter()
-            .any(|(k, v)| k.is_empty() || k.len() > 64 || v.len() > 256)
+    if body.labels.len() > validate::WORKER_LABELS_MAX
+        || body.labels.iter().any(|(k, v)| {
+            k.is_empty()
+                || k.chars().count() > validate::WORKER_LABEL_KEY_MAX_LEN
+                || v.chars().count() > validate::WORKER_LABEL_VALUE_MAX_LEN
+        })
     {
-        return Err(ApiError::bad_request(
-            "`labels`: at most 32, keys 1 to 64 characters, values at most 256 characters",
-        ));
+        return Err(ApiError::bad_request(format!(
+            "`labels`: at most {}, keys 1 to {} characters, values at most {} characters",
+            validate::WORKER_LABELS_MAX,
+            validate::WORKER_LABEL_KEY_MAX_LEN,
+            validate::WORKER_LABEL_VALUE_MAX_LEN
+        )));
     }
-    if body.addr.len() > 256 || body.version.len() > 64 {
-        return Err(ApiError::bad_request(
-            "`addr` is limited to 256 characters and `version` to 64",
-        ));
+    if body.addr.chars().count() > validate::WORKER_ADDR_MAX_LEN
+        || body.version.chars().count() > validate::WORKER_VERSION_MAX_LEN
+    {
+        return Err(ApiError::bad_request(format!(
+            "`addr` is limited to {} characters and `version` to {}",
+            validate::WORKER_ADDR_MAX_LEN,
+            validate::WORKER_VERSION_MAX_LEN
+        )));
     }
     if *s.node_id == *id {
         return Err(ApiError::bad_request(format!(
