@@ -70,9 +70,18 @@ fn complete(d: &mut Value, cfg: &Config) {
     unsigned(d);
 }
 
+fn is_integer(ty: Option<&Value>) -> bool {
+    match ty {
+        Some(Value::String(t)) => t == "integer",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+        _ => false,
+    }
+}
+
 /// utoipa writes Rust's `u32` and `u64` as `format: int32` / `int64` with
 /// `minimum: 0`; those formats stop at 2^31 - 1 and 2^63 - 1, which serde
-/// does not. State the real range (`uint32`, `uint64`, with the maximum),
+/// does not; `usize` gets no format and no maximum. State the real range
+/// (`uint32`, `uint64`, with the maximum),
 /// so a fuzzer does not expect a 400 for 2^31.
 fn unsigned(v: &mut Value) {
     match v {
@@ -80,6 +89,8 @@ fn unsigned(v: &mut Value) {
             let unsigned_max = match (m.get("format").and_then(Value::as_str), m.get("minimum")) {
                 (Some("int32"), Some(min)) if min.as_u64() == Some(0) => Some(("uint32", u64::from(u32::MAX))),
                 (Some("int64"), Some(min)) if min.as_u64() == Some(0) => Some(("uint64", u64::MAX)),
+                // usize: no format at all.
+                (None, Some(min)) if min.as_u64() == Some(0) && is_integer(m.get("type")) => Some(("uint64", u64::MAX)),
                 _ => None,
             };
             if let Some((format, max)) = unsigned_max {
@@ -330,7 +341,8 @@ fn query_bounds(path: &str, name: &str) -> Option<Value> {
             range(&v::LONG_PAGE_LIMIT)
         }
         ("/api/v1/schedules/{id}", "history") => range(&v::SCHEDULE_HISTORY),
-        (_, "since") => json!({"pattern": "^[0-9]{1,19}(-[0-9]{1,19})?$"}),
+        // Empty is the same as absent.
+        (_, "since") => json!({"pattern": "^([0-9]{1,19}(-[0-9]{1,19})?)?$"}),
         (_, "queue") => json!({"maxLength": v::NAME_MAX_LEN, "pattern": v::name_pattern(v::NAME_MAX_LEN)}),
         (_, "Idempotency-Key") => {
             json!({"minLength": 1, "maxLength": v::OPAQUE_KEY_MAX_LEN, "pattern": v::opaque_key_pattern()})
@@ -515,6 +527,9 @@ fn bound_schemas(schemas: &mut Map<String, Value>, cfg: &Config) {
         .and_then(Value::as_array_mut)
     {
         for alt in alts.iter_mut() {
+            if alt.get("properties").is_some() {
+                alt["additionalProperties"] = json!(false);
+            }
             let list = match alt.pointer_mut("/properties/tasks") {
                 Some(tasks) => tasks,
                 None => alt,
@@ -522,9 +537,15 @@ fn bound_schemas(schemas: &mut Map<String, Value>, cfg: &Config) {
             merge(list, items(&v::BATCH_ITEMS));
         }
     }
-    // `delay_ms` and `run_at` exclude each other.
+    // `delay_ms` and `run_at` exclude each other (null is absent).
     if let Some(s) = schemas.get_mut("TaskSpec").and_then(Value::as_object_mut) {
-        s.insert("not".into(), json!({"required": ["delay_ms", "run_at"]}));
+        s.insert(
+            "not".into(),
+            json!({
+                "required": ["delay_ms", "run_at"],
+                "properties": {"delay_ms": {"type": "integer"}, "run_at": {"type": "integer"}},
+            }),
+        );
     }
 }
 

@@ -191,6 +191,22 @@ pub fn in_range<T: PartialOrd + std::fmt::Display>(
     }
 }
 
+/// Implements `Deserialize` for a request body struct that derives it with
+/// `#[serde(remote = "Self")]`, taking a JSON object only: serde's derive
+/// also reads a struct from an array of its fields in order, so a body of
+/// all-optional fields would take `[null, null]`.
+macro_rules! object_only {
+    ($t:ty) => {
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let fields = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
+                <$t>::deserialize(serde_json::Value::Object(fields)).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+pub(crate) use object_only;
+
 /// Quotes a value for an error message, cut to a readable length.
 pub fn shorten(value: &str) -> String {
     let cut: String = value.chars().take(40).collect();

@@ -431,7 +431,7 @@ async fn arrive_round(
 // --- etcd-style Barrier ----------------------------------------------------
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct HoldRequest {
     /// Who holds it; default the caller's token name. Holding again with the
     /// same holder refreshes the TTL.
@@ -440,6 +440,8 @@ pub struct HoldRequest {
     /// (the default).
     pub ttl_ms: Option<u64>,
 }
+
+validate::object_only!(HoldRequest);
 
 /// etcd-style Barrier.Hold: raises the barrier; waiters block until it is
 /// released or its TTL passes. 201 when raised now, 200 when refreshed.
@@ -495,11 +497,13 @@ async fn release_barrier(
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct WaitRequest {
     /// Long poll: wait up to this long (at most `barriers.max_wait_ms`).
     pub wait_ms: Option<u64>,
 }
+
+validate::object_only!(WaitRequest);
 
 /// etcd-style Barrier.Wait: returns once the barrier is not held (`held:
 /// false`), or when `wait_ms` runs out (`held: true`).

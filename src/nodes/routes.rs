@@ -49,7 +49,7 @@ async fn get_node(State(s): State<AppState>, caller: Caller, Path(id): Path<Stri
 
 /// Body of an external worker's heartbeat.
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct HeartbeatBody {
     /// Lifetime of this heartbeat, 500 to 3 600 000 ms; default `nodes.ttl_ms`.
     pub ttl_ms: Option<u64>,
@@ -63,6 +63,8 @@ pub struct HeartbeatBody {
     #[serde(default)]
     pub version: String,
 }
+
+validate::object_only!(HeartbeatBody);
 
 /// An external worker joins the cluster or refreshes its membership. A
 /// worker must heartbeat before it claims, and keep heartbeating while it
