@@ -22,6 +22,11 @@ use crate::store::Store;
 use crate::store::embedded::EmbeddedRedis;
 use crate::tasks::Tasks;
 
+// Declared here, not in lib.rs, so that the API document's code lives beside
+// the router that serves it.
+#[path = "openapi.rs"]
+pub mod openapi;
+
 /// Everything a handler may need; cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
@@ -57,30 +62,17 @@ pub struct AppState {
     pub failover: crate::failover::Failover,
 }
 
+/// The root of the document; [`openapi::document`] completes it once every
+/// route is merged.
 #[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "muster",
-        description = "High-availability coordination server for worker clusters. Errors are \
-                       application/problem+json. Authenticate with `Authorization: Bearer <token>`."
-    ),
-    modifiers(&SecurityAddon),
-    security(("bearer" = []))
-)]
+#[openapi(info(
+    title = "muster",
+    description = "High-availability coordination server for worker clusters. Errors are \
+                   application/problem+json (schema `Problem`). Authenticate with \
+                   `Authorization: Bearer <token>`; each operation names the least role it needs \
+                   (read < worker < admin) as the scopes of its security requirement."
+))]
 struct ApiDoc;
-
-struct SecurityAddon;
-
-impl utoipa::Modify for SecurityAddon {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-    }
-}
 
 /// The API routes with their OpenAPI description.
 pub fn api_router() -> OpenApiRouter<AppState> {
@@ -100,7 +92,10 @@ pub fn api_router() -> OpenApiRouter<AppState> {
 /// The whole HTTP surface of a node.
 pub fn router(state: AppState) -> Router {
     let (api, doc) = api_router().split_for_parts();
-    let _ = state.openapi.set(doc.to_pretty_json().unwrap_or_else(|_| "{}".into()));
+    let doc = openapi::document(doc, &state.cfg);
+    let _ = state
+        .openapi
+        .set(serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into()));
     let max_body = state.cfg.server.max_body_bytes;
     let routes = Router::new()
         .merge(api)

@@ -76,7 +76,7 @@ async fn readyz(State(s): State<AppState>) -> Response {
 }
 
 /// Prometheus metrics in the text format.
-#[utoipa::path(get, path = "/metrics", tag = "system",
+#[utoipa::path(get, path = "/metrics", tag = "system", security(("bearer" = ["read"]), ("session" = ["read"])),
     responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain")))]
 async fn metrics(State(s): State<AppState>, _caller: ReadCaller) -> Result<Response> {
     Ok((
@@ -136,7 +136,7 @@ pub async fn redis_summary(s: &AppState) -> Result<RedisSummary> {
 }
 
 /// How this node reaches Redis, and how Redis is doing.
-#[utoipa::path(get, path = "/api/v1/redis", tag = "system",
+#[utoipa::path(get, path = "/api/v1/redis", tag = "system", security(("bearer" = ["read"]), ("session" = ["read"])),
     responses((status = 200, body = RedisSummary),
               (status = 503, description = "Redis unreachable", content_type = "application/problem+json")))]
 async fn get_redis(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<RedisSummary>> {

@@ -7,7 +7,91 @@
 //! links), so `.` and `..` are refused: clients remove such dot segments
 //! (RFC 3986, section 5.2.4), and a thing named so could never be addressed.
 
+use std::ops::RangeInclusive;
+
 use crate::error::ApiError;
+
+// The bounds below are the single source of both the checks in handlers and
+// the OpenAPI document (`crate::openapi` writes them into the schemas), so
+// the two cannot drift apart.
+
+/// Longest queue, group, alias, barrier, lock, election or schedule name.
+pub const NAME_MAX_LEN: usize = 128;
+/// Longest node or worker id.
+pub const NODE_ID_MAX_LEN: usize = 64;
+/// Task and workflow ids: 26 ASCII letters and digits (ULIDs).
+pub const ID_LEN: usize = 26;
+/// Longest idempotency key, lock owner, candidate or holder.
+pub const OPAQUE_KEY_MAX_LEN: usize = 200;
+
+/// `limit` of task listings (a queue's tasks, dead tasks).
+pub const TASK_PAGE_LIMIT: RangeInclusive<usize> = 1..=500;
+/// Deepest `cursor` of a task listing.
+pub const TASK_CURSOR_MAX: usize = 1_000_000;
+/// `limit` of the workflow listing.
+pub const WORKFLOW_PAGE_LIMIT: RangeInclusive<usize> = 1..=200;
+/// `limit` of the orphan report, the event replay and a barrier's rounds.
+pub const LONG_PAGE_LIMIT: RangeInclusive<usize> = 1..=1000;
+/// `history` entries of one schedule.
+pub const SCHEDULE_HISTORY: RangeInclusive<usize> = 0..=1000;
+/// Tasks claimed by one call (`max`, `next.max`).
+pub const CLAIM_MAX: RangeInclusive<u32> = 1..=1000;
+/// Longest long poll of a claim (`wait_ms`, `next.wait_ms`).
+pub const CLAIM_WAIT_MAX_MS: u64 = 30_000;
+/// Items of a batch submit or a batch complete.
+pub const BATCH_ITEMS: RangeInclusive<usize> = 1..=1000;
+/// Participants of a barrier.
+pub const PARTICIPANTS: RangeInclusive<usize> = 1..=1000;
+/// A barrier round's `timeout_ms`: 10 ms to 24 h.
+pub const ROUND_TIMEOUT_MS: RangeInclusive<u64> = 10..=86_400_000;
+/// A DoubleBarrier's `count`.
+pub const DOUBLE_BARRIER_COUNT: RangeInclusive<u32> = 1..=1000;
+/// Shortest lease of a lock, an election or a hold (the longest is in config).
+pub const MIN_LEASE_MS: u64 = 100;
+/// A group's concurrency `limit`.
+pub const GROUP_LIMIT: RangeInclusive<u32> = 1..=100_000;
+/// A task heartbeat's `progress`.
+pub const PROGRESS: RangeInclusive<u8> = 0..=100;
+/// An external worker's heartbeat `ttl_ms`.
+pub const WORKER_TTL_MS: RangeInclusive<u64> = 500..=3_600_000;
+/// An external worker's labels: how many, and the longest key and value.
+pub const WORKER_LABELS_MAX: usize = 32;
+pub const WORKER_LABEL_KEY_MAX_LEN: usize = 64;
+pub const WORKER_LABEL_VALUE_MAX_LEN: usize = 256;
+/// An external worker's `addr` and `version`.
+pub const WORKER_ADDR_MAX_LEN: usize = 256;
+pub const WORKER_VERSION_MAX_LEN: usize = 64;
+/// A task's `priority`.
+pub const PRIORITY: RangeInclusive<i32> = -1000..=1000;
+/// A task's `max_attempts`.
+pub const MAX_ATTEMPTS: RangeInclusive<u32> = 1..=1000;
+/// A task's longest `timeout_ms`: 7 days.
+pub const TASK_TIMEOUT_MAX_MS: u64 = 7 * 24 * 3600 * 1000;
+/// Longest retry backoff (`backoff_base_ms`, `backoff_cap_ms`): 24 h.
+pub const BACKOFF_MAX_MS: u64 = 24 * 3600 * 1000;
+/// A schedule's `starting_deadline_ms`: 1 s to 7 days.
+pub const STARTING_DEADLINE_MS: RangeInclusive<u64> = 1000..=7 * 24 * 3600 * 1000;
+
+/// The JSON Schema pattern of a name: the charset, not `.` or `..`
+/// (ECMA-262 without lookaround, which some schema tools cannot run).
+pub fn name_pattern(max: usize) -> String {
+    format!(
+        "^([A-Za-z0-9_-][A-Za-z0-9._-]{{0,{}}}|\\.[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{}}}|\\.\\.[A-Za-z0-9._-]{{1,{}}})$",
+        max - 1,
+        max - 2,
+        max - 2
+    )
+}
+
+/// The JSON Schema pattern of a task or workflow id.
+pub fn id_pattern() -> String {
+    format!("^[A-Za-z0-9]{{{ID_LEN}}}$")
+}
+
+/// The JSON Schema pattern of an opaque key: printable ASCII, no spaces.
+pub fn opaque_key_pattern() -> String {
+    format!("^[!-~]{{1,{OPAQUE_KEY_MAX_LEN}}}$")
+}
 
 fn charset_ok(s: &str) -> bool {
     s.bytes()
@@ -21,13 +105,13 @@ fn dot_segment(s: &str) -> bool {
 
 /// Node ids: `[A-Za-z0-9._-]{1,64}`, not `.` or `..`.
 pub fn is_node_id(s: &str) -> bool {
-    (1..=64).contains(&s.len()) && charset_ok(s) && !dot_segment(s)
+    (1..=NODE_ID_MAX_LEN).contains(&s.len()) && charset_ok(s) && !dot_segment(s)
 }
 
 /// Queue, group, alias, barrier, lock and schedule names:
 /// `[A-Za-z0-9._-]{1,128}`, not `.` or `..`.
 pub fn is_name(s: &str) -> bool {
-    (1..=128).contains(&s.len()) && charset_ok(s) && !dot_segment(s)
+    (1..=NAME_MAX_LEN).contains(&s.len()) && charset_ok(s) && !dot_segment(s)
 }
 
 /// The 400 for a name that is only dots.
@@ -46,7 +130,7 @@ pub fn node_id(field: &str, value: &str) -> Result<(), ApiError> {
         Err(dot_segment_error(field, value))
     } else {
         Err(ApiError::bad_request(format!(
-            "`{field}` must be 1 to 64 characters from A-Z a-z 0-9 . _ - (got {})",
+            "`{field}` must be 1 to {NODE_ID_MAX_LEN} characters from A-Z a-z 0-9 . _ - (got {})",
             shorten(value)
         )))
     }
@@ -60,7 +144,7 @@ pub fn name(field: &str, value: &str) -> Result<(), ApiError> {
         Err(dot_segment_error(field, value))
     } else {
         Err(ApiError::bad_request(format!(
-            "`{field}` must be 1 to 128 characters from A-Z a-z 0-9 . _ - (got {})",
+            "`{field}` must be 1 to {NAME_MAX_LEN} characters from A-Z a-z 0-9 . _ - (got {})",
             shorten(value)
         )))
     }
@@ -68,14 +152,60 @@ pub fn name(field: &str, value: &str) -> Result<(), ApiError> {
 
 /// Idempotency keys and similar opaque tokens: 1 to 200 printable ASCII characters.
 pub fn opaque_key(field: &str, value: &str) -> Result<(), ApiError> {
-    if (1..=200).contains(&value.len()) && value.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+    if (1..=OPAQUE_KEY_MAX_LEN).contains(&value.len()) && value.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
         Ok(())
     } else {
         Err(ApiError::bad_request(format!(
-            "`{field}` must be 1 to 200 printable ASCII characters without spaces"
+            "`{field}` must be 1 to {OPAQUE_KEY_MAX_LEN} printable ASCII characters without spaces"
         )))
     }
 }
+
+/// Returns a 400 naming the field when `value` is not a task or workflow
+/// id (`what`: "task", "workflow").
+pub fn id(what: &str, value: &str) -> Result<(), ApiError> {
+    if value.len() == ID_LEN && value.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "`id` must be a {ID_LEN}-character {what} id (got {})",
+            shorten(value)
+        )))
+    }
+}
+
+/// Returns a 400 naming the field unless `range` holds `value`.
+pub fn in_range<T: PartialOrd + std::fmt::Display>(
+    field: &str,
+    value: T,
+    range: &RangeInclusive<T>,
+) -> Result<(), ApiError> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "`{field}` must be between {} and {}",
+            range.start(),
+            range.end()
+        )))
+    }
+}
+
+/// Implements `Deserialize` for a request body struct that derives it with
+/// `#[serde(remote = "Self")]`, taking a JSON object only: serde's derive
+/// also reads a struct from an array of its fields in order, so a body of
+/// all-optional fields would take `[null, null]`.
+macro_rules! object_only {
+    ($t:ty) => {
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let fields = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
+                <$t>::deserialize(serde_json::Value::Object(fields)).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+pub(crate) use object_only;
 
 /// Quotes a value for an error message, cut to a readable length.
 pub fn shorten(value: &str) -> String {

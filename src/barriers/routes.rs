@@ -74,7 +74,7 @@ pub struct BarrierList {
 }
 
 /// Every configured barrier, and every etcd-style hold.
-#[utoipa::path(get, path = "/api/v1/barriers", tag = "barriers", responses((status = 200, body = BarrierList)))]
+#[utoipa::path(get, path = "/api/v1/barriers", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = BarrierList)))]
 async fn list_barriers(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<BarrierList>> {
     Ok(Json(BarrierList {
         barriers: s.barriers.list().await?,
@@ -139,7 +139,7 @@ impl BarrierDetail {
 /// One barrier's configuration and hold. A barrier that is only held
 /// (etcd-style, never configured) answers 200 with `configured: false`; one
 /// neither configured nor held, 404.
-#[utoipa::path(get, path = "/api/v1/barriers/{name}", tag = "barriers",
+#[utoipa::path(get, path = "/api/v1/barriers/{name}", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "Barrier name")),
     responses((status = 200, body = BarrierDetail), (status = 404, description = "Neither configured nor held")))]
 async fn get_barrier(
@@ -158,7 +158,7 @@ async fn get_barrier(
 
 /// Creates (201) or updates (200) a barrier. Rounds already open keep the
 /// participants and tolerance they opened with.
-#[utoipa::path(put, path = "/api/v1/barriers/{name}", tag = "barriers",
+#[utoipa::path(put, path = "/api/v1/barriers/{name}", tag = "barriers", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("name" = String, Path, description = "Barrier name, [A-Za-z0-9._-]{1,128}")),
     request_body = BarrierSpec,
     responses((status = 201, body = BarrierConfigView, description = "Created"),
@@ -172,8 +172,12 @@ async fn put_barrier(
 ) -> Result<Response> {
     validate::name("name", &name)?;
     let n = spec.participants.len();
-    if !(1..=1000).contains(&n) {
-        return Err(ApiError::bad_request("`participants` must hold 1 to 1000 node ids"));
+    if !validate::PARTICIPANTS.contains(&n) {
+        return Err(ApiError::bad_request(format!(
+            "`participants` must hold {} to {} node ids",
+            validate::PARTICIPANTS.start(),
+            validate::PARTICIPANTS.end()
+        )));
     }
     let mut seen = HashSet::new();
     for p in &spec.participants {
@@ -187,11 +191,7 @@ async fn put_barrier(
             "`max_missing` must be less than the number of participants ({n})"
         )));
     }
-    if !(10..=86_400_000).contains(&spec.timeout_ms) {
-        return Err(ApiError::bad_request(
-            "`timeout_ms` must be between 10 and 86400000 (24 h)",
-        ));
-    }
+    validate::in_range("timeout_ms", spec.timeout_ms, &validate::ROUND_TIMEOUT_MS)?;
     let created = s
         .barriers
         .configure(
@@ -213,7 +213,7 @@ async fn put_barrier(
 
 /// Deletes a barrier with its rounds (waiters of open rounds get 404) and its
 /// hold; a barrier that is only held loses its hold.
-#[utoipa::path(delete, path = "/api/v1/barriers/{name}", tag = "barriers",
+#[utoipa::path(delete, path = "/api/v1/barriers/{name}", tag = "barriers", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("name" = String, Path, description = "Barrier name")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "Neither configured nor held")))]
 async fn delete_barrier(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<String>) -> Result<Response> {
@@ -238,7 +238,7 @@ pub struct RoundList {
 }
 
 /// The latest rounds of a barrier, newest first.
-#[utoipa::path(get, path = "/api/v1/barriers/{name}/rounds", tag = "barriers",
+#[utoipa::path(get, path = "/api/v1/barriers/{name}/rounds", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "Barrier name"), RoundsParams),
     responses((status = 200, body = RoundList), (status = 404, description = "Unknown barrier")))]
 async fn list_rounds(
@@ -249,9 +249,7 @@ async fn list_rounds(
 ) -> Result<Json<RoundList>> {
     validate::name("name", &name)?;
     let limit = p.limit.unwrap_or(50);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
-    }
+    validate::in_range("limit", limit, &validate::LONG_PAGE_LIMIT)?;
     if s.barriers.get(&name).await?.is_none() {
         return Err(BarrierError::NotFound(name).into());
     }
@@ -261,7 +259,7 @@ async fn list_rounds(
 }
 
 /// One round: arrivals with their times, missing participants, verdict.
-#[utoipa::path(get, path = "/api/v1/barriers/{name}/rounds/{round}", tag = "barriers",
+#[utoipa::path(get, path = "/api/v1/barriers/{name}/rounds/{round}", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "Barrier name"), ("round" = String, Path, description = "Round id")),
     responses((status = 200, body = Round), (status = 404, description = "Unknown round")))]
 async fn get_round(
@@ -349,7 +347,7 @@ impl<'a> ArriveResponse<'a> {
 /// have arrived, or at the deadline when at most `max_missing` are missing;
 /// `aborted` otherwise. Late arrivals read the decided verdict with
 /// `may_run: false`. Waiters wake on the decision event.
-#[utoipa::path(post, path = "/api/v1/barriers/{name}/rounds/{round}/arrive", tag = "barriers",
+#[utoipa::path(post, path = "/api/v1/barriers/{name}/rounds/{round}/arrive", tag = "barriers", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "Barrier name"),
            ("round" = String, Path, description = "Round id chosen by the callers (the cycle's date, say), [A-Za-z0-9._-]{1,128}")),
     request_body = ArriveRequest,
@@ -425,7 +423,7 @@ async fn arrive_round(
 // --- etcd-style Barrier ----------------------------------------------------
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct HoldRequest {
     /// Who holds it; default the caller's token name. Holding again with the
     /// same holder refreshes the TTL.
@@ -435,11 +433,13 @@ pub struct HoldRequest {
     pub ttl_ms: Option<u64>,
 }
 
+validate::object_only!(HoldRequest);
+
 /// etcd-style Barrier.Hold: raises the barrier; waiters block until it is
 /// released or its TTL passes. 201 when raised now, 200 when refreshed.
-#[utoipa::path(post, path = "/api/v1/barriers/{name}/hold", tag = "barriers",
+#[utoipa::path(post, path = "/api/v1/barriers/{name}/hold", tag = "barriers", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "Barrier name")),
-    request_body(content = HoldRequest, description = "Optional"),
+    request_body(content = Option<HoldRequest>, description = "Optional: without a body the defaults apply"),
     responses((status = 201, body = Hold, description = "Held now"), (status = 200, body = Hold, description = "Refreshed"),
               (status = 409, description = "Held by another holder")))]
 async fn hold_barrier(
@@ -453,7 +453,7 @@ async fn hold_barrier(
     validate::opaque_key("holder", &holder)?;
     let max = s.cfg.barriers.idle_ttl_ms;
     let ttl = req.ttl_ms.unwrap_or(max);
-    if !(100..=max).contains(&ttl) {
+    if !(validate::MIN_LEASE_MS..=max).contains(&ttl) {
         return Err(ApiError::bad_request(format!(
             "`ttl_ms` must be between 100 and {max} (barriers.idle_ttl_ms)"
         )));
@@ -472,7 +472,7 @@ pub struct Released {
 /// etcd-style Barrier.Release: lowers the barrier, every waiter proceeds.
 /// Anyone with the worker role may release; releasing a barrier that is not
 /// held changes nothing.
-#[utoipa::path(post, path = "/api/v1/barriers/{name}/release", tag = "barriers",
+#[utoipa::path(post, path = "/api/v1/barriers/{name}/release", tag = "barriers", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "Barrier name")),
     responses((status = 200, body = Released)))]
 async fn release_barrier(
@@ -487,17 +487,19 @@ async fn release_barrier(
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct WaitRequest {
     /// Long poll: wait up to this long (at most `barriers.max_wait_ms`).
     pub wait_ms: Option<u64>,
 }
 
+validate::object_only!(WaitRequest);
+
 /// etcd-style Barrier.Wait: returns once the barrier is not held (`held:
 /// false`), or when `wait_ms` runs out (`held: true`).
-#[utoipa::path(post, path = "/api/v1/barriers/{name}/wait", tag = "barriers",
+#[utoipa::path(post, path = "/api/v1/barriers/{name}/wait", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "Barrier name")),
-    request_body(content = WaitRequest, description = "Optional"),
+    request_body(content = Option<WaitRequest>, description = "Optional: without a body, no wait"),
     responses((status = 200, body = Hold)))]
 async fn wait_barrier(
     State(s): State<AppState>,
@@ -531,7 +533,7 @@ pub struct DoubleBarrierList {
 }
 
 /// Every DoubleBarrier with entrants.
-#[utoipa::path(get, path = "/api/v1/double-barriers", tag = "barriers",
+#[utoipa::path(get, path = "/api/v1/double-barriers", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])),
     responses((status = 200, body = DoubleBarrierList)))]
 async fn list_double_barriers(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<DoubleBarrierList>> {
     Ok(Json(DoubleBarrierList {
@@ -540,7 +542,7 @@ async fn list_double_barriers(State(s): State<AppState>, _caller: ReadCaller) ->
 }
 
 /// One DoubleBarrier: its count, entrants and whether it is ready.
-#[utoipa::path(get, path = "/api/v1/double-barriers/{name}", tag = "barriers",
+#[utoipa::path(get, path = "/api/v1/double-barriers/{name}", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "DoubleBarrier name")),
     responses((status = 200, body = DoubleBarrier)))]
 async fn get_double_barrier(
@@ -596,7 +598,7 @@ fn inside(d: &DoubleBarrier, node: &str) -> bool {
 /// waits until `count` entrants are in. The count+1-th entrant gets 409
 /// (too many) until everyone has left. An entrant whose node stops
 /// heartbeating is evicted, so a crashed node cannot hang the others.
-#[utoipa::path(post, path = "/api/v1/double-barriers/{name}/enter", tag = "barriers",
+#[utoipa::path(post, path = "/api/v1/double-barriers/{name}/enter", tag = "barriers", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "DoubleBarrier name")),
     request_body = EnterRequest,
     responses((status = 200, body = DoubleBarrierReply),
@@ -609,9 +611,7 @@ async fn enter_double_barrier(
 ) -> Result<Json<DoubleBarrierReply>> {
     validate::name("name", &name)?;
     validate::node_id("node", &req.node)?;
-    if !(1..=1000).contains(&req.count) {
-        return Err(ApiError::bad_request("`count` must be between 1 and 1000"));
-    }
+    validate::in_range("count", req.count, &validate::DOUBLE_BARRIER_COUNT)?;
     let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
     let ticket = s.waiters.ticket(longpoll::dbarrier_key(&name));
     let notified = ticket.notified();
@@ -640,7 +640,7 @@ async fn enter_double_barrier(
 
 /// etcd-style DoubleBarrier.Leave: leaves the barrier and (with `wait_ms`)
 /// waits until every entrant of the ready cycle has left or been evicted.
-#[utoipa::path(post, path = "/api/v1/double-barriers/{name}/leave", tag = "barriers",
+#[utoipa::path(post, path = "/api/v1/double-barriers/{name}/leave", tag = "barriers", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "DoubleBarrier name")),
     request_body = LeaveRequest,
     responses((status = 200, body = DoubleBarrierReply)))]

@@ -62,7 +62,7 @@ fn refuse_future_since(since: StreamId, info: &Retained, now_ms: i64) -> Result<
 /// `{"type": "gap", "oldest"}` (events after `since` were trimmed),
 /// `{"type": "lagged", "last_id"}` (the client fell behind and is closed;
 /// reconnect with `since=last_id`).
-#[utoipa::path(get, path = "/api/v1/events/ws", tag = "events", params(WsParams),
+#[utoipa::path(get, path = "/api/v1/events/ws", tag = "events", security(("bearer" = ["read"]), ("session" = ["read"])), params(WsParams),
     responses((status = 101, description = "Switching to the WebSocket protocol"),
               (status = 400, description = "Bad or unknown topics, bad queue, or a `since` that is not a stream id or lies past the stream's newest event"),
               (status = 503, description = "Too many subscribers on this node (events.max_clients)")))]
@@ -119,7 +119,7 @@ pub struct EventPage {
 }
 
 /// The event stream over plain HTTP, with the same filters as the WebSocket.
-#[utoipa::path(get, path = "/api/v1/events", tag = "events", params(ReplayParams),
+#[utoipa::path(get, path = "/api/v1/events", tag = "events", security(("bearer" = ["read"]), ("session" = ["read"])), params(ReplayParams),
     responses((status = 200, body = EventPage),
               (status = 400, description = "Bad parameters: unknown topics, or a `since` past the stream's newest event")))]
 async fn list_events(
@@ -128,9 +128,7 @@ async fn list_events(
     ApiQuery(p): ApiQuery<ReplayParams>,
 ) -> Result<Json<EventPage>> {
     let limit = p.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
-    }
+    crate::validate::in_range("limit", limit, &crate::validate::LONG_PAGE_LIMIT)?;
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
     let since = parse_since(p.since.as_deref())?;
     let info = retained(&s.store).await?;
@@ -220,7 +218,7 @@ pub async fn replay(
 
 /// This node's cached live view (what the dashboard shows): node states,
 /// queue counts, orphan totals, throughput over the last ten minutes.
-#[utoipa::path(get, path = "/api/v1/live", tag = "events", responses((status = 200, body = Snapshot)))]
+#[utoipa::path(get, path = "/api/v1/live", tag = "events", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = Snapshot)))]
 async fn get_live(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<Snapshot>> {
     Ok(Json(s.live.snapshot()))
 }

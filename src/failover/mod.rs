@@ -128,6 +128,7 @@ pub struct Replica {
 
 /// `GET /api/v1/failover`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = FailoverStatus)]
 pub struct Status {
     /// `embedded`, `standalone`, `sentinel`, `cluster`, `coordinated`.
     pub mode: String,

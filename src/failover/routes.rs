@@ -24,7 +24,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Redis topology and failover state: mode, master, replicas with offset and
 /// lag, fencing epoch, last switch, and in coordinated mode each client's
 /// answer in the current or last round.
-#[utoipa::path(get, path = "/api/v1/failover", tag = "failover", responses((status = 200, body = Status)))]
+#[utoipa::path(get, path = "/api/v1/failover", tag = "failover", security(("bearer" = ["read"]), ("session" = ["read"])),
+    responses((status = 200, body = Status, description = "The failover status")))]
 async fn get_failover(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<Status>> {
     Ok(Json(s.failover.status().await))
 }
@@ -33,9 +34,12 @@ async fn get_failover(State(s): State<AppState>, _caller: ReadCaller) -> Result<
 /// `x-muster-failover-secret` header). 409 when the round is older than the
 /// newest this node has seen.
 #[utoipa::path(post, path = "/internal/failover/{kind}", tag = "failover",
-    params(("kind" = String, Path, description = "ping, invalidate or reconfigure")),
+    params(("kind" = Kind, Path, description = "The message: ping, invalidate or reconfigure")),
     request_body = Message,
-    responses((status = 200, body = Answer), (status = 401), (status = 409), (status = 503)))]
+    responses((status = 200, body = Answer, description = "This node's answer"),
+              (status = 404, description = "[failover] role is off on this node, or an unknown message"),
+              (status = 409, description = "The round is older than the newest this node has seen (`newest_round`)"),
+              (status = 503, description = "The new master cannot be used")))]
 async fn internal_message(
     State(s): State<AppState>,
     headers: HeaderMap,

@@ -131,7 +131,7 @@ pub struct Leadership {
     /// The leader's epoch: strictly greater than every epoch before it.
     pub epoch: Option<u64>,
     /// The leader's value (any JSON), if it gave one.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<serde_json::Value>)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<serde_json::Value>,
     /// Redis ms.

@@ -35,7 +35,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 fn check_ttl(s: &AppState, ttl: Option<u64>) -> Result<u64> {
     let c = &s.cfg.locks;
     let ttl = ttl.unwrap_or(c.default_ttl_ms);
-    if !(100..=c.max_ttl_ms).contains(&ttl) {
+    if !(validate::MIN_LEASE_MS..=c.max_ttl_ms).contains(&ttl) {
         return Err(ApiError::bad_request(format!(
             "`ttl_ms` must be between 100 and {} (locks.max_ttl_ms)",
             c.max_ttl_ms
@@ -63,7 +63,7 @@ pub struct LockList {
 }
 
 /// Every held lock.
-#[utoipa::path(get, path = "/api/v1/locks", tag = "locks", responses((status = 200, body = LockList)))]
+#[utoipa::path(get, path = "/api/v1/locks", tag = "locks", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = LockList)))]
 async fn list_locks(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<LockList>> {
     Ok(Json(LockList {
         locks: s.locks.list().await?,
@@ -71,7 +71,7 @@ async fn list_locks(State(s): State<AppState>, _caller: ReadCaller) -> Result<Js
 }
 
 /// One lock: its holder, token, lease and waiters.
-#[utoipa::path(get, path = "/api/v1/locks/{name}", tag = "locks",
+#[utoipa::path(get, path = "/api/v1/locks/{name}", tag = "locks", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "Lock name")),
     responses((status = 200, body = LockInfo)))]
 async fn get_lock(State(s): State<AppState>, _caller: ReadCaller, Path(name): Path<String>) -> Result<Json<LockInfo>> {
@@ -81,7 +81,7 @@ async fn get_lock(State(s): State<AppState>, _caller: ReadCaller, Path(name): Pa
 
 /// Breaks a lock whoever holds it (its holder's next renew or release gets
 /// 409). For operators; holders use `release`.
-#[utoipa::path(delete, path = "/api/v1/locks/{name}", tag = "locks",
+#[utoipa::path(delete, path = "/api/v1/locks/{name}", tag = "locks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("name" = String, Path, description = "Lock name")),
     responses((status = 204, description = "Broken"), (status = 404, description = "Not held")))]
 async fn break_lock(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<String>) -> Result<Response> {
@@ -142,7 +142,7 @@ impl Drop for QueueGuard {
 /// Acquires a lock and returns its fencing token. With `wait_ms`, waits in
 /// a FIFO line and wakes when the lock is released or its lease lapses.
 /// 409 when it is still held by someone else when `wait_ms` runs out.
-#[utoipa::path(post, path = "/api/v1/locks/{name}/acquire", tag = "locks",
+#[utoipa::path(post, path = "/api/v1/locks/{name}/acquire", tag = "locks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "Lock name, [A-Za-z0-9._-]{1,128}")),
     request_body = AcquireRequest,
     responses((status = 200, body = Acquired), (status = 400, description = "Bad name, owner, ttl or wait"),
@@ -235,7 +235,7 @@ pub struct Renewed {
 
 /// Extends the lease held under `token`. 409 when the token is stale or the
 /// lease already lapsed: the lock is lost, stop using the resource.
-#[utoipa::path(post, path = "/api/v1/locks/{name}/renew", tag = "locks",
+#[utoipa::path(post, path = "/api/v1/locks/{name}/renew", tag = "locks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "Lock name")),
     request_body = RenewRequest,
     responses((status = 200, body = Renewed), (status = 409, description = "Stale token or lapsed lease")))]
@@ -264,7 +264,7 @@ pub struct ReleaseRequest {
 
 /// Releases the lock held under `token`; the first waiter in line gets it.
 /// 409 when the token is stale or the lease already lapsed.
-#[utoipa::path(post, path = "/api/v1/locks/{name}/release", tag = "locks",
+#[utoipa::path(post, path = "/api/v1/locks/{name}/release", tag = "locks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "Lock name")),
     request_body = ReleaseRequest,
     responses((status = 204, description = "Released"), (status = 409, description = "Stale token or lapsed lease")))]
@@ -296,7 +296,7 @@ pub struct ElectionList {
 }
 
 /// Every election that has a leader.
-#[utoipa::path(get, path = "/api/v1/elections", tag = "elections", responses((status = 200, body = ElectionList)))]
+#[utoipa::path(get, path = "/api/v1/elections", tag = "elections", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = ElectionList)))]
 async fn list_elections(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<ElectionList>> {
     Ok(Json(ElectionList {
         elections: s.locks.elections().await?,
@@ -304,7 +304,7 @@ async fn list_elections(State(s): State<AppState>, _caller: ReadCaller) -> Resul
 }
 
 /// The leader of an election and its epoch (`leader: null` when nobody leads).
-#[utoipa::path(get, path = "/api/v1/elections/{name}", tag = "elections",
+#[utoipa::path(get, path = "/api/v1/elections/{name}", tag = "elections", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "Election name")),
     responses((status = 200, body = Leadership)))]
 async fn get_leader(
@@ -327,7 +327,7 @@ pub struct CampaignRequest {
     /// Long poll: wait up to this long (at most `locks.max_wait_ms`) to be elected.
     pub wait_ms: Option<u64>,
     /// Any JSON the leader publishes (its address, say); at most 64 KiB.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub value: Option<serde_json::Value>,
 }
 
@@ -343,7 +343,7 @@ pub struct CampaignResponse {
 /// every epoch before, so there is at most one leader per epoch. The leader
 /// calling again renews its lease and keeps its epoch. With `wait_ms`, waits
 /// until elected and wakes when the leader resigns or its lease lapses.
-#[utoipa::path(post, path = "/api/v1/elections/{name}/campaign", tag = "elections",
+#[utoipa::path(post, path = "/api/v1/elections/{name}/campaign", tag = "elections", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "Election name, [A-Za-z0-9._-]{1,128}")),
     request_body = CampaignRequest,
     responses((status = 200, body = CampaignResponse), (status = 400, description = "Bad input")))]
@@ -400,7 +400,7 @@ pub struct ResignRequest {
 
 /// The leader resigns; waiting candidates wake and one is elected with a
 /// greater epoch. 409 unless the candidate leads (at `epoch`).
-#[utoipa::path(post, path = "/api/v1/elections/{name}/resign", tag = "elections",
+#[utoipa::path(post, path = "/api/v1/elections/{name}/resign", tag = "elections", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("name" = String, Path, description = "Election name")),
     request_body = ResignRequest,
     responses((status = 204, description = "Resigned"), (status = 409, description = "Not the leader")))]

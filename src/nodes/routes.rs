@@ -26,13 +26,13 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 /// Every registered node with its state, as of one Redis instant.
-#[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", responses((status = 200, body = NodeList)))]
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = NodeList)))]
 async fn list_nodes(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<NodeList>> {
     Ok(Json(s.nodes.list().await?))
 }
 
 /// One node.
-#[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes",
+#[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 200, body = NodeInfo), (status = 404, description = "Unknown node")))]
 async fn get_node(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path<String>) -> Result<Json<NodeInfo>> {
@@ -46,7 +46,7 @@ async fn get_node(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path
 
 /// Body of an external worker's heartbeat.
 #[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct HeartbeatBody {
     /// Lifetime of this heartbeat, 500 to 3 600 000 ms; default `nodes.ttl_ms`.
     pub ttl_ms: Option<u64>,
@@ -61,12 +61,14 @@ pub struct HeartbeatBody {
     pub version: String,
 }
 
+validate::object_only!(HeartbeatBody);
+
 /// An external worker joins the cluster or refreshes its membership. A
 /// worker must heartbeat before it claims, and keep heartbeating while it
 /// runs tasks: when its heartbeat expires its tasks are recovered.
-#[utoipa::path(put, path = "/api/v1/nodes/{id}/heartbeat", tag = "nodes",
+#[utoipa::path(put, path = "/api/v1/nodes/{id}/heartbeat", tag = "nodes", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("id" = String, Path, description = "Worker id, [A-Za-z0-9._-]{1,64}")),
-    request_body(content = HeartbeatBody, description = "Optional"),
+    request_body(content = Option<HeartbeatBody>, description = "Optional: without a body the defaults apply"),
     responses((status = 200, body = Heartbeat), (status = 400, description = "Bad id or body"),
               (status = 409, description = "Too many nodes")))]
 async fn heartbeat_node(
@@ -77,23 +79,29 @@ async fn heartbeat_node(
 ) -> Result<Json<Heartbeat>> {
     validate::node_id("id", &id)?;
     let ttl = body.ttl_ms.unwrap_or(s.cfg.nodes.ttl_ms);
-    if !(500..=3_600_000).contains(&ttl) {
-        return Err(ApiError::bad_request("`ttl_ms` must be between 500 and 3600000"));
-    }
-    if body.labels.len() > 32
-        || body
-            .labels
-            .iter()
-            .any(|(k, v)| k.is_empty() || k.len() > 64 || v.len() > 256)
+    validate::in_range("ttl_ms", ttl, &validate::WORKER_TTL_MS)?;
+    if body.labels.len() > validate::WORKER_LABELS_MAX
+        || body.labels.iter().any(|(k, v)| {
+            k.is_empty()
+                || k.chars().count() > validate::WORKER_LABEL_KEY_MAX_LEN
+                || v.chars().count() > validate::WORKER_LABEL_VALUE_MAX_LEN
+        })
     {
-        return Err(ApiError::bad_request(
-            "`labels`: at most 32, keys 1 to 64 characters, values at most 256 characters",
-        ));
+        return Err(ApiError::bad_request(format!(
+            "`labels`: at most {}, keys 1 to {} characters, values at most {} characters",
+            validate::WORKER_LABELS_MAX,
+            validate::WORKER_LABEL_KEY_MAX_LEN,
+            validate::WORKER_LABEL_VALUE_MAX_LEN
+        )));
     }
-    if body.addr.len() > 256 || body.version.len() > 64 {
-        return Err(ApiError::bad_request(
-            "`addr` is limited to 256 characters and `version` to 64",
-        ));
+    if body.addr.chars().count() > validate::WORKER_ADDR_MAX_LEN
+        || body.version.chars().count() > validate::WORKER_VERSION_MAX_LEN
+    {
+        return Err(ApiError::bad_request(format!(
+            "`addr` is limited to {} characters and `version` to {}",
+            validate::WORKER_ADDR_MAX_LEN,
+            validate::WORKER_VERSION_MAX_LEN
+        )));
     }
     if *s.node_id == *id {
         return Err(ApiError::bad_request(format!(
@@ -108,7 +116,7 @@ async fn heartbeat_node(
 }
 
 /// Marks a node draining for the whole cluster: it gets no new work.
-#[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes",
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Draining"), (status = 404, description = "No live node with this id")))]
 async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
@@ -119,7 +127,7 @@ async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Pa
 
 /// Removes a node from the registry. Its running tasks are recovered by the
 /// orphan cleaner. A live node that keeps heartbeating joins again.
-#[utoipa::path(delete, path = "/api/v1/nodes/{id}", tag = "nodes",
+#[utoipa::path(delete, path = "/api/v1/nodes/{id}", tag = "nodes", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Removed"), (status = 404, description = "Unknown node")))]
 async fn delete_node(State(s): State<AppState>, _caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {

@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 use super::OrphanRecord;
 use crate::app::AppState;
 use crate::auth::ReadCaller;
-use crate::error::{ApiError, Result};
+use crate::error::Result;
 use crate::http::ApiQuery;
 use crate::nodes::{NodeInfo, NodeState};
 
@@ -54,7 +54,7 @@ pub async fn report(s: &AppState, limit: usize) -> Result<OrphanReport> {
 }
 
 /// Recovered tasks, suspect nodes and totals.
-#[utoipa::path(get, path = "/api/v1/orphans", tag = "orphans", params(OrphanParams),
+#[utoipa::path(get, path = "/api/v1/orphans", tag = "orphans", security(("bearer" = ["read"]), ("session" = ["read"])), params(OrphanParams),
     responses((status = 200, body = OrphanReport)))]
 async fn list_orphans(
     State(s): State<AppState>,
@@ -62,8 +62,6 @@ async fn list_orphans(
     ApiQuery(p): ApiQuery<OrphanParams>,
 ) -> Result<Json<OrphanReport>> {
     let limit = p.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request("`limit` must be between 1 and 1000"));
-    }
+    crate::validate::in_range("limit", limit, &crate::validate::LONG_PAGE_LIMIT)?;
     Ok(Json(report(&s, limit).await?))
 }

@@ -82,7 +82,7 @@ impl Overlap {
 #[serde(deny_unknown_fields)]
 pub struct TaskTemplate {
     /// Any JSON value, at most `tasks.max_payload_bytes` serialized.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<serde_json::Value>,
     /// Concurrency group, `[A-Za-z0-9._-]{1,128}`.
@@ -277,8 +277,10 @@ pub fn check(def: &ScheduleDef, tasks: &TasksConfig) -> Result<Checked, ApiError
         )));
     }
     crate::validate::name("queue", &def.queue)?;
-    const WEEK_MS: u64 = 7 * 24 * 3600 * 1000;
-    if def.starting_deadline_ms.is_some_and(|d| !(1000..=WEEK_MS).contains(&d)) {
+    if def
+        .starting_deadline_ms
+        .is_some_and(|d| !crate::validate::STARTING_DEADLINE_MS.contains(&d))
+    {
         return Err(ApiError::bad_request(
             "`starting_deadline_ms` must be between 1000 (1 s) and 604800000 (7 days), or absent for no deadline",
         ));

@@ -31,7 +31,7 @@ pub struct ScheduleList {
 }
 
 /// Every schedule with its next fire times and totals.
-#[utoipa::path(get, path = "/api/v1/schedules", tag = "schedules",
+#[utoipa::path(get, path = "/api/v1/schedules", tag = "schedules", security(("bearer" = ["read"]), ("session" = ["read"])),
     responses((status = 200, body = ScheduleList)))]
 async fn list_schedules(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<ScheduleList>> {
     Ok(Json(ScheduleList {
@@ -40,7 +40,7 @@ async fn list_schedules(State(s): State<AppState>, _caller: ReadCaller) -> Resul
 }
 
 /// Creates a schedule. It fires the occurrences after its creation.
-#[utoipa::path(post, path = "/api/v1/schedules", tag = "schedules",
+#[utoipa::path(post, path = "/api/v1/schedules", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     request_body = ScheduleDef,
     responses((status = 201, body = Schedule, description = "Created"),
                (status = 400, description = "Invalid id, expression, time zone, queue or task"),
@@ -68,7 +68,7 @@ pub struct GetParams {
 }
 
 /// One schedule with its recent history (fired, skipped and missed occurrences).
-#[utoipa::path(get, path = "/api/v1/schedules/{id}", tag = "schedules",
+#[utoipa::path(get, path = "/api/v1/schedules/{id}", tag = "schedules", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("id" = String, Path, description = "Schedule id"), GetParams),
     responses((status = 200, body = Schedule), (status = 404, description = "Unknown schedule")))]
 async fn get_schedule(
@@ -79,9 +79,7 @@ async fn get_schedule(
 ) -> Result<Json<Schedule>> {
     validate::name("id", &id)?;
     let history = p.history.unwrap_or(50);
-    if history > 1000 {
-        return Err(ApiError::bad_request("`history` must be between 0 and 1000"));
-    }
+    validate::in_range("history", history, &validate::SCHEDULE_HISTORY)?;
     s.schedules
         .get(&id, history)
         .await?
@@ -91,7 +89,7 @@ async fn get_schedule(
 
 /// Creates or replaces a schedule. A replaced schedule keeps its cursor:
 /// occurrences that already have an outcome are not fired again.
-#[utoipa::path(put, path = "/api/v1/schedules/{id}", tag = "schedules",
+#[utoipa::path(put, path = "/api/v1/schedules/{id}", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Schedule id")),
     request_body = ScheduleDef,
     responses((status = 200, body = Schedule, description = "Replaced"),
@@ -134,7 +132,7 @@ pub struct DeleteParams {
 }
 
 /// Deletes a schedule and its history. Its tasks live on.
-#[utoipa::path(delete, path = "/api/v1/schedules/{id}", tag = "schedules",
+#[utoipa::path(delete, path = "/api/v1/schedules/{id}", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Schedule id"), DeleteParams),
     responses((status = 204, description = "Deleted"), (status = 404, description = "Unknown schedule"),
                (status = 409, description = "Written from config.toml (without `force`), or defined in this node's config.toml")))]
@@ -153,7 +151,7 @@ async fn delete_schedule(
 /// applies: with `forbid` and a live previous task the answer is 409. With
 /// an `Idempotency-Key`, a retry within `tasks.idempotency_window_ms`
 /// returns the first call's task (200, `replayed`) and fires nothing.
-#[utoipa::path(post, path = "/api/v1/schedules/{id}/trigger", tag = "schedules",
+#[utoipa::path(post, path = "/api/v1/schedules/{id}/trigger", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Schedule id"),
            ("Idempotency-Key" = Option<String>, Header,
             description = "1 to 200 printable ASCII characters; the same key returns the same task")),
@@ -181,7 +179,7 @@ async fn trigger_schedule(
 
 /// Enables a schedule: it fires the occurrences after now (those while it was
 /// disabled are neither run nor counted as missed).
-#[utoipa::path(post, path = "/api/v1/schedules/{id}/enable", tag = "schedules",
+#[utoipa::path(post, path = "/api/v1/schedules/{id}/enable", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Schedule id")),
     responses((status = 204, description = "Enabled"), (status = 404, description = "Unknown schedule")))]
 async fn enable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
@@ -191,7 +189,7 @@ async fn enable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id
 }
 
 /// Disables a schedule: it fires nothing until enabled.
-#[utoipa::path(post, path = "/api/v1/schedules/{id}/disable", tag = "schedules",
+#[utoipa::path(post, path = "/api/v1/schedules/{id}/disable", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Schedule id")),
     responses((status = 204, description = "Disabled"), (status = 404, description = "Unknown schedule")))]
 async fn disable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {

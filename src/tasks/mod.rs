@@ -156,7 +156,7 @@ pub struct Claimed {
     pub token: u64,
     /// 1 for the first execution.
     pub attempt: u32,
-    #[schema(value_type = Object)]
+    #[schema(value_type = serde_json::Value)]
     pub payload: Box<RawValue>,
     pub max_attempts: u32,
     /// 0: no timeout.
@@ -229,7 +229,7 @@ pub struct Task {
     pub id: String,
     pub queue: String,
     pub state: String,
-    #[schema(value_type = Object)]
+    #[schema(value_type = serde_json::Value)]
     pub payload: Box<RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
@@ -257,10 +257,10 @@ pub struct Task {
     pub finished_at: Option<i64>,
     pub updated_at: i64,
     pub progress: u8,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fields: Option<Box<RawValue>>,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<serde_json::Value>)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -979,7 +979,7 @@ fn task_from(id: &str, m: &BTreeMap<String, String>) -> Task {
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
     /// Any JSON value, at most `tasks.max_payload_bytes` serialized.
-    #[schema(value_type = Object)]
+    #[schema(value_type = serde_json::Value)]
     #[serde(default)]
     pub payload: serde_json::Value,
     /// Concurrency group, `[A-Za-z0-9._-]{1,128}`.
@@ -987,12 +987,10 @@ pub struct TaskSpec {
     /// -1000 to 1000; higher first. Default 0.
     pub priority: Option<i32>,
     /// Claimable after this delay, at most one year (366 days).
-    #[schema(maximum = 31622400000_u64)]
     pub delay_ms: Option<u64>,
     /// Claimable at this Redis time (ms since the epoch). Not with delay_ms.
     /// At most one year (366 days) after the Redis time of the submit; a
     /// time in the past means now. Refused above 2^53 before Redis is asked.
-    #[schema(minimum = 0, maximum = 9007199254740992_i64)]
     pub run_at: Option<i64>,
     /// Executions before the task is dead, 1 to 1000. Default `tasks.max_attempts`.
     pub max_attempts: Option<u32>,
@@ -1029,9 +1027,7 @@ impl TaskSpec {
             crate::validate::opaque_key("idempotency_key", k)?;
         }
         let priority = self.priority.unwrap_or(0);
-        if !(-1000..=1000).contains(&priority) {
-            return Err(ApiError::bad_request("`priority` must be between -1000 and 1000"));
-        }
+        crate::validate::in_range("priority", priority, &crate::validate::PRIORITY)?;
         if self.delay_ms.is_some() && self.run_at.is_some() {
             return Err(ApiError::bad_request("give `delay_ms` or `run_at`, not both"));
         }
@@ -1046,16 +1042,15 @@ impl TaskSpec {
             ));
         }
         let max_attempts = self.max_attempts.unwrap_or(cfg.max_attempts);
-        if !(1..=1000).contains(&max_attempts) {
-            return Err(ApiError::bad_request("`max_attempts` must be between 1 and 1000"));
-        }
+        crate::validate::in_range("max_attempts", max_attempts, &crate::validate::MAX_ATTEMPTS)?;
         let timeout_ms = self.timeout_ms.unwrap_or(0);
-        if timeout_ms > 7 * 24 * 3600 * 1000 {
+        if timeout_ms > crate::validate::TASK_TIMEOUT_MAX_MS {
             return Err(ApiError::bad_request("`timeout_ms` must be at most 7 days"));
         }
         let base = self.backoff_base_ms.unwrap_or(cfg.backoff_base_ms);
         let cap = self.backoff_cap_ms.unwrap_or(cfg.backoff_cap_ms.max(base));
-        if base > 24 * 3600 * 1000 || cap > 24 * 3600 * 1000 || cap < base {
+        let most = crate::validate::BACKOFF_MAX_MS;
+        if base > most || cap > most || cap < base {
             return Err(ApiError::bad_request(
                 "`backoff_base_ms` and `backoff_cap_ms` must be at most 24 h, with the cap at least the base",
             ));

@@ -75,7 +75,7 @@ pub(crate) fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>> 
 
 /// Submits a task. 201 for a new task; 200 with the original task when the
 /// idempotency key (field or `Idempotency-Key` header) was seen within its window.
-#[utoipa::path(post, path = "/api/v1/queues/{queue}/tasks", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/tasks", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("queue" = String, Path, description = "Queue name, [A-Za-z0-9._-]{1,128}"),
            ("Idempotency-Key" = Option<String>, Header, description = "Same as `idempotency_key`")),
     request_body = TaskSpec,
@@ -178,7 +178,7 @@ fn item_error(e: &ApiError) -> BatchItem {
 
 /// Submits up to 1000 tasks in one script. Invalid items get an error entry
 /// and the others are submitted.
-#[utoipa::path(post, path = "/api/v1/queues/{queue}/tasks/batch", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/tasks/batch", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("queue" = String, Path, description = "Queue name")),
     request_body = BatchRequest,
     responses((status = 200, body = BatchResponse), (status = 400, description = "Bad queue or batch size")))]
@@ -189,8 +189,12 @@ async fn submit_batch(
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> Result<Json<BatchResponse>> {
     validate::name("queue", &queue)?;
-    if req.tasks.is_empty() || req.tasks.len() > 1000 {
-        return Err(ApiError::bad_request("`tasks` must hold 1 to 1000 tasks"));
+    if !validate::BATCH_ITEMS.contains(&req.tasks.len()) {
+        return Err(ApiError::bad_request(format!(
+            "`tasks` must hold {} to {} tasks",
+            validate::BATCH_ITEMS.start(),
+            validate::BATCH_ITEMS.end()
+        )));
     }
     let mut results: Vec<Option<BatchItem>> = Vec::with_capacity(req.tasks.len());
     let mut valid = Vec::new();
@@ -263,7 +267,7 @@ pub struct ClaimResponse {
 /// Claims tasks for a node: each with its fencing token. 204 when none came
 /// within `wait_ms`. A waiting claim wakes as soon as a task of this queue
 /// becomes claimable anywhere in the cluster.
-#[utoipa::path(post, path = "/api/v1/queues/{queue}/claim", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/claim", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("queue" = String, Path, description = "Queue name")),
     request_body = ClaimRequest,
     responses((status = 200, body = ClaimResponse), (status = 204, description = "Nothing to claim"),
@@ -278,13 +282,9 @@ async fn claim_tasks(
     validate::name("queue", &queue)?;
     validate::node_id("node", &req.node)?;
     let max = req.max.unwrap_or(1);
-    if !(1..=1000).contains(&max) {
-        return Err(ApiError::bad_request("`max` must be between 1 and 1000"));
-    }
+    validate::in_range("max", max, &validate::CLAIM_MAX)?;
     let wait = req.wait_ms.unwrap_or(0);
-    if wait > 30_000 {
-        return Err(ApiError::bad_request("`wait_ms` must be at most 30000"));
-    }
+    validate::in_range("wait_ms", wait, &(0..=validate::CLAIM_WAIT_MAX_MS))?;
     if let Some(why) = s.health.refuses_work() {
         return Err(ApiError::Unavailable(format!("{why}; claim through another node")));
     }
@@ -379,16 +379,14 @@ pub struct ListParams {
 
 fn page_args(p: &ListParams) -> Result<(usize, usize)> {
     let limit = p.limit.unwrap_or(50);
-    if !(1..=500).contains(&limit) {
-        return Err(ApiError::bad_request("`limit` must be between 1 and 500"));
-    }
+    validate::in_range("limit", limit, &validate::TASK_PAGE_LIMIT)?;
     let cursor = match &p.cursor {
         None => 0,
         Some(c) => c
             .parse::<usize>()
             .map_err(|_| ApiError::bad_request("`cursor` must come from `next_cursor`"))?,
     };
-    if cursor > 1_000_000 {
+    if cursor > validate::TASK_CURSOR_MAX {
         return Err(ApiError::bad_request("`cursor` is out of range"));
     }
     Ok((limit, cursor))
@@ -396,7 +394,7 @@ fn page_args(p: &ListParams) -> Result<(usize, usize)> {
 
 /// Tasks of a queue in one state, a page at a time (two pipelined round trips).
 /// Queued tasks come in claim order, down to the 10 000th.
-#[utoipa::path(get, path = "/api/v1/queues/{queue}/tasks", tag = "tasks",
+#[utoipa::path(get, path = "/api/v1/queues/{queue}/tasks", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("queue" = String, Path, description = "Queue name"), ListParams),
     responses((status = 200, body = TaskPage),
                (status = 400, description = "Bad state, limit or cursor (at most 10000 for state=queued)")))]
@@ -424,7 +422,7 @@ pub struct QueueList {
 }
 
 /// Every queue with its counts.
-#[utoipa::path(get, path = "/api/v1/queues", tag = "tasks", responses((status = 200, body = QueueList)))]
+#[utoipa::path(get, path = "/api/v1/queues", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = QueueList)))]
 async fn list_queues(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<QueueList>> {
     Ok(Json(QueueList {
         queues: s.tasks.queues().await?,
@@ -440,7 +438,7 @@ pub struct QueueDetail {
 }
 
 /// One queue's counts and its groups.
-#[utoipa::path(get, path = "/api/v1/queues/{queue}", tag = "tasks",
+#[utoipa::path(get, path = "/api/v1/queues/{queue}", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("queue" = String, Path, description = "Queue name")),
     responses((status = 200, body = QueueDetail)))]
 async fn get_queue(
@@ -460,7 +458,7 @@ async fn get_queue(
 }
 
 /// Pauses a queue: claims get nothing until it is resumed.
-#[utoipa::path(post, path = "/api/v1/queues/{queue}/pause", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/pause", tag = "tasks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("queue" = String, Path, description = "Queue name")),
     responses((status = 204, description = "Paused")))]
 async fn pause_queue(State(s): State<AppState>, caller: AdminCaller, Path(queue): Path<String>) -> Result<Response> {
@@ -470,7 +468,7 @@ async fn pause_queue(State(s): State<AppState>, caller: AdminCaller, Path(queue)
 }
 
 /// Resumes a paused queue.
-#[utoipa::path(post, path = "/api/v1/queues/{queue}/resume", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/queues/{queue}/resume", tag = "tasks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("queue" = String, Path, description = "Queue name")),
     responses((status = 204, description = "Resumed")))]
 async fn resume_queue(State(s): State<AppState>, caller: AdminCaller, Path(queue): Path<String>) -> Result<Response> {
@@ -480,18 +478,11 @@ async fn resume_queue(State(s): State<AppState>, caller: AdminCaller, Path(queue
 }
 
 fn check_task_id(id: &str) -> Result<()> {
-    if id.len() == 26 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "`id` must be a 26-character task id (got {})",
-            validate::shorten(id)
-        )))
-    }
+    validate::id("task", id)
 }
 
 /// One task with its attempts.
-#[utoipa::path(get, path = "/api/v1/tasks/{id}", tag = "tasks",
+#[utoipa::path(get, path = "/api/v1/tasks/{id}", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("id" = String, Path, description = "Task id")),
     responses((status = 200, body = Task), (status = 404, description = "Unknown task")))]
 async fn get_task(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path<String>) -> Result<Json<Task>> {
@@ -504,7 +495,7 @@ async fn get_task(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path
 }
 
 /// Discards a finished (succeeded, cancelled or dead) task now.
-#[utoipa::path(delete, path = "/api/v1/tasks/{id}", tag = "tasks",
+#[utoipa::path(delete, path = "/api/v1/tasks/{id}", tag = "tasks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Task id")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "Unknown task"),
                (status = 409, description = "Not finished")))]
@@ -515,7 +506,7 @@ async fn delete_task(State(s): State<AppState>, caller: AdminCaller, Path(id): P
 }
 
 /// The task holding an alias.
-#[utoipa::path(get, path = "/api/v1/aliases/{alias}", tag = "tasks",
+#[utoipa::path(get, path = "/api/v1/aliases/{alias}", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("alias" = String, Path, description = "Alias")),
     responses((status = 200, body = Task), (status = 404, description = "No task holds this alias")))]
 async fn get_alias(State(s): State<AppState>, _caller: ReadCaller, Path(alias): Path<String>) -> Result<Json<Task>> {
@@ -534,7 +525,7 @@ pub struct HeartbeatRequest {
     /// 0 to 100.
     pub progress: Option<u8>,
     /// A small JSON object of runtime fields (at most 4 KiB), replacing the previous one.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub fields: Option<Box<RawValue>>,
 }
 
@@ -547,7 +538,7 @@ pub struct HeartbeatResponse {
 
 /// The holder of the current token reports it is still working (optionally
 /// with progress and fields) and learns whether a cancel was requested.
-#[utoipa::path(post, path = "/api/v1/tasks/{id}/heartbeat", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/heartbeat", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("id" = String, Path, description = "Task id")),
     request_body = HeartbeatRequest,
     responses((status = 200, body = HeartbeatResponse),
@@ -560,8 +551,8 @@ async fn heartbeat_task(
     ApiJson(req): ApiJson<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>> {
     check_task_id(&id)?;
-    if req.progress.is_some_and(|p| p > 100) {
-        return Err(ApiError::bad_request("`progress` must be between 0 and 100"));
+    if let Some(p) = req.progress {
+        validate::in_range("progress", p, &validate::PROGRESS)?;
     }
     let fields = match req.fields {
         Some(f) if !f.get().trim_start().starts_with('{') => {
@@ -583,7 +574,7 @@ async fn heartbeat_task(
 pub struct CompleteRequest {
     pub token: u64,
     /// Any JSON value, at most `tasks.max_payload_bytes`.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub result: Option<Box<RawValue>>,
     /// Also claim the worker's next task(s) in the same call: one call per
     /// task for a worker that takes one at a time.
@@ -597,7 +588,6 @@ pub struct CompleteRequest {
 #[serde(deny_unknown_fields)]
 pub struct NextRequest {
     /// 1 to 1000; default 1.
-    #[schema(minimum = 1, maximum = 1000)]
     pub max: Option<u32>,
     /// The queue to claim from; default the finished task's queue.
     pub queue: Option<String>,
@@ -606,7 +596,6 @@ pub struct NextRequest {
     /// once, and the answer comes with the task or when the wait ends. With
     /// `queue` given this costs no more Redis calls than the task needs;
     /// without it, one more claim.
-    #[schema(minimum = 0, maximum = 30000)]
     pub wait_ms: Option<u64>,
 }
 
@@ -649,16 +638,12 @@ fn next_ask(s: &AppState, next: Option<NextRequest>) -> Result<NextAsk> {
         });
     };
     let max = n.max.unwrap_or(1);
-    if !(1..=1000).contains(&max) {
-        return Err(ApiError::bad_request("`next.max` must be between 1 and 1000"));
-    }
+    validate::in_range("next.max", max, &validate::CLAIM_MAX)?;
     if let Some(q) = &n.queue {
         validate::name("next.queue", q)?;
     }
     let wait = n.wait_ms.unwrap_or(0);
-    if wait > 30_000 {
-        return Err(ApiError::bad_request("`next.wait_ms` must be at most 30000"));
-    }
+    validate::in_range("next.wait_ms", wait, &(0..=validate::CLAIM_WAIT_MAX_MS))?;
     if let Some(why) = s.health.refuses_work() {
         return Ok(NextAsk {
             claim: super::NextClaim::default(),
@@ -753,7 +738,7 @@ fn result_text(s: &AppState, result: Option<Box<RawValue>>) -> Result<String> {
 
 /// The holder of the current token reports success; with `next`, the same
 /// call claims the worker's next task(s).
-#[utoipa::path(post, path = "/api/v1/tasks/{id}/complete", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/complete", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("id" = String, Path, description = "Task id")),
     request_body = CompleteRequest,
     responses((status = 200, body = FinishedNext),
@@ -781,7 +766,7 @@ async fn complete_task(
 pub struct CompleteItem {
     pub id: String,
     pub token: u64,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub result: Option<Box<RawValue>>,
 }
 
@@ -833,7 +818,7 @@ pub struct CompleteBatchResponse {
 }
 
 /// Completes up to 1000 tasks in one script; one outcome per item, in order.
-#[utoipa::path(post, path = "/api/v1/tasks/complete", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/tasks/complete", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     request_body = CompleteBatch,
     responses((status = 200, body = CompleteBatchResponse), (status = 400, description = "Bad batch")))]
 async fn complete_batch(
@@ -842,8 +827,12 @@ async fn complete_batch(
     ApiJson(body): ApiJson<Box<RawValue>>,
 ) -> Result<Json<CompleteBatchResponse>> {
     let items = parse_batch(&body)?;
-    if items.is_empty() || items.len() > 1000 {
-        return Err(ApiError::bad_request("send 1 to 1000 completions"));
+    if !validate::BATCH_ITEMS.contains(&items.len()) {
+        return Err(ApiError::bad_request(format!(
+            "send {} to {} completions",
+            validate::BATCH_ITEMS.start(),
+            validate::BATCH_ITEMS.end()
+        )));
     }
     let mut results: Vec<Option<CompleteOutcome>> = Vec::with_capacity(items.len());
     let mut valid = Vec::new();
@@ -917,7 +906,7 @@ pub struct FailRequest {
 /// The holder of the current token reports a failure: retried after a
 /// backoff while attempts are left, else dead. With `next`, the same call
 /// claims the worker's next task(s).
-#[utoipa::path(post, path = "/api/v1/tasks/{id}/fail", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/fail", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("id" = String, Path, description = "Task id")),
     request_body = FailRequest,
     responses((status = 200, body = FinishedNext),
@@ -954,7 +943,7 @@ pub struct CancelResponse {
 
 /// Cancels a queued or delayed task; asks a running task's worker to stop
 /// (it learns on its next heartbeat).
-#[utoipa::path(post, path = "/api/v1/tasks/{id}/cancel", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/cancel", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("id" = String, Path, description = "Task id")),
     responses((status = 200, body = CancelResponse), (status = 409, description = "Already finished"),
                (status = 404, description = "Unknown task")))]
@@ -973,7 +962,7 @@ async fn cancel_task(
 }
 
 /// Requeues a dead task with a fresh set of attempts.
-#[utoipa::path(post, path = "/api/v1/tasks/{id}/retry", tag = "tasks",
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/retry", tag = "tasks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Task id")),
     responses((status = 204, description = "Queued again"),
                (status = 409, description = "Not dead, or its queue was forgotten and the cluster has tasks.max_queues queues"),
@@ -993,7 +982,7 @@ pub struct PageParams {
 }
 
 /// Dead tasks of every queue, newest first.
-#[utoipa::path(get, path = "/api/v1/dead", tag = "tasks", params(PageParams),
+#[utoipa::path(get, path = "/api/v1/dead", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])), params(PageParams),
     responses((status = 200, body = TaskPage)))]
 async fn list_dead(
     State(s): State<AppState>,
@@ -1014,7 +1003,7 @@ pub struct GroupList {
 }
 
 /// Groups with a configured limit, with their slots in use.
-#[utoipa::path(get, path = "/api/v1/groups", tag = "tasks", responses((status = 200, body = GroupList)))]
+#[utoipa::path(get, path = "/api/v1/groups", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = GroupList)))]
 async fn list_groups(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<GroupList>> {
     Ok(Json(GroupList {
         groups: s.tasks.groups(None).await?,
@@ -1027,7 +1016,7 @@ pub struct GroupRequest {
     /// Required: at most this many tasks of the group run at once,
     /// cluster-wide (1 to 100 000); null removes the limit.
     #[serde(deserialize_with = "nullable")]
-    #[schema(required = true, minimum = 1, maximum = 100000)]
+    #[schema(required = true)]
     pub limit: Option<u32>,
 }
 
@@ -1041,7 +1030,7 @@ const GROUP_BODY: &str = r#"send {"limit": n} (1 to 100000) to set the group's l
 
 /// Sets or removes a group's concurrency limit. The body is required, so
 /// that a stray PUT cannot lift a limit: `{"limit": null}` removes it.
-#[utoipa::path(put, path = "/api/v1/groups/{group}", tag = "tasks",
+#[utoipa::path(put, path = "/api/v1/groups/{group}", tag = "tasks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("group" = String, Path, description = "Group name")),
     request_body = GroupRequest,
     responses((status = 200, body = GroupInfo), (status = 400, description = "No body, or a bad limit"),
@@ -1061,10 +1050,12 @@ async fn put_group(
         Err(ApiError::UnsupportedMediaType(m)) => return Err(ApiError::UnsupportedMediaType(hint(m))),
         Err(e) => return Err(e),
     };
-    if req.limit.is_some_and(|l| !(1..=100_000).contains(&l)) {
-        return Err(ApiError::bad_request(
-            "`limit` must be between 1 and 100000, or null for no limit",
-        ));
+    if req.limit.is_some_and(|l| !validate::GROUP_LIMIT.contains(&l)) {
+        return Err(ApiError::bad_request(format!(
+            "`limit` must be between {} and {}, or null for no limit",
+            validate::GROUP_LIMIT.start(),
+            validate::GROUP_LIMIT.end()
+        )));
     }
     let running = s.tasks.set_group_limit(&group, req.limit, &caller.name).await?;
     Ok(Json(GroupInfo {

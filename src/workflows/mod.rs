@@ -43,7 +43,7 @@ pub struct WorkflowTaskSpec {
     /// Keys that must succeed before this task is queued.
     #[serde(default)]
     pub depends_on: Vec<String>,
-    #[schema(value_type = Object)]
+    #[schema(value_type = serde_json::Value)]
     #[serde(default)]
     pub payload: serde_json::Value,
     pub group: Option<String>,

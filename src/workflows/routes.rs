@@ -30,21 +30,14 @@ pub struct CreatedWorkflow {
 }
 
 fn check_id(id: &str) -> Result<()> {
-    if id.len() == 26 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "`id` must be a 26-character workflow id (got {})",
-            crate::validate::shorten(id)
-        )))
-    }
+    crate::validate::id("workflow", id)
 }
 
 /// Starts a workflow: a DAG of tasks. Tasks without dependencies are queued
 /// at once; each other task is queued, exactly once, when all its
 /// dependencies succeeded. 201 for a new workflow, 200 for a replay of its
 /// idempotency key (also accepted as the `Idempotency-Key` header).
-#[utoipa::path(post, path = "/api/v1/workflows", tag = "workflows", request_body = NewWorkflow,
+#[utoipa::path(post, path = "/api/v1/workflows", tag = "workflows", security(("bearer" = ["worker"]), ("session" = ["worker"])), request_body = NewWorkflow,
     responses((status = 201, body = CreatedWorkflow), (status = 200, body = CreatedWorkflow, description = "Replay"),
               (status = 400, description = "Invalid DAG: duplicate key, unknown dependency, cycle (named)"),
               (status = 413, description = "A payload is too large")))]
@@ -91,7 +84,7 @@ pub struct WorkflowList {
 }
 
 /// Workflows, newest first.
-#[utoipa::path(get, path = "/api/v1/workflows", tag = "workflows", params(WorkflowListParams),
+#[utoipa::path(get, path = "/api/v1/workflows", tag = "workflows", security(("bearer" = ["read"]), ("session" = ["read"])), params(WorkflowListParams),
     responses((status = 200, body = WorkflowList)))]
 async fn list_workflows(
     State(s): State<AppState>,
@@ -106,9 +99,7 @@ async fn list_workflows(
         ));
     }
     let limit = p.limit.unwrap_or(50);
-    if !(1..=200).contains(&limit) {
-        return Err(ApiError::bad_request("`limit` must be between 1 and 200"));
-    }
+    crate::validate::in_range("limit", limit, &crate::validate::WORKFLOW_PAGE_LIMIT)?;
     let (workflows, next_cursor) = s
         .workflows
         .list(p.state.as_deref(), limit, p.cursor.unwrap_or(0).min(1_000_000))
@@ -117,7 +108,7 @@ async fn list_workflows(
 }
 
 /// A workflow with each task's state.
-#[utoipa::path(get, path = "/api/v1/workflows/{id}", tag = "workflows",
+#[utoipa::path(get, path = "/api/v1/workflows/{id}", tag = "workflows", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("id" = String, Path, description = "Workflow id")),
     responses((status = 200, body = Workflow), (status = 404, description = "Unknown workflow")))]
 async fn get_workflow(
@@ -131,7 +122,7 @@ async fn get_workflow(
 
 /// Cancels a running workflow: what has not started is cancelled, running
 /// tasks are asked to stop.
-#[utoipa::path(post, path = "/api/v1/workflows/{id}/cancel", tag = "workflows",
+#[utoipa::path(post, path = "/api/v1/workflows/{id}/cancel", tag = "workflows", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Workflow id")),
     responses((status = 204, description = "Cancelled"), (status = 404, description = "Unknown workflow"),
               (status = 409, description = "Already finished")))]

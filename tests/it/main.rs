@@ -7,6 +7,7 @@ mod barriers;
 mod binary;
 mod browser;
 mod chaos;
+mod contract;
 mod events;
 mod events_resume;
 mod ha_cluster;

@@ -148,6 +148,23 @@ async fn stale_tokens_are_refused_and_change_nothing() {
     stale_tokens_scenario(&a, &b).await;
 }
 
+/// Completing a task that was never claimed (no attempts yet) is a stale
+/// token like any other, not an undecodable script reply (a 500 before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completing_a_never_claimed_task_is_a_conflict() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let id = submit(&a, "nc", json!({"payload": 1})).await;
+    let (s, r) = a
+        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": 1}))
+        .await;
+    assert_eq!(s, 409, "{r}");
+    assert_eq!(r["state"], "queued", "{r}");
+    let (s, r) = a.post("/api/v1/tasks/complete", json!([{"id": id, "token": 1}])).await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["results"][0]["status"], "conflict", "{r}");
+}
+
 /// G1 through two nodes: a retried task's old token is refused everywhere
 /// (409, nothing changes); the holder completes once. Also run on a cluster.
 pub async fn stale_tokens_scenario(a: &TestApp, b: &TestApp) {

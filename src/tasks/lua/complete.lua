@@ -37,7 +37,7 @@ for i = 0, n - 1 do
   if not f[1] then
     out[#out + 1] = E.NOT_FOUND; out[#out + 1] = ''; out[#out + 1] = 0
   elseif f[1] ~= 'running' or f[2] ~= token then
-    out[#out + 1] = E.STALE; out[#out + 1] = f[1]; out[#out + 1] = tonumber(f[6])
+    out[#out + 1] = E.STALE; out[#out + 1] = f[1]; out[#out + 1] = tonumber(f[6] or '0')
   else
     local q, g, owner, attempt = f[3], f[4] or '', f[5], f[6]
     if result ~= '' then
