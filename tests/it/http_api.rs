@@ -441,13 +441,14 @@ async fn the_role_check_comes_before_the_body() {
     }
 }
 
-/// Every metric in the README's table has `# HELP` and `# TYPE` from the
-/// first scrape, and those without an open label set have a zero series, so
-/// alerts can tell zero from absent. The README and the catalogue agree.
+/// Every metric in the metrics table of `docs/operations.md` has `# HELP`
+/// and `# TYPE` from the first scrape, and those without an open label set
+/// have a zero series, so alerts can tell zero from absent. The table and
+/// the catalogue agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_document_every_metric_from_the_start() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let documented: std::collections::BTreeSet<&str> = readme
+    let table = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
+    let documented: std::collections::BTreeSet<&str> = table
         .lines()
         .filter_map(|l| l.strip_prefix("| `muster_"))
         .filter_map(|l| l.split('`').next())
@@ -458,7 +459,7 @@ async fn metrics_document_every_metric_from_the_start() {
         .collect();
     assert_eq!(
         documented, catalogue,
-        "README's metrics table and telemetry::METRICS differ"
+        "the metrics table of docs/operations.md and telemetry::METRICS differ"
     );
 
     let redis = TestRedis::start();
