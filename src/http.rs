@@ -35,7 +35,7 @@ pub async fn request_id(req: Request, next: Next) -> Response {
 
 /// Longest accepted request target (path and query), in bytes. Longer ones
 /// get 414 problem+json here; hyper itself refuses targets of 65534 bytes
-/// and more, with an empty 414 (see the README's Security section).
+/// and more, with an empty 414 (see docs/configuration.md, Security).
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 
 /// 414 problem+json for a request target over [`MAX_URI_BYTES`].

@@ -11,8 +11,8 @@
 //! their first event; [`render`] still writes their `# HELP` and `# TYPE`
 //! lines, which the text format allows for a family without samples.
 //!
-//! The README's metrics table lists the same names; a test keeps the two in
-//! step.
+//! The metrics table in `docs/operations.md` lists the same names; a test
+//! keeps the two in step.
 
 use std::fmt::Write as _;
 

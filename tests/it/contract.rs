@@ -222,9 +222,10 @@ async fn the_document_is_valid_and_schemathesis_finds_nothing() {
     let Some(venv) = venv() else { return };
     let redis = TestRedis::start();
 
-    // Without tokens every loopback caller is an admin (README), so a
-    // request with no or a made-up credential is served: schemathesis's
-    // `ignored_auth` check expects the opposite and is skipped here only.
+    // Without tokens every loopback caller is an admin
+    // (docs/configuration.md), so a request with no or a made-up credential
+    // is served: schemathesis's `ignored_auth` check expects the opposite
+    // and is skipped here only.
     let open = TestApp::start_with(&redis, short_waits).await;
     let (status, doc) = open.get("/api/v1/openapi.json").await;
     assert_eq!(status, 200);

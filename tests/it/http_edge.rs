@@ -275,7 +275,7 @@ async fn long_targets_get_414_problem_json() {
     let resp = app.request(Method::GET, &ok).send().await.unwrap();
     assert_ne!(resp.status().as_u16(), 414);
     // Beyond hyper's own bound (65534 bytes) hyper answers 414 itself, with
-    // an empty body (documented in the README).
+    // an empty body (documented in docs/configuration.md, Security).
     let mut s = connect(&app).await;
     let huge = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
     s.write_all(huge.as_bytes()).await.unwrap();

@@ -2,10 +2,11 @@
 --
 --@include schedules/lib
 --
--- Config wins (README): a schedule written from config.toml (source 'config') is
--- refused to modes 'create' and 'put', whatever the calling node's own config
--- says, so a node without the entry cannot change it; only mode 'config' (the
--- reconcile of a node that lists it) writes over it.
+-- Config wins (docs/concepts.md, Schedules): a schedule written from
+-- config.toml (source 'config') is refused to modes 'create' and 'put',
+-- whatever the calling node's own config says, so a node without the entry
+-- cannot change it; only mode 'config' (the reconcile of a node that lists
+-- it) writes over it.
 --
 -- A new schedule's cursor is Redis now: it fires the occurrences after its
 -- creation. A replaced definition keeps the cursor (occurrences up to it keep
