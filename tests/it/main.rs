@@ -8,6 +8,7 @@ mod binary;
 mod browser;
 mod chaos;
 mod contract;
+mod docs;
 mod events;
 mod events_resume;
 mod ha_cluster;
