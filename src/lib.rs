@@ -7,8 +7,9 @@
 //! - [`store`]: the one Redis client (embedded child, standalone, TLS, unix),
 //!   key builders, the Lua script wrapper with its shared prelude.
 //! - [`nodes`]: membership by heartbeat into a sorted set scored by Redis time.
+//! - [`failover`]: Redis high availability: following the master under
+//!   Sentinel, and the coordinated failover in which every node confirms.
 //! - [`tasks`]: queues, atomic claim with fencing tokens, retries, dead
-//! - [`telemetry`]: the catalogue of Prometheus metrics (help, type, zero series).
 //!   letters, idempotency, concurrency groups, retention.
 //! - [`orphans`]: the cleaner that recovers tasks of dead owners, and the
 //!   timeout monitor.
@@ -20,6 +21,9 @@
 //! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
 //!   problem+json errors.
 //! - [`system`]: probes, `/metrics`, the Redis summary, the OpenAPI document.
+//! - [`telemetry`]: the catalogue of Prometheus metrics (help, type, zero series).
+//! - [`health`]: this node's own view of whether it can serve.
+//! - [`validate`]: every user-supplied name that becomes part of a Redis key.
 //! - [`barriers`]: barrier rounds decided once in Redis (G8), etcd-style
 //!   Barrier and DoubleBarrier.
 //! - [`locks`]: locks with fencing tokens and FIFO waiters, leader elections.
@@ -27,6 +31,7 @@
 //! - [`web`]: the server-rendered dashboard.
 //! - [`app`]: the shared state and the router.
 //! - [`serve`]: the connection loop, with its read, idle and connection bounds.
+//! - [`bench`]: `muster bench`, end-to-end task throughput through a node.
 //! - `node`: the composition root: [`start`] builds a node in named steps
 //!   and [`Running`] stops it along one ordered teardown path.
 //!
