@@ -1,0 +1,423 @@
+//! The call path: the shared link and its cuts (G12), deadlines and the
+//! Redis clock, bounded retries, metrics, and error classification.
+
+use super::conn::{down_error, home_route, open_manager, reconnecting_error};
+use super::*;
+
+impl Store {
+    pub(super) fn link(&self) -> Link {
+        self.inner.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The link to send a call on. While a cut connection is being reopened
+    /// the call waits for the new one (up to the call timeout) instead of
+    /// failing at once: a cut is routine after one slow call, not an outage.
+    pub(super) async fn usable_link(&self) -> Link {
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        loop {
+            let relinked = self.inner.relinked.notified();
+            let link = self.link();
+            if !matches!(link.conn, Conn::Reconnecting) {
+                return link;
+            }
+            if tokio::time::timeout_at(deadline, relinked).await.is_err() {
+                return link;
+            }
+        }
+    }
+
+    /// Installs a new shared connection (a switch, an invalidation or a
+    /// reconnect) and cuts the old one: calls still waiting on it give up.
+    pub(super) fn replace_link(&self, conn: Conn) {
+        let id = self.inner.links.fetch_add(1, Ordering::SeqCst) + 1;
+        let old = std::mem::replace(
+            &mut *self.inner.link.write().unwrap_or_else(|p| p.into_inner()),
+            Link {
+                conn,
+                id,
+                cut: CancellationToken::new(),
+            },
+        );
+        old.cut.cancel();
+        self.inner.relinked.notify_waiters();
+    }
+
+    /// Cuts link `id` after one of its calls timed out (G12) and reopens a
+    /// connection to the same server in the background. Does nothing when
+    /// that link was already replaced (several calls time out together).
+    pub(super) fn cut(&self, id: u64, op: &'static str) {
+        let reopen = {
+            let mut link = self.inner.link.write().unwrap_or_else(|p| p.into_inner());
+            if link.id != id || matches!(link.conn, Conn::Down | Conn::Reconnecting) {
+                return;
+            }
+            let reopen = self.inner.links.fetch_add(1, Ordering::SeqCst) + 1;
+            let old = std::mem::replace(
+                &mut *link,
+                Link {
+                    conn: Conn::Reconnecting,
+                    id: reopen,
+                    cut: CancellationToken::new(),
+                },
+            );
+            old.cut.cancel();
+            reopen
+        };
+        metrics::counter!("muster_redis_reconnects_total").increment(1);
+        tracing::warn!(op, "a Redis call timed out: its connection is cut and a new one opened");
+        let store = self.clone();
+        tokio::spawn(async move { store.reopen(reopen).await });
+    }
+
+    /// Opens a new shared connection to the server in use and installs it,
+    /// unless link `id` (the placeholder) was replaced meanwhile by a switch
+    /// or an invalidation. Retries with backoff until it succeeds.
+    pub(super) async fn reopen(&self, id: u64) {
+        let mut attempt = 0;
+        loop {
+            if self.link().id != id {
+                return;
+            }
+            let opened = if let Some(cc) = &self.inner.cluster_client {
+                tokio::time::timeout(self.inner.timeout, cc.get_async_connection())
+                    .await
+                    .map_err(|_| StoreError::Unavailable("timed out".into()))
+                    .and_then(|r| r.map_err(|e| classify(&e)))
+                    .map(|c| Conn::Cluster(c, home_route(&self.inner.keys)))
+            } else {
+                let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
+                match client {
+                    Some(client) => open_manager(client, self.inner.timeout).await.map(Conn::Single),
+                    None => return,
+                }
+            };
+            match opened {
+                Ok(conn) => {
+                    let mut link = self.inner.link.write().unwrap_or_else(|p| p.into_inner());
+                    if link.id == id {
+                        link.conn = conn;
+                        tracing::info!("reconnected to Redis");
+                    }
+                    drop(link);
+                    self.inner.relinked.notify_waiters();
+                    return;
+                }
+                Err(e) => {
+                    attempt += 1;
+                    tracing::debug!(attempt, error = %e, "reconnecting to Redis");
+                    tokio::time::sleep(backoff(attempt).min(Duration::from_secs(1))).await;
+                }
+            }
+        }
+    }
+
+    /// The deadline for a script sent now, in Redis ms (G12): the node gives
+    /// up on a call after `redis.timeout_ms`; the script must have run a
+    /// quarter of that earlier, which leaves its reply time to arrive before
+    /// the node stops waiting. Errs only before the first clock sample.
+    pub(super) fn deadline(&self) -> StoreResult<i64> {
+        let now = self
+            .inner
+            .clock
+            .now_ms()
+            .ok_or_else(|| StoreError::Unavailable("Redis time is not known yet".into()))?;
+        let t = self.inner.timeout.as_millis() as i64;
+        Ok(now + t - t / 4)
+    }
+
+    /// The node's estimate of Redis time now (a lower bound, from recent
+    /// samples): for choosing when to wake up, never for a lease or liveness
+    /// decision (those are made in Redis, G11). None before the first sample.
+    pub fn redis_now_estimate(&self) -> Option<i64> {
+        self.inner.clock.now_ms()
+    }
+
+    /// Records a Redis time (ms) read by a call whose reply arrived at
+    /// `received`, as a sample for script deadlines (G12).
+    pub fn observe_clock(&self, redis_ms: i64, received: Instant) {
+        self.inner.clock.observe(redis_ms, received);
+    }
+
+    /// Reads Redis `TIME` on `conn` and records it as a clock sample.
+    pub(super) async fn sync_clock_on(&self, conn: &mut Conn) -> StoreResult<i64> {
+        let (s, us): (i64, i64) = self
+            .timed_on(&Link::probe(conn.clone()), "time", redis::cmd("TIME").query_async(conn))
+            .await
+            .map_err(RetryableOr::into_error)?;
+        let ms = s * 1000 + us / 1000;
+        self.inner.clock.observe(ms, Instant::now());
+        Ok(ms)
+    }
+
+    /// A connection of its own for blocking commands (`XREAD BLOCK`), which
+    /// would stall every other caller on the shared multiplexed connection.
+    /// It has no response timeout of its own (redis-rs defaults to 500 ms,
+    /// shorter than a blocking read): the caller bounds every command.
+    pub async fn dedicated(&self) -> StoreResult<Conn> {
+        self.follow_master_file().await;
+        if let Some(cc) = &self.inner.cluster_blocking {
+            let c = tokio::time::timeout(self.inner.timeout, cc.get_async_connection())
+                .await
+                .map_err(|_| StoreError::Unavailable("timed out opening a cluster connection".into()))?
+                .map_err(|e| classify(&e))?;
+            return Ok(Conn::Cluster(c, home_route(&self.inner.keys)));
+        }
+        let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
+        match client {
+            Some(client) => {
+                let cfg = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.inner.timeout))
+                    .set_response_timeout(None);
+                let c = tokio::time::timeout(
+                    self.inner.timeout,
+                    client.get_multiplexed_async_connection_with_config(&cfg),
+                )
+                .await
+                .map_err(|_| StoreError::Unavailable("timed out opening a connection".into()))?
+                .map_err(|e| classify(&e))?;
+                Ok(Conn::Multiplexed(c))
+            }
+            None => match self.link().conn {
+                Conn::Down => Err(classify(&down_error())),
+                Conn::Reconnecting => Err(classify(&reconnecting_error())),
+                c => Ok(c),
+            },
+        }
+    }
+
+    /// PING with a measured round trip.
+    pub async fn ping(&self) -> StoreResult<Duration> {
+        let start = Instant::now();
+        let _: String = self.call("ping", &redis::cmd("PING"), false).await?;
+        let rtt = start.elapsed();
+        self.inner.latency_us.store(rtt.as_micros() as u64, Ordering::Relaxed);
+        Ok(rtt)
+    }
+
+    /// Redis server time in milliseconds since the epoch; also a sample for
+    /// the node's estimate of Redis time (script deadlines, G12).
+    pub async fn time_ms(&self) -> StoreResult<i64> {
+        let (s, us): (i64, i64) = self.query("time", &redis::cmd("TIME")).await?;
+        let ms = s * 1000 + us / 1000;
+        self.inner.clock.observe(ms, Instant::now());
+        Ok(ms)
+    }
+
+    /// A read: retried on connection errors with backoff.
+    pub async fn query<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd) -> StoreResult<T> {
+        self.call(op, cmd, true).await
+    }
+
+    /// A write command: not retried unless nothing was sent.
+    pub async fn exec<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd) -> StoreResult<T> {
+        self.call(op, cmd, false).await
+    }
+
+    /// A pipeline of reads, in one round trip.
+    pub async fn pipe<T: FromRedisValue>(&self, op: &'static str, pipe: &Pipeline) -> StoreResult<T> {
+        self.follow_master_file().await;
+        let mut attempt = 0;
+        loop {
+            let link = self.usable_link().await;
+            let mut conn = link.conn.clone();
+            let res = self.timed_on(&link, op, pipe.query_async::<T>(&mut conn)).await;
+            match res {
+                Err(RetryableOr::Retry(e)) if attempt < self.inner.read_retries => {
+                    attempt += 1;
+                    tracing::debug!(op, attempt, error = %e, "retrying read");
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(RetryableOr::Retry(e)) | Err(RetryableOr::Fail(e)) => return Err(e),
+                Ok(v) => return Ok(v),
+            }
+        }
+    }
+
+    /// Runs a script. Retried only when the connection was refused (nothing
+    /// was sent), because a script's effects must not be applied twice.
+    /// Every call carries its deadline (G12, see the prelude).
+    pub async fn eval<T: FromRedisValue>(&self, lua: &Lua, keys: &[String], args: &[String]) -> StoreResult<T> {
+        self.follow_master_file().await;
+        if self.inner.clock.now_ms().is_none() {
+            self.time_ms().await?;
+        }
+        let mut attempt = 0;
+        loop {
+            let mut inv = lua.script().prepare_invoke();
+            for k in keys {
+                inv.key(k);
+            }
+            for a in args {
+                inv.arg(a);
+            }
+            inv.arg(self.deadline()?);
+            let link = self.usable_link().await;
+            let mut conn = link.conn.clone();
+            let res = self.timed_on(&link, lua.name(), inv.invoke_async::<T>(&mut conn)).await;
+            match res {
+                Ok(v) => return Ok(v),
+                Err(RetryableOr::Retry(e)) if attempt < 2 && was_refused(&e) => {
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(RetryableOr::Retry(e)) | Err(RetryableOr::Fail(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// Runs one typed script call (see [`ScriptCall`]).
+    pub async fn run<C: ScriptCall>(&self, lua: &Lua, call: &C) -> StoreResult<C::Reply> {
+        self.eval(lua, &call.keys(&self.inner.keys), &call.args()).await
+    }
+
+    pub(super) async fn call<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd, read: bool) -> StoreResult<T> {
+        self.follow_master_file().await;
+        self.call_here(op, cmd, read).await
+    }
+
+    /// [`Store::call`] on the master in use, without following the master
+    /// file (used while switching).
+    pub(super) async fn call_here<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd, read: bool) -> StoreResult<T> {
+        let mut attempt = 0;
+        loop {
+            let link = self.usable_link().await;
+            let mut conn = link.conn.clone();
+            let res = self.timed_on(&link, op, cmd.query_async::<T>(&mut conn)).await;
+            match res {
+                Ok(v) => return Ok(v),
+                Err(RetryableOr::Retry(e)) if attempt < self.inner.read_retries && (read || was_refused(&e)) => {
+                    attempt += 1;
+                    tracing::debug!(op, attempt, error = %e, "retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(RetryableOr::Retry(e)) | Err(RetryableOr::Fail(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// Applies the timeout, records metrics and health, and classifies
+    /// errors. The call gives up at once when its link is cut (a master
+    /// switch, or another call on the same connection timed out): a read is
+    /// then retried on the new connection, a write fails (503), since whether
+    /// Redis applied it is unknown. A timeout cuts the link (G12).
+    pub(super) async fn timed_on<T>(
+        &self,
+        link: &Link,
+        op: &'static str,
+        fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, RetryableOr> {
+        let start = Instant::now();
+        let res = tokio::select! {
+            r = tokio::time::timeout(self.inner.timeout, fut) => r,
+            _ = link.cut.cancelled() => {
+                metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => "cut").increment(1);
+                return Err(RetryableOr::Retry(StoreError::Unavailable(format!(
+                    "the connection to Redis was replaced (a master switch, or a timed-out call) \
+                     while waiting for an answer ({op}); retry"
+                ))));
+            }
+        };
+        metrics::histogram!("muster_redis_call_duration_seconds", "op" => op).record(start.elapsed().as_secs_f64());
+        let timed_out = |store: &Store| {
+            metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => "timeout").increment(1);
+            store.inner.healthy.store(false, Ordering::Relaxed);
+            store.inner.trouble.notify_one();
+            if link.id != 0 {
+                store.cut(link.id, op);
+            }
+            Err(RetryableOr::Retry(StoreError::Unavailable(format!(
+                "no answer within {} ms ({op})",
+                store.inner.timeout.as_millis()
+            ))))
+        };
+        match res {
+            Ok(Ok(v)) => {
+                self.inner.healthy.store(true, Ordering::Relaxed);
+                Ok(v)
+            }
+            Ok(Err(e)) if e.is_timeout() => timed_out(self),
+            Ok(Err(e)) => {
+                let err = classify(&e);
+                let kind = match &err {
+                    StoreError::Unavailable(_) => "unavailable",
+                    StoreError::Server(_) => "server",
+                    StoreError::Decode(_) => "decode",
+                };
+                metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => kind).increment(1);
+                if matches!(err, StoreError::Unavailable(_)) {
+                    self.inner.healthy.store(false, Ordering::Relaxed);
+                    self.inner.trouble.notify_one();
+                    Err(RetryableOr::Retry(err))
+                } else {
+                    self.inner.healthy.store(true, Ordering::Relaxed);
+                    Err(RetryableOr::Fail(err))
+                }
+            }
+            Err(_) => timed_out(self),
+        }
+    }
+}
+
+pub(super) enum RetryableOr {
+    Retry(StoreError),
+    Fail(StoreError),
+}
+
+impl RetryableOr {
+    pub(super) fn into_error(self) -> StoreError {
+        match self {
+            RetryableOr::Retry(e) | RetryableOr::Fail(e) => e,
+        }
+    }
+}
+
+impl Link {
+    /// A connection used outside the shared link (a server being probed
+    /// before a switch): nothing cuts it, and a timeout cuts nothing.
+    pub(super) fn probe(conn: Conn) -> Link {
+        Link {
+            conn,
+            id: 0,
+            cut: CancellationToken::new(),
+        }
+    }
+}
+
+pub(super) fn was_refused(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(m) if m.starts_with("connection refused"))
+}
+
+pub(super) fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(25u64 << attempt.min(5))
+}
+
+/// Maps a redis-rs error onto the store's three kinds.
+pub fn classify(e: &RedisError) -> StoreError {
+    if e.code() == Some("LATE") {
+        // The prelude refused a script that arrived after its deadline (G12):
+        // nothing was applied, like a timeout the client may retry.
+        return StoreError::Unavailable(format!(
+            "Redis received the call after its deadline and did not apply it: {}",
+            e.detail().unwrap_or("")
+        ));
+    }
+    if e.is_connection_refusal() {
+        return StoreError::Unavailable(format!("connection refused: {e}"));
+    }
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+        return StoreError::Unavailable(e.to_string());
+    }
+    match e.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::TryAgain,
+        )
+        | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::MasterNameNotFoundBySentinel => StoreError::Unavailable(e.to_string()),
+        ErrorKind::UnexpectedReturnType | ErrorKind::Parse => StoreError::Decode(e.to_string()),
+        _ => StoreError::Server(e.to_string()),
+    }
+}
