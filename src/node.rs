@@ -129,7 +129,15 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         .map_err(|e| StartError::Io(format!("cannot create data_dir {}: {e}", cfg.server.data_dir.display())))?;
 
     let (redis, embedded, store) = connect(&cfg).await?;
-    let (state, tail_from) = build_services(cfg, addr, &node_id, store, embedded).await?;
+    let (state, tail_from) = match build_services(cfg, addr, &node_id, store, embedded).await {
+        Ok(v) => v,
+        Err(e) => {
+            // The start fails after the embedded child was started: stop it,
+            // as `connect` does on its own failures.
+            redis.stop().await;
+            return Err(e);
+        }
+    };
     let me = join_cluster(&state).await;
     let reconciled = reconcile_schedules(&state).await;
 
