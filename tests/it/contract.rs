@@ -170,14 +170,7 @@ async fn run(venv: &Path, tool: &str, args: &[&str], envs: &[(&str, String)]) ->
 }
 
 fn tokens() -> Vec<TokenConfig> {
-    [("r", Role::Read), ("w", Role::Worker), ("a", Role::Admin)]
-        .into_iter()
-        .map(|(name, role)| TokenConfig {
-            name: name.into(),
-            role,
-            sha256: sha256_hex(&format!("contract-{name}")),
-        })
-        .collect()
+    role_tokens("contract")
 }
 
 /// Short long polls, so a fuzzed `wait_ms` costs little.

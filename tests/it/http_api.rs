@@ -5,17 +5,10 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::common::*;
-use muster::config::{Role, TokenConfig};
+use muster::config::TokenConfig;
 
 fn tokens() -> Vec<TokenConfig> {
-    [("r", Role::Read), ("w", Role::Worker), ("a", Role::Admin)]
-        .into_iter()
-        .map(|(name, role)| TokenConfig {
-            name: name.into(),
-            role,
-            sha256: sha256_hex(&format!("tok-{name}")),
-        })
-        .collect()
+    role_tokens("tok")
 }
 
 async fn status_as(app: &TestApp, token: Option<&str>, method: Method, path: &str, body: Option<Value>) -> u16 {

@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::common::*;
-use muster::config::{Config, Role, TokenConfig};
+use muster::config::{Config, TokenConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn method_not_allowed_names_the_methods() {
@@ -30,14 +30,7 @@ async fn method_not_allowed_names_the_methods() {
 }
 
 fn tokens() -> Vec<TokenConfig> {
-    [("r", Role::Read), ("a", Role::Admin)]
-        .into_iter()
-        .map(|(name, role)| TokenConfig {
-            name: name.into(),
-            role,
-            sha256: sha256_hex(&format!("tok-{name}")),
-        })
-        .collect()
+    role_tokens("tok")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,6 +294,11 @@ fn no_redirects() -> reqwest::Client {
         .unwrap()
 }
 
+/// GET `url` with `cookie` as the only credential.
+async fn get_with_cookie(http: &reqwest::Client, url: &str, cookie: &str) -> reqwest::Response {
+    http.get(url).header("cookie", cookie).send().await.unwrap()
+}
+
 fn csrf_of(html: &str) -> String {
     html.split("data-csrf=\"")
         .nth(1)
@@ -347,41 +345,23 @@ async fn sessions_live_in_redis_and_sign_out_revokes_them() {
 
     // The cookie works on both nodes, for pages and the API.
     for node in [&app, &other] {
-        let page = http
-            .get(format!("{}/nodes", node.url))
-            .header("cookie", &session)
-            .send()
-            .await
-            .unwrap();
+        let page = get_with_cookie(&http, &format!("{}/nodes", node.url), &session).await;
         assert_eq!(page.status().as_u16(), 200);
-        let api = http
-            .get(format!("{}/api/v1/nodes", node.url))
-            .header("cookie", &session)
-            .send()
-            .await
-            .unwrap();
+        let api = get_with_cookie(&http, &format!("{}/api/v1/nodes", node.url), &session).await;
         assert_eq!(api.status().as_u16(), 200);
     }
 
     // The CSRF token comes from the session, not from the token.
-    let html = http
-        .get(format!("{}/", app.url))
-        .header("cookie", &session)
-        .send()
+    let html = get_with_cookie(&http, &format!("{}/", app.url), &session)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
     let csrf = csrf_of(&html);
     let second = sign_in(&http, &app, "tok-a").await;
     let second = second.split(';').next().unwrap().to_string();
-    let html2 = http
-        .get(format!("{}/", app.url))
-        .header("cookie", &second)
-        .send()
+    let html2 = get_with_cookie(&http, &format!("{}/", app.url), &second)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -397,37 +377,17 @@ async fn sessions_live_in_redis_and_sign_out_revokes_them() {
         .unwrap();
     assert_eq!(out.status().as_u16(), 303);
     for node in [&app, &other] {
-        let page = http
-            .get(format!("{}/nodes", node.url))
-            .header("cookie", &session)
-            .send()
-            .await
-            .unwrap();
+        let page = get_with_cookie(&http, &format!("{}/nodes", node.url), &session).await;
         assert_eq!(page.status().as_u16(), 303, "a signed-out cookie still opens pages");
         assert_eq!(page.headers()["location"], "/login");
-        let api = http
-            .get(format!("{}/api/v1/nodes", node.url))
-            .header("cookie", &session)
-            .send()
-            .await
-            .unwrap();
+        let api = get_with_cookie(&http, &format!("{}/api/v1/nodes", node.url), &session).await;
         assert_eq!(api.status().as_u16(), 401, "a signed-out cookie still reaches the API");
     }
     // The other session is untouched.
-    let page = http
-        .get(format!("{}/nodes", app.url))
-        .header("cookie", &second)
-        .send()
-        .await
-        .unwrap();
+    let page = get_with_cookie(&http, &format!("{}/nodes", app.url), &second).await;
     assert_eq!(page.status().as_u16(), 200);
     // The raw token as a cookie is no credential.
-    let page = http
-        .get(format!("{}/api/v1/nodes", app.url))
-        .header("cookie", "muster_session=tok-a")
-        .send()
-        .await
-        .unwrap();
+    let page = get_with_cookie(&http, &format!("{}/api/v1/nodes", app.url), "muster_session=tok-a").await;
     assert_eq!(page.status().as_u16(), 401);
 }
 
@@ -453,12 +413,7 @@ async fn sessions_of_a_removed_token_stop_working() {
     assert_eq!(page.status().as_u16(), 303);
     // Redis down: a cookie gets 503 problem+json, never an anonymous page.
     drop(redis);
-    let resp = http
-        .get(format!("{}/nodes", app.url))
-        .header("cookie", &session)
-        .send()
-        .await
-        .unwrap();
+    let resp = get_with_cookie(&http, &format!("{}/nodes", app.url), &session).await;
     assert_eq!(resp.status().as_u16(), 503);
     assert_eq!(resp.headers()["content-type"], "application/problem+json");
     app.kill().await;

@@ -466,6 +466,20 @@ pub fn process_alive(pid: u32) -> bool {
 }
 
 /// sha256 hex of a token, as it goes into [auth] tokens.
+/// Three tokens, `r` (read), `w` (worker) and `a` (admin), whose secrets
+/// are `{prefix}-r`, `{prefix}-w` and `{prefix}-a`.
+pub fn role_tokens(prefix: &str) -> Vec<muster::config::TokenConfig> {
+    use muster::config::Role;
+    [("r", Role::Read), ("w", Role::Worker), ("a", Role::Admin)]
+        .into_iter()
+        .map(|(name, role)| muster::config::TokenConfig {
+            name: name.into(),
+            role,
+            sha256: sha256_hex(&format!("{prefix}-{name}")),
+        })
+        .collect()
+}
+
 pub fn sha256_hex(token: &str) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(token.as_bytes())
