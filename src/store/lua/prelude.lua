@@ -1,5 +1,8 @@
 -- prelude.lua: shared helpers, prepended to every script by store::Lua.
 --
+-- KEYS: none of its own. ARGV: takes the caller's deadline off the end (DEADLINE,
+-- below). Returns: nothing, unless the call is late (the error `LATE`).
+--
 -- P              the namespace's hash-tagged prefix, e.g. "{muster}"; every key a
 --                script computes starts with it, so it lands in the caller's slot.
 -- EVENTS_MAXLEN  approximate length the event stream is trimmed to.
