@@ -39,7 +39,7 @@ use hyper::body::{Body as _, Incoming};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::Service;
@@ -241,12 +241,16 @@ enum Phase {
 }
 
 /// What the watchdog of one connection knows: its phase and since when
-/// (milliseconds after `base`), and a wake-up for phase changes.
+/// (milliseconds after `base`). Phase changes wake nobody: they happen up to
+/// three times per request, and a wake-up per change (re-polling the
+/// connection, re-arming a timer) cost a measurable share of a request. The
+/// watchdog instead looks again at least every `min(header_read, idle)`, which
+/// still closes a connection exactly at its bound: a head that starts just
+/// after a look is seen at the next look, before its own deadline.
 struct Watch {
     base: Instant,
     phase: AtomicU8,
     since_ms: AtomicU64,
-    changed: Notify,
 }
 
 impl Watch {
@@ -255,7 +259,6 @@ impl Watch {
             base: Instant::now(),
             phase: AtomicU8::new(Phase::Idle as u8),
             since_ms: AtomicU64::new(0),
-            changed: Notify::new(),
         }
     }
 
@@ -274,7 +277,6 @@ impl Watch {
     fn set(&self, p: Phase) {
         self.since_ms.store(self.now_ms(), Ordering::Release);
         self.phase.store(p as u8, Ordering::Release);
-        self.changed.notify_one();
     }
 
     /// Bytes arrived: the first ones after idling start a head.
@@ -290,7 +292,6 @@ impl Watch {
             .is_ok()
         {
             self.since_ms.store(self.now_ms(), Ordering::Release);
-            self.changed.notify_one();
         }
     }
 
@@ -303,27 +304,23 @@ impl Watch {
 
     /// Resolves when the connection broke a bound, with which.
     async fn expired(&self, limits: &Limits) -> &'static str {
+        let look = limits.header_read.min(limits.idle).max(Duration::from_millis(1));
+        let sleep = tokio::time::sleep(look);
+        tokio::pin!(sleep);
         loop {
-            let changed = self.changed.notified();
-            let (limit, why) = match self.phase() {
-                Phase::Idle => (limits.idle, "idle for server.idle_timeout_ms"),
-                Phase::Head => (
-                    limits.header_read,
-                    "request head not complete within server.header_read_timeout_ms",
-                ),
-                Phase::Busy => {
-                    changed.await;
-                    continue;
+            let now = Instant::now();
+            let since = self.base + Duration::from_millis(self.since_ms.load(Ordering::Acquire));
+            let next = match self.phase() {
+                Phase::Idle if now >= since + limits.idle => return "idle for server.idle_timeout_ms",
+                Phase::Head if now >= since + limits.header_read => {
+                    return "request head not complete within server.header_read_timeout_ms";
                 }
+                Phase::Idle => (since + limits.idle).min(now + look),
+                Phase::Head => since + limits.header_read,
+                Phase::Busy => now + look,
             };
-            let deadline = self.base + Duration::from_millis(self.since_ms.load(Ordering::Acquire)) + limit;
-            if Instant::now() >= deadline {
-                return why;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => {}
-                _ = changed => {}
-            }
+            sleep.as_mut().reset(next);
+            sleep.as_mut().await;
         }
     }
 }
