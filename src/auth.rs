@@ -46,13 +46,18 @@ struct Token {
     name: String,
     role: Role,
     digest: [u8; 32],
+    /// The CSRF token of a caller presenting this bearer token, derived
+    /// once from the digest and the node's secret (not per request: a
+    /// SHA-256 per API call was a measurable share of the node's work).
+    csrf: String,
 }
 
 /// The configured tokens and the CSRF secret.
 pub struct Auth {
     tokens: Vec<Token>,
-    /// Secret for CSRF tokens of anonymous (no-auth) sessions.
-    anon_secret: [u8; 32],
+    /// The CSRF token of anonymous (no-auth) callers, from a per-process
+    /// secret.
+    anon_csrf: String,
 }
 
 /// Who is calling, attached to every request by [`middleware`].
@@ -86,6 +91,8 @@ impl Caller {
 
 impl Auth {
     pub fn new(cfg: &AuthConfig) -> Self {
+        let mut secret = [0u8; 32];
+        secret.copy_from_slice(&Sha256::digest(ulid::Ulid::generate().to_string().as_bytes()));
         let tokens = cfg
             .tokens
             .iter()
@@ -99,12 +106,14 @@ impl Auth {
                     name: t.name.clone(),
                     role: t.role,
                     digest,
+                    csrf: csrf_for(&[&secret[..], &digest[..]].concat()),
                 }
             })
             .collect();
-        let mut anon_secret = [0u8; 32];
-        anon_secret.copy_from_slice(&Sha256::digest(ulid::Ulid::generate().to_string().as_bytes()));
-        Auth { tokens, anon_secret }
+        Auth {
+            tokens,
+            anon_csrf: csrf_for(&secret),
+        }
     }
 
     /// Whether any token is configured.
@@ -129,7 +138,7 @@ impl Auth {
         self.by_digest(&digest).map(|t| Caller {
             name: t.name.clone(),
             role: t.role,
-            csrf: csrf_for(secret.as_bytes()),
+            csrf: t.csrf.clone(),
         })
     }
 
@@ -138,7 +147,7 @@ impl Auth {
         Caller {
             name: "anonymous".into(),
             role: Role::Admin,
-            csrf: csrf_for(&self.anon_secret),
+            csrf: self.anon_csrf.clone(),
         }
     }
 }
