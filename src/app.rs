@@ -27,9 +27,27 @@ use crate::tasks::Tasks;
 #[path = "openapi.rs"]
 pub mod openapi;
 
-/// Everything a handler may need; cheap to clone.
+/// Everything a handler may need; cheap to clone: one reference count
+/// (the router clones it several times per request, and a struct of two
+/// dozen `Arc`s cost that many atomic operations each time).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppParts>);
+
+impl AppState {
+    pub fn new(parts: AppParts) -> Self {
+        AppState(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppParts;
+    fn deref(&self) -> &AppParts {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+pub struct AppParts {
     pub cfg: Arc<Config>,
     pub node_id: Arc<str>,
     /// The URL this node advertises (dashboard links, peers).

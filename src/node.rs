@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{self, AppState};
+use crate::app::{self, AppParts, AppState};
 use crate::auth::Auth;
 use crate::config::{self, Config};
 use crate::health::Health;
@@ -382,7 +382,7 @@ async fn build_services(
     let health = Arc::new(Health::new(Duration::from_millis(cfg.nodes.ttl_ms)));
     let advertise = cfg.advertise_url(addr);
     let cfg = Arc::new(cfg);
-    let state = AppState {
+    let state = AppState::new(AppParts {
         cfg: cfg.clone(),
         node_id: node_id.into(),
         advertise: advertise.into(),
@@ -406,7 +406,7 @@ async fn build_services(
         locks,
         waiters,
         failover,
-    };
+    });
     Ok((state, tail_from))
 }
 
