@@ -60,7 +60,7 @@ for i = 0, n - 1 do
     end
     emit_task('task.succeeded', owner, '{"attempt":' .. attempt .. '}', id, q, g)
     if f[9] then wf_on_end(id, 'succeeded', nows) end
-    out[#out + 1] = 1; out[#out + 1] = 'succeeded:' .. f[3]; out[#out + 1] = tonumber(attempt)
+    out[#out + 1] = 1; out[#out + 1] = 'succeeded:' .. f[3]; out[#out + 1] = attempt
     if n == 1 and next_max > 0 then
       next_owner = owner
       if next_queue == '' then next_queue = q end

@@ -40,7 +40,9 @@ local delayed = {}
 for i = 0, n - 1 do
   local b = 7 + i * 12
   local id, payload, g, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  local delay, run_at = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local delay, run_at = 0, 0
+  if ARGV[b + 4] ~= '0' then delay = tonumber(ARGV[b + 4]) end
+  if ARGV[b + 5] ~= '0' then run_at = tonumber(ARGV[b + 5]) end
   local alias, idem = ARGV[b + 8], ARGV[b + 9]
   local done = false
   if idem ~= '' then

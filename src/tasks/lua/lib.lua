@@ -84,7 +84,8 @@ end
 
 -- n consecutive back-of-queue sequence numbers: returns the first.
 local function next_seqs(n)
-  return redis.call('INCRBY', P .. ':seq', n) - n + 1
+  if n == 1 then return redis.call('INCR', P .. ':seq') end
+  return redis.call('INCRBY', P .. ':seq', int(n)) - n + 1
 end
 
 local function front_seq()
@@ -96,7 +97,8 @@ end
 -- advances, so tokens only grow.
 local function next_tokens(n)
   local epoch = tonumber(redis.call('GET', P .. ':epoch') or '1')
-  local c = redis.call('INCRBY', P .. ':fence', n)
+  local c
+  if n == 1 then c = redis.call('INCR', P .. ':fence') else c = redis.call('INCRBY', P .. ':fence', int(n)) end
   if c >= TWO32 then
     epoch = epoch + 1
     redis.call('SET', P .. ':epoch', int(epoch))
@@ -183,7 +185,7 @@ end
 
 -- Moves due delayed tasks of q to queued (at most `limit`). Returns how many.
 local function promote_due(q, now, limit)
-  local due = redis.call('ZRANGEBYSCORE', qkey(q, 'delayed'), '-inf', int(now), 'LIMIT', 0, limit)
+  local due = redis.call('ZRANGEBYSCORE', qkey(q, 'delayed'), '-inf', int(now), 'LIMIT', '0', int(limit))
   if #due == 0 then return 0 end
   local nows = int(now)
   local seq = next_seqs(#due)
@@ -269,7 +271,8 @@ local function claim_tasks(q, node, max, now, out)
   local guard = 0
   while #picked < max and guard < 10000 do
     guard = guard + 1
-    local popped = redis.call('ZPOPMIN', ready, max - #picked)
+    local want = max - #picked
+    local popped = redis.call('ZPOPMIN', ready, want == 1 and '1' or int(want))
     if #popped == 0 then break end
     local back
     for i = 1, #popped, 2 do
@@ -318,16 +321,16 @@ local function claim_tasks(q, node, max, now, out)
       end
       running[#running + 1] = nows; running[#running + 1] = id
       mine[#mine + 1] = id
-      local timeout = tonumber(f[4] or '0')
-      if timeout > 0 then
-        deadlines[#deadlines + 1] = int(now + timeout); deadlines[#deadlines + 1] = id
+      local timeout = f[4] or '0'
+      if timeout ~= '0' then
+        deadlines[#deadlines + 1] = int(now + tonumber(timeout)); deadlines[#deadlines + 1] = id
       end
       local g = from_group[id] or ''
       emit_task('task.claimed', node, '{"attempt":' .. a .. ',"token":' .. tok .. '}', id, q, g)
       n = n + 1
       out[#out + 1] = id; out[#out + 1] = token + i - 1; out[#out + 1] = attempt; out[#out + 1] = f[1]
-      out[#out + 1] = tonumber(f[3]); out[#out + 1] = timeout; out[#out + 1] = g
-      out[#out + 1] = tonumber(f[5]); out[#out + 1] = tonumber(f[6])
+      out[#out + 1] = f[3] or '0'; out[#out + 1] = timeout; out[#out + 1] = g
+      out[#out + 1] = f[5] or '0'; out[#out + 1] = f[6] or '0'
     elseif from_group[id] then
       -- the task vanished while queued: give its slot back
       redis.call('SREM', grunning(from_group[id]), id)
