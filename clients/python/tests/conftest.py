@@ -90,7 +90,10 @@ class Node:
         self.dir.mkdir()
         self.log = self.dir / "node.log"
         self.config = self.dir / "config.toml"
-        sha = lambda t: hashlib.sha256(t.encode()).hexdigest()  # noqa: E731
+
+        def sha(t: str) -> str:
+            return hashlib.sha256(t.encode()).hexdigest()
+
         self.config.write_text(
             f"""[server]
 listen = "127.0.0.1:{self.port}"

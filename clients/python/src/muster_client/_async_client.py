@@ -353,9 +353,9 @@ class AsyncClient:
         out = await self._json("GET", "/api/v1/queues")
         return [QueueStats.from_json(q) for q in out["queues"]]
 
-    async def get_queue(self, queue: str) -> dict[str, Any]:
-        out: dict[str, Any] = await self._json("GET", f"/api/v1/queues/{_p(queue)}")
-        return out
+    async def get_queue(self, queue: str) -> QueueStats:
+        """One queue's counts, with its groups."""
+        return QueueStats.from_json(await self._json("GET", f"/api/v1/queues/{_p(queue)}"))
 
     async def list_tasks(
         self, queue: str, state: str, *, limit: int | None = None, cursor: str | None = None

@@ -214,6 +214,8 @@ class QueueStats:
     cancelled: int
     paused: bool
     finished_last_minute: int
+    #: Only from get_queue: groups with queued tasks here or a limit.
+    groups: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> QueueStats:
@@ -227,6 +229,7 @@ class QueueStats:
             cancelled=int(d.get("cancelled", 0)),
             paused=bool(d.get("paused", False)),
             finished_last_minute=int(d.get("finished_last_minute", 0)),
+            groups=list(d.get("groups", [])),
         )
 
 

@@ -353,9 +353,9 @@ class Client:
         out = self._json("GET", "/api/v1/queues")
         return [QueueStats.from_json(q) for q in out["queues"]]
 
-    def get_queue(self, queue: str) -> dict[str, Any]:
-        out: dict[str, Any] = self._json("GET", f"/api/v1/queues/{_p(queue)}")
-        return out
+    def get_queue(self, queue: str) -> QueueStats:
+        """One queue's counts, with its groups."""
+        return QueueStats.from_json(self._json("GET", f"/api/v1/queues/{_p(queue)}"))
 
     def list_tasks(
         self, queue: str, state: str, *, limit: int | None = None, cursor: str | None = None
