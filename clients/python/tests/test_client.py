@@ -123,3 +123,37 @@ def test_wait_for_result(cluster: Cluster, queue: str) -> None:
         other = c.submit(queue, 0)
         with pytest.raises(TimeoutError):
             c.wait_for_result(other.id, timeout=0.5)
+
+
+def test_follow_resumes_across_a_node_kill(cluster: Cluster, queue: str) -> None:
+    """The follower's node dies: it reconnects to the other with `since` =
+    the last id it saw, and gets every event once, in order."""
+
+    async def main() -> None:
+        async with AsyncClient(cluster.urls, ADMIN_TOKEN) as c, AsyncClient(cluster.urls[::-1], ADMIN_TOKEN) as other:
+            got: list[str] = []
+            first_five = asyncio.Event()
+
+            async def follow() -> None:
+                async for ev in c.follow(topics="task.enqueued", queue=queue, since="0"):
+                    assert isinstance(ev, Event)
+                    got.append(ev.task or "")
+                    if len(got) == 5:
+                        first_five.set()
+                    if len(got) == 10:
+                        return
+
+            follower = asyncio.ensure_future(follow())
+            ids = [(await other.submit(queue, i)).id for i in range(5)]
+            await asyncio.wait_for(first_five.wait(), 10)
+            victim = cluster.nodes[0] if c.url == cluster.nodes[0].url else cluster.nodes[1]
+            await asyncio.to_thread(victim.kill)
+            async with AsyncClient([n.url for n in cluster.nodes if n is not victim], ADMIN_TOKEN) as live:
+                ids += [(await live.submit(queue, i)).id for i in range(5, 10)]
+            try:
+                await asyncio.wait_for(follower, 15)
+            finally:
+                await asyncio.to_thread(victim.start)
+            assert got == ids, "events lost or repeated across the reconnect"
+
+    asyncio.run(main())
