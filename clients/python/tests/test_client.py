@@ -157,3 +157,45 @@ def test_follow_resumes_across_a_node_kill(cluster: Cluster, queue: str) -> None
             assert got == ids, "events lost or repeated across the reconnect"
 
     asyncio.run(main())
+
+
+def test_other_operations_round_trip(cluster: Cluster, queue: str) -> None:
+    """Locks, elections, barriers, schedules and workflows: each call's
+    request shape is accepted by the real server."""
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        lock = c.acquire_lock(f"{queue}-lock", "me", ttl_ms=5000)
+        with pytest.raises(Conflict) as busy:
+            c.acquire_lock(f"{queue}-lock", "you", ttl_ms=5000)
+        assert busy.value.problem.get("holder") is not None
+        c.renew_lock(f"{queue}-lock", lock["token"], ttl_ms=5000)
+        c.release_lock(f"{queue}-lock", lock["token"])
+        elected = c.campaign(f"{queue}-el", "me", ttl_ms=5000)
+        assert elected["elected"] is True
+        c.resign(f"{queue}-el", "me")
+        assert c.list_elections() is not None
+
+        c.heartbeat_node("py-bar-a", ttl_ms=5000)
+        c.put_barrier(f"{queue}-bar", ["py-bar-a"], 5000)
+        arrived = c.arrive(f"{queue}-bar", "r1", "py-bar-a", wait_ms=1000)
+        assert arrived["verdict"] == "released"
+        assert c.get_round(f"{queue}-bar", "r1") and c.list_rounds(f"{queue}-bar")
+        c.hold_barrier(f"{queue}-hold", ttl_ms=5000)
+        c.release_barrier(f"{queue}-hold")
+        assert c.wait_barrier(f"{queue}-hold", wait_ms=100)["held"] is False
+        c.delete_barrier(f"{queue}-bar")
+
+        sched = {"id": f"{queue}-s", "expression": "0 3 * * *", "queue": queue, "task": {"payload": 1}}
+        c.create_schedule(sched)
+        fired = c.trigger_schedule(f"{queue}-s", idempotency_key="k1")
+        again = c.trigger_schedule(f"{queue}-s", idempotency_key="k1")
+        assert fired["task"] == again["task"]
+        c.disable_schedule(f"{queue}-s")
+        assert c.get_schedule(f"{queue}-s", history=5)
+        c.delete_schedule(f"{queue}-s")
+
+        wf = c.start_workflow(
+            [{"key": "a", "queue": queue, "payload": 1}, {"key": "b", "queue": queue, "depends_on": ["a"]}]
+        )
+        assert c.get_workflow(wf["id"])["state"] == "running"
+        c.cancel_workflow(wf["id"])
+        assert c.redis_info() and c.live() and "muster_" in c.metrics()

@@ -182,6 +182,29 @@ class AsyncClient:
         out: dict[str, Any] = await self._json("GET", "/api/v1/openapi.json")
         return out
 
+    async def readyz(self) -> bool:
+        """Whether the node requests go to now is ready (no failover: it asks that node)."""
+        resp = await self._http.get(self.url + "/readyz")
+        return resp.status_code == 200
+
+    async def redis_info(self) -> dict[str, Any]:
+        """Redis mode, address, version, role, latency, keys, memory."""
+        out: dict[str, Any] = await self._json("GET", "/api/v1/redis")
+        return out
+
+    async def failover_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/failover")
+        return out
+
+    async def live(self) -> dict[str, Any]:
+        """The node's cached live view: node states, queue counts, orphan totals, throughput."""
+        out: dict[str, Any] = await self._json("GET", "/api/v1/live")
+        return out
+
+    async def metrics(self) -> str:
+        """The Prometheus text of the node requests go to."""
+        return (await self.request("GET", "/metrics")).text
+
     async def heartbeat_node(
         self,
         node: str,
@@ -490,6 +513,14 @@ class AsyncClient:
         )
         return out
 
+    async def list_rounds(self, name: str, *, limit: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/barriers/{_p(name)}/rounds", params={"limit": limit})
+        return out
+
+    async def get_round(self, name: str, round: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/barriers/{_p(name)}/rounds/{_p(round)}")
+        return out
+
     async def hold_barrier(self, name: str, *, holder: str | None = None, ttl_ms: int | None = None) -> dict[str, Any]:
         body = _drop_none({"holder": holder, "ttl_ms": ttl_ms})
         out: dict[str, Any] = await self._json("POST", f"/api/v1/barriers/{_p(name)}/hold", json=body)
@@ -521,6 +552,14 @@ class AsyncClient:
             json={"node": node, "wait_ms": wait_ms},
             wait_ms=wait_ms,
         )
+        return out
+
+    async def list_double_barriers(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/double-barriers")
+        return out
+
+    async def get_double_barrier(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/double-barriers/{_p(name)}")
         return out
 
     # ---- locks and elections ------------------------------------------------
@@ -583,6 +622,10 @@ class AsyncClient:
 
     async def get_election(self, name: str) -> dict[str, Any]:
         out: dict[str, Any] = await self._json("GET", f"/api/v1/elections/{_p(name)}")
+        return out
+
+    async def list_elections(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/elections")
         return out
 
     # ---- events -------------------------------------------------------------

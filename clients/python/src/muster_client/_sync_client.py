@@ -182,6 +182,29 @@ class Client:
         out: dict[str, Any] = self._json("GET", "/api/v1/openapi.json")
         return out
 
+    def readyz(self) -> bool:
+        """Whether the node requests go to now is ready (no failover: it asks that node)."""
+        resp = self._http.get(self.url + "/readyz")
+        return resp.status_code == 200
+
+    def redis_info(self) -> dict[str, Any]:
+        """Redis mode, address, version, role, latency, keys, memory."""
+        out: dict[str, Any] = self._json("GET", "/api/v1/redis")
+        return out
+
+    def failover_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = self._json("GET", "/api/v1/failover")
+        return out
+
+    def live(self) -> dict[str, Any]:
+        """The node's cached live view: node states, queue counts, orphan totals, throughput."""
+        out: dict[str, Any] = self._json("GET", "/api/v1/live")
+        return out
+
+    def metrics(self) -> str:
+        """The Prometheus text of the node requests go to."""
+        return (self.request("GET", "/metrics")).text
+
     def heartbeat_node(
         self,
         node: str,
@@ -490,6 +513,14 @@ class Client:
         )
         return out
 
+    def list_rounds(self, name: str, *, limit: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = self._json("GET", f"/api/v1/barriers/{_p(name)}/rounds", params={"limit": limit})
+        return out
+
+    def get_round(self, name: str, round: str) -> dict[str, Any]:
+        out: dict[str, Any] = self._json("GET", f"/api/v1/barriers/{_p(name)}/rounds/{_p(round)}")
+        return out
+
     def hold_barrier(self, name: str, *, holder: str | None = None, ttl_ms: int | None = None) -> dict[str, Any]:
         body = _drop_none({"holder": holder, "ttl_ms": ttl_ms})
         out: dict[str, Any] = self._json("POST", f"/api/v1/barriers/{_p(name)}/hold", json=body)
@@ -521,6 +552,14 @@ class Client:
             json={"node": node, "wait_ms": wait_ms},
             wait_ms=wait_ms,
         )
+        return out
+
+    def list_double_barriers(self) -> dict[str, Any]:
+        out: dict[str, Any] = self._json("GET", "/api/v1/double-barriers")
+        return out
+
+    def get_double_barrier(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = self._json("GET", f"/api/v1/double-barriers/{_p(name)}")
         return out
 
     # ---- locks and elections ------------------------------------------------
@@ -583,6 +622,10 @@ class Client:
 
     def get_election(self, name: str) -> dict[str, Any]:
         out: dict[str, Any] = self._json("GET", f"/api/v1/elections/{_p(name)}")
+        return out
+
+    def list_elections(self) -> dict[str, Any]:
+        out: dict[str, Any] = self._json("GET", "/api/v1/elections")
         return out
 
     # ---- events -------------------------------------------------------------
