@@ -49,25 +49,33 @@ def test_thousand_tasks_over_two_nodes_with_kills(cluster: Cluster, queue: str) 
     n = 1000
     runs: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
+    busy: collections.Counter[str] = collections.Counter()
+    most: collections.Counter[str] = collections.Counter()
 
     async def handler(task: ClaimedTask, ctx: TaskContext) -> dict[str, Any]:
         with lock:
             runs[task.id] += 1
+            busy[ctx.worker_id] += 1
+            most[ctx.worker_id] = max(most[ctx.worker_id], busy[ctx.worker_id])
         await asyncio.sleep(0.002)
+        with lock:
+            busy[ctx.worker_id] -= 1
         return {"n": task.payload["n"]}
 
     with Client(cluster.urls, ADMIN_TOKEN) as c:
         ids: list[str] = []
         for start in range(0, n, 500):
             # timeout_ms: a claim whose answer died with its node is recovered.
-            items = c.submit_batch(queue, [{"payload": {"n": i}, "timeout_ms": 3000} for i in range(start, start + 500)])
+            items = c.submit_batch(queue, [{"payload": {"n": i}, "timeout_ms": 5000, "max_attempts": 5} for i in range(start, start + 500)])
             ids.extend(i.id or "" for i in items)
         assert len(set(ids)) == n
 
+        # One claims batches; the other takes one task per slot and claims
+        # the next with each complete.
         workers = [
             AsyncWorker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id=f"py-thousand-{k}",
-                        concurrency=8, batch=8, poll_ms=500, heartbeat_every=0.5, ttl_ms=3000)
-            for k in range(2)
+                        concurrency=conc, batch=batch, poll_ms=500, heartbeat_every=0.5, ttl_ms=3000)
+            for k, (conc, batch) in enumerate([(8, 8), (4, 1)])
         ]
         async def run_all() -> None:
             await asyncio.gather(*(w.run(handle_signals=False) for w in workers))
@@ -85,13 +93,18 @@ def test_thousand_tasks_over_two_nodes_with_kills(cluster: Cluster, queue: str) 
             # Work goes on through the other node while this one is down.
             wait_until(f"{at + 150} completions with node {victim} down", lambda: done() >= at + 150, timeout=20)
             cluster.nodes[victim].start()
-        wait_until("every task succeeded", lambda: c.get_queue(queue).succeeded == n, timeout=60)
+        try:
+            wait_until("every task succeeded", lambda: c.get_queue(queue).succeeded == n, timeout=60)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {c.get_queue(queue)}, workers {[w.stats for w in workers]}") from None
         elapsed = time.monotonic() - started
         for w in workers:
             w.stop()
         th.join(15)
         assert not th.is_alive()
 
+        assert most["py-thousand-0"] <= 8 and most["py-thousand-1"] <= 4, most
+        assert all(w.stats.completed > 100 for w in workers), [w.stats for w in workers]
         twice = {t: k for t, k in runs.items() if k != 1}
         assert not twice, f"handlers ran more than once: {twice}"
         assert set(runs) == set(ids)

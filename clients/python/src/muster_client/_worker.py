@@ -9,6 +9,9 @@ What it guarantees (README.md has the user's version):
   tasks within `ttl_ms` plus the cleaner's interval (G3).
 - At most `concurrency` handlers run at once; a claim asks for
   `min(batch, free slots)` tasks and long-polls `poll_ms`.
+- With `batch` 1 and `claim_next` (the default), each complete also claims
+  the slot's next task (`next.max = 1`): one call per task instead of two,
+  and never more tasks than slots (the next task takes the finished one's).
 - Beside each handler a task heartbeat runs every `heartbeat_every`
   seconds with the fencing token (and the progress the handler reported).
 - A 409 on a task heartbeat or on complete/fail means the token is stale:
@@ -156,6 +159,7 @@ class AsyncWorker:
         ttl_ms: int = 10_000,
         grace: float = 30.0,
         labels: Mapping[str, str] | None = None,
+        claim_next: bool = True,
     ) -> None:
         if concurrency < 1 or batch < 1:
             raise ValueError("concurrency and batch must be at least 1")
@@ -173,6 +177,9 @@ class AsyncWorker:
         self.ttl_ms = ttl_ms
         self.grace = grace
         self.labels = dict(labels or {})
+        #: With batch 1, a complete also claims the slot's next task (one
+        #: call per task instead of two).
+        self.claim_next = claim_next
         self.stats = WorkerStats()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -314,17 +321,25 @@ class AsyncWorker:
                 delay = min(delay * 2, 2.0)
                 continue
             for t in tasks:
-                self.stats.claimed += 1
-                ctx = TaskContext(t, self.worker_id, asyncio.get_running_loop())
-                runner = asyncio.ensure_future(self._run_one(t, ctx))
-                self._running[t.id] = (runner, ctx)
+                self._start(t)
+
+    def _start(self, task: ClaimedTask) -> None:
+        """Runs a task this worker holds (claimed, or handed over by a complete)."""
+        self.stats.claimed += 1
+        ctx = TaskContext(task, self.worker_id, asyncio.get_running_loop())
+        runner = asyncio.ensure_future(self._run_one(task, ctx))
+        self._running[task.id] = (runner, ctx)
 
     async def _drain(self) -> None:
         """Gives in-flight handlers `grace` seconds, then hands back the rest."""
-        if not self._running:
-            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace
+        # A complete in flight may still hand over a next task: wait for
+        # whatever is running, not a list taken once.
+        while self._running and loop.time() < deadline:
+            running = [r for r, _ in self._running.values()]
+            await asyncio.wait(running, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
         runners = [r for r, _ in self._running.values()]
-        await asyncio.wait(runners, timeout=self.grace)
         for tid, (runner, ctx) in list(self._running.items()):
             if runner.done():
                 continue
@@ -406,8 +421,19 @@ class AsyncWorker:
         while True:
             try:
                 if kind == "complete":
-                    await self.client.complete(task.id, task.token, value)
+                    # One call instead of two: the complete also claims this
+                    # slot's next task (unless stopping, or batching).
+                    chain = self.claim_next and self.batch == 1 and not self._stop_requested
+                    done = await self.client.complete(
+                        task.id,
+                        task.token,
+                        value,
+                        next_max=1 if chain else None,
+                        next_queue=self.queue if chain else None,
+                    )
                     self.stats.completed += 1
+                    for t in done.next_tasks or []:
+                        self._start(t)
                 else:
                     await self.client.fail(task.id, task.token, str(value), retry=retry)
                     if ctx.reason == "cancel_requested":
