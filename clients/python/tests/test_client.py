@@ -199,3 +199,15 @@ def test_other_operations_round_trip(cluster: Cluster, queue: str) -> None:
         assert c.get_workflow(wf["id"])["state"] == "running"
         c.cancel_workflow(wf["id"])
         assert c.redis_info() and c.live() and "muster_" in c.metrics()
+
+
+def test_blocking_follow(cluster: Cluster, queue: str) -> None:
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        ids = [c.submit(queue, i).id for i in range(2)]
+        got: list[str] = []
+        for ev in c.follow(topics="task.enqueued", queue=queue, since="0"):
+            assert isinstance(ev, Event)
+            got.append(ev.task or "")
+            if len(got) == 2:
+                break
+        assert got == ids
