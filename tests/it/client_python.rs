@@ -102,6 +102,11 @@ fn venv() -> Option<PathBuf> {
     let Some(python) = python() else {
         return unavailable("no Python 3.10+ found (set MUSTER_PYCLIENT_PYTHON)");
     };
+    match Command::new(&python).arg("--version").output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => return unavailable(&format!("{python} --version failed: {}", output_text(&o))),
+        Err(e) => return unavailable(&format!("{python} does not run ({e})")),
+    }
     let marker = dir.join(".muster-pins");
     let pins = format!("{} with {python}", PINS.join(" "));
     if std::fs::read_to_string(&marker).is_ok_and(|p| p == pins) {
@@ -111,7 +116,7 @@ fn venv() -> Option<PathBuf> {
     match Command::new(&python).args(["-m", "venv"]).arg(&dir).output() {
         Ok(o) if o.status.success() => {}
         Ok(o) => return unavailable(&format!("{python} -m venv failed: {}", output_text(&o))),
-        Err(e) => return unavailable(&format!("{python} does not run ({e})")),
+        Err(e) => return unavailable(&format!("{python} -m venv does not run ({e})")),
     }
     let started = Instant::now();
     let pip = Command::new(dir.join("bin/pip"))
