@@ -117,7 +117,9 @@ def test_thousand_tasks_over_two_nodes_with_kills(cluster: Cluster, queue: str) 
             assert len(wins) == 1, f"{t.id}: {t.attempt_log}"
             assert t.result == {"n": t.payload["n"]}
         failovers = sum(w.client.failovers for w in workers)
-        print(f"\n1000 tasks over two nodes with two node kills: {elapsed:.1f} s, {failovers} failovers")
+        adopted = sum(w.stats.adopted for w in workers)
+        print(f"\n1000 tasks over two nodes with two node kills: {elapsed:.1f} s, {failovers} failovers, "
+              f"{adopted} lost claims adopted")
         assert failovers > 0, "the kills did not exercise failover"
 
 
@@ -276,3 +278,60 @@ def test_cancel_request_reaches_handler(cluster: Cluster, queue: str) -> None:
         th.join(10)
         assert reasons == ["cancel_requested"]
         assert task.state == "cancelled" and w.stats.cancelled == 1
+
+
+def test_a_claim_whose_answer_was_lost_is_adopted_once(cluster: Cluster, queue: str) -> None:
+    """A task running under the worker's id that no answer brought (the
+    claim's answer died with its node) is run by the worker, once."""
+    release = threading.Event()
+    runs: list[str] = []
+
+    async def handler(task: ClaimedTask, ctx: TaskContext) -> str:
+        runs.append(task.id)
+        await asyncio.to_thread(release.wait, 10)
+        return "adopted"
+
+    async def main() -> None:
+        with Client(cluster.urls, ADMIN_TOKEN) as c:
+            c.heartbeat_node("py-adopt", ttl_ms=5000)
+            sub = c.submit(queue, "lost")
+            [lost] = c.claim(queue, "py-adopt")  # its answer never reaches the worker
+            w = AsyncWorker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-adopt", concurrency=3,
+                            poll_ms=300)
+            run = asyncio.ensure_future(w.run(handle_signals=False))
+            await asyncio.sleep(0.5)
+            assert runs == []
+            assert await w.adopt() == 1
+            assert await w.adopt() == 0, "adopted the same task twice"
+            release.set()
+            task = await asyncio.to_thread(c.wait_for_result, sub.id, 10)
+            w.stop()
+            await run
+            assert task.result == "adopted" and task.token == lost.token
+            assert runs == [sub.id] and w.stats.adopted == 1 and w.stats.completed == 1
+
+    asyncio.run(main())
+
+
+def test_a_lost_claim_without_a_free_slot_is_handed_back(cluster: Cluster, queue: str) -> None:
+    async def handler(task: ClaimedTask, ctx: TaskContext) -> str:
+        return "ran"
+
+    async def main() -> None:
+        with Client(cluster.urls, ADMIN_TOKEN) as c:
+            c.heartbeat_node("py-adopt-full", ttl_ms=5000)
+            sub = c.submit(queue, "lost", backoff_base_ms=60_000, backoff_cap_ms=60_000)
+            c.claim(queue, "py-adopt-full")
+            # Its one slot is held by its long-polling claim.
+            w = AsyncWorker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-adopt-full",
+                            poll_ms=5000)
+            run = asyncio.ensure_future(w.run(handle_signals=False))
+            await asyncio.sleep(0.5)
+            assert await w.adopt() == 0
+            w.stop()
+            await run
+            t = c.get_task(sub.id)
+            assert w.stats.handed_back == 1 and w.stats.claimed == 0
+            assert t.state == "delayed" and [a.outcome for a in t.attempt_log] == ["failed"], t
+
+    asyncio.run(main())

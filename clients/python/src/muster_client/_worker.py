@@ -27,6 +27,11 @@ What it guarantees (README.md has the user's version):
   are left (`Fail(msg, retry=False)`: dead at once).
 - Transient errors (connection errors, timeouts, 5xx) are retried across
   the node URLs with backoff, never 4xx.
+- A claim (or a complete's next task) whose answer was lost with its node:
+  after any request that failed over, the worker lists the queue's running
+  tasks and runs those held under its id with a token it never started
+  (`adopt`), or hands them back when no slot is free; it never starts a
+  token twice. (Without it they would wait for their `timeout_ms`.)
 - `stop()` (SIGTERM, SIGINT): no more claims (a long poll in flight is
   abandoned: a task it might have claimed is recovered once the worker's
   registration lapses), in-flight handlers get `grace` seconds to finish and
@@ -39,6 +44,7 @@ What it guarantees (README.md has the user's version):
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import logging
@@ -130,6 +136,9 @@ class WorkerStats:
     stale: int = 0
     #: Handed back (fail with retry) at shutdown after the grace period.
     handed_back: int = 0
+    #: Tasks found running under this worker's id that no answer brought
+    #: (a claim's answer lost with its node), run as if claimed.
+    adopted: int = 0
     transient_errors: int = 0
     in_flight: dict[str, int] = field(default_factory=dict)
 
@@ -184,7 +193,15 @@ class AsyncWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
-        self._running: dict[str, tuple[asyncio.Task[None], TaskContext]] = {}
+        #: Running tasks by token (a task's stale attempt and its next one
+        #: may both be here for a moment).
+        self._running: dict[int, tuple[asyncio.Task[None], TaskContext]] = {}
+        #: Tokens this worker has started, so nothing is started twice
+        #: (bounded: the newest 100 000).
+        self._seen: collections.OrderedDict[int, None] = collections.OrderedDict()
+        #: Slots asked for by the claim in flight.
+        self._reserved = 0
+        self._adopt_wanted: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
 
     # ---- control ------------------------------------------------------------
@@ -211,14 +228,17 @@ class AsyncWorker:
                     installed.append(sig)
                 except (NotImplementedError, RuntimeError):
                     pass
+        self._adopt_wanted = asyncio.Event()
         registry = asyncio.ensure_future(self._registry_loop())
+        adopter = asyncio.ensure_future(self._adopt_loop())
         try:
             await self._register()
             await self._claim_loop()
             await self._drain()
         finally:
             registry.cancel()
-            await asyncio.gather(registry, return_exceptions=True)
+            adopter.cancel()
+            await asyncio.gather(registry, adopter, return_exceptions=True)
             await self._leave()
             for sig in installed:
                 self._loop.remove_signal_handler(sig)
@@ -292,12 +312,19 @@ class AsyncWorker:
                 stop.cancel()
                 slot.cancel()
                 continue
+            self._reserved = min(self.batch, free)
+            failovers = self.client.failovers
             claim = asyncio.ensure_future(
-                self.client.claim(self.queue, self.worker_id, max=min(self.batch, free), wait_ms=self.poll_ms)
+                self.client.claim(self.queue, self.worker_id, max=self._reserved, wait_ms=self.poll_ms)
             )
             stop = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait([claim, stop], return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
+            self._reserved = 0
+            if self.client.failovers != failovers:
+                # A try failed, perhaps after the claim ran: look for tasks
+                # held under our id that no answer brought.
+                self._adopt_soon()
             if not claim.done():
                 # Stopping: abandon the long poll. A task it claimed in the
                 # instant before is recovered when the registration lapses.
@@ -323,12 +350,80 @@ class AsyncWorker:
             for t in tasks:
                 self._start(t)
 
-    def _start(self, task: ClaimedTask) -> None:
-        """Runs a task this worker holds (claimed, or handed over by a complete)."""
+    def _start(self, task: ClaimedTask) -> bool:
+        """Runs a task this worker holds (claimed, handed over by a complete,
+        or adopted); false when that token was started already."""
+        if task.token in self._seen:
+            return False
+        self._seen[task.token] = None
+        while len(self._seen) > 100_000:
+            self._seen.popitem(last=False)
         self.stats.claimed += 1
         ctx = TaskContext(task, self.worker_id, asyncio.get_running_loop())
         runner = asyncio.ensure_future(self._run_one(task, ctx))
-        self._running[task.id] = (runner, ctx)
+        self._running[task.token] = (runner, ctx)
+        return True
+
+    def _adopt_soon(self) -> None:
+        if self._adopt_wanted is not None:
+            self._adopt_wanted.set()
+
+    async def _adopt_loop(self) -> None:
+        assert self._adopt_wanted is not None
+        while True:
+            await self._adopt_wanted.wait()
+            # Give the cluster a moment (a node was just lost), then look.
+            await asyncio.sleep(0.5)
+            self._adopt_wanted.clear()
+            try:
+                await self.adopt()
+            except MusterError as e:
+                log.warning("worker %s: could not look for lost claims: %s", self.worker_id, e)
+
+    async def adopt(self) -> int:
+        """Runs the tasks of the queue that are running under this worker's
+        id with a token it never started: a claim (or a complete's next task)
+        whose answer was lost with its node. Called after a request failed
+        over. A task that finds no free slot is handed back (fail, retried).
+        Returns how many it started."""
+        started = 0
+        cursor: str | None = None
+        while not self._stop_requested:
+            page = await self.client.list_tasks(self.queue, "running", limit=500, cursor=cursor)
+            for t in page.tasks:
+                if t.owner != self.worker_id or t.token is None or t.token in self._seen:
+                    continue
+                if len(self._running) + self._reserved >= self.concurrency:
+                    # No free slot (the claim in flight holds them): hand it
+                    # back at once rather than let it wait for its timeout.
+                    self._seen[t.token] = None
+                    try:
+                        await self.client.fail(t.id, t.token, "the claim's answer was lost; handed back", retry=True)
+                        self.stats.handed_back += 1
+                    except Conflict:
+                        pass
+                    continue
+                claimed = ClaimedTask(
+                    id=t.id,
+                    queue=t.queue,
+                    token=t.token,
+                    attempt=t.attempts,
+                    payload=t.payload,
+                    max_attempts=t.max_attempts,
+                    timeout_ms=t.timeout_ms,
+                    priority=t.priority,
+                    created_at=t.created_at,
+                    group=t.group,
+                )
+                if self._start(claimed):
+                    log.warning("worker %s: adopted task %s (token %s): its claim's answer was lost",
+                                self.worker_id, t.id, t.token)
+                    self.stats.adopted += 1
+                    started += 1
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        return started
 
     async def _drain(self) -> None:
         """Gives in-flight handlers `grace` seconds, then hands back the rest."""
@@ -340,7 +435,8 @@ class AsyncWorker:
             running = [r for r, _ in self._running.values()]
             await asyncio.wait(running, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
         runners = [r for r, _ in self._running.values()]
-        for tid, (runner, ctx) in list(self._running.items()):
+        for runner, ctx in list(self._running.values()):
+            tid = ctx.task.id
             if runner.done():
                 continue
             ctx._cancel("shutdown")
@@ -424,6 +520,7 @@ class AsyncWorker:
                     # One call instead of two: the complete also claims this
                     # slot's next task (unless stopping, or batching).
                     chain = self.claim_next and self.batch == 1 and not self._stop_requested
+                    failovers = self.client.failovers
                     done = await self.client.complete(
                         task.id,
                         task.token,
@@ -432,6 +529,8 @@ class AsyncWorker:
                         next_queue=self.queue if chain else None,
                     )
                     self.stats.completed += 1
+                    if chain and self.client.failovers != failovers:
+                        self._adopt_soon()
                     for t in done.next_tasks or []:
                         self._start(t)
                 else:
@@ -444,6 +543,7 @@ class AsyncWorker:
             except Conflict as e:
                 if await self._was_ours(task, kind):
                     # Applied on a try whose answer was lost; the retry saw 409.
+                    self._adopt_soon()  # that answer may have carried a next task
                     if kind == "complete":
                         self.stats.completed += 1
                     else:
@@ -501,7 +601,7 @@ class AsyncWorker:
                 await self._finish("complete", task, ctx, value, True)
         finally:
             self.stats.in_flight.pop(task.id, None)
-            self._running.pop(task.id, None)
+            self._running.pop(task.token, None)
             self._slot_freed.set()
 
 
