@@ -335,3 +335,33 @@ def test_a_lost_claim_without_a_free_slot_is_handed_back(cluster: Cluster, queue
             assert t.state == "delayed" and [a.outcome for a in t.attempt_log] == ["failed"], t
 
     asyncio.run(main())
+
+
+def test_a_stalled_node_does_not_let_the_registration_lapse(cluster: Cluster, queue: str) -> None:
+    """The first URL's node is SIGSTOPped: the worker's heartbeats move to
+    the other node in time, so its running task is not recovered from it."""
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        sub = c.submit(queue, "slow")
+        reasons: list[str | None] = []
+
+        def handler(task: ClaimedTask, ctx: TaskContext) -> str:
+            ctx.cancelled.wait(3)
+            reasons.append(ctx.reason)
+            return "kept"
+
+        stalled = cluster.nodes[0]
+        w = Worker([stalled.url, cluster.nodes[1].url], queue, handler, token=WORKER_TOKEN,
+                   worker_id="py-stalled", ttl_ms=1000, poll_ms=300, heartbeat_every=0.3)
+        th = run_in_thread(w)
+        wait_until("the task runs", lambda: c.get_task(sub.id).state == "running")
+        assert stalled.proc is not None
+        stalled.proc.send_signal(signal.SIGSTOP)
+        try:
+            with Client(cluster.nodes[1].url, ADMIN_TOKEN) as live:
+                task = live.wait_for_result(sub.id, timeout=15)
+        finally:
+            stalled.proc.send_signal(signal.SIGCONT)
+        w.stop()
+        th.join(15)
+        assert reasons == [None] and task.result == "kept", (reasons, task)
+        assert [a.outcome for a in task.attempt_log] == ["succeeded"]

@@ -128,17 +128,18 @@ class AsyncClient:
         wait_ms: int = 0,
         retry: bool = True,
         retry_for: float | None = None,
+        timeout: float | None = None,
     ) -> httpx.Response:
         """Sends one request with failover; returns a 2xx or 3xx response,
         raises MusterError for 4xx at once and for 5xx or connection errors
         once the retry budget is spent. `wait_ms` lengthens the read timeout
-        for a long poll."""
+        for a long poll; `timeout` replaces the client's for this call."""
         budget = self.retry_for if retry_for is None else retry_for
         deadline = time.monotonic() + budget
         delay = self.backoff_base
         failed_in_row = 0
         q = _drop_none(params or {})
-        timeout = self.timeout + wait_ms / 1000.0
+        timeout = (self.timeout if timeout is None else timeout) + wait_ms / 1000.0
         while True:
             url = self.urls[self._current] + path
             err: MusterError
@@ -157,9 +158,10 @@ class AsyncClient:
                 err = error_for(resp.status_code, _problem(resp), method, url)
                 if resp.status_code < 500:
                     raise err
+            # The next call, or the next try, goes to the next node.
+            self._next_url()
             if not retry or time.monotonic() >= deadline:
                 raise err
-            self._next_url()
             failed_in_row += 1
             if failed_in_row % len(self.urls) == 0:
                 pause = min(delay * random.uniform(0.5, 1.0), max(0.0, deadline - time.monotonic()))
@@ -214,11 +216,12 @@ class AsyncClient:
         addr: str | None = None,
         version: str | None = None,
         retry_for: float | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """An external worker joins or stays alive (PUT /nodes/{id}/heartbeat)."""
         body = _drop_none({"ttl_ms": ttl_ms, "labels": dict(labels) if labels else None, "addr": addr, "version": version})
         out: dict[str, Any] = await self._json(
-            "PUT", f"/api/v1/nodes/{_p(node)}/heartbeat", json=body, retry_for=retry_for
+            "PUT", f"/api/v1/nodes/{_p(node)}/heartbeat", json=body, retry_for=retry_for, timeout=timeout
         )
         return out
 

@@ -254,6 +254,9 @@ class AsyncWorker:
             labels=self.labels or None,
             version="muster-client-python/0.1",
             retry_for=retry_for,
+            # A stalled node must not hold the beat past the ttl: give up on
+            # it after a quarter and try the next URL.
+            timeout=max(0.2, self.ttl_ms / 4000),
         )
 
     async def _register(self) -> None:
@@ -276,7 +279,7 @@ class AsyncWorker:
         while True:
             await asyncio.sleep(every)
             try:
-                await self._heartbeat_node(self.ttl_ms, every)
+                await self._heartbeat_node(self.ttl_ms, 2 * every)
             except Unavailable as e:
                 self.stats.transient_errors += 1
                 log.warning("worker %s: heartbeat failed: %s", self.worker_id, e)
