@@ -1,0 +1,750 @@
+"""The asyncio client: every REST operation over one or several node URLs.
+
+`_sync_client.py` is generated from this file by `scripts/unasync.py`
+(async/await removed, httpx.AsyncClient -> httpx.Client, ...); edit this
+one and run `python scripts/unasync.py`. A test fails when they differ.
+
+Failover: a request goes to the node that answered last. A connection
+error, a timeout or a 5xx moves it to the next URL at once; after every URL
+failed once in a row it backs off (exponential with jitter, `backoff_base`
+to `backoff_cap` seconds) and goes round again, until `retry_for` seconds
+have passed; then the last error is raised. A 4xx is the answer: it is
+raised at once as a MusterError and never retried. Retrying is safe: a 503
+from muster means not applied or unknown (docs/api.md), heartbeat, complete
+and fail are fenced by the token (a second one gets 409), and `submit`
+sends an idempotency key (a random one unless given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json as jsonlib
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import httpx
+import websockets.asyncio.client as ws_client
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from . import _compat_async as _compat
+from ._errors import ConnectError, MusterError, Unavailable, error_for
+from ._models import (
+    TERMINAL_STATES,
+    BatchItem,
+    Cancelled,
+    ClaimedTask,
+    Event,
+    Finished,
+    Gap,
+    QueueStats,
+    Submitted,
+    Task,
+    TaskHeartbeat,
+    TaskPage,
+)
+
+_UNSET: Any = object()
+
+
+def _p(segment: str) -> str:
+    """One path segment, escaped."""
+    return quote(segment, safe="")
+
+
+def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _problem(resp: httpx.Response) -> dict[str, Any]:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        return body
+    return {"title": resp.reason_phrase, "detail": resp.text[:500]}
+
+
+class AsyncClient:
+    """A muster client. `urls` is one base URL or several (any node of the
+    cluster will do); `token` is a bearer token (docs/configuration.md)."""
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        token: str | None = None,
+        *,
+        timeout: float = 10.0,
+        retry_for: float = 30.0,
+        backoff_base: float = 0.05,
+        backoff_cap: float = 2.0,
+    ) -> None:
+        self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
+        if not self.urls:
+            raise ValueError("at least one node URL is needed")
+        self.token = token
+        self.timeout = timeout
+        self.retry_for = retry_for
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        headers = {"user-agent": "muster-client-python/0.1"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(headers=headers, timeout=timeout)
+        self._current = 0
+        #: Requests sent to another URL after an error (for tests and metrics).
+        self.failovers = 0
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def url(self) -> str:
+        """The node requests go to now."""
+        return self.urls[self._current]
+
+    def _next_url(self) -> None:
+        self._current = (self._current + 1) % len(self.urls)
+        self.failovers += 1
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = _UNSET,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        wait_ms: int = 0,
+        retry: bool = True,
+        retry_for: float | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """Sends one request with failover; returns a 2xx or 3xx response,
+        raises MusterError for 4xx at once and for 5xx or connection errors
+        once the retry budget is spent. `wait_ms` lengthens the read timeout
+        for a long poll; `timeout` replaces the client's for this call."""
+        budget = self.retry_for if retry_for is None else retry_for
+        deadline = time.monotonic() + budget
+        delay = self.backoff_base
+        failed_in_row = 0
+        q = _drop_none(params or {})
+        timeout = (self.timeout if timeout is None else timeout) + wait_ms / 1000.0
+        while True:
+            url = self.urls[self._current] + path
+            err: MusterError
+            try:
+                if json is _UNSET:
+                    resp = await self._http.request(method, url, params=q, headers=headers, timeout=timeout)
+                else:
+                    resp = await self._http.request(
+                        method, url, params=q, headers=headers, json=json, timeout=timeout
+                    )
+            except httpx.TransportError as e:
+                err = ConnectError(f"{type(e).__name__}: {e}", method, url)
+            else:
+                if resp.status_code < 400:
+                    return resp
+                err = error_for(resp.status_code, _problem(resp), method, url)
+                if resp.status_code < 500:
+                    raise err
+            # The next call, or the next try, goes to the next node.
+            self._next_url()
+            if not retry or time.monotonic() >= deadline:
+                raise err
+            failed_in_row += 1
+            if failed_in_row % len(self.urls) == 0:
+                pause = min(delay * random.uniform(0.5, 1.0), max(0.0, deadline - time.monotonic()))
+                await _compat.sleep(pause)
+                delay = min(delay * 2, self.backoff_cap)
+
+    async def _json(self, method: str, path: str, **kw: Any) -> Any:
+        resp = await self.request(method, path, **kw)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        return resp.json()
+
+    # ---- system and nodes -------------------------------------------------
+
+    async def healthz(self) -> bool:
+        resp = await self.request("GET", "/healthz", retry=False)
+        return resp.status_code == 200
+
+    async def openapi(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/openapi.json")
+        return out
+
+    async def readyz(self) -> bool:
+        """Whether the node requests go to now is ready (no failover: it asks that node)."""
+        resp = await self._http.get(self.url + "/readyz")
+        return resp.status_code == 200
+
+    async def redis_info(self) -> dict[str, Any]:
+        """Redis mode, address, version, role, latency, keys, memory."""
+        out: dict[str, Any] = await self._json("GET", "/api/v1/redis")
+        return out
+
+    async def failover_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/failover")
+        return out
+
+    async def live(self) -> dict[str, Any]:
+        """The node's cached live view: node states, queue counts, orphan totals, throughput."""
+        out: dict[str, Any] = await self._json("GET", "/api/v1/live")
+        return out
+
+    async def metrics(self) -> str:
+        """The Prometheus text of the node requests go to."""
+        return (await self.request("GET", "/metrics")).text
+
+    async def heartbeat_node(
+        self,
+        node: str,
+        *,
+        ttl_ms: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        addr: str | None = None,
+        version: str | None = None,
+        retry_for: float | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """An external worker joins or stays alive (PUT /nodes/{id}/heartbeat)."""
+        body = _drop_none({"ttl_ms": ttl_ms, "labels": dict(labels) if labels else None, "addr": addr, "version": version})
+        out: dict[str, Any] = await self._json(
+            "PUT", f"/api/v1/nodes/{_p(node)}/heartbeat", json=body, retry_for=retry_for, timeout=timeout
+        )
+        return out
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        out = await self._json("GET", "/api/v1/nodes")
+        nodes: list[dict[str, Any]] = out.get("nodes", []) if isinstance(out, dict) else out
+        return nodes
+
+    async def get_node(self, node: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/nodes/{_p(node)}")
+        return out
+
+    async def drain_node(self, node: str) -> None:
+        await self.request("POST", f"/api/v1/nodes/{_p(node)}/drain")
+
+    async def delete_node(self, node: str) -> None:
+        await self.request("DELETE", f"/api/v1/nodes/{_p(node)}")
+
+    # ---- tasks and queues -------------------------------------------------
+
+    async def submit(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        group: str | None = None,
+        priority: int | None = None,
+        delay_ms: int | None = None,
+        run_at: int | None = None,
+        max_attempts: int | None = None,
+        timeout_ms: int | None = None,
+        alias: str | None = None,
+        idempotency_key: str | None = None,
+        backoff_base_ms: int | None = None,
+        backoff_cap_ms: int | None = None,
+    ) -> Submitted:
+        """Submits a task. Without `idempotency_key` a random one is sent, so
+        a retry after a lost answer never creates the task twice."""
+        body = _drop_none(
+            {
+                "payload": payload,
+                "group": group,
+                "priority": priority,
+                "delay_ms": delay_ms,
+                "run_at": run_at,
+                "max_attempts": max_attempts,
+                "timeout_ms": timeout_ms,
+                "alias": alias,
+                "idempotency_key": idempotency_key or uuid.uuid4().hex,
+                "backoff_base_ms": backoff_base_ms,
+                "backoff_cap_ms": backoff_cap_ms,
+            }
+        )
+        return Submitted.from_json(await self._json("POST", f"/api/v1/queues/{_p(queue)}/tasks", json=body))
+
+    async def submit_batch(self, queue: str, tasks: Sequence[Mapping[str, Any]]) -> list[BatchItem]:
+        """Submits up to 1 000 task specs (dicts with the fields of `submit`)
+        in one script. Each spec without an idempotency key gets a random
+        one, so a retry creates nothing twice."""
+        specs = [dict(t) if "idempotency_key" in t else {**t, "idempotency_key": uuid.uuid4().hex} for t in tasks]
+        out = await self._json("POST", f"/api/v1/queues/{_p(queue)}/tasks/batch", json={"tasks": specs})
+        return [BatchItem.from_json(r) for r in out["results"]]
+
+    async def claim(self, queue: str, node: str, *, max: int = 1, wait_ms: int = 0) -> list[ClaimedTask]:
+        """Claims up to `max` tasks for worker `node`, long-polling up to
+        `wait_ms`; an empty list when none came."""
+        resp = await self.request(
+            "POST",
+            f"/api/v1/queues/{_p(queue)}/claim",
+            json={"node": node, "max": max, "wait_ms": wait_ms},
+            wait_ms=wait_ms,
+        )
+        if resp.status_code == 204:
+            return []
+        return [ClaimedTask.from_json(t) for t in resp.json()["tasks"]]
+
+    async def heartbeat_task(
+        self, task_id: str, token: int, *, progress: int | None = None, fields: Mapping[str, Any] | None = None
+    ) -> TaskHeartbeat:
+        """Reports the task is still being worked on; 409 (Conflict) when the
+        token is stale. `cancel_requested` asks the worker to stop."""
+        body = _drop_none({"token": token, "progress": progress, "fields": dict(fields) if fields else None})
+        out = await self._json("POST", f"/api/v1/tasks/{_p(task_id)}/heartbeat", json=body)
+        return TaskHeartbeat(state=out["state"], cancel_requested=bool(out["cancel_requested"]))
+
+    @staticmethod
+    def _next(max: int | None, queue: str | None, wait_ms: int | None) -> dict[str, Any] | None:
+        if max is None and queue is None and wait_ms is None:
+            return None
+        return _drop_none({"max": max, "queue": queue, "wait_ms": wait_ms})
+
+    async def complete(
+        self,
+        task_id: str,
+        token: int,
+        result: Any = None,
+        *,
+        next_max: int | None = None,
+        next_queue: str | None = None,
+        next_wait_ms: int | None = None,
+    ) -> Finished:
+        """Completes a task with its token; 409 (Conflict) when the token is
+        stale. `next_*` claims the worker's next task(s) in the same call."""
+        body = _drop_none({"token": token, "result": result, "next": self._next(next_max, next_queue, next_wait_ms)})
+        out = await self._json(
+            "POST", f"/api/v1/tasks/{_p(task_id)}/complete", json=body, wait_ms=next_wait_ms or 0
+        )
+        return Finished.from_json(out)
+
+    async def complete_batch(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Completes several tasks: items `{"id", "token", "result"}`; per-item results."""
+        out: dict[str, Any] = await self._json("POST", "/api/v1/tasks/complete", json=list(items))
+        return out
+
+    async def fail(
+        self,
+        task_id: str,
+        token: int,
+        error: str = "",
+        *,
+        retry: bool = True,
+        next_max: int | None = None,
+        next_queue: str | None = None,
+        next_wait_ms: int | None = None,
+    ) -> Finished:
+        """Fails a task with its token: retried after a backoff while attempts
+        are left (unless `retry=False`), else dead; cancelled if a cancel was
+        requested. 409 (Conflict) when the token is stale."""
+        body = _drop_none(
+            {"token": token, "error": error, "retry": retry, "next": self._next(next_max, next_queue, next_wait_ms)}
+        )
+        out = await self._json("POST", f"/api/v1/tasks/{_p(task_id)}/fail", json=body, wait_ms=next_wait_ms or 0)
+        return Finished.from_json(out)
+
+    async def cancel(self, task_id: str) -> Cancelled:
+        """Cancels a queued or delayed task; asks a running one to stop."""
+        out = await self._json("POST", f"/api/v1/tasks/{_p(task_id)}/cancel")
+        return Cancelled(state=out["state"], cancel_requested=bool(out["cancel_requested"]))
+
+    async def retry_task(self, task_id: str) -> dict[str, Any]:
+        """Requeues a dead task with fresh attempts (admin)."""
+        out: dict[str, Any] = await self._json("POST", f"/api/v1/tasks/{_p(task_id)}/retry")
+        return out
+
+    async def get_task(self, task_id: str) -> Task:
+        return Task.from_json(await self._json("GET", f"/api/v1/tasks/{_p(task_id)}"))
+
+    async def delete_task(self, task_id: str) -> None:
+        await self.request("DELETE", f"/api/v1/tasks/{_p(task_id)}")
+
+    async def get_alias(self, alias: str) -> Task:
+        return Task.from_json(await self._json("GET", f"/api/v1/aliases/{_p(alias)}"))
+
+    async def list_queues(self) -> list[QueueStats]:
+        out = await self._json("GET", "/api/v1/queues")
+        return [QueueStats.from_json(q) for q in out["queues"]]
+
+    async def get_queue(self, queue: str) -> QueueStats:
+        """One queue's counts, with its groups."""
+        return QueueStats.from_json(await self._json("GET", f"/api/v1/queues/{_p(queue)}"))
+
+    async def list_tasks(
+        self, queue: str, state: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> TaskPage:
+        params = {"state": state, "limit": limit, "cursor": cursor}
+        return TaskPage.from_json(await self._json("GET", f"/api/v1/queues/{_p(queue)}/tasks", params=params))
+
+    async def pause_queue(self, queue: str) -> None:
+        await self.request("POST", f"/api/v1/queues/{_p(queue)}/pause")
+
+    async def resume_queue(self, queue: str) -> None:
+        await self.request("POST", f"/api/v1/queues/{_p(queue)}/resume")
+
+    async def list_dead(self, *, limit: int | None = None, cursor: str | None = None) -> TaskPage:
+        return TaskPage.from_json(await self._json("GET", "/api/v1/dead", params={"limit": limit, "cursor": cursor}))
+
+    async def list_groups(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/groups")
+        return out
+
+    async def set_group_limit(self, group: str, limit: int | None) -> dict[str, Any]:
+        """Sets (or with None removes) a group's cluster-wide concurrency limit."""
+        out: dict[str, Any] = await self._json("PUT", f"/api/v1/groups/{_p(group)}", json={"limit": limit})
+        return out
+
+    async def orphans(self, *, limit: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/orphans", params={"limit": limit})
+        return out
+
+    # ---- workflows ----------------------------------------------------------
+
+    async def start_workflow(
+        self,
+        tasks: Sequence[Mapping[str, Any]],
+        *,
+        failure_policy: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Starts a DAG: `tasks` are dicts with `key`, `queue`, `depends_on`,
+        `payload` and task options (docs/concepts.md#workflows)."""
+        body = _drop_none(
+            {
+                "tasks": [dict(t) for t in tasks],
+                "failure_policy": failure_policy,
+                "idempotency_key": idempotency_key or uuid.uuid4().hex,
+            }
+        )
+        out: dict[str, Any] = await self._json("POST", "/api/v1/workflows", json=body)
+        return out
+
+    async def get_workflow(self, workflow_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/workflows/{_p(workflow_id)}")
+        return out
+
+    async def list_workflows(
+        self, *, state: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> dict[str, Any]:
+        params = {"state": state, "limit": limit, "cursor": cursor}
+        out: dict[str, Any] = await self._json("GET", "/api/v1/workflows", params=params)
+        return out
+
+    async def cancel_workflow(self, workflow_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("POST", f"/api/v1/workflows/{_p(workflow_id)}/cancel")
+        return out
+
+    # ---- schedules ----------------------------------------------------------
+
+    async def list_schedules(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/schedules")
+        return out
+
+    async def get_schedule(self, schedule_id: str, *, history: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json(
+            "GET", f"/api/v1/schedules/{_p(schedule_id)}", params={"history": history}
+        )
+        return out
+
+    async def create_schedule(self, schedule: Mapping[str, Any]) -> dict[str, Any]:
+        """Creates a schedule (409 if its id exists): `id`, `expression`, `queue`, `task`, ..."""
+        out: dict[str, Any] = await self._json("POST", "/api/v1/schedules", json=dict(schedule))
+        return out
+
+    async def put_schedule(self, schedule_id: str, schedule: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("PUT", f"/api/v1/schedules/{_p(schedule_id)}", json=dict(schedule))
+        return out
+
+    async def delete_schedule(self, schedule_id: str, *, force: bool | None = None) -> None:
+        params = {"force": None if force is None else str(force).lower()}
+        await self.request("DELETE", f"/api/v1/schedules/{_p(schedule_id)}", params=params)
+
+    async def trigger_schedule(self, schedule_id: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Fires a schedule now; the key (random unless given) makes a retry return the first call's task."""
+        headers = {"idempotency-key": idempotency_key or uuid.uuid4().hex}
+        out: dict[str, Any] = await self._json(
+            "POST", f"/api/v1/schedules/{_p(schedule_id)}/trigger", headers=headers
+        )
+        return out
+
+    async def enable_schedule(self, schedule_id: str) -> None:
+        await self.request("POST", f"/api/v1/schedules/{_p(schedule_id)}/enable")
+
+    async def disable_schedule(self, schedule_id: str) -> None:
+        await self.request("POST", f"/api/v1/schedules/{_p(schedule_id)}/disable")
+
+    # ---- barriers -----------------------------------------------------------
+
+    async def put_barrier(
+        self, name: str, participants: Sequence[str], timeout_ms: int, *, max_missing: int = 0
+    ) -> dict[str, Any]:
+        body = {"participants": list(participants), "max_missing": max_missing, "timeout_ms": timeout_ms}
+        out: dict[str, Any] = await self._json("PUT", f"/api/v1/barriers/{_p(name)}", json=body)
+        return out
+
+    async def get_barrier(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/barriers/{_p(name)}")
+        return out
+
+    async def list_barriers(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/barriers")
+        return out
+
+    async def delete_barrier(self, name: str) -> None:
+        await self.request("DELETE", f"/api/v1/barriers/{_p(name)}")
+
+    async def arrive(self, name: str, round: str, node: str, *, wait_ms: int = 0) -> dict[str, Any]:
+        """Arrives at a barrier round; `verdict` is released, aborted or pending."""
+        out: dict[str, Any] = await self._json(
+            "POST",
+            f"/api/v1/barriers/{_p(name)}/rounds/{_p(round)}/arrive",
+            json={"node": node, "wait_ms": wait_ms},
+            wait_ms=wait_ms,
+        )
+        return out
+
+    async def list_rounds(self, name: str, *, limit: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/barriers/{_p(name)}/rounds", params={"limit": limit})
+        return out
+
+    async def get_round(self, name: str, round: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/barriers/{_p(name)}/rounds/{_p(round)}")
+        return out
+
+    async def hold_barrier(self, name: str, *, holder: str | None = None, ttl_ms: int | None = None) -> dict[str, Any]:
+        body = _drop_none({"holder": holder, "ttl_ms": ttl_ms})
+        out: dict[str, Any] = await self._json("POST", f"/api/v1/barriers/{_p(name)}/hold", json=body)
+        return out
+
+    async def release_barrier(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("POST", f"/api/v1/barriers/{_p(name)}/release")
+        return out
+
+    async def wait_barrier(self, name: str, *, wait_ms: int = 0) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json(
+            "POST", f"/api/v1/barriers/{_p(name)}/wait", json={"wait_ms": wait_ms}, wait_ms=wait_ms
+        )
+        return out
+
+    async def enter_double_barrier(self, name: str, node: str, count: int, *, wait_ms: int = 0) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json(
+            "POST",
+            f"/api/v1/double-barriers/{_p(name)}/enter",
+            json={"node": node, "count": count, "wait_ms": wait_ms},
+            wait_ms=wait_ms,
+        )
+        return out
+
+    async def leave_double_barrier(self, name: str, node: str, *, wait_ms: int = 0) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json(
+            "POST",
+            f"/api/v1/double-barriers/{_p(name)}/leave",
+            json={"node": node, "wait_ms": wait_ms},
+            wait_ms=wait_ms,
+        )
+        return out
+
+    async def list_double_barriers(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/double-barriers")
+        return out
+
+    async def get_double_barrier(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/double-barriers/{_p(name)}")
+        return out
+
+    # ---- locks and elections ------------------------------------------------
+
+    async def acquire_lock(
+        self, name: str, owner: str, *, ttl_ms: int | None = None, wait_ms: int | None = None, node: str | None = None
+    ) -> dict[str, Any]:
+        """Acquires a fenced lock: the answer carries its `token`; 409 (busy)
+        with `holder` and `position`. Not retried after an unknown outcome
+        (a lost answer could leave the lock held until its ttl)."""
+        body = _drop_none({"owner": owner, "ttl_ms": ttl_ms, "wait_ms": wait_ms, "node": node})
+        out: dict[str, Any] = await self._json(
+            "POST", f"/api/v1/locks/{_p(name)}/acquire", json=body, wait_ms=wait_ms or 0
+        )
+        return out
+
+    async def renew_lock(self, name: str, token: int, *, ttl_ms: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json(
+            "POST", f"/api/v1/locks/{_p(name)}/renew", json=_drop_none({"token": token, "ttl_ms": ttl_ms})
+        )
+        return out
+
+    async def release_lock(self, name: str, token: int) -> dict[str, Any] | None:
+        out: dict[str, Any] | None = await self._json(
+            "POST", f"/api/v1/locks/{_p(name)}/release", json={"token": token}
+        )
+        return out
+
+    async def get_lock(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/locks/{_p(name)}")
+        return out
+
+    async def list_locks(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/locks")
+        return out
+
+    async def break_lock(self, name: str) -> None:
+        await self.request("DELETE", f"/api/v1/locks/{_p(name)}")
+
+    async def campaign(
+        self,
+        name: str,
+        candidate: str,
+        *,
+        ttl_ms: int | None = None,
+        wait_ms: int | None = None,
+        value: Any = None,
+    ) -> dict[str, Any]:
+        body = _drop_none({"candidate": candidate, "ttl_ms": ttl_ms, "wait_ms": wait_ms, "value": value})
+        out: dict[str, Any] = await self._json(
+            "POST", f"/api/v1/elections/{_p(name)}/campaign", json=body, wait_ms=wait_ms or 0
+        )
+        return out
+
+    async def resign(self, name: str, candidate: str, *, epoch: int | None = None) -> dict[str, Any] | None:
+        out: dict[str, Any] | None = await self._json(
+            "POST", f"/api/v1/elections/{_p(name)}/resign", json=_drop_none({"candidate": candidate, "epoch": epoch})
+        )
+        return out
+
+    async def get_election(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/elections/{_p(name)}")
+        return out
+
+    async def list_elections(self) -> dict[str, Any]:
+        out: dict[str, Any] = await self._json("GET", "/api/v1/elections")
+        return out
+
+    # ---- events -------------------------------------------------------------
+
+    async def events(
+        self,
+        *,
+        since: str | None = None,
+        limit: int | None = None,
+        topics: str | None = None,
+        queue: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of the event replay over HTTP: `events`, `next` (pass as `since`), `gap`."""
+        params = {"since": since, "limit": limit, "topics": topics, "queue": queue}
+        out: dict[str, Any] = await self._json("GET", "/api/v1/events", params=params)
+        return out
+
+    def _ws_url(self, base: str, topics: str | None, queue: str | None, since: str | None) -> str:
+        q = urlencode(_drop_none({"topics": topics, "queue": queue, "since": since}))
+        scheme_base = "ws" + base[len("http") :] if base.startswith("http") else base
+        return f"{scheme_base}/api/v1/events/ws" + (f"?{q}" if q else "")
+
+    async def follow(
+        self,
+        *,
+        topics: str | None = None,
+        queue: str | None = None,
+        since: str | None = None,
+        gaps: bool = False,
+    ) -> AsyncIterator[Event | Gap]:
+        """Follows the event stream over the WebSocket, for ever: on a
+        disconnect, a `lagged` message or a node going away it reconnects
+        (to the next URL, with backoff) with `since` = the last id seen, so
+        nothing still retained is missed or repeated. A `gap` message (events
+        after `since` already trimmed) is yielded as a Gap when `gaps` is
+        true, else skipped. A refused subscription (400: bad topic or
+        `since`) raises MusterError."""
+        delay = self.backoff_base
+        headers = {"authorization": f"Bearer {self.token}"} if self.token else None
+        while True:
+            url = self._ws_url(self.urls[self._current], topics, queue, since)
+            try:
+                async with ws_client.connect(
+                    url, additional_headers=headers, open_timeout=self.timeout, max_size=2**24
+                ) as ws:
+                    delay = self.backoff_base
+                    async for frame in ws:
+                        msg = jsonlib.loads(frame)
+                        kind = msg.get("type")
+                        if kind == "gap":
+                            if gaps:
+                                yield Gap(oldest=str(msg.get("oldest")))
+                            continue
+                        if kind == "lagged":
+                            since = str(msg.get("last_id") or since or "")
+                            break
+                        ev = Event.from_json(msg)
+                        since = ev.id
+                        yield ev
+            except InvalidStatus as e:
+                status = e.response.status_code
+                if 400 <= status < 500:
+                    try:
+                        problem = jsonlib.loads(e.response.body or b"{}")
+                    except ValueError:
+                        problem = {"detail": (e.response.body or b"").decode(errors="replace")}
+                    raise error_for(status, problem, "GET", url) from e
+            except (OSError, ConnectionClosed, WebSocketException, asyncio.TimeoutError, TimeoutError):
+                pass
+            self._next_url()
+            await _compat.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, self.backoff_cap)
+
+    async def wait_for_result(self, task_id: str, timeout: float, *, recheck: float = 1.0) -> Task:
+        """Waits until the task is finished (succeeded, dead or cancelled) and
+        returns it; TimeoutError after `timeout` seconds. Subscribes to the
+        terminal task events over the WebSocket first, then reads the task,
+        and reads it again on each event and every `recheck` seconds, so
+        neither a reconnect nor an event published just before the
+        subscription makes it wait longer than that. Without the WebSocket
+        it polls every `recheck` seconds."""
+        deadline = time.monotonic() + timeout
+        headers = {"authorization": f"Bearer {self.token}"} if self.token else None
+        topics = "task.succeeded,task.dead,task.cancelled"
+        ws: Any = None
+        try:
+            while True:
+                if ws is None:
+                    try:
+                        ws = await ws_client.connect(
+                            self._ws_url(self.urls[self._current], topics, None, None),
+                            additional_headers=headers,
+                            open_timeout=min(self.timeout, max(0.1, deadline - time.monotonic())),
+                        )
+                    except (OSError, WebSocketException, asyncio.TimeoutError, TimeoutError):
+                        ws = None
+                task = await self.get_task(task_id)
+                if task.state in TERMINAL_STATES:
+                    return task
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"task {task_id} is still {task.state} after {timeout} s")
+                if ws is None:
+                    await _compat.sleep(min(recheck, left))
+                    continue
+                until = time.monotonic() + min(recheck, left)
+                try:
+                    while time.monotonic() < until:
+                        frame = await _compat.recv_within(ws, until - time.monotonic())
+                        if frame is None or f'"{task_id}"' in str(frame):
+                            break
+                except (ConnectionClosed, WebSocketException, OSError):
+                    ws = None
+        finally:
+            if ws is not None:
+                await ws.close()
+
+
+__all__ = ["AsyncClient", "MusterError", "Unavailable"]

@@ -1,0 +1,367 @@
+"""The Worker against two real nodes: the proofs of issue 17.
+
+- 1 000 tasks over two nodes while each node in turn is SIGKILLed and
+  restarted: every task's handler runs exactly once, and the server has
+  each task succeeded with exactly one succeeded attempt.
+- A worker process SIGKILLed mid-task: the task is recovered and the second
+  worker's result wins; the first worker's token is refused.
+- SIGTERM during work: the in-flight tasks complete, nothing more is
+  claimed, the process exits and its registration lapses.
+- A stale token (the task timed out) tells the handler (ctx.reason
+  "stale") and drops its result instead of completing twice.
+- A cancel request tells the handler and the task ends cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import ADMIN_TOKEN, WORKER_TOKEN, Cluster, spawn_worker, wait_until
+
+from muster_client import AsyncWorker, ClaimedTask, Client, Conflict, TaskContext, Worker
+
+
+def run_in_thread(w: Worker) -> threading.Thread:
+    th = threading.Thread(target=w.run, kwargs={"handle_signals": False}, daemon=True)
+    th.start()
+    return th
+
+
+def all_tasks(c: Client, queue: str, state: str) -> list[Any]:
+    out: list[Any] = []
+    cursor = None
+    while True:
+        page = c.list_tasks(queue, state, limit=500, cursor=cursor)
+        out.extend(page.tasks)
+        if page.next_cursor is None:
+            return out
+        cursor = page.next_cursor
+
+
+def test_thousand_tasks_over_two_nodes_with_kills(cluster: Cluster, queue: str) -> None:
+    n = 1000
+    runs: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    busy: collections.Counter[str] = collections.Counter()
+    most: collections.Counter[str] = collections.Counter()
+
+    async def handler(task: ClaimedTask, ctx: TaskContext) -> dict[str, Any]:
+        with lock:
+            runs[task.id] += 1
+            busy[ctx.worker_id] += 1
+            most[ctx.worker_id] = max(most[ctx.worker_id], busy[ctx.worker_id])
+        await asyncio.sleep(0.002)
+        with lock:
+            busy[ctx.worker_id] -= 1
+        return {"n": task.payload["n"]}
+
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        ids: list[str] = []
+        for start in range(0, n, 500):
+            # timeout_ms: a claim whose answer died with its node is recovered.
+            items = c.submit_batch(queue, [{"payload": {"n": i}, "timeout_ms": 5000, "max_attempts": 5} for i in range(start, start + 500)])
+            ids.extend(i.id or "" for i in items)
+        assert len(set(ids)) == n
+
+        # One claims batches; the other takes one task per slot and claims
+        # the next with each complete.
+        workers = [
+            AsyncWorker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id=f"py-thousand-{k}",
+                        concurrency=conc, batch=batch, poll_ms=500, heartbeat_every=0.5, ttl_ms=3000)
+            for k, (conc, batch) in enumerate([(8, 8), (4, 1)])
+        ]
+        async def run_all() -> None:
+            await asyncio.gather(*(w.run(handle_signals=False) for w in workers))
+
+        th = threading.Thread(target=lambda: asyncio.run(run_all()), daemon=True)
+        started = time.monotonic()
+        th.start()
+
+        def done() -> int:
+            return sum(w.stats.completed for w in workers)
+
+        for victim, at in ((0, 200), (1, 600)):
+            wait_until(f"{at} completions", lambda: done() >= at, timeout=60)
+            cluster.nodes[victim].kill()
+            # Work goes on through the other node while this one is down.
+            wait_until(f"{at + 150} completions with node {victim} down", lambda: done() >= at + 150, timeout=20)
+            cluster.nodes[victim].start()
+        try:
+            wait_until("every task succeeded", lambda: c.get_queue(queue).succeeded == n, timeout=60)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {c.get_queue(queue)}, workers {[w.stats for w in workers]}") from None
+        elapsed = time.monotonic() - started
+        for w in workers:
+            w.stop()
+        th.join(15)
+        assert not th.is_alive()
+
+        assert most["py-thousand-0"] <= 8 and most["py-thousand-1"] <= 4, most
+        assert all(w.stats.completed > 100 for w in workers), [w.stats for w in workers]
+        twice = {t: k for t, k in runs.items() if k != 1}
+        assert not twice, f"handlers ran more than once: {twice}"
+        assert set(runs) == set(ids)
+        assert sum(w.stats.completed for w in workers) == n
+        assert sum(w.stats.stale for w in workers) == 0
+        succeeded = all_tasks(c, queue, "succeeded")
+        assert {t.id for t in succeeded} == set(ids)
+        for t in succeeded:
+            wins = [a for a in t.attempt_log if a.outcome == "succeeded"]
+            assert len(wins) == 1, f"{t.id}: {t.attempt_log}"
+            assert t.result == {"n": t.payload["n"]}
+        failovers = sum(w.client.failovers for w in workers)
+        adopted = sum(w.stats.adopted for w in workers)
+        print(f"\n1000 tasks over two nodes with two node kills: {elapsed:.1f} s, {failovers} failovers, "
+              f"{adopted} lost claims adopted")
+        assert failovers > 0, "the kills did not exercise failover"
+
+
+def test_killed_worker_task_recovered_and_second_result_wins(cluster: Cluster, queue: str, tmp_path: Path) -> None:
+    out = tmp_path / "a.log"
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        sub = c.submit(queue, "job", max_attempts=3)
+        a = spawn_worker(cluster.urls, queue, out, "--id", "py-killed-a", "--work", "60", "--ttl-ms", "1000")
+        try:
+            wait_until("worker A runs the task", lambda: out.exists() and f"start {sub.id}" in out.read_text())
+            first = c.get_task(sub.id)
+            assert first.state == "running" and first.owner == "py-killed-a"
+            a.send_signal(signal.SIGKILL)
+            a.wait()
+        finally:
+            a.kill()
+
+        def handler(task: ClaimedTask, ctx: TaskContext) -> dict[str, str]:
+            return {"by": "B"}
+
+        b = Worker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-killed-b", poll_ms=500)
+        th = run_in_thread(b)
+        task = c.wait_for_result(sub.id, timeout=20)
+        b.stop()
+        th.join(10)
+        assert task.state == "succeeded" and task.result == {"by": "B"}
+        assert [a.outcome for a in task.attempt_log] == ["orphaned", "succeeded"]
+        assert [a.node for a in task.attempt_log] == ["py-killed-a", "py-killed-b"]
+        # A's late completion with its token changes nothing.
+        try:
+            c.complete(sub.id, first.token or 0, {"by": "A"})
+            raise AssertionError("a stale completion was accepted")
+        except Conflict:
+            pass
+        assert c.get_task(sub.id).result == {"by": "B"}
+
+
+def test_sigterm_finishes_in_flight_then_leaves(cluster: Cluster, queue: str, tmp_path: Path) -> None:
+    out = tmp_path / "w.log"
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        subs = [c.submit(queue, i).id for i in range(5)]
+        w = spawn_worker(cluster.urls, queue, out, "--id", "py-term", "--work", "1.5", "--concurrency", "3",
+                         "--grace", "20")
+        try:
+            wait_until("three tasks running", lambda: out.exists() and out.read_text().count("start ") == 3)
+            held = [line.split()[1] for line in out.read_text().splitlines() if line.startswith("start ")]
+            w.send_signal(signal.SIGTERM)
+            code = w.wait(timeout=20)
+        finally:
+            w.kill()
+        assert code == 0, Path(str(out) + ".err").read_text()
+        log = out.read_text()
+        assert log.count("start ") == 3, f"claimed after SIGTERM:\n{log}"
+        stats = json.loads(log.splitlines()[-1].removeprefix("exit "))
+        assert stats == {"completed": 3, "claimed": 3, "handed_back": 0}
+        for tid in subs:
+            t = c.get_task(tid)
+            if tid in held:
+                assert t.state == "succeeded" and t.result == {"by": "py-term"}, t
+            else:
+                assert t.state == "queued", t
+        # It left: its registration lapses at once (last heartbeat, 500 ms).
+        wait_until(
+            "the worker's registration lapsed",
+            lambda: c.get_node("py-term").get("state") in ("dead", "left"),
+            timeout=10,
+        )
+
+
+def test_sigterm_past_grace_hands_tasks_back(cluster: Cluster, queue: str, tmp_path: Path) -> None:
+    out = tmp_path / "w.log"
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        sub = c.submit(queue, "slow", max_attempts=3)
+        w = spawn_worker(cluster.urls, queue, out, "--id", "py-grace", "--work", "30", "--grace", "0.5")
+        try:
+            wait_until("the task runs", lambda: out.exists() and "start " in out.read_text())
+            w.send_signal(signal.SIGTERM)
+            code = w.wait(timeout=10)
+        finally:
+            w.kill()
+        assert code == 0
+        stats = json.loads(out.read_text().splitlines()[-1].removeprefix("exit "))
+        assert stats["handed_back"] == 1 and stats["completed"] == 0
+        t = c.get_task(sub.id)
+        assert t.state in ("queued", "delayed") and [a.outcome for a in t.attempt_log] == ["failed"], t
+
+
+def test_stale_token_cancels_handler_and_never_completes_twice(cluster: Cluster, queue: str) -> None:
+    seen: list[tuple[int, str | None]] = []
+
+    def handler(task: ClaimedTask, ctx: TaskContext) -> dict[str, int]:
+        if task.attempt == 1:
+            # Outlives its timeout: the heartbeat's 409 must tell us.
+            told = ctx.cancelled.wait(15)
+            seen.append((task.attempt, ctx.reason if told else "never told"))
+            return {"attempt": 1}
+        seen.append((task.attempt, ctx.reason))
+        return {"attempt": task.attempt}
+
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        sub = c.submit(queue, "x", timeout_ms=1000, max_attempts=2, backoff_base_ms=10, backoff_cap_ms=10)
+        w = Worker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-stale", concurrency=2,
+                   poll_ms=300, heartbeat_every=0.2)
+        th = run_in_thread(w)
+        task = c.wait_for_result(sub.id, timeout=20)
+        wait_until("both handlers returned", lambda: len(seen) == 2)
+        w.stop()
+        th.join(10)
+        assert sorted(seen) == [(1, "stale"), (2, None)], seen
+        assert task.state == "succeeded" and task.result == {"attempt": 2}
+        assert [a.outcome for a in task.attempt_log] == ["timed_out", "succeeded"]
+        assert w.stats.completed == 1 and w.stats.stale == 1
+
+
+def test_stale_token_at_complete_drops_the_result(cluster: Cluster, queue: str) -> None:
+    """No heartbeat in time: the 409 comes on complete, and nothing is retried."""
+    reasons: list[str | None] = []
+
+    def handler(task: ClaimedTask, ctx: TaskContext) -> dict[str, int]:
+        if task.attempt == 1:
+            time.sleep(1.6)  # timeout 1 s; heartbeats every 30 s
+        reasons.append(ctx.reason)
+        return {"attempt": task.attempt}
+
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        sub = c.submit(queue, "x", timeout_ms=1000, max_attempts=2, backoff_base_ms=10, backoff_cap_ms=10)
+        w = Worker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-stale-c", concurrency=2,
+                   poll_ms=300, heartbeat_every=30)
+        th = run_in_thread(w)
+        task = c.wait_for_result(sub.id, timeout=20)
+        wait_until("the first handler's result was dropped", lambda: w.stats.stale == 1)
+        w.stop()
+        th.join(10)
+        assert task.result == {"attempt": 2}
+        assert [a.outcome for a in task.attempt_log] == ["timed_out", "succeeded"]
+        assert w.stats.completed == 1
+
+
+def test_cancel_request_reaches_handler(cluster: Cluster, queue: str) -> None:
+    reasons: list[str | None] = []
+
+    async def handler(task: ClaimedTask, ctx: TaskContext) -> str:
+        await asyncio.wait_for(ctx.wait_cancelled(), 15)
+        reasons.append(ctx.reason)
+        return "ignored"
+
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        sub = c.submit(queue, "x")
+        w = Worker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-cancel", poll_ms=300,
+                   heartbeat_every=0.2)
+        th = run_in_thread(w)
+        wait_until("the task runs", lambda: c.get_task(sub.id).state == "running")
+        assert c.cancel(sub.id).cancel_requested
+        task = c.wait_for_result(sub.id, timeout=10)
+        w.stop()
+        th.join(10)
+        assert reasons == ["cancel_requested"]
+        assert task.state == "cancelled" and w.stats.cancelled == 1
+
+
+def test_a_claim_whose_answer_was_lost_is_adopted_once(cluster: Cluster, queue: str) -> None:
+    """A task running under the worker's id that no answer brought (the
+    claim's answer died with its node) is run by the worker, once."""
+    release = threading.Event()
+    runs: list[str] = []
+
+    async def handler(task: ClaimedTask, ctx: TaskContext) -> str:
+        runs.append(task.id)
+        await asyncio.to_thread(release.wait, 10)
+        return "adopted"
+
+    async def main() -> None:
+        with Client(cluster.urls, ADMIN_TOKEN) as c:
+            c.heartbeat_node("py-adopt", ttl_ms=5000)
+            sub = c.submit(queue, "lost")
+            [lost] = c.claim(queue, "py-adopt")  # its answer never reaches the worker
+            w = AsyncWorker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-adopt", concurrency=3,
+                            poll_ms=300)
+            run = asyncio.ensure_future(w.run(handle_signals=False))
+            await asyncio.sleep(0.5)
+            assert runs == []
+            assert await w.adopt() == 1
+            assert await w.adopt() == 0, "adopted the same task twice"
+            release.set()
+            task = await asyncio.to_thread(c.wait_for_result, sub.id, 10)
+            w.stop()
+            await run
+            assert task.result == "adopted" and task.token == lost.token
+            assert runs == [sub.id] and w.stats.adopted == 1 and w.stats.completed == 1
+
+    asyncio.run(main())
+
+
+def test_a_lost_claim_without_a_free_slot_is_handed_back(cluster: Cluster, queue: str) -> None:
+    async def handler(task: ClaimedTask, ctx: TaskContext) -> str:
+        return "ran"
+
+    async def main() -> None:
+        with Client(cluster.urls, ADMIN_TOKEN) as c:
+            c.heartbeat_node("py-adopt-full", ttl_ms=5000)
+            sub = c.submit(queue, "lost", backoff_base_ms=60_000, backoff_cap_ms=60_000)
+            c.claim(queue, "py-adopt-full")
+            # Its one slot is held by its long-polling claim.
+            w = AsyncWorker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-adopt-full",
+                            poll_ms=5000)
+            run = asyncio.ensure_future(w.run(handle_signals=False))
+            await asyncio.sleep(0.5)
+            assert await w.adopt() == 0
+            w.stop()
+            await run
+            t = c.get_task(sub.id)
+            assert w.stats.handed_back == 1 and w.stats.claimed == 0
+            assert t.state == "delayed" and [a.outcome for a in t.attempt_log] == ["failed"], t
+
+    asyncio.run(main())
+
+
+def test_a_stalled_node_does_not_let_the_registration_lapse(cluster: Cluster, queue: str) -> None:
+    """The first URL's node is SIGSTOPped: the worker's heartbeats move to
+    the other node in time, so its running task is not recovered from it."""
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        sub = c.submit(queue, "slow")
+        reasons: list[str | None] = []
+
+        def handler(task: ClaimedTask, ctx: TaskContext) -> str:
+            ctx.cancelled.wait(3)
+            reasons.append(ctx.reason)
+            return "kept"
+
+        stalled = cluster.nodes[0]
+        w = Worker([stalled.url, cluster.nodes[1].url], queue, handler, token=WORKER_TOKEN,
+                   worker_id="py-stalled", ttl_ms=1000, poll_ms=300, heartbeat_every=0.3)
+        th = run_in_thread(w)
+        wait_until("the task runs", lambda: c.get_task(sub.id).state == "running")
+        assert stalled.proc is not None
+        stalled.proc.send_signal(signal.SIGSTOP)
+        try:
+            with Client(cluster.nodes[1].url, ADMIN_TOKEN) as live:
+                task = live.wait_for_result(sub.id, timeout=15)
+        finally:
+            stalled.proc.send_signal(signal.SIGCONT)
+        w.stop()
+        th.join(15)
+        assert reasons == [None] and task.result == "kept", (reasons, task)
+        assert [a.outcome for a in task.attempt_log] == ["succeeded"]
