@@ -1,0 +1,18 @@
+#!/usr/bin/env python3
+# Sequential driver for scripts/node-callgrind.sh: n times submit one task,
+# claim it (no wait) and complete it, one request at a time.
+# usage: seq-driver.py <node port> <n>
+import http.client, json, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+c = http.client.HTTPConnection("127.0.0.1", port)
+def call(method, path, body):
+    c.request(method, path, json.dumps(body), {"content-type": "application/json"})
+    r = c.getresponse(); data = r.read()
+    assert r.status < 300, (path, r.status, data)
+    return json.loads(data) if data else None
+call("PUT", "/api/v1/nodes/w/heartbeat", {"ttl_ms": 3600000})
+for i in range(n):
+    call("POST", "/api/v1/queues/seq/tasks", {"payload": {"i": i}})
+    t = call("POST", "/api/v1/queues/seq/claim", {"node": "w", "max": 1, "wait_ms": 0})
+    t = t["tasks"][0] if isinstance(t, dict) else t[0]
+    call("POST", f"/api/v1/tasks/{t['id']}/complete", {"token": t["token"]})
