@@ -22,6 +22,7 @@ mod late_writes;
 mod locks;
 mod nodes;
 mod orphans;
+mod partitions;
 mod schedules;
 mod scripts;
 mod stalls;

@@ -18,6 +18,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 pub mod ha;
+pub mod netns;
 
 /// A free TCP port on loopback (bound and released; the caller retries if
 /// someone takes it in between).
