@@ -784,3 +784,101 @@ async fn asymmetric_and_flapping_worker_partitions_lose_and_double_nothing() {
         t0.elapsed()
     );
 }
+
+/// 30 % packet loss and 500 ms of latency between a node and Redis (G2,
+/// G3): n1 reaches Redis through a proxy that delays each chunk 250 ms
+/// each way, and drops 30 % of the packets it sends there. Its two workers
+/// talk to n1 only. Neither n1 nor a worker is ever taken for dead, every
+/// task succeeds exactly once, and n1 answers every claim within twice its
+/// Redis deadline (work or a 503, never a hang).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lossy_slow_link_to_redis_no_false_death_no_lost_task() {
+    const TEST: &str = "lossy_slow_link_to_redis_no_false_death_no_lost_task";
+    let Some(net) = Net::new_or_skip(TEST) else { return };
+    let t0 = Instant::now();
+    let rdir = tempfile::tempdir().unwrap();
+    let rh = net.host("redis");
+    let _redis = start_redis(&rh, rdir.path()).await;
+    let url = format!("redis://{}:{REDIS_PORT}", rh.ip);
+    let ph = net.local("proxy");
+    let proxy = crate::common::FaultProxy::start_at(ph.ip.into(), (rh.ip, REDIS_PORT).into()).await;
+    let (h1, h2) = (net.host("n1"), net.host("n2"));
+    let p = std::process::id();
+    // Deadlines for a 500 ms round trip: a Redis call may take 2 s, a node
+    // lives 6 s without a heartbeat (each node checks its peers by its own
+    // ttl, so both get the same).
+    const TIMEOUT_MS: u64 = 2000;
+    let cfg = format!("[redis]\ntimeout_ms = {TIMEOUT_MS}\n[nodes]\nheartbeat_ms = 500\nttl_ms = 6000\n");
+    let n1 = NsNode::start(
+        &h1,
+        &format!("lossy-n1-{p}"),
+        &format!("redis://{}:{}", ph.ip, proxy.port),
+        &cfg,
+        &[],
+    )
+    .await;
+    let n2 = NsNode::start(&h2, &format!("lossy-n2-{p}"), &url, &cfg, &[]).await;
+    let (wh1, wh2) = (net.local(&format!("lw1-{p}")), net.local(&format!("lw2-{p}")));
+    let timeout = Duration::from_secs(10);
+    let w1 = Worker::new(&wh1, &[&n1], timeout);
+    let w2 = Worker::new(&wh2, &[&n1], timeout);
+    const WTTL: u64 = 6000;
+    let stop = Arc::new(AtomicBool::new(false));
+    assert!(w1.heartbeat(WTTL).await && w2.heartbeat(WTTL).await);
+    let hbs = [w1.heartbeats(WTTL, stop.clone()), w2.heartbeats(WTTL, stop.clone())];
+
+    proxy.set_latency(Duration::from_millis(250), Duration::ZERO);
+    net.lose(&h1, &ph, 0.3);
+    let faulty = Instant::now();
+    let all = submit(&n2, "flaky", 24, "lossy", json!({"max_attempts": 10})).await;
+    let tally = Arc::new(Tally::default());
+    let workers = [
+        work(w1.clone(), 3, tally.clone(), stop.clone(), t0),
+        work(w2.clone(), 3, tally.clone(), stop.clone(), t0),
+    ];
+    let done = wait_until(Duration::from_secs(60), || async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t = terminal_states(&events(rh.ip).await);
+        all.iter().all(|id| t.contains_key(id))
+    })
+    .await;
+    let took = faulty.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for h in workers {
+        h.await.unwrap();
+    }
+    // The liveness verdicts of the whole run are in before the link heals.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for h in hbs {
+        h.abort();
+    }
+    let evs = events(rh.ip).await;
+    let terminal = terminal_states(&evs);
+    let open: Vec<_> = all.iter().filter(|id| !terminal.contains_key(*id)).collect();
+    assert!(
+        done,
+        "{} of {} tasks never finished over the lossy link: {open:?}",
+        open.len(),
+        all.len()
+    );
+    let completions = tally.completions.lock().await.clone();
+    assert_exactly_once(&evs, &all, &completions, &[&w1.id, &w2.id, &n1.id, &n2.id]);
+    let claims = tally.claims.lock().await.clone();
+    let mut lat: Vec<Duration> = claims.iter().map(|c| c.3).collect();
+    lat.sort();
+    let pct = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
+    let bound = Duration::from_millis(2 * TIMEOUT_MS + 200 + 500);
+    let slow: Vec<_> = claims.iter().filter(|c| c.3 > bound).collect();
+    eprintln!(
+        "{TEST}: {} tasks succeeded once each in {took:?} over 30 % loss + 500 ms RTT; {} claims ({} got a 503 or no answer), \
+         claim answer p50 {:?} p99 {:?} max {:?} (bound {bound:?}); test took {:?}",
+        all.len(),
+        claims.len(),
+        claims.iter().filter(|c| c.1 == 0).count(),
+        pct(0.5),
+        pct(0.99),
+        lat.last().unwrap(),
+        t0.elapsed()
+    );
+    assert!(slow.is_empty(), "claims answered later than {bound:?}: {slow:?}");
+}
