@@ -458,6 +458,9 @@ async fn node_cut_from_redis_stops_work_and_its_tasks_move_on() {
     };
     let all: HashSet<String> = first.iter().chain(&second).cloned().collect();
     let done: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    // w2 keeps one of w1's recovered tasks running, so w1's old token meets
+    // a running task under a newer token after healing.
+    let kept: Arc<Mutex<Option<(String, u64)>>> = Arc::default();
     let drained = wait_until(Duration::from_secs(20), || async {
         if let Some((200, b)) = w2
             .any(
@@ -469,16 +472,22 @@ async fn node_cut_from_redis_stops_work_and_its_tasks_move_on() {
         {
             for t in b["tasks"].as_array().unwrap() {
                 let (id, tok) = (t["id"].as_str().unwrap(), t["token"].as_u64().unwrap());
+                let mut k = kept.lock().await;
+                if k.is_none() && id == held[0].0 {
+                    *k = Some((id.to_string(), tok));
+                    continue;
+                }
                 let path = format!("/api/v1/tasks/{id}/complete");
                 if let Some((200, _)) = w2.any(reqwest::Method::POST, &path, &json!({"token": tok})).await {
                     done.lock().await.push((id.to_string(), tok));
                 }
             }
         }
-        done.lock().await.len() >= all.len()
+        done.lock().await.len() + 1 >= all.len() && kept.lock().await.is_some()
     })
     .await;
-    let done = done.lock().await.clone();
+    let mut done = done.lock().await.clone();
+    let kept = kept.lock().await.clone();
     assert!(
         drained,
         "w2 completed {} of {} tasks while n1 was cut from redis",
@@ -524,6 +533,19 @@ async fn node_cut_from_redis_stops_work_and_its_tasks_move_on() {
             assert_eq!(s, 409, "{verb} of {id} with w1's old token {tok} after healing: {b}");
         }
     }
+
+    // w2, the holder of the current token, completes the task it kept.
+    let (kid, ktok) = kept.unwrap();
+    let (s, b) = w2
+        .any(
+            reqwest::Method::POST,
+            &format!("/api/v1/tasks/{kid}/complete"),
+            &json!({"token": ktok}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, 200, "the current holder completes {kid}: {b}");
+    done.push((kid, ktok));
 
     let evs = events(rh.ip).await;
     // Claims during the cut: none handed out work, each answered in time.
