@@ -25,6 +25,7 @@ mod orphans;
 mod partitions;
 mod schedules;
 mod scripts;
+mod soak;
 mod stalls;
 mod tasks;
 mod workflows;
