@@ -102,19 +102,30 @@ async fn used_memory(redis: &TestRedis) -> u64 {
         .unwrap_or(0)
 }
 
+/// Runs `cmd`, retrying on errors for up to 30 s with a fresh connection (on
+/// a loaded machine a reply can outlast the client's response timeout).
+async fn query<T: redis::FromRedisValue>(redis: &TestRedis, cmd: &redis::Cmd) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = redis.conn().await;
+        match cmd.query_async(&mut c).await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("soak: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("soak: a Redis command kept failing: {e}"),
+        }
+    }
+}
+
 /// Every key without a TTL and its length (by type); and the key count.
 async fn untimed_keys(redis: &TestRedis) -> (BTreeMap<String, i64>, usize) {
-    let mut c = redis.conn().await;
     let mut keys: Vec<String> = Vec::new();
     let mut cursor = 0u64;
     loop {
-        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(5000)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let (next, page): (u64, Vec<String>) =
+            query(redis, redis::cmd("SCAN").arg(cursor).arg("COUNT").arg(5000)).await;
         keys.extend(page);
         cursor = next;
         if cursor == 0 {
@@ -124,13 +135,26 @@ async fn untimed_keys(redis: &TestRedis) -> (BTreeMap<String, i64>, usize) {
     keys.sort();
     keys.dedup();
     let total = keys.len();
-    let mut out = BTreeMap::new();
-    for k in keys {
-        let ttl: i64 = redis::cmd("PTTL").arg(&k).query_async(&mut c).await.unwrap();
-        if ttl != -1 {
-            continue;
+    let mut untimed = Vec::new();
+    for chunk in keys.chunks(500) {
+        let mut pipe = redis::pipe();
+        for k in chunk {
+            pipe.cmd("PTTL").arg(k);
         }
-        let ty: String = redis::cmd("TYPE").arg(&k).query_async(&mut c).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let ttls: Vec<i64> = loop {
+            let mut c = redis.conn().await;
+            match pipe.query_async(&mut c).await {
+                Ok(v) => break v,
+                Err(e) if Instant::now() < deadline => eprintln!("soak: PTTL pipeline: {e}; retrying"),
+                Err(e) => panic!("soak: PTTL pipeline kept failing: {e}"),
+            }
+        };
+        untimed.extend(chunk.iter().zip(ttls).filter(|(_, t)| *t == -1).map(|(k, _)| k.clone()));
+    }
+    let mut out = BTreeMap::new();
+    for k in untimed {
+        let ty: String = query(redis, redis::cmd("TYPE").arg(&k)).await;
         let len_cmd = match ty.as_str() {
             "stream" => "XLEN",
             "zset" => "ZCARD",
@@ -139,7 +163,7 @@ async fn untimed_keys(redis: &TestRedis) -> (BTreeMap<String, i64>, usize) {
             "list" => "LLEN",
             _ => "STRLEN",
         };
-        let n: i64 = redis::cmd(len_cmd).arg(&k).query_async(&mut c).await.unwrap_or(0);
+        let n: i64 = query(redis, redis::cmd(len_cmd).arg(&k)).await;
         out.insert(k, n);
     }
     (out, total)
