@@ -258,7 +258,7 @@ async fn churn_soak_returns_to_baseline() {
                         let i = b * BATCH + j;
                         let mut t = match i % 100 {
                             0..=4 => json!({"payload": {"kind": "retry"}, "max_attempts": 3}),
-                            5 => json!({"payload": {"kind": "timeout"}, "timeout_ms": 1000, "max_attempts": 3}),
+                            5 => json!({"payload": {"kind": "timeout"}, "timeout_ms": 2000, "max_attempts": 10}),
                             _ => json!({"payload": {"kind": "ok"}}),
                         };
                         if i % 10 == 7 {
