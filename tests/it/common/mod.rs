@@ -18,6 +18,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 pub mod ha;
+pub mod netns;
 
 /// A free TCP port on loopback (bound and released; the caller retries if
 /// someone takes it in between).
@@ -530,8 +531,14 @@ fn rand_below(n: u64) -> u64 {
 
 impl FaultProxy {
     pub async fn start(target_port: u16) -> FaultProxy {
+        let lo = std::net::Ipv4Addr::LOCALHOST;
+        Self::start_at(lo.into(), (lo, target_port).into()).await
+    }
+
+    /// A proxy listening on `bind` (port 0) in front of `target`.
+    pub async fn start_at(bind: std::net::IpAddr, target: std::net::SocketAddr) -> FaultProxy {
         use std::sync::Arc;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind((bind, 0)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(ProxyState::default());
         let st = state.clone();
@@ -546,7 +553,7 @@ impl FaultProxy {
                 }
                 let st = st.clone();
                 tokio::spawn(async move {
-                    let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await else {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
                     let _ = inbound.set_nodelay(true);
