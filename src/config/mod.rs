@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 mod sections;
 mod validate;
 
+pub use self::validate::{MAX_ACK_CONNECTIONS, MAX_ACK_REPLICAS, MAX_ACK_TIMEOUT_MS};
+
 pub use self::sections::{
     AuthConfig, BarriersConfig, EventsConfig, FailoverConfig, FailoverRole, LocksConfig, NodesConfig, OrphansConfig,
     RedisConfig, Role, SchedulesConfig, ServerConfig, TasksConfig, TokenConfig,

@@ -9,6 +9,7 @@ mod browser;
 mod chaos;
 mod contract;
 mod docs;
+mod durability;
 mod events;
 mod events_resume;
 mod ha_cluster;
