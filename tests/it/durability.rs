@@ -457,3 +457,70 @@ async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// Cluster: WAIT goes to the master of the namespace's slot
+// ---------------------------------------------------------------------------
+
+/// A 3-master Cluster in which only the master of `{muster}`'s slot gets a
+/// replica. redis-rs would send a bare `WAIT` to every master and answer the
+/// minimum (0 here, from the two without replicas); muster sends it to the
+/// slot's master on the connection of the writes, so a submit is confirmed,
+/// and a frozen replica makes it a shortfall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_waits_on_the_namespace_slot_master() {
+    use crate::common::ha::{TestCluster, info, query};
+    let cluster = TestCluster::start(3);
+    // The owner answers a read of the slot; the others answer MOVED.
+    let owner = cluster
+        .ports()
+        .into_iter()
+        .find(|p| query::<Option<String>>(*p, &["GET", "{muster}:probe"]).is_some())
+        .expect("one master owns the {muster} slot");
+    let owner_id: String = query(owner, &["CLUSTER", "MYID"]).unwrap();
+    let conf_dir = tempfile::Builder::new().prefix("muster-dur-cluster").tempdir().unwrap();
+    let conf = conf_dir.path().join("replica-nodes.conf");
+    let bus = free_port().to_string();
+    let replica = TestRedis::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-port",
+        &bus,
+        "--cluster-config-file",
+        &conf.to_string_lossy(),
+        "--cluster-node-timeout",
+        "2000",
+    ]);
+    let _: () = replica.cmd(&["CLUSTER", "MEET", "127.0.0.1", &owner.to_string()]).await;
+    let known = wait_until(Duration::from_secs(20), || async {
+        let nodes: String = replica.cmd(&["CLUSTER", "NODES"]).await;
+        nodes.contains(&owner_id)
+    })
+    .await;
+    assert!(known, "the new node never learned the slot's master");
+    let _: () = replica.cmd(&["CLUSTER", "REPLICATE", &owner_id]).await;
+    let up = wait_until(Duration::from_secs(20), || async {
+        info(replica.port, "replication")
+            .iter()
+            .any(|(k, v)| k == "master_link_status" && v == "up")
+    })
+    .await;
+    assert!(up, "the replica never synced with the slot's master");
+
+    let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
+    let mut cfg = test_config("", dir.path());
+    cfg.redis.url = String::new();
+    cfg.redis.cluster = cluster.seeds();
+    cfg.redis.ack_replicas = 1;
+    cfg.redis.ack_timeout_ms = 300;
+    let app = TestApp::start_config(cfg, dir).await;
+    let (s, b, h) = post_with(&app, "/api/v1/queues/dur/tasks", &[], json!({"payload": 1})).await;
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(replicas_header(&h).as_deref(), Some("1"));
+
+    let thaw = replica.freeze(Duration::from_secs(2));
+    let (s, b, _) = post_with(&app, "/api/v1/queues/dur/tasks", &[], json!({"payload": 2})).await;
+    assert_eq!(s, 503, "{b}");
+    assert_eq!(b["replicated"], false, "{b}");
+    thaw.join().unwrap();
+}
