@@ -124,6 +124,9 @@ pub fn router(state: AppState) -> Router {
         // 403 whatever the body's size (tower-http's RequestBodyLimitLayer
         // would answer 413 first, from Content-Length).
         .layer(DefaultBodyLimit::max(max_body))
+        // Inside auth (a refused caller waits for nothing), around the
+        // handler: the changes of `durability::ACKED` wait for replicas.
+        .layer(from_fn_with_state(state.clone(), crate::durability::middleware))
         .layer(from_fn_with_state(state.clone(), crate::auth::middleware))
         .layer(from_fn(crate::http::track_metrics))
         .with_state(state);

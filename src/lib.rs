@@ -18,6 +18,8 @@
 //!   the cluster by every node's scheduler.
 //! - [`events`]: the cluster event stream, tailed once per node and fanned
 //!   out to local consumers (claim wake-ups, WebSockets).
+//! - [`durability`]: which changes wait for replicas (`redis.ack_replicas`,
+//!   the `Durability` header) and the 503 when they cannot be confirmed.
 //! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
 //!   problem+json errors.
 //! - [`system`]: probes, `/metrics`, the Redis summary, the OpenAPI document.
@@ -44,6 +46,7 @@ pub mod app;
 pub mod auth;
 pub mod bench;
 pub mod config;
+pub mod durability;
 pub mod error;
 pub mod events;
 pub mod failover;

@@ -125,7 +125,13 @@ fn add_components(d: &mut Value) {
                     "title": {"type": "string", "description": "The status code's reason phrase."},
                     "status": {"type": "integer", "minimum": 400, "maximum": 599},
                     "detail": {"type": "string", "description": "What was wrong and how to fix it; for 5xx a generic text."},
-                    "request_id": {"type": "string", "description": "The `x-request-id` of the request, for the server log."}
+                    "request_id": {"type": "string", "description": "The `x-request-id` of the request, for the server log."},
+                    "replicated": {"type": "boolean", "description": "Only on the 503 of a change that waits for replicas (`redis.ack_replicas`, the `Durability` header): always false. The change was applied on the master (or may have been) but fewer replicas than required confirmed it: it may or may not survive a failover. Retrying is safe with an idempotency key."},
+                    "replicas_required": {"type": "integer", "minimum": 1, "maximum": crate::config::MAX_ACK_REPLICAS, "description": "With `replicated`: the replicas that had to confirm."},
+                    "replicas_acked": {"type": ["integer", "null"], "minimum": 0, "description": "With `replicated`: how many confirmed within `redis.ack_timeout_ms`; null when the wait itself failed."},
+                    "task_id": {"type": "string", "description": "With `replicated`: the task the change created (a submit) or changed (complete, fail, cancel, retry)."},
+                    "result_status": {"type": "integer", "description": "With `replicated`: the status the answer would have had."},
+                    "result": {"description": "With `replicated`: the body the answer would have had (for a batch submit, every task's id)."}
                 },
                 "additionalProperties": true
             }),
@@ -222,6 +228,12 @@ fn complete_operation(path: &str, method: &str, op: &mut Value, cfg: &Config) {
             bound_parameter(path, method, p, cfg);
         }
     }
+    if crate::durability::is_acked(method, path) {
+        let params = op.entry("parameters").or_insert_with(|| json!([]));
+        if let Some(params) = params.as_array_mut() {
+            params.push(durability_parameter());
+        }
+    }
     let has_params = op
         .get("parameters")
         .and_then(Value::as_array)
@@ -263,7 +275,16 @@ fn complete_operation(path: &str, method: &str, op: &mut Value, cfg: &Config) {
         add_problem(responses, 413, "The body or a value in it is larger than allowed");
         add_problem(responses, 415, "The body is not sent as `application/json`");
     }
-    if !NO_REDIS.contains(&path) {
+    if crate::durability::is_acked(method, path) {
+        add_problem(
+            responses,
+            503,
+            "Redis is unreachable or this node cannot serve now; or (with `replicated: false`) the change was \
+             applied on the master but fewer replicas than required confirmed it in time (`redis.ack_replicas`, \
+             the `Durability` header), so it may or may not survive a failover. Retry (see `Retry-After`); an \
+             idempotency key makes a retried submit safe",
+        );
+    } else if !NO_REDIS.contains(&path) {
         add_problem(
             responses,
             503,
@@ -289,6 +310,20 @@ fn complete_operation(path: &str, method: &str, op: &mut Value, cfg: &Config) {
             }
         }
     }
+}
+
+/// The `Durability` header of the changes that can wait for replicas.
+fn durability_parameter() -> Value {
+    json!({
+        "name": "Durability",
+        "in": "header",
+        "required": false,
+        "description": "`replicated`: answer only once max(`redis.ack_replicas`, 1) replicas confirmed the change \
+                        (Redis `WAIT`), else 503 with `replicated: false`. Without it the node's \
+                        `redis.ack_replicas` applies (0 by default: answer as soon as the master applied it). \
+                        A confirmed answer carries `Durability-Replicas`, the number of replicas that confirmed.",
+        "schema": {"type": "string", "enum": ["replicated"]}
+    })
 }
 
 /// utoipa writes an `Option<T>` body as `oneOf: [T, null]`, which would

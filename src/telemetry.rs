@@ -116,6 +116,28 @@ pub const METRICS: &[Metric] = &[
         Counter,
         "Times this node switched to a new Redis master",
     ),
+    fixed(
+        "muster_redis_ack_waits_total",
+        Counter,
+        "Replicated acknowledgements (WAIT) by outcome: replicated, short (fewer replicas within the timeout), unknown (the wait failed)",
+        "outcome",
+        &["replicated", "short", "unknown"],
+    ),
+    m(
+        "muster_redis_ack_wait_seconds",
+        Histogram,
+        "Duration of replicated acknowledgements (the mark and WAIT)",
+    ),
+    m(
+        "muster_redis_ack_shortfalls_total",
+        Counter,
+        "Changes answered 503 with replicated: false (short or unknown)",
+    ),
+    m(
+        "muster_redis_ack_connections_opened_total",
+        Counter,
+        "Dedicated connections opened for replicated writes",
+    ),
     m(
         "muster_failover_switches_total",
         Counter,

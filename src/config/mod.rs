@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 mod sections;
 mod validate;
 
+pub use self::validate::{MAX_ACK_CONNECTIONS, MAX_ACK_REPLICAS, MAX_ACK_TIMEOUT_MS};
+
 pub use self::sections::{
     AuthConfig, BarriersConfig, EventsConfig, FailoverConfig, FailoverRole, LocksConfig, NodesConfig, OrphansConfig,
     RedisConfig, Role, SchedulesConfig, ServerConfig, TasksConfig, TokenConfig,
@@ -184,6 +186,30 @@ mod tests {
         assert!(e.0.contains("overlapp"), "{}", e.0);
         let e = Config::from_toml("[schedules]\nrecord_ttl_ms = 1000\n").unwrap_err();
         assert!(e.0.contains("schedules.record_ttl_ms"), "{}", e.0);
+    }
+
+    #[test]
+    fn durability_keys_are_bounded() {
+        let url = "[redis]\nurl = \"redis://127.0.0.1:1\"\n";
+        let ok = Config::from_toml(&format!("{url}ack_replicas = 2\nack_timeout_ms = 250\n")).unwrap();
+        assert_eq!((ok.redis.ack_replicas, ok.redis.ack_timeout_ms), (2, 250));
+        for (bad, key) in [
+            ("ack_replicas = 17", "redis.ack_replicas"),
+            ("ack_timeout_ms = 0", "redis.ack_timeout_ms"),
+            ("ack_timeout_ms = 60001", "redis.ack_timeout_ms"),
+            ("ack_connections = 0", "redis.ack_connections"),
+            ("ack_connections = 257", "redis.ack_connections"),
+        ] {
+            let e = Config::from_toml(&format!("{url}{bad}\n")).unwrap_err();
+            assert!(e.0.contains(key), "{bad}: {}", e.0);
+        }
+        // The embedded Redis has no replicas to wait for.
+        let e = Config::from_toml("[redis]\nack_replicas = 1\n").unwrap_err();
+        assert!(
+            e.0.contains("redis.ack_replicas") && e.0.contains("embedded"),
+            "{}",
+            e.0
+        );
     }
 
     #[test]

@@ -97,6 +97,16 @@ pub struct RedisConfig {
     /// Sentinel mode: how often the node re-asks the sentinels for the master,
     /// besides `+switch-master` messages and errors, which trigger at once.
     pub sentinel_poll_ms: u64,
+    /// Durability: how many replicas must confirm a change (`WAIT`) before
+    /// the client is told it succeeded. 0: answer as soon as the master
+    /// applied it (a failover can lose it). See `docs/high-availability.md`.
+    pub ack_replicas: u32,
+    /// How long a change waits for `ack_replicas` confirmations; past it the
+    /// client gets 503 with `replicated: false`.
+    pub ack_timeout_ms: u64,
+    /// Dedicated connections the replicated writes share (`WAIT` blocks the
+    /// connection it runs on, so never the shared one).
+    pub ack_connections: u32,
 }
 
 impl Default for RedisConfig {
@@ -116,6 +126,9 @@ impl Default for RedisConfig {
             password: String::new(),
             tls: false,
             sentinel_poll_ms: 1000,
+            ack_replicas: 0,
+            ack_timeout_ms: 1000,
+            ack_connections: 8,
         }
     }
 }

@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// Most replicas `redis.ack_replicas` may require.
+pub const MAX_ACK_REPLICAS: u32 = 16;
+/// Longest `redis.ack_timeout_ms`: one minute.
+pub const MAX_ACK_TIMEOUT_MS: u64 = 60_000;
+/// Most dedicated connections for replicated writes.
+pub const MAX_ACK_CONNECTIONS: u32 = 256;
+
 impl Config {
     /// Checks the values serde cannot: ranges and relations between keys.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -229,6 +236,31 @@ impl Config {
         }
         if r.sentinel_poll_ms < 100 {
             return err("redis.sentinel_poll_ms", "must be at least 100");
+        }
+        if r.ack_replicas > MAX_ACK_REPLICAS {
+            return err(
+                "redis.ack_replicas",
+                &format!("must be between 0 and {MAX_ACK_REPLICAS} (the replicas that must confirm each change)"),
+            );
+        }
+        if r.ack_replicas > 0 && ways == 0 {
+            return err(
+                "redis.ack_replicas",
+                "the embedded Redis has no replicas, so no change could ever be confirmed: \
+                 set it to 0, or point the node at a replicated deployment (url, sentinels, cluster or failover)",
+            );
+        }
+        if !(1..=MAX_ACK_TIMEOUT_MS).contains(&r.ack_timeout_ms) {
+            return err(
+                "redis.ack_timeout_ms",
+                &format!("must be between 1 and {MAX_ACK_TIMEOUT_MS} (WAIT's 0, wait forever, is not allowed)"),
+            );
+        }
+        if !(1..=MAX_ACK_CONNECTIONS).contains(&r.ack_connections) {
+            return err(
+                "redis.ack_connections",
+                &format!("must be between 1 and {MAX_ACK_CONNECTIONS}"),
+            );
         }
         if coordinated {
             if f.redis_servers.is_empty() || f.redis_servers.iter().any(|a| !addr_ok(a)) {

@@ -241,6 +241,9 @@ impl Store {
         if self.inner.clock.now_ms().is_none() {
             self.time_ms().await?;
         }
+        if let Some(scope) = Store::ack_scope() {
+            return self.eval_acked(&scope, lua, keys, args).await;
+        }
         let mut attempt = 0;
         loop {
             let mut inv = lua.script().prepare_invoke();

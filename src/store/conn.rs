@@ -276,6 +276,7 @@ impl Store {
                 healthy: AtomicBool::new(true),
                 latency_us: AtomicU64::new(0),
                 info: RwLock::new(ServerInfo::default()),
+                acks: ack::Pool::new(cfg.ack_connections),
             }),
         }
     }

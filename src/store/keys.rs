@@ -37,6 +37,13 @@ impl Keys {
         format!("{}:session:{id_hash}", self.p)
     }
 
+    /// String: the marker a replicated write sets before `WAIT`, so the wait
+    /// covers every change the master applied before it (see `store/ack.rs`).
+    /// TTL 60 s.
+    pub fn ack_mark(&self) -> String {
+        format!("{}:ack:mark", self.p)
+    }
+
     // --- nodes ---------------------------------------------------------
 
     /// Sorted set: node id scored by the expiry of its last heartbeat (Redis ms).

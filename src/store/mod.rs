@@ -20,6 +20,7 @@ pub mod keys;
 pub mod reply;
 pub mod script;
 
+mod ack;
 mod call;
 mod conn;
 mod master;
@@ -41,6 +42,7 @@ pub use codes::Code;
 pub use keys::Keys;
 pub use script::{Lua, ScriptCall, ScriptCtx};
 
+pub use self::ack::{AckScope, Confirmation};
 pub use self::call::classify;
 pub use self::conn::{Conn, ServerAuth, redact};
 pub use self::master::role_of;
@@ -152,6 +154,8 @@ struct Inner {
     /// Last measured round trip, microseconds (for the dashboard).
     latency_us: AtomicU64,
     info: RwLock<ServerInfo>,
+    /// The dedicated connections of replicated writes (see `ack.rs`).
+    acks: ack::Pool,
 }
 
 /// The shared connection and what cuts it. A call that times out cuts the

@@ -10,6 +10,7 @@ mod chaos;
 mod client_python;
 mod contract;
 mod docs;
+mod durability;
 mod events;
 mod events_resume;
 mod ha_cluster;

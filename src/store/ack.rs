@@ -1,0 +1,319 @@
+//! Replicated acknowledgements (`redis.ack_replicas`, the `Durability`
+//! header): a change is confirmed by `n` replicas with `WAIT` before the
+//! client is told it succeeded, so a failover that promotes one of those
+//! replicas cannot lose it.
+//!
+//! Invariants:
+//! - `WAIT` waits for the replication offset of the last write made *on its
+//!   own connection*. So every script of an acknowledged request runs on one
+//!   connection of a small pool ([`Store::in_ack_scope`]), and the request
+//!   ends on that same connection with `SET <mark> PX 60000` and `WAIT n
+//!   timeout` in one pipeline ([`Store::confirm_replicated`]). The mark comes
+//!   after every change the master applied before it (a master's replication
+//!   stream is one sequence), so the wait also covers a change the request
+//!   only found: the replay of an idempotency key whose first write was never
+//!   confirmed. (The tests' "already done" and replay cases pass on Redis
+//!   7.0 without the mark too: a fresh connection's `WAIT` there blocked
+//!   behind the unconfirmed write all the same, for a reason not pinned
+//!   down. The mark does not depend on that, so it stays.)
+//! - Never on the shared connection: `WAIT` blocks the connection it runs on
+//!   until enough replicas answer or the timeout passes. The pool's
+//!   connections are multiplexed and shared by the requests (one picked per
+//!   request, round robin): a wait delays only the requests behind it on the
+//!   same pooled connection, and a long poll that holds one delays nobody.
+//! - Same connection, same server: a pooled connection never reconnects by
+//!   itself (it dies with its socket), so the write and the wait reach the
+//!   same server or the wait fails, which is answered as not replicated. In
+//!   Cluster mode the connection may reconnect to a node internally: the
+//!   pipeline reads `CLIENT ID` and any change from the id read when the
+//!   connection was opened counts as not replicated.
+//! - A pooled connection on which a call timed out or failed as unavailable
+//!   is dropped, never reused (G12); a master switch (a new generation)
+//!   retires every pooled connection, and the next request opens a new one.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+
+use super::call::RetryableOr;
+use super::conn::home_route;
+use super::*;
+
+tokio::task_local! {
+    /// The acknowledged request being served, set by [`Store::in_ack_scope`].
+    static ACK: Arc<ScopeInner>;
+}
+
+/// The pooled connections of replicated writes (`redis.ack_connections`).
+pub(super) struct Pool {
+    slots: Vec<tokio::sync::Mutex<Option<Pooled>>>,
+    next: AtomicUsize,
+}
+
+impl Pool {
+    pub(super) fn new(size: u32) -> Pool {
+        Pool {
+            slots: (0..size.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// One pooled connection, the generation it was opened in, and (Cluster)
+/// the `CLIENT ID` the namespace's master gave it.
+#[derive(Clone)]
+struct Pooled {
+    slot: usize,
+    link: Link,
+    generation: u64,
+    client_id: Option<i64>,
+}
+
+#[derive(Default)]
+struct ScopeInner {
+    /// The pooled connection this request uses, once its first script ran.
+    pooled: Mutex<Option<Pooled>>,
+}
+
+/// One acknowledged request: every script it runs inside
+/// [`Store::in_ack_scope`] uses the same pooled connection, and
+/// [`Store::confirm_replicated`] waits there.
+#[derive(Clone, Default)]
+pub struct AckScope(Arc<ScopeInner>);
+
+/// What `WAIT` said about a request's changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Confirmation {
+    /// At least the required number of replicas confirmed (how many did).
+    Replicated(u32),
+    /// Fewer confirmed within the timeout (how many did).
+    Short(u32),
+    /// The wait could not be made or its answer was lost (the connection
+    /// broke, a master switch, no answer in time): nothing is known.
+    Unknown(String),
+}
+
+impl Store {
+    /// Runs `fut` (a request handler) so that every script it runs goes to
+    /// the request's pooled connection (see the module header).
+    pub async fn in_ack_scope<F: std::future::Future>(&self, scope: &AckScope, fut: F) -> F::Output {
+        ACK.scope(scope.0.clone(), fut).await
+    }
+
+    /// The current request's scope, when it is acknowledged.
+    pub(super) fn ack_scope() -> Option<AckScope> {
+        ACK.try_with(|s| AckScope(s.clone())).ok()
+    }
+
+    /// Sets the mark and waits for `replicas` confirmations of it, up to
+    /// `wait`, on the request's pooled connection (a fresh pick when the
+    /// request ran no script). Records the wait's metrics.
+    pub async fn confirm_replicated(&self, scope: &AckScope, replicas: u32, wait: Duration) -> Confirmation {
+        let start = Instant::now();
+        let outcome = self.wait_replicas(scope, replicas, wait).await;
+        metrics::histogram!("muster_redis_ack_wait_seconds").record(start.elapsed().as_secs_f64());
+        let label = match &outcome {
+            Confirmation::Replicated(_) => "replicated",
+            Confirmation::Short(_) => "short",
+            Confirmation::Unknown(_) => "unknown",
+        };
+        metrics::counter!("muster_redis_ack_waits_total", "outcome" => label).increment(1);
+        if !matches!(outcome, Confirmation::Replicated(_)) {
+            metrics::counter!("muster_redis_ack_shortfalls_total").increment(1);
+        }
+        outcome
+    }
+
+    async fn wait_replicas(&self, scope: &AckScope, replicas: u32, wait: Duration) -> Confirmation {
+        let pooled = match self.ack_pooled(scope).await {
+            Ok(p) => p,
+            Err(e) => return Confirmation::Unknown(e.to_string()),
+        };
+        let mut pipe = redis::pipe();
+        if pooled.client_id.is_some() {
+            pipe.cmd("CLIENT").arg("ID");
+        }
+        pipe.cmd("SET")
+            .arg(self.inner.keys.ack_mark())
+            .arg(1)
+            .arg("PX")
+            .arg(60_000)
+            .ignore();
+        pipe.cmd("WAIT").arg(replicas).arg(wait.as_millis() as u64);
+        let mut conn = pooled.link.conn.clone();
+        let limit = wait + self.inner.timeout;
+        let res: redis::RedisResult<Vec<i64>> = tokio::select! {
+            r = tokio::time::timeout(limit, pipe.query_async(&mut conn)) => match r {
+                Ok(r) => r,
+                Err(_) => {
+                    self.retire_pooled(&pooled).await;
+                    return Confirmation::Unknown(format!("WAIT got no answer within {} ms", limit.as_millis()));
+                }
+            },
+            _ = pooled.link.cut.cancelled() => {
+                return Confirmation::Unknown("the connection of this write was dropped before WAIT answered".into());
+            }
+        };
+        let values = match res {
+            Ok(v) => v,
+            Err(e) => {
+                let err = classify(&e);
+                if matches!(err, StoreError::Unavailable(_)) {
+                    self.retire_pooled(&pooled).await;
+                }
+                return Confirmation::Unknown(format!("WAIT failed: {err}"));
+            }
+        };
+        let (client_id, acked) = match (pooled.client_id, values.as_slice()) {
+            (Some(_), [id, acked]) => (Some(*id), *acked),
+            (None, [acked]) => (None, *acked),
+            _ => return Confirmation::Unknown(format!("unexpected reply to WAIT: {values:?}")),
+        };
+        if client_id != pooled.client_id {
+            self.retire_pooled(&pooled).await;
+            return Confirmation::Unknown(
+                "the cluster connection was reopened between the write and WAIT, which may have reached another server"
+                    .into(),
+            );
+        }
+        let acked = acked.max(0) as u32;
+        if acked >= replicas {
+            Confirmation::Replicated(acked)
+        } else {
+            Confirmation::Short(acked)
+        }
+    }
+
+    /// [`Store::eval`] inside an acknowledged request: on the request's
+    /// pooled connection, not retried (a retry on another connection would
+    /// leave the request's writes where its `WAIT` cannot see them).
+    pub(super) async fn eval_acked<T: FromRedisValue>(
+        &self,
+        scope: &AckScope,
+        lua: &Lua,
+        keys: &[String],
+        args: &[String],
+    ) -> StoreResult<T> {
+        let pooled = self.ack_pooled(scope).await?;
+        let mut inv = lua.script().prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        for a in args {
+            inv.arg(a);
+        }
+        inv.arg(self.deadline()?);
+        let mut conn = pooled.link.conn.clone();
+        match self
+            .timed_on(&pooled.link, lua.name(), inv.invoke_async::<T>(&mut conn))
+            .await
+        {
+            Ok(v) => Ok(v),
+            Err(RetryableOr::Retry(e)) => {
+                // Timed out, cut, or unreachable: never reuse it (G12).
+                self.retire_pooled(&pooled).await;
+                Err(e)
+            }
+            Err(RetryableOr::Fail(e)) => Err(e),
+        }
+    }
+
+    /// The request's pooled connection: the one it used already (an error if
+    /// that one was dropped meanwhile), or the next slot's, opened if needed.
+    async fn ack_pooled(&self, scope: &AckScope) -> StoreResult<Pooled> {
+        let held = scope.0.pooled.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(p) = held {
+            if p.link.cut.is_cancelled() {
+                return Err(StoreError::Unavailable(
+                    "the dedicated connection of this replicated write was dropped; retry".into(),
+                ));
+            }
+            return Ok(p);
+        }
+        let pool = &self.inner.acks;
+        let slot = pool.next.fetch_add(1, Ordering::Relaxed) % pool.slots.len();
+        let p = self.pooled_at(slot).await?;
+        *scope.0.pooled.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Slot `slot`'s connection, opened when it has none, was dropped, or
+    /// belongs to an older master (generation).
+    async fn pooled_at(&self, slot: usize) -> StoreResult<Pooled> {
+        self.follow_master_file().await;
+        let mut held = self.inner.acks.slots[slot].lock().await;
+        let generation = self.generation();
+        if let Some(p) = held.as_ref() {
+            if p.generation == generation && !p.link.cut.is_cancelled() {
+                return Ok(p.clone());
+            }
+            p.link.cut.cancel();
+        }
+        *held = None;
+        let conn = self.open_ack_conn().await?;
+        let link = Link {
+            conn,
+            id: self.inner.links.fetch_add(1, Ordering::SeqCst) + 1,
+            cut: CancellationToken::new(),
+        };
+        let client_id = match link.conn {
+            Conn::Cluster(..) => {
+                let mut c = link.conn.clone();
+                let id: i64 = self
+                    .timed_on(&link, "client_id", redis::cmd("CLIENT").arg("ID").query_async(&mut c))
+                    .await
+                    .map_err(RetryableOr::into_error)?;
+                Some(id)
+            }
+            _ => None,
+        };
+        let p = Pooled {
+            slot,
+            link,
+            generation,
+            client_id,
+        };
+        *held = Some(p.clone());
+        metrics::counter!("muster_redis_ack_connections_opened_total").increment(1);
+        Ok(p)
+    }
+
+    /// A new connection for the pool: like [`Store::dedicated`] (no response
+    /// timeout of its own: every command on it is bounded by the caller), but
+    /// never the shared connection.
+    async fn open_ack_conn(&self) -> StoreResult<Conn> {
+        if let Some(cc) = &self.inner.cluster_blocking {
+            let c = tokio::time::timeout(self.inner.timeout, cc.get_async_connection())
+                .await
+                .map_err(|_| StoreError::Unavailable("timed out opening a cluster connection".into()))?
+                .map_err(|e| classify(&e))?;
+            return Ok(Conn::Cluster(c, home_route(&self.inner.keys)));
+        }
+        let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(client) = client else {
+            return Err(StoreError::Unavailable(
+                "no Redis master in use: waiting for a failover round to name one".into(),
+            ));
+        };
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.inner.timeout))
+            .set_response_timeout(None);
+        let c = tokio::time::timeout(
+            self.inner.timeout,
+            client.get_multiplexed_async_connection_with_config(&cfg),
+        )
+        .await
+        .map_err(|_| StoreError::Unavailable("timed out opening a connection".into()))?
+        .map_err(|e| classify(&e))?;
+        Ok(Conn::Multiplexed(c))
+    }
+
+    /// Drops `p` from its slot (if it is still there) and cuts it, so every
+    /// call still waiting on it gives up at once.
+    async fn retire_pooled(&self, p: &Pooled) {
+        p.link.cut.cancel();
+        let mut held = self.inner.acks.slots[p.slot].lock().await;
+        if held.as_ref().is_some_and(|h| h.link.id == p.link.id) {
+            *held = None;
+        }
+    }
+}
