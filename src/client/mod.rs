@@ -425,7 +425,8 @@ impl Client {
         })
     }
 
-    /// [`Client::call`] for an operation that always has a body.
+    /// [`Client::call`] for an operation that answers with a body; a 204
+    /// reads as JSON `null` (so `Value` answers accept it, structs do not).
     pub(crate) async fn call_json<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
         method: reqwest::Method,
@@ -433,10 +434,13 @@ impl Client {
         body: Option<&B>,
         opts: &CallOptions,
     ) -> Result<T> {
-        self.call(method, path, body, opts).await?.ok_or_else(|| Error::Decode {
-            url: self.current_url().to_string(),
-            message: "204 No Content where a body was expected".into(),
-        })
+        match self.call(method, path, body, opts).await? {
+            Some(t) => Ok(t),
+            None => serde_json::from_value(serde_json::Value::Null).map_err(|_| Error::Decode {
+                url: self.current_url().to_string(),
+                message: "204 No Content where a body was expected".into(),
+            }),
+        }
     }
 }
 

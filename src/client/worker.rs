@@ -367,6 +367,10 @@ struct Run {
     stop_claiming: CancellationToken,
     /// The grace period is over: cancel handlers and hand tasks back.
     hard_stop: CancellationToken,
+    /// The run was dropped (its future aborted, the process going down):
+    /// every loop and handler it spawned stops at once, reporting nothing,
+    /// as if the process had died.
+    killed: CancellationToken,
     slots: Arc<Semaphore>,
 }
 
@@ -412,8 +416,10 @@ impl Worker {
         let run = Run {
             stop_claiming: CancellationToken::new(),
             hard_stop: CancellationToken::new(),
+            killed: CancellationToken::new(),
             slots: Arc::new(Semaphore::new(s.concurrency)),
         };
+        let _kill_on_drop = run.killed.clone().drop_guard();
         tokio::pin!(shutdown);
 
         // 1. Register (retrying transient errors) before the first claim.
@@ -437,7 +443,11 @@ impl Worker {
 
         // 2. Keep the registration alive until the very end.
         let heartbeats_done = CancellationToken::new();
-        let registration = tokio::spawn(registration_loop(self.shared.clone(), heartbeats_done.clone()));
+        let registration = tokio::spawn(registration_loop(
+            self.shared.clone(),
+            heartbeats_done.clone(),
+            run.killed.clone(),
+        ));
 
         // 3. One long-polling claim loop per queue.
         let claimers: Vec<_> = s
@@ -503,9 +513,16 @@ pub async fn shutdown_signal() {
     }
 }
 
-async fn registration_loop(s: Arc<Shared>, done: CancellationToken) {
+async fn registration_loop(s: Arc<Shared>, done: CancellationToken, killed: CancellationToken) {
+    tokio::select! {
+        _ = registration_beats(&s, &done) => {}
+        _ = killed.cancelled() => {}
+    }
+}
+
+async fn registration_beats(s: &Shared, done: &CancellationToken) {
     let every = s.ttl / 3;
-    let hb = registration_of(&s);
+    let hb = registration_of(s);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
@@ -526,6 +543,14 @@ async fn registration_loop(s: Arc<Shared>, done: CancellationToken) {
 }
 
 async fn claim_loop(s: Arc<Shared>, queue: String, run: Run) {
+    let killed = run.killed.clone();
+    tokio::select! {
+        _ = claims(s, queue, run) => {}
+        _ = killed.cancelled() => {}
+    }
+}
+
+async fn claims(s: Arc<Shared>, queue: String, run: Run) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let first = tokio::select! {
@@ -554,7 +579,10 @@ async fn claim_loop(s: Arc<Shared>, queue: String, run: Run) {
                     inc(&s.counters.claimed);
                     let (s, run) = (s.clone(), run.clone());
                     tokio::spawn(async move {
-                        run_task(&s, task, &run).await;
+                        tokio::select! {
+                            _ = run_task(&s, task, &run) => {}
+                            _ = run.killed.cancelled() => {}
+                        }
                         drop(permit);
                     });
                 }
@@ -576,6 +604,14 @@ async fn claim_loop(s: Arc<Shared>, queue: String, run: Run) {
     }
 }
 
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How a task's execution ended, before it is reported.
 enum Outcome {
     Done(Result<Value, HandlerError>),
@@ -586,6 +622,8 @@ enum Outcome {
 async fn run_task(s: &Shared, task: Task, run: &Run) {
     let ctx = Ctx::new(&s.id);
     let mut handle = tokio::spawn((s.handler)(task.clone(), ctx.clone()));
+    // Dropped with this future (the run was killed): the handler stops too.
+    let _abort = AbortOnDrop(handle.abort_handle());
     let outcome = tokio::select! {
         r = &mut handle => match r {
             Ok(r) => Outcome::Done(r),

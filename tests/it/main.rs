@@ -7,6 +7,7 @@ mod barriers;
 mod binary;
 mod browser;
 mod chaos;
+mod client;
 mod contract;
 mod docs;
 mod events;
