@@ -37,6 +37,11 @@ pub struct BenchOptions {
     pub skip_baseline: bool,
     /// At batch 1, complete and claim the next task in one call.
     pub claim_next: bool,
+    /// Drain through the `muster::client::Worker` library instead of raw
+    /// REST calls: `workers` Workers, each running `batch` handlers at once
+    /// and claiming up to `batch` tasks per call (the handler returns at
+    /// once), so the difference to a raw run is what the library costs.
+    pub via_worker: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -49,6 +54,8 @@ pub struct Latency {
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BenchReport {
+    /// `http` (raw REST calls) or `worker` (the Worker library).
+    pub via: String,
     pub tasks: usize,
     pub workers: usize,
     pub batch: usize,
@@ -77,46 +84,31 @@ pub struct BenchReport {
     pub redis_address: String,
 }
 
+/// The bench's calls, through the typed client's one HTTP path with no
+/// retries (a failed call fails the run).
 struct Client {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
+    api: crate::client::Client,
 }
 
 impl Client {
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
+        let opts = crate::client::CallOptions::new(crate::client::Retry::Never);
+        let a = self.api.raw(method, path, body, &opts).await?;
+        Ok((a.status, a.json()))
+    }
+
     async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
-        let mut req = self.http.post(format!("{}{path}", self.base)).json(body);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await?;
-        let status = resp.status().as_u16();
-        let bytes = resp.bytes().await?;
-        Ok((
-            status,
-            if bytes.is_empty() {
-                Value::Null
-            } else {
-                serde_json::from_slice(&bytes)?
-            },
-        ))
+        self.send(reqwest::Method::POST, path, Some(body)).await
     }
 
     async fn put(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
-        let mut req = self.http.put(format!("{}{path}", self.base)).json(body);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await?;
-        Ok((resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null)))
+        self.send(reqwest::Method::PUT, path, Some(body)).await
     }
 
     async fn get(&self, path: &str) -> anyhow::Result<Value> {
-        let mut req = self.http.get(format!("{}{path}", self.base));
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        Ok(req.send().await?.error_for_status()?.json().await?)
+        let (status, v) = self.send(reqwest::Method::GET, path, None).await?;
+        anyhow::ensure!(status == 200, "GET {path}: {status} {v}");
+        Ok(v)
     }
 }
 
@@ -169,12 +161,7 @@ fn command_calls(info: &str) -> (u64, u64, u64) {
 
 /// The node's count of empty claims, from its `/metrics`.
 async fn empty_claims(client: &Client) -> f64 {
-    let mut req = client.http.get(format!("{}/metrics", client.base));
-    if let Some(t) = &client.token {
-        req = req.bearer_auth(t);
-    }
-    let Ok(resp) = req.send().await else { return 0.0 };
-    let text = resp.text().await.unwrap_or_default();
+    let text = client.api.metrics().await.unwrap_or_default();
     text.lines()
         .filter_map(|l| l.strip_prefix("muster_claims_empty_total "))
         .filter_map(|v| v.trim().parse::<f64>().ok())
@@ -198,9 +185,11 @@ async fn info(conn: &mut redis::aio::MultiplexedConnection, section: &str) -> an
 /// Runs the benchmark and returns its report.
 pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let client = Arc::new(Client {
-        http: reqwest::Client::builder().pool_max_idle_per_host(256).build()?,
-        base: opts.url.trim_end_matches('/').to_string(),
-        token: opts.token.clone(),
+        api: crate::client::Client::builder()
+            .url(opts.url.clone())
+            .token_opt(opts.token.clone())
+            .timeout(Duration::from_secs(30))
+            .build()?,
     });
     let summary = client.get("/api/v1/redis").await?;
     let redis_url = match &opts.redis_url {
@@ -213,6 +202,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let redis_client = redis::Client::open(redis_url.as_str())?;
     let mut rconn = redis_client.get_multiplexed_async_connection().await?;
     let mut report = BenchReport {
+        via: if opts.via_worker { "worker" } else { "http" }.into(),
         tasks: opts.tasks,
         workers: opts.workers,
         batch: opts.batch,
@@ -253,7 +243,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     report.redis_round_trips_per_task = (sent1 - sent0) as f64 / opts.tasks as f64;
     report.redis_cpu_utilisation = (cpu_after - cpu_before) / peak.seconds;
 
-    if !opts.skip_half_load {
+    // The Worker's claims are not timed one by one: no latency phase for it.
+    if !opts.skip_half_load && !opts.via_worker {
         let rate = report.peak_tasks_per_sec / 2.0;
         let n = ((rate * 5.0) as usize).clamp(1000, opts.tasks.max(1000));
         let half = phase(&client, &format!("{}-half", opts.queue), n, &opts, Some(rate)).await?;
@@ -339,7 +330,18 @@ async fn phase(
     }
     let long_poll = rate.is_none();
     let use_next = opts.batch == 1 && opts.claim_next;
-    for w in 0..opts.workers {
+    if opts.via_worker {
+        handles.push(tokio::spawn(drain_with_workers(
+            client.api.clone(),
+            queue.to_string(),
+            n,
+            opts.workers,
+            opts.batch,
+            failed.clone(),
+            finished_at.clone(),
+        )));
+    }
+    for w in (0..opts.workers).filter(|_| !opts.via_worker) {
         let client = client.clone();
         let completed = completed.clone();
         let failed = failed.clone();
@@ -424,6 +426,66 @@ async fn phase(
     Ok(PhaseResult { seconds, claim_ms })
 }
 
+/// Drains `n` tasks of `queue` with `workers` Workers (ids `bench-w<i>`),
+/// each with concurrency and batch `batch`; records when the last task was
+/// completed (as the server acknowledged it), then shuts them down.
+async fn drain_with_workers(
+    api: crate::client::Client,
+    queue: String,
+    n: usize,
+    workers: usize,
+    batch: usize,
+    failed: Arc<AtomicBool>,
+    finished_at: Arc<Mutex<Option<Instant>>>,
+) {
+    use crate::client::Worker;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut all = Vec::new();
+    for w in 0..workers {
+        let built = Worker::builder(api.clone())
+            .queue(queue.clone())
+            .id(format!("bench-w{w}"))
+            .concurrency(batch)
+            .batch(batch as u32)
+            .ttl(Duration::from_secs(600))
+            .claim_wait(Duration::from_millis(200))
+            .handler(|_task, _ctx| async { Ok(Value::Bool(true)) })
+            .build();
+        let worker = match built {
+            Ok(w) => Arc::new(w),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build a worker");
+                failed.store(true, Ordering::Relaxed);
+                return;
+            }
+        };
+        let stop = stop.clone();
+        let run = tokio::spawn({
+            let worker = worker.clone();
+            async move { worker.run_until(stop.cancelled_owned()).await }
+        });
+        all.push((worker, run));
+    }
+    loop {
+        let stats: Vec<_> = all.iter().map(|(w, _)| w.stats()).collect();
+        let done: u64 = stats.iter().map(|s| s.completed).sum();
+        if done >= n as u64 {
+            finished_at.lock().await.get_or_insert_with(Instant::now);
+            break;
+        }
+        if stats.iter().any(|s| s.failed + s.dropped > 0) || all.iter().any(|(_, r)| r.is_finished()) {
+            tracing::error!(?stats, "a worker failed or dropped a task, or stopped");
+            failed.store(true, Ordering::Relaxed);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    stop.cancel();
+    for (_, run) in all {
+        let _ = run.await;
+    }
+}
+
 /// `redis-benchmark` EVALSHA of `return 1`, unpipelined, 50 clients.
 async fn redis_benchmark(conn: &mut redis::aio::MultiplexedConnection, url: &str) -> anyhow::Result<f64> {
     let sha: String = redis::cmd("SCRIPT")
@@ -457,8 +519,8 @@ async fn redis_benchmark(conn: &mut redis::aio::MultiplexedConnection, url: &str
 pub fn render(r: &BenchReport) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "tasks {}  workers {}  batch {}  Redis {} at {}\n",
-        r.tasks, r.workers, r.batch, r.redis_version, r.redis_address
+        "tasks {}  workers {}  batch {}  via {}  Redis {} at {}\n",
+        r.tasks, r.workers, r.batch, r.via, r.redis_version, r.redis_address
     ));
     s.push_str(&format!(
         "peak:       {:>9.0} tasks/s ({:.2} s)\n",

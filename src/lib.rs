@@ -33,6 +33,8 @@
 //! - [`web`]: the server-rendered dashboard.
 //! - [`app`]: the shared state and the router.
 //! - [`serve`]: the connection loop, with its read, idle and connection bounds.
+//! - [`client`]: a typed client of the REST API and a `Worker` library
+//!   (heartbeats, fencing, cancel and graceful shutdown done for the user).
 //! - [`bench`]: `muster bench`, end-to-end task throughput through a node.
 //! - `node`: the composition root: [`start`] builds a node in named steps
 //!   and [`Running`] stops it along one ordered teardown path.
@@ -45,6 +47,7 @@
 pub mod app;
 pub mod auth;
 pub mod bench;
+pub mod client;
 pub mod config;
 pub mod durability;
 pub mod error;

@@ -210,6 +210,11 @@ struct BenchArgs {
     /// workers without `next` do (the before-and-after comparison).
     #[arg(long)]
     no_next: bool,
+    /// How the tasks are drained: `http` (raw REST calls) or `worker` (the
+    /// `muster::client::Worker` library, each worker running --batch
+    /// handlers at once), to see what the library costs.
+    #[arg(long, default_value = "http", value_parser = ["http", "worker"])]
+    via: String,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -447,6 +452,7 @@ async fn bench(a: BenchArgs) -> ExitCode {
         skip_half_load: a.no_half_load,
         skip_baseline: a.no_baseline,
         claim_next: !a.no_next,
+        via_worker: a.via == "worker",
     };
     match muster::bench::run(opts).await {
         Ok(report) => {

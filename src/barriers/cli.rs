@@ -26,11 +26,10 @@ pub const EXIT_PENDING: u8 = 5;
 /// `barriers.max_wait_ms` and `locks.max_wait_ms`).
 pub const POLL_MS: u64 = 30_000;
 
-/// A small REST client for the CLI commands.
+/// The CLI commands' REST calls: the typed client's one HTTP path, one
+/// attempt per call (the commands retry by their own rules).
 pub struct Api {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
+    client: crate::client::Client,
 }
 
 /// What a call returned: an HTTP answer, or no answer at all.
@@ -42,33 +41,20 @@ pub enum Reply {
 
 impl Api {
     pub fn new(base: &str, token: Option<String>) -> Result<Api, String> {
-        let http = reqwest::Client::builder()
-            .tcp_nodelay(true)
+        let client = crate::client::Client::builder()
+            .url(base)
+            .token_opt(token)
             .build()
             .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
-        Ok(Api {
-            http,
-            base: base.trim_end_matches('/').to_string(),
-            token,
-        })
+        Ok(Api { client })
     }
 
     /// POSTs JSON; `timeout` bounds the whole call.
     pub async fn post(&self, path: &str, body: &Value, timeout: Duration) -> Reply {
-        let mut req = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .timeout(timeout);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        match req.send().await {
-            Ok(resp) => {
-                let status = resp.status().as_u16();
-                let text = resp.text().await.unwrap_or_default();
-                Reply::Answer(status, serde_json::from_str(&text).unwrap_or(Value::Null))
-            }
+        let mut opts = crate::client::CallOptions::new(crate::client::Retry::Never);
+        opts.timeout = Some(timeout);
+        match self.client.raw(reqwest::Method::POST, path, Some(body), &opts).await {
+            Ok(a) => Reply::Answer(a.status, a.json()),
             Err(e) => Reply::Unreachable(e.to_string()),
         }
     }

@@ -7,6 +7,7 @@ mod barriers;
 mod binary;
 mod browser;
 mod chaos;
+mod client;
 mod client_python;
 mod contract;
 mod docs;

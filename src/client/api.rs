@@ -1,0 +1,497 @@
+//! The typed operations, one method per REST operation, in the order of
+//! `docs/api.md`: tasks and queues, nodes, workflows, schedules, barriers,
+//! locks and elections, events replay, system.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::types::*;
+use super::{CallOptions, Client, Result, Retry, enc};
+
+fn idem() -> CallOptions {
+    CallOptions::new(Retry::Idempotent)
+}
+
+fn once() -> CallOptions {
+    CallOptions::new(Retry::Once)
+}
+
+/// A create without an idempotency key: retried only if it never left.
+fn unkeyed() -> CallOptions {
+    CallOptions::new(Retry::Connect)
+}
+
+/// A long poll's options: its wait is added to the request timeout.
+fn polling(retry: Retry, wait_ms: u64) -> CallOptions {
+    let mut o = CallOptions::new(retry);
+    o.extra_timeout = Duration::from_millis(wait_ms);
+    o
+}
+
+const NONE: Option<&Value> = None;
+
+impl Client {
+    // ---- tasks and queues -------------------------------------------------
+
+    /// Submits a task. With an idempotency key (in `spec` or `key`) the call
+    /// is retried on any transient error and a retry returns the same task
+    /// (`replayed`); without one it is retried only on a connect error (the
+    /// request never left), since a retry after an unknown outcome could
+    /// create the task twice.
+    pub async fn submit(&self, queue: &str, spec: &TaskSpec) -> Result<Submitted> {
+        let opts = if spec.idempotency_key.is_some() {
+            idem()
+        } else {
+            unkeyed()
+        };
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/queues/{}/tasks", enc(queue)),
+            Some(spec),
+            &opts,
+        )
+        .await
+    }
+
+    /// Submits a task with just a payload.
+    pub async fn submit_payload(&self, queue: &str, payload: Value) -> Result<Submitted> {
+        self.submit(
+            queue,
+            &TaskSpec {
+                payload,
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    /// Submits up to 1 000 tasks in one call; one result per task, in order.
+    pub async fn submit_batch(&self, queue: &str, tasks: &[TaskSpec]) -> Result<Vec<BatchItem>> {
+        let keyed = tasks.iter().all(|t| t.idempotency_key.is_some());
+        let opts = if keyed { idem() } else { unkeyed() };
+        let a: BatchAnswer = self
+            .call_json(
+                Method::POST,
+                &format!("/api/v1/queues/{}/tasks/batch", enc(queue)),
+                Some(&json!({ "tasks": tasks })),
+                &opts,
+            )
+            .await?;
+        Ok(a.results)
+    }
+
+    /// Claims up to `req.max` tasks, waiting up to `req.wait_ms` (long poll).
+    /// Empty when none came. Retried only when certainly not applied (a
+    /// claim whose answer was lost holds its tasks until their timeout).
+    pub async fn claim(&self, queue: &str, req: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
+        let a: Option<ClaimAnswer> = self
+            .call(
+                Method::POST,
+                &format!("/api/v1/queues/{}/claim", enc(queue)),
+                Some(req),
+                &polling(Retry::Once, req.wait_ms),
+            )
+            .await?;
+        Ok(a.map(|a| a.tasks).unwrap_or_default())
+    }
+
+    /// Reports that the holder of `hb.token` still works on the task; tells
+    /// whether a cancel was requested. 409 ([`Error::is_conflict`]): the
+    /// token is stale, drop the work.
+    pub async fn heartbeat_task(&self, id: &str, hb: &TaskHeartbeat) -> Result<TaskHeartbeatAnswer> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/tasks/{}/heartbeat", enc(id)),
+            Some(hb),
+            &idem(),
+        )
+        .await
+    }
+
+    /// Completes a task with its fencing token (409: stale). With `next`
+    /// the same call claims the worker's next task(s); then it is retried
+    /// only when certainly not applied, since a lost answer would lose them.
+    pub async fn complete(&self, id: &str, c: &Complete) -> Result<Finished> {
+        let opts = match &c.next {
+            None => idem(),
+            Some(n) => polling(Retry::Once, n.wait_ms.unwrap_or(0)),
+        };
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/tasks/{}/complete", enc(id)),
+            Some(c),
+            &opts,
+        )
+        .await
+    }
+
+    /// Completes several tasks in one call; one outcome per item.
+    pub async fn complete_batch(&self, items: &[CompleteItem]) -> Result<Vec<CompleteOutcome>> {
+        let a: CompleteBatchAnswer = self
+            .call_json(Method::POST, "/api/v1/tasks/complete", Some(items), &idem())
+            .await?;
+        Ok(a.results)
+    }
+
+    /// Fails a task with its fencing token: retried after a backoff while
+    /// attempts are left and `retry` is set, else dead (cancelled when a
+    /// cancel was requested). 409: stale.
+    pub async fn fail(&self, id: &str, f: &Fail) -> Result<Finished> {
+        let opts = match &f.next {
+            None => idem(),
+            Some(n) => polling(Retry::Once, n.wait_ms.unwrap_or(0)),
+        };
+        self.call_json(Method::POST, &format!("/api/v1/tasks/{}/fail", enc(id)), Some(f), &opts)
+            .await
+    }
+
+    /// Cancels a queued or delayed task, or asks a running one to stop.
+    pub async fn cancel(&self, id: &str) -> Result<Cancelled> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/tasks/{}/cancel", enc(id)),
+            NONE,
+            &idem(),
+        )
+        .await
+    }
+
+    /// Requeues a dead task with fresh attempts (admin).
+    pub async fn retry_task(&self, id: &str) -> Result<Value> {
+        self.call_json(Method::POST, &format!("/api/v1/tasks/{}/retry", enc(id)), NONE, &once())
+            .await
+    }
+
+    /// A task with its attempts.
+    pub async fn task(&self, id: &str) -> Result<TaskInfo> {
+        self.call_json(Method::GET, &format!("/api/v1/tasks/{}", enc(id)), NONE, &idem())
+            .await
+    }
+
+    /// Discards a finished task (admin).
+    pub async fn delete_task(&self, id: &str) -> Result<()> {
+        self.call::<Value, Value>(Method::DELETE, &format!("/api/v1/tasks/{}", enc(id)), None, &idem())
+            .await
+            .map(drop)
+    }
+
+    /// The task holding an alias.
+    pub async fn alias(&self, alias: &str) -> Result<TaskInfo> {
+        self.call_json(Method::GET, &format!("/api/v1/aliases/{}", enc(alias)), NONE, &idem())
+            .await
+    }
+
+    /// Counts of every queue.
+    pub async fn queues(&self) -> Result<Vec<QueueStats>> {
+        let l: QueueList = self.call_json(Method::GET, "/api/v1/queues", NONE, &idem()).await?;
+        Ok(l.queues)
+    }
+
+    /// One queue's counts and groups.
+    pub async fn queue(&self, queue: &str) -> Result<QueueDetail> {
+        self.call_json(Method::GET, &format!("/api/v1/queues/{}", enc(queue)), NONE, &idem())
+            .await
+    }
+
+    /// One page of a queue's tasks in `state`.
+    pub async fn tasks(&self, queue: &str, state: &str, limit: usize, cursor: Option<&str>) -> Result<TaskPage> {
+        let mut path = format!("/api/v1/queues/{}/tasks?state={}&limit={limit}", enc(queue), enc(state));
+        if let Some(c) = cursor {
+            path.push_str(&format!("&cursor={}", enc(c)));
+        }
+        self.call_json(Method::GET, &path, NONE, &idem()).await
+    }
+
+    /// Pauses a queue (admin).
+    pub async fn pause_queue(&self, queue: &str) -> Result<Value> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/queues/{}/pause", enc(queue)),
+            NONE,
+            &idem(),
+        )
+        .await
+    }
+
+    /// Resumes a queue (admin).
+    pub async fn resume_queue(&self, queue: &str) -> Result<Value> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/queues/{}/resume", enc(queue)),
+            NONE,
+            &idem(),
+        )
+        .await
+    }
+
+    /// Dead letters of every queue (a page as sent).
+    pub async fn dead(&self) -> Result<Value> {
+        self.call_json(Method::GET, "/api/v1/dead", NONE, &idem()).await
+    }
+
+    /// Concurrency groups.
+    pub async fn groups(&self) -> Result<Vec<GroupInfo>> {
+        let l: GroupList = self.call_json(Method::GET, "/api/v1/groups", NONE, &idem()).await?;
+        Ok(l.groups)
+    }
+
+    /// Sets (Some) or removes (None) a group's limit (admin).
+    pub async fn set_group_limit(&self, group: &str, limit: Option<u32>) -> Result<Value> {
+        self.call_json(
+            Method::PUT,
+            &format!("/api/v1/groups/{}", enc(group)),
+            Some(&json!({ "limit": limit })),
+            &idem(),
+        )
+        .await
+    }
+
+    /// Recovered tasks and suspect nodes (as sent).
+    pub async fn orphans(&self) -> Result<Value> {
+        self.call_json(Method::GET, "/api/v1/orphans", NONE, &idem()).await
+    }
+
+    // ---- nodes ------------------------------------------------------------
+
+    /// Registers a worker id or keeps it alive.
+    pub async fn heartbeat_node(&self, id: &str, hb: &NodeHeartbeat) -> Result<NodeHeartbeatAnswer> {
+        self.call_json(
+            Method::PUT,
+            &format!("/api/v1/nodes/{}/heartbeat", enc(id)),
+            Some(hb),
+            &idem(),
+        )
+        .await
+    }
+
+    /// Every node and worker.
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
+        let l: NodeList = self.call_json(Method::GET, "/api/v1/nodes", NONE, &idem()).await?;
+        Ok(l.nodes)
+    }
+
+    /// One node or worker.
+    pub async fn node(&self, id: &str) -> Result<NodeInfo> {
+        self.call_json(Method::GET, &format!("/api/v1/nodes/{}", enc(id)), NONE, &idem())
+            .await
+    }
+
+    /// Drains a node: it gets no new work (admin).
+    pub async fn drain_node(&self, id: &str) -> Result<Value> {
+        self.call_json(Method::POST, &format!("/api/v1/nodes/{}/drain", enc(id)), NONE, &idem())
+            .await
+    }
+
+    /// Removes a node from the registry (admin).
+    pub async fn remove_node(&self, id: &str) -> Result<()> {
+        self.call::<Value, Value>(Method::DELETE, &format!("/api/v1/nodes/{}", enc(id)), None, &idem())
+            .await
+            .map(drop)
+    }
+
+    // ---- workflows --------------------------------------------------------
+
+    /// Starts a workflow.
+    pub async fn start_workflow(&self, w: &NewWorkflow) -> Result<CreatedWorkflow> {
+        let opts = if w.idempotency_key.is_some() { idem() } else { unkeyed() };
+        self.call_json(Method::POST, "/api/v1/workflows", Some(w), &opts).await
+    }
+
+    /// A workflow's state and each task's (as sent).
+    pub async fn workflow(&self, id: &str) -> Result<Value> {
+        self.call_json(Method::GET, &format!("/api/v1/workflows/{}", enc(id)), NONE, &idem())
+            .await
+    }
+
+    /// Cancels a workflow (admin).
+    pub async fn cancel_workflow(&self, id: &str) -> Result<Value> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/workflows/{}/cancel", enc(id)),
+            NONE,
+            &idem(),
+        )
+        .await
+    }
+
+    // ---- schedules --------------------------------------------------------
+
+    /// Every schedule (as sent).
+    pub async fn schedules(&self) -> Result<Value> {
+        self.call_json(Method::GET, "/api/v1/schedules", NONE, &idem()).await
+    }
+
+    /// One schedule with its history (as sent).
+    pub async fn schedule(&self, id: &str) -> Result<Value> {
+        self.call_json(Method::GET, &format!("/api/v1/schedules/{}", enc(id)), NONE, &idem())
+            .await
+    }
+
+    /// Creates or replaces a schedule (admin).
+    pub async fn put_schedule(&self, def: &ScheduleDef) -> Result<Value> {
+        self.call_json(
+            Method::PUT,
+            &format!("/api/v1/schedules/{}", enc(&def.id)),
+            Some(def),
+            &idem(),
+        )
+        .await
+    }
+
+    /// Deletes a schedule (admin).
+    pub async fn delete_schedule(&self, id: &str) -> Result<()> {
+        self.call::<Value, Value>(Method::DELETE, &format!("/api/v1/schedules/{}", enc(id)), None, &idem())
+            .await
+            .map(drop)
+    }
+
+    /// Fires a schedule now (admin); with `key`, a retry fires nothing more.
+    pub async fn trigger_schedule(&self, id: &str, key: Option<&str>) -> Result<Value> {
+        let mut opts = if key.is_some() { idem() } else { unkeyed() };
+        if let Some(k) = key {
+            opts.headers.push(("idempotency-key", k.to_string()));
+        }
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/schedules/{}/trigger", enc(id)),
+            NONE,
+            &opts,
+        )
+        .await
+    }
+
+    // ---- barriers ---------------------------------------------------------
+
+    /// Arrives at a barrier round and waits up to `a.wait_ms` for its
+    /// verdict. Arriving again is harmless, so it is retried.
+    pub async fn arrive(&self, barrier: &str, round: &str, a: &Arrive) -> Result<ArriveAnswer> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/barriers/{}/rounds/{}/arrive", enc(barrier), enc(round)),
+            Some(a),
+            &polling(Retry::Idempotent, a.wait_ms),
+        )
+        .await
+    }
+
+    /// Configures a barrier (admin).
+    pub async fn put_barrier(
+        &self,
+        name: &str,
+        participants: &[String],
+        max_missing: u32,
+        timeout_ms: u64,
+    ) -> Result<Value> {
+        self.call_json(
+            Method::PUT,
+            &format!("/api/v1/barriers/{}", enc(name)),
+            Some(&json!({"participants": participants, "max_missing": max_missing, "timeout_ms": timeout_ms})),
+            &idem(),
+        )
+        .await
+    }
+
+    /// A barrier's configuration and hold (as sent).
+    pub async fn barrier(&self, name: &str) -> Result<Value> {
+        self.call_json(Method::GET, &format!("/api/v1/barriers/{}", enc(name)), NONE, &idem())
+            .await
+    }
+
+    // ---- locks and elections ----------------------------------------------
+
+    /// Acquires a lock, waiting in line up to `a.wait_ms`. A 409 `busy`
+    /// ([`Error::problem`] carries `holder` and `position`) when not acquired.
+    pub async fn acquire(&self, name: &str, a: &Acquire) -> Result<Acquired> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/locks/{}/acquire", enc(name)),
+            Some(a),
+            &polling(Retry::Once, a.wait_ms),
+        )
+        .await
+    }
+
+    /// Renews a lease (409: stale or lapsed).
+    pub async fn renew(&self, name: &str, token: u64, ttl_ms: Option<u64>) -> Result<Renewed> {
+        let mut body = json!({ "token": token });
+        if let Some(t) = ttl_ms {
+            body["ttl_ms"] = json!(t);
+        }
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/locks/{}/renew", enc(name)),
+            Some(&body),
+            &idem(),
+        )
+        .await
+    }
+
+    /// Releases a lock (409: stale).
+    pub async fn release(&self, name: &str, token: u64) -> Result<Value> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/locks/{}/release", enc(name)),
+            Some(&json!({ "token": token })),
+            &idem(),
+        )
+        .await
+    }
+
+    /// A lock's holder, token, lease and waiters (as sent).
+    pub async fn lock(&self, name: &str) -> Result<Value> {
+        self.call_json(Method::GET, &format!("/api/v1/locks/{}", enc(name)), NONE, &idem())
+            .await
+    }
+
+    /// Campaigns in an election (the leader campaigns again to renew).
+    pub async fn campaign(&self, name: &str, c: &Campaign) -> Result<Value> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/elections/{}/campaign", enc(name)),
+            Some(c),
+            &polling(Retry::Once, c.wait_ms),
+        )
+        .await
+    }
+
+    /// Resigns leadership.
+    pub async fn resign(&self, name: &str, candidate: &str, epoch: Option<u64>) -> Result<Value> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/elections/{}/resign", enc(name)),
+            Some(&json!({ "candidate": candidate, "epoch": epoch })),
+            &idem(),
+        )
+        .await
+    }
+
+    // ---- events and system ------------------------------------------------
+
+    /// One page of the event replay over plain HTTP.
+    pub async fn events_page(&self, since: Option<&str>, limit: usize, topics: Option<&str>) -> Result<EventPage> {
+        let mut path = format!("/api/v1/events?limit={limit}");
+        if let Some(s) = since {
+            path.push_str(&format!("&since={}", enc(s)));
+        }
+        if let Some(t) = topics {
+            path.push_str(&format!("&topics={}", enc(t)));
+        }
+        self.call_json(Method::GET, &path, NONE, &idem()).await
+    }
+
+    /// The node's Redis summary (as sent).
+    pub async fn redis_summary(&self) -> Result<Value> {
+        self.call_json(Method::GET, "/api/v1/redis", NONE, &idem()).await
+    }
+
+    /// The node's Prometheus text.
+    pub async fn metrics(&self) -> Result<String> {
+        let a = self.send(Method::GET, "/metrics", None, &idem()).await?;
+        if a.status != 200 {
+            return Err(super::Problem::from_body(a.status, &a.body).into());
+        }
+        Ok(String::from_utf8_lossy(&a.body).into_owned())
+    }
+}

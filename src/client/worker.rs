@@ -1,0 +1,785 @@
+//! [`Worker`]: a worker loop that is correct by construction.
+//!
+//! What it guarantees (each has a test in `tests/it/client.rs`):
+//!
+//! - **Registered while it holds work.** The worker id is registered with
+//!   `PUT /api/v1/nodes/{id}/heartbeat` before the first claim and every
+//!   third of its ttl after; if the process dies, the heartbeat stops and
+//!   the cluster recovers its tasks within `ttl + orphans.interval_ms` (G3).
+//! - **One task heartbeat per running task**, beside the handler, with the
+//!   fencing token and the progress the handler reported.
+//! - **Fenced results, never twice.** A task is completed or failed with the
+//!   token of its claim. A 409 from a heartbeat means the task was taken
+//!   from this worker: the handler's [`CancellationToken`] is cancelled
+//!   ([`CancelReason::Lost`]) and its result is dropped: no complete or
+//!   fail is sent. A 409 from the complete itself is resolved by reading
+//!   the task (it may be this worker's own complete, applied before a lost
+//!   answer); otherwise the result is dropped.
+//! - **Cancel requests.** When a heartbeat says a cancel was requested, the
+//!   handler's token is cancelled ([`CancelReason::CancelRequested`]); an
+//!   `Err` from it then fails the task without retry, which the server
+//!   records as cancelled.
+//! - **Transient errors** (a node down, 503, timeouts) are retried with
+//!   backoff across the client's URLs; a complete or fail is retried until
+//!   it is applied, refused (409) or the worker is stopped hard.
+//! - **Graceful shutdown** ([`Worker::run_until`], [`Worker::run`] on SIGTERM
+//!   or ctrl-c): stop claiming (a claim already in flight is awaited, never
+//!   dropped, so no claimed task is lost on the way), let the running
+//!   handlers finish within the grace period, then cancel the rest
+//!   ([`CancelReason::Shutdown`]) and hand their tasks back (`fail` with
+//!   retry, which uses up one attempt), stop heartbeating and leave.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::types::*;
+use super::{Client, Error, Result};
+
+/// The task a handler gets: what the claim returned.
+pub type Task = ClaimedTask;
+
+/// What a handler may fail with: any error. Wrap it in [`Permanent`] to
+/// fail the task without a retry.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A handler error that must not be retried: the task goes dead at once.
+#[derive(Debug)]
+pub struct Permanent(pub String);
+
+impl Permanent {
+    /// A permanent failure with this message, as a [`HandlerError`].
+    pub fn error(msg: impl Into<String>) -> HandlerError {
+        Box::new(Permanent(msg.into()))
+    }
+}
+
+impl std::fmt::Display for Permanent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Permanent {}
+
+/// Why a handler's token was cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelReason {
+    /// A heartbeat got 409: the task was recovered from this worker (or
+    /// timed out) and may run elsewhere. Its result will be dropped.
+    Lost,
+    /// Someone asked the task to stop (`POST /api/v1/tasks/{id}/cancel`).
+    /// Return an `Err` and the task ends cancelled.
+    CancelRequested,
+    /// The worker is shutting down and the grace period is over; the task
+    /// is handed back.
+    Shutdown,
+}
+
+/// The handler's view of its task's execution: cancellation and progress.
+#[derive(Clone)]
+pub struct Ctx {
+    inner: Arc<CtxInner>,
+}
+
+struct CtxInner {
+    cancel: CancellationToken,
+    reason: OnceLock<CancelReason>,
+    /// 0 to 100; 255: nothing reported since the last heartbeat.
+    progress: AtomicU8,
+    fields: Mutex<Option<Value>>,
+    worker_id: String,
+}
+
+impl Ctx {
+    fn new(worker_id: &str) -> Ctx {
+        Ctx {
+            inner: Arc::new(CtxInner {
+                cancel: CancellationToken::new(),
+                reason: OnceLock::new(),
+                progress: AtomicU8::new(u8::MAX),
+                fields: Mutex::new(None),
+                worker_id: worker_id.to_string(),
+            }),
+        }
+    }
+
+    /// Cancelled when the handler should stop: see [`Ctx::cancel_reason`].
+    pub fn token(&self) -> &CancellationToken {
+        &self.inner.cancel
+    }
+
+    /// Resolves when the handler should stop.
+    pub async fn cancelled(&self) {
+        self.inner.cancel.cancelled().await
+    }
+
+    /// Whether the handler should stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    /// Why the handler should stop, once it should.
+    pub fn cancel_reason(&self) -> Option<CancelReason> {
+        self.inner.reason.get().copied()
+    }
+
+    /// Reports progress (0 to 100, clamped); sent with the next heartbeat.
+    pub fn progress(&self, percent: u8) {
+        self.inner.progress.store(percent.min(100), Ordering::Relaxed);
+    }
+
+    /// Sets the task's runtime fields (a small JSON object, at most 4 KiB);
+    /// sent with the next heartbeat.
+    pub fn set_fields(&self, fields: Value) {
+        *self.inner.fields.lock().unwrap_or_else(|e| e.into_inner()) = Some(fields);
+    }
+
+    /// The worker id the task is claimed for.
+    pub fn worker_id(&self) -> &str {
+        &self.inner.worker_id
+    }
+
+    fn cancel(&self, why: CancelReason) {
+        let _ = self.inner.reason.set(why);
+        self.inner.cancel.cancel();
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+type Handler = Arc<dyn Fn(Task, Ctx) -> BoxFuture<Result<Value, HandlerError>> + Send + Sync>;
+
+/// What a worker did so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Tasks claimed.
+    pub claimed: u64,
+    /// Tasks completed (the server accepted the complete).
+    pub completed: u64,
+    /// Tasks failed (for a retry, dead or cancelled).
+    pub failed: u64,
+    /// Results dropped because the token was stale (409).
+    pub dropped: u64,
+    /// Handlers cancelled on a cancel request.
+    pub cancel_requests: u64,
+    /// Tasks handed back at shutdown after the grace period.
+    pub handed_back: u64,
+    /// Handlers that panicked (their tasks were failed for a retry).
+    pub panicked: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    claimed: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    dropped: AtomicU64,
+    cancel_requests: AtomicU64,
+    handed_back: AtomicU64,
+    panicked: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> WorkerStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WorkerStats {
+            claimed: g(&self.claimed),
+            completed: g(&self.completed),
+            failed: g(&self.failed),
+            dropped: g(&self.dropped),
+            cancel_requests: g(&self.cancel_requests),
+            handed_back: g(&self.handed_back),
+            panicked: g(&self.panicked),
+        }
+    }
+}
+
+fn inc(a: &AtomicU64) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Builds a [`Worker`].
+pub struct WorkerBuilder {
+    client: Client,
+    queues: Vec<String>,
+    id: Option<String>,
+    concurrency: usize,
+    batch: u32,
+    ttl: Duration,
+    task_heartbeat: Duration,
+    claim_wait: Duration,
+    grace: Duration,
+    labels: std::collections::BTreeMap<String, String>,
+    handler: Option<Handler>,
+}
+
+impl WorkerBuilder {
+    /// Adds a queue to work (at least one). Each queue gets its own
+    /// long-polling claim; all share the concurrency.
+    pub fn queue(mut self, q: impl Into<String>) -> Self {
+        self.queues.push(q.into());
+        self
+    }
+
+    /// The worker id (`[A-Za-z0-9._-]{1,64}`), as the Nodes page shows it.
+    /// Default: `<host>-<pid>-<random>`.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Handlers running at once. Default 1.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Most tasks one claim takes (1 to 1000, and never more than the free
+    /// concurrency). Default 1.
+    pub fn batch(mut self, n: u32) -> Self {
+        self.batch = n.clamp(1, crate::validate::CLAIM_MAX.end().to_owned());
+        self
+    }
+
+    /// The worker's registration ttl: how long after its last heartbeat a
+    /// dead worker's tasks become recoverable. It heartbeats every third of
+    /// it. Default 10 s (500 ms to 1 h).
+    pub fn ttl(mut self, d: Duration) -> Self {
+        self.ttl = d.clamp(Duration::from_millis(500), Duration::from_secs(3600));
+        self
+    }
+
+    /// How often each running task is heartbeated (progress, cancel
+    /// requests, a lost token). Default 2 s.
+    pub fn task_heartbeat(mut self, d: Duration) -> Self {
+        self.task_heartbeat = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// A claim's long poll (at most 30 s). Shutdown waits for the claim in
+    /// flight, so this bounds how long stopping can take on an idle queue.
+    /// Default 5 s.
+    pub fn claim_wait(mut self, d: Duration) -> Self {
+        self.claim_wait = d.min(Duration::from_millis(crate::validate::CLAIM_WAIT_MAX_MS));
+        self
+    }
+
+    /// How long shutdown lets running handlers finish before it cancels
+    /// them and hands their tasks back. Default 30 s.
+    pub fn grace(mut self, d: Duration) -> Self {
+        self.grace = d;
+        self
+    }
+
+    /// A label shown with the worker on the Nodes page.
+    pub fn label(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.labels.insert(k.into(), v.into());
+        self
+    }
+
+    /// The handler: called once per claimed task. `Ok(result)` completes
+    /// the task with `result`; `Err` fails it (retried while attempts are
+    /// left, unless it is a [`Permanent`] or a cancel was requested).
+    pub fn handler<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Task, Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, HandlerError>> + Send + 'static,
+    {
+        self.handler = Some(Arc::new(move |t, c| Box::pin(f(t, c))));
+        self
+    }
+
+    /// Builds the worker; fails without a queue or a handler, or with a
+    /// bad queue name or worker id.
+    pub fn build(self) -> Result<Worker> {
+        let handler = self
+            .handler
+            .ok_or_else(|| Error::Invalid("give the worker a handler".into()))?;
+        if self.queues.is_empty() {
+            return Err(Error::Invalid("give the worker at least one queue".into()));
+        }
+        if let Some(q) = self.queues.iter().find(|q| !crate::validate::is_name(q)) {
+            return Err(Error::Invalid(format!(
+                "queue `{q}` must be 1 to 128 characters from A-Z a-z 0-9 . _ -"
+            )));
+        }
+        let id = self.id.unwrap_or_else(|| {
+            let host = crate::generated_node_id();
+            let mut id = format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>());
+            id.truncate(64);
+            id
+        });
+        if !crate::validate::is_node_id(&id) {
+            return Err(Error::Invalid(format!(
+                "worker id `{id}` must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
+            )));
+        }
+        Ok(Worker {
+            shared: Arc::new(Shared {
+                client: self.client,
+                queues: self.queues,
+                id,
+                concurrency: self.concurrency,
+                batch: self.batch,
+                ttl: self.ttl,
+                task_heartbeat: self.task_heartbeat,
+                claim_wait: self.claim_wait,
+                grace: self.grace,
+                labels: self.labels,
+                handler,
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+/// A worker: claims tasks from its queues and runs the handler on each.
+/// See the [module docs](self) for what it guarantees.
+pub struct Worker {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: Client,
+    queues: Vec<String>,
+    id: String,
+    concurrency: usize,
+    batch: u32,
+    ttl: Duration,
+    task_heartbeat: Duration,
+    claim_wait: Duration,
+    grace: Duration,
+    labels: std::collections::BTreeMap<String, String>,
+    handler: Handler,
+    counters: Counters,
+}
+
+/// Tokens a run hands to its parts.
+#[derive(Clone)]
+struct Run {
+    /// Stop claiming (shutdown started).
+    stop_claiming: CancellationToken,
+    /// The grace period is over: cancel handlers and hand tasks back.
+    hard_stop: CancellationToken,
+    /// The run was dropped (its future aborted, the process going down):
+    /// every loop and handler it spawned stops at once, reporting nothing,
+    /// as if the process had died.
+    killed: CancellationToken,
+    slots: Arc<Semaphore>,
+}
+
+impl Worker {
+    /// A builder for a worker using `client`.
+    pub fn builder(client: Client) -> WorkerBuilder {
+        WorkerBuilder {
+            client,
+            queues: Vec::new(),
+            id: None,
+            concurrency: 1,
+            batch: 1,
+            ttl: Duration::from_secs(10),
+            task_heartbeat: Duration::from_secs(2),
+            claim_wait: Duration::from_secs(5),
+            grace: Duration::from_secs(30),
+            labels: Default::default(),
+            handler: None,
+        }
+    }
+
+    /// The worker id it registers and claims as.
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// What it did so far.
+    pub fn stats(&self) -> WorkerStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// Runs until SIGTERM or ctrl-c, then shuts down gracefully.
+    pub async fn run(&self) -> Result<WorkerStats> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Runs until `shutdown` resolves, then stops claiming, lets running
+    /// handlers finish within the grace period, hands back what is left,
+    /// and leaves. Fails only when the worker cannot register at all (a
+    /// 4xx: a bad token, too many nodes).
+    pub async fn run_until(&self, shutdown: impl Future<Output = ()>) -> Result<WorkerStats> {
+        let s = &self.shared;
+        let run = Run {
+            stop_claiming: CancellationToken::new(),
+            hard_stop: CancellationToken::new(),
+            killed: CancellationToken::new(),
+            slots: Arc::new(Semaphore::new(s.concurrency)),
+        };
+        let _kill_on_drop = run.killed.clone().drop_guard();
+        tokio::pin!(shutdown);
+
+        // 1. Register (retrying transient errors) before the first claim.
+        let mut backoff = Duration::from_millis(100);
+        let hb = self.registration();
+        loop {
+            tokio::select! {
+                r = s.client.heartbeat_node(&s.id, &hb) => match r {
+                    Ok(_) => break,
+                    Err(e) if e.is_transient() => tracing::warn!(worker = %s.id, error = %e, "cannot register; retrying"),
+                    Err(e) => return Err(e),
+                },
+                _ = &mut shutdown => return Ok(self.stats()),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = &mut shutdown => return Ok(self.stats()),
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+
+        // 2. Keep the registration alive until the very end.
+        let heartbeats_done = CancellationToken::new();
+        let registration = tokio::spawn(registration_loop(
+            self.shared.clone(),
+            heartbeats_done.clone(),
+            run.killed.clone(),
+        ));
+
+        // 3. One long-polling claim loop per queue.
+        let claimers: Vec<_> = s
+            .queues
+            .iter()
+            .map(|q| tokio::spawn(claim_loop(self.shared.clone(), q.clone(), run.clone())))
+            .collect();
+
+        // 4. Shutdown: stop claiming; the claims in flight are awaited so no
+        // claimed task is lost on the way.
+        shutdown.await;
+        tracing::info!(worker = %s.id, "shutting down: no more claims, finishing running tasks");
+        run.stop_claiming.cancel();
+        for c in claimers {
+            let _ = c.await;
+        }
+        // 5. Running handlers finish within the grace period; then they are
+        // cancelled and their tasks handed back.
+        let all = s.concurrency as u32;
+        if tokio::time::timeout(s.grace, run.slots.acquire_many(all))
+            .await
+            .is_err()
+        {
+            tracing::warn!(worker = %s.id, grace = ?s.grace, "grace period over: handing back running tasks");
+            run.hard_stop.cancel();
+            let _ = run.slots.acquire_many(all).await;
+        }
+        // 6. Leave: stop heartbeating. Removing the registration needs an
+        // admin token; without one it expires after its ttl (holding nothing).
+        heartbeats_done.cancel();
+        let _ = registration.await;
+        let _ = s.client.remove_node(&s.id).await;
+        Ok(self.stats())
+    }
+
+    fn registration(&self) -> NodeHeartbeat {
+        registration_of(&self.shared)
+    }
+}
+
+fn registration_of(s: &Shared) -> NodeHeartbeat {
+    NodeHeartbeat {
+        ttl_ms: Some(s.ttl.as_millis() as u64),
+        labels: s.labels.clone(),
+        addr: String::new(),
+        version: format!("muster-client {}", env!("CARGO_PKG_VERSION")),
+    }
+}
+
+/// SIGTERM or ctrl-c.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+async fn registration_loop(s: Arc<Shared>, done: CancellationToken, killed: CancellationToken) {
+    tokio::select! {
+        _ = registration_beats(&s, &done) => {}
+        _ = killed.cancelled() => {}
+    }
+}
+
+async fn registration_beats(s: &Shared, done: &CancellationToken) {
+    let every = s.ttl / 3;
+    let hb = registration_of(s);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = done.cancelled() => return,
+        }
+        // Bounded by the ttl: a heartbeat that only lands after the ttl is
+        // no use, and the next one is due anyway.
+        let call = s.client.heartbeat_node(&s.id, &hb);
+        tokio::select! {
+            r = tokio::time::timeout(every.max(Duration::from_millis(200)), call) => match r {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(worker = %s.id, error = %e, "registration heartbeat failed"),
+                Err(_) => tracing::warn!(worker = %s.id, "registration heartbeat timed out"),
+            },
+            _ = done.cancelled() => return,
+        }
+    }
+}
+
+async fn claim_loop(s: Arc<Shared>, queue: String, run: Run) {
+    let killed = run.killed.clone();
+    tokio::select! {
+        _ = claims(s, queue, run) => {}
+        _ = killed.cancelled() => {}
+    }
+}
+
+async fn claims(s: Arc<Shared>, queue: String, run: Run) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let first = tokio::select! {
+            p = run.slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = run.stop_claiming.cancelled() => return,
+        };
+        let mut permits = vec![first];
+        while permits.len() < s.batch as usize {
+            match run.slots.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let req = ClaimRequest {
+            node: s.id.clone(),
+            max: permits.len() as u32,
+            wait_ms: s.claim_wait.as_millis() as u64,
+        };
+        // Never abandoned half-way: a claim applied whose answer is dropped
+        // would strand its tasks until their timeout.
+        match s.client.claim(&queue, &req).await {
+            Ok(tasks) => {
+                backoff = Duration::from_millis(100);
+                for task in tasks {
+                    let permit = permits.pop().expect("no more tasks than permits");
+                    inc(&s.counters.claimed);
+                    let (s, run) = (s.clone(), run.clone());
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = run_task(&s, task, &run) => {}
+                            _ = run.killed.cancelled() => {}
+                        }
+                        drop(permit);
+                    });
+                }
+            }
+            Err(e) => {
+                drop(permits);
+                if e.status() == Some(409) {
+                    // Not registered (expired, or removed): register again.
+                    let _ = s.client.heartbeat_node(&s.id, &registration_of(&s)).await;
+                }
+                tracing::warn!(worker = %s.id, queue = %queue, error = %e, "claim failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = run.stop_claiming.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How a task's execution ended, before it is reported.
+enum Outcome {
+    Done(Result<Value, HandlerError>),
+    Panicked(String),
+    HandedBack,
+}
+
+async fn run_task(s: &Shared, task: Task, run: &Run) {
+    let ctx = Ctx::new(&s.id);
+    let mut handle = tokio::spawn((s.handler)(task.clone(), ctx.clone()));
+    // Dropped with this future (the run was killed): the handler stops too.
+    let _abort = AbortOnDrop(handle.abort_handle());
+    let outcome = tokio::select! {
+        r = &mut handle => match r {
+            Ok(r) => Outcome::Done(r),
+            Err(e) => Outcome::Panicked(e.to_string()),
+        },
+        _ = heartbeat_loop(s, &task, &ctx) => unreachable!("the heartbeat loop never ends"),
+        _ = run.hard_stop.cancelled() => {
+            ctx.cancel(CancelReason::Shutdown);
+            handle.abort();
+            Outcome::HandedBack
+        }
+    };
+    if ctx.cancel_reason() == Some(CancelReason::Lost) {
+        // The token is stale: someone else may be running the task. Nothing
+        // this worker sends with it could change anything; send nothing.
+        inc(&s.counters.dropped);
+        return;
+    }
+    let cancel_requested = ctx.cancel_reason() == Some(CancelReason::CancelRequested);
+    match outcome {
+        Outcome::Done(Ok(result)) => {
+            let c = Complete {
+                token: task.token,
+                result,
+                next: None,
+            };
+            let done = report(s, &task, &ctx, run, |client| {
+                let c = c.clone();
+                let id = task.id.clone();
+                async move { client.complete(&id, &c).await }
+            })
+            .await;
+            if done {
+                inc(&s.counters.completed);
+            }
+        }
+        Outcome::Done(Err(e)) => {
+            let permanent = e.downcast_ref::<Permanent>().is_some();
+            let f = Fail {
+                token: task.token,
+                error: e.to_string(),
+                retry: !(permanent || cancel_requested),
+                next: None,
+            };
+            report_fail(s, &task, &ctx, run, f, &s.counters.failed).await;
+        }
+        Outcome::Panicked(why) => {
+            inc(&s.counters.panicked);
+            let f = Fail {
+                token: task.token,
+                error: format!("the handler panicked: {why}"),
+                retry: !cancel_requested,
+                next: None,
+            };
+            report_fail(s, &task, &ctx, run, f, &s.counters.failed).await;
+        }
+        Outcome::HandedBack => {
+            let f = Fail {
+                token: task.token,
+                error: "the worker shut down before the task finished; handed back".into(),
+                retry: true,
+                next: None,
+            };
+            report_fail(s, &task, &ctx, run, f, &s.counters.handed_back).await;
+        }
+    }
+}
+
+async fn report_fail(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, f: Fail, counter: &AtomicU64) {
+    let ok = report(s, task, ctx, run, |client| {
+        let f = f.clone();
+        let id = task.id.clone();
+        async move { client.fail(&id, &f).await }
+    })
+    .await;
+    if ok {
+        inc(counter);
+    }
+}
+
+/// Sends a complete or fail until it is applied (true) or refused (false,
+/// counted as dropped). A 409 is checked against the task: if it finished
+/// with this very token, an earlier try of this call was applied and only
+/// its answer was lost.
+async fn report<F, Fut>(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, call: F) -> bool
+where
+    F: Fn(Client) -> Fut,
+    Fut: Future<Output = Result<Finished>>,
+{
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match call(s.client.clone()).await {
+            Ok(_) => return true,
+            Err(e) if e.is_conflict() => {
+                let ours = match s.client.task(&task.id).await {
+                    Ok(t) => {
+                        t.token == Some(task.token)
+                            && t.attempt_log.iter().any(|a| {
+                                a.token == task.token && matches!(a.outcome.as_deref(), Some("succeeded" | "failed"))
+                            })
+                    }
+                    Err(_) => false,
+                };
+                if !ours {
+                    ctx.cancel(CancelReason::Lost);
+                    inc(&s.counters.dropped);
+                }
+                return ours;
+            }
+            Err(e) if e.is_transient() && !run.hard_stop.is_cancelled() => {
+                tracing::warn!(task = %task.id, error = %e, "reporting the outcome failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = run.hard_stop.cancelled() => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                // Refused for good (4xx), or the worker is stopping hard:
+                // the task's timeout or this worker's expiry recovers it.
+                tracing::error!(task = %task.id, error = %e, "cannot report the task's outcome");
+                return false;
+            }
+        }
+    }
+}
+
+/// Heartbeats the task every `task_heartbeat` until dropped: on 409 the
+/// handler is cancelled as [`CancelReason::Lost`] and heartbeats stop; on a
+/// cancel request it is cancelled as [`CancelReason::CancelRequested`].
+async fn heartbeat_loop(s: &Shared, task: &Task, ctx: &Ctx) {
+    loop {
+        tokio::time::sleep(s.task_heartbeat).await;
+        let progress = match ctx.inner.progress.swap(u8::MAX, Ordering::Relaxed) {
+            u8::MAX => None,
+            p => Some(p),
+        };
+        let fields = ctx.inner.fields.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let hb = TaskHeartbeat {
+            token: task.token,
+            progress,
+            fields,
+        };
+        match s.client.heartbeat_task(&task.id, &hb).await {
+            Ok(a) => {
+                if a.cancel_requested && !ctx.is_cancelled() {
+                    inc(&s.counters.cancel_requests);
+                    ctx.cancel(CancelReason::CancelRequested);
+                }
+            }
+            Err(e) if e.is_conflict() => {
+                tracing::warn!(task = %task.id, "the task was taken from this worker (409); cancelling its handler");
+                ctx.cancel(CancelReason::Lost);
+                std::future::pending::<()>().await;
+            }
+            Err(e) => tracing::warn!(task = %task.id, error = %e, "task heartbeat failed"),
+        }
+    }
+}
