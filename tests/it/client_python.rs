@@ -12,11 +12,11 @@
 //! 3.10+ or PyPI the test says so and passes; `.ci/run` sets
 //! MUSTER_REQUIRE_PYCLIENT=1, which makes that a failure.
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use crate::common::venv::{self, output_text};
 use crate::common::*;
 
 /// The pinned tools and the package's dependencies, as checked.
@@ -32,116 +32,18 @@ fn package_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python")
 }
 
-fn required() -> bool {
-    std::env::var("MUSTER_REQUIRE_PYCLIENT").is_ok_and(|v| v == "1")
-}
+const TOOLS: venv::PyTools = venv::PyTools {
+    test: "the Python client test",
+    require_var: "MUSTER_REQUIRE_PYCLIENT",
+    python_var: "MUSTER_PYCLIENT_PYTHON",
+    dir: "pyclient-venv",
+    prefer_minor: 10,
+    min_minor: 10,
+    pins: PINS,
+};
 
-/// Says why the test cannot run: a failure in CI, a skip elsewhere.
-fn unavailable(why: &str) -> Option<PathBuf> {
-    if required() {
-        panic!("the Python client test needs Python and PyPI (MUSTER_REQUIRE_PYCLIENT=1): {why}");
-    }
-    eprintln!("SKIPPED the Python client test: {why}");
-    None
-}
-
-/// MUSTER_PYCLIENT_PYTHON, else `python3` when it is 3.10 or newer, else
-/// the newest pyenv version that is.
-fn python() -> Option<String> {
-    if let Ok(p) = std::env::var("MUSTER_PYCLIENT_PYTHON") {
-        return Some(p);
-    }
-    let recent = |p: &str| {
-        Command::new(p)
-            .args(["-c", "import sys; sys.exit(sys.version_info < (3, 10))"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let mut candidates = vec!["python3".to_string()];
-    if let Some(home) = std::env::var_os("HOME") {
-        let mut found: Vec<PathBuf> = std::fs::read_dir(Path::new(&home).join(".pyenv/versions"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path().join("bin/python3"))
-            .collect();
-        found.sort();
-        candidates.extend(found.into_iter().rev().map(|p| p.display().to_string()));
-    }
-    candidates.into_iter().find(|p| recent(p))
-}
-
-fn output_text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// The venv with the pinned tools, made on first use; None (after saying
-/// why) when it cannot be made and the test is not required.
 fn venv() -> Option<PathBuf> {
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("the target dir")
-        .to_path_buf();
-    let dir = target.join("pyclient-venv");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(target.join("pyclient-venv.lock"))
-        .expect("the venv lock file");
-    // SAFETY: flock on a file descriptor we own; released when `lock` drops.
-    assert_eq!(
-        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) },
-        0,
-        "lock the venv"
-    );
-    let Some(python) = python() else {
-        return unavailable("no Python 3.10+ found (set MUSTER_PYCLIENT_PYTHON)");
-    };
-    match Command::new(&python).arg("--version").output() {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => return unavailable(&format!("{python} --version failed: {}", output_text(&o))),
-        Err(e) => return unavailable(&format!("{python} does not run ({e})")),
-    }
-    let marker = dir.join(".muster-pins");
-    let pins = format!("{} with {python}", PINS.join(" "));
-    if std::fs::read_to_string(&marker).is_ok_and(|p| p == pins) {
-        return Some(dir);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    match Command::new(&python).args(["-m", "venv"]).arg(&dir).output() {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => return unavailable(&format!("{python} -m venv failed: {}", output_text(&o))),
-        Err(e) => return unavailable(&format!("{python} -m venv does not run ({e})")),
-    }
-    let started = Instant::now();
-    let pip = Command::new(dir.join("bin/pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--timeout",
-            "20",
-            "--retries",
-            "1",
-        ])
-        .args(PINS)
-        .output()
-        .expect("pip runs");
-    if !pip.status.success() {
-        let _ = std::fs::remove_dir_all(&dir);
-        return unavailable(&format!(
-            "pip could not install {pins} (is PyPI reachable?): {}",
-            output_text(&pip)
-        ));
-    }
-    std::fs::write(&marker, &pins).unwrap();
-    eprintln!("made {} in {:?}", dir.display(), started.elapsed());
-    Some(dir)
+    TOOLS.venv()
 }
 
 /// Runs a tool of the venv in the package's directory, without writing

@@ -11,13 +11,13 @@
 //! `.ci/run` sets MUSTER_REQUIRE_CONTRACT=1, which makes that a failure.
 //! Settings, hooks and the client script are in `tests/contract/`.
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::Value;
 
+use crate::common::venv;
 use crate::common::*;
 use muster::config::{Role, TokenConfig};
 
@@ -37,120 +37,22 @@ fn contract_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/contract")
 }
 
-fn required() -> bool {
-    std::env::var("MUSTER_REQUIRE_CONTRACT").is_ok_and(|v| v == "1")
-}
+/// The pinned tools' venv. Python 3.12+ is preferred: under 3.11,
+/// hypothesis (inside schemathesis) now and then fails with CPython's "AST
+/// constructor recursion depth mismatch" while describing a filter, a tool
+/// error that fails the run; 3.12 and 3.13 do not.
+const TOOLS: venv::PyTools = venv::PyTools {
+    test: "the contract test",
+    require_var: "MUSTER_REQUIRE_CONTRACT",
+    python_var: "MUSTER_CONTRACT_PYTHON",
+    dir: "contract-venv",
+    prefer_minor: 12,
+    min_minor: 0,
+    pins: PINS,
+};
 
-/// Says why the test cannot run: a failure in CI, a skip elsewhere.
-fn unavailable(why: &str) -> Option<PathBuf> {
-    if required() {
-        panic!("the contract test needs its Python tools (MUSTER_REQUIRE_CONTRACT=1): {why}");
-    }
-    eprintln!("SKIPPED the contract test: {why}");
-    None
-}
-
-/// The Python to make the venv with: MUSTER_CONTRACT_PYTHON, else the
-/// newest 3.12+ found, else `python3`. Under 3.11, hypothesis (inside
-/// schemathesis) now and then fails with CPython's "AST constructor
-/// recursion depth mismatch" while describing a filter: a tool error that
-/// fails the run. 3.12 and 3.13 do not.
-fn python() -> Option<String> {
-    if let Ok(p) = std::env::var("MUSTER_CONTRACT_PYTHON") {
-        return Some(p);
-    }
-    let runs = |p: &str, check: &str| {
-        std::process::Command::new(p)
-            .args(["-c", check])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let mut candidates: Vec<String> = vec!["python3.13".into(), "python3.12".into()];
-    // pyenv's other installed versions have no working shim.
-    if let Some(home) = std::env::var_os("HOME") {
-        let mut found: Vec<PathBuf> = std::fs::read_dir(Path::new(&home).join(".pyenv/versions"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path().join("bin/python3"))
-            .collect();
-        found.sort();
-        candidates.extend(found.into_iter().rev().map(|p| p.display().to_string()));
-    }
-    candidates
-        .into_iter()
-        .find(|p| runs(p, "import sys; sys.exit(sys.version_info < (3, 12))"))
-        .or_else(|| runs("python3", "pass").then(|| "python3".to_string()))
-}
-
-/// The venv with the pinned tools, made on first use; None (after saying
-/// why) when it cannot be made and the contract test is not required.
 fn venv() -> Option<PathBuf> {
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("the target dir")
-        .to_path_buf();
-    let dir = target.join("contract-venv");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(target.join("contract-venv.lock"))
-        .expect("the venv lock file");
-    // SAFETY: flock on a file descriptor we own; released when `lock` drops.
-    assert_eq!(
-        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) },
-        0,
-        "lock the venv"
-    );
-    let marker = dir.join(".muster-pins");
-    let pins = PINS.join(" ");
-    let Some(python) = python() else {
-        return unavailable("no python3 found (set MUSTER_CONTRACT_PYTHON)");
-    };
-    let pins = format!("{pins} with {python}");
-    if std::fs::read_to_string(&marker).is_ok_and(|p| p == pins) {
-        return Some(dir);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    let made = std::process::Command::new(&python)
-        .args(["-m", "venv"])
-        .arg(&dir)
-        .output();
-    match made {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => {
-            return unavailable(&format!(
-                "{python} -m venv failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            ));
-        }
-        Err(e) => return unavailable(&format!("{python} does not run ({e})")),
-    }
-    let started = Instant::now();
-    let pip = std::process::Command::new(dir.join("bin/pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--timeout",
-            "20",
-            "--retries",
-            "1",
-        ])
-        .args(PINS)
-        .output()
-        .expect("pip runs");
-    if !pip.status.success() {
-        let _ = std::fs::remove_dir_all(&dir);
-        return unavailable(&format!(
-            "pip could not install {pins} (is PyPI reachable?): {}",
-            String::from_utf8_lossy(&pip.stderr)
-        ));
-    }
-    std::fs::write(&marker, &pins).unwrap();
-    eprintln!("made {} in {:?}", dir.display(), started.elapsed());
-    Some(dir)
+    TOOLS.venv()
 }
 
 /// Runs a tool of the venv; returns whether it succeeded and its output.

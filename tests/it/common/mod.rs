@@ -19,6 +19,7 @@ use tempfile::TempDir;
 
 pub mod ha;
 pub mod netns;
+pub mod venv;
 
 /// A free TCP port on loopback (bound and released; the caller retries if
 /// someone takes it in between).
