@@ -515,6 +515,11 @@ async fn cluster_waits_on_the_namespace_slot_master() {
     cfg.redis.cluster = cluster.seeds();
     cfg.redis.ack_replicas = 1;
     cfg.redis.ack_timeout_ms = 300;
+    // One pooled connection, opened by the first submit: the second must
+    // meet the frozen replica in WAIT, not in opening a new cluster
+    // connection (which contacts every node and, with one frozen, can time
+    // out into a plain 503 "unavailable" on a loaded machine).
+    cfg.redis.ack_connections = 1;
     let app = TestApp::start_config(cfg, dir).await;
     let (s, b, h) = post_with(&app, "/api/v1/queues/dur/tasks", &[], json!({"payload": 1})).await;
     assert_eq!(s, 201, "{b}");
