@@ -35,7 +35,6 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
 use super::call::RetryableOr;
-use super::conn::home_route;
 use super::*;
 
 tokio::task_local! {
@@ -281,30 +280,11 @@ impl Store {
     /// timeout of its own: every command on it is bounded by the caller), but
     /// never the shared connection.
     async fn open_ack_conn(&self) -> StoreResult<Conn> {
-        if let Some(cc) = &self.inner.cluster_blocking {
-            let c = tokio::time::timeout(self.inner.timeout, cc.get_async_connection())
-                .await
-                .map_err(|_| StoreError::Unavailable("timed out opening a cluster connection".into()))?
-                .map_err(|e| classify(&e))?;
-            return Ok(Conn::Cluster(c, home_route(&self.inner.keys)));
-        }
-        let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let Some(client) = client else {
-            return Err(StoreError::Unavailable(
+        self.open_own().await.unwrap_or_else(|| {
+            Err(StoreError::Unavailable(
                 "no Redis master in use: waiting for a failover round to name one".into(),
-            ));
-        };
-        let cfg = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.inner.timeout))
-            .set_response_timeout(None);
-        let c = tokio::time::timeout(
-            self.inner.timeout,
-            client.get_multiplexed_async_connection_with_config(&cfg),
-        )
-        .await
-        .map_err(|_| StoreError::Unavailable("timed out opening a connection".into()))?
-        .map_err(|e| classify(&e))?;
-        Ok(Conn::Multiplexed(c))
+            ))
+        })
     }
 
     /// Drops `p` from its slot (if it is still there) and cuts it, so every

@@ -155,34 +155,39 @@ impl Store {
     /// shorter than a blocking read): the caller bounds every command.
     pub async fn dedicated(&self) -> StoreResult<Conn> {
         self.follow_master_file().await;
-        if let Some(cc) = &self.inner.cluster_blocking {
-            let c = tokio::time::timeout(self.inner.timeout, cc.get_async_connection())
-                .await
-                .map_err(|_| StoreError::Unavailable("timed out opening a cluster connection".into()))?
-                .map_err(|e| classify(&e))?;
-            return Ok(Conn::Cluster(c, home_route(&self.inner.keys)));
-        }
-        let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
-        match client {
-            Some(client) => {
-                let cfg = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.inner.timeout))
-                    .set_response_timeout(None);
-                let c = tokio::time::timeout(
-                    self.inner.timeout,
-                    client.get_multiplexed_async_connection_with_config(&cfg),
-                )
-                .await
-                .map_err(|_| StoreError::Unavailable("timed out opening a connection".into()))?
-                .map_err(|e| classify(&e))?;
-                Ok(Conn::Multiplexed(c))
-            }
+        match self.open_own().await {
+            Some(opened) => opened,
             None => match self.link().conn {
                 Conn::Down => Err(classify(&down_error())),
                 Conn::Reconnecting => Err(classify(&reconnecting_error())),
                 c => Ok(c),
             },
         }
+    }
+
+    /// A new connection of its own to the master in use (no response
+    /// timeout: the caller bounds every command), or None when no master is
+    /// named (coordinated mode before a failover round named one).
+    pub(super) async fn open_own(&self) -> Option<StoreResult<Conn>> {
+        if let Some(cc) = &self.inner.cluster_blocking {
+            let opened = tokio::time::timeout(self.inner.timeout, cc.get_async_connection())
+                .await
+                .map_err(|_| StoreError::Unavailable("timed out opening a cluster connection".into()))
+                .and_then(|r| r.map_err(|e| classify(&e)));
+            return Some(opened.map(|c| Conn::Cluster(c, home_route(&self.inner.keys))));
+        }
+        let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone()?;
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.inner.timeout))
+            .set_response_timeout(None);
+        let opened = tokio::time::timeout(
+            self.inner.timeout,
+            client.get_multiplexed_async_connection_with_config(&cfg),
+        )
+        .await
+        .map_err(|_| StoreError::Unavailable("timed out opening a connection".into()))
+        .and_then(|r| r.map_err(|e| classify(&e)));
+        Some(opened.map(Conn::Multiplexed))
     }
 
     /// PING with a measured round trip.
