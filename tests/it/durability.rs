@@ -292,6 +292,15 @@ fn metric(text: &str, series: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
     let set = TestReplicaSet::start(1);
+    // The replica must be online at the master before the first confirmed
+    // submit, or WAIT counts 0 replicas and the 201 below is a shortfall.
+    let online = wait_until(Duration::from_secs(20), || async {
+        crate::common::ha::info(set.port(0), "replication")
+            .iter()
+            .any(|(k, v)| k.starts_with("slave") && v.contains("state=online"))
+    })
+    .await;
+    assert!(online, "the replica never came online at the master");
     // A node that waits for one replica on every change, and one that waits
     // only when asked.
     let always = TestApp::start_with(set.server(0), |c| {
