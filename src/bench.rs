@@ -66,13 +66,13 @@ pub struct BenchReport {
     pub claim_latency_half_load: Latency,
     /// Commands executed by Redis per task, counting the ones inside scripts.
     pub redis_commands_per_task: f64,
-    /// Commands sent by the node per task (EVALSHA and plain commands).
+    /// Commands sent by the node per task (FCALL and plain commands).
     pub redis_round_trips_per_task: f64,
     /// Fraction of one core Redis used during phase 1.
     pub redis_cpu_utilisation: f64,
     /// Redis CPU (user + system, from `INFO cpu`) per task in phase 1, µs.
     pub redis_cpu_us_per_task: f64,
-    /// Script calls (EVALSHA) per task in phase 1, background loops included.
+    /// Script calls (FCALL) per task in phase 1, background loops included.
     pub script_calls_per_task: f64,
     /// Claims that found nothing, per task in phase 1 (the node's
     /// `muster_claims_empty_total`).
@@ -146,12 +146,22 @@ fn command_calls(info: &str) -> (u64, u64, u64) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         all += calls;
-        if name == "evalsha" {
+        if matches!(name, "fcall" | "evalsha") {
             scripts += calls;
         }
         if matches!(
             name,
-            "evalsha" | "eval" | "xread" | "time" | "ping" | "smembers" | "zrange" | "hgetall" | "zcard" | "get"
+            "fcall"
+                | "evalsha"
+                | "eval"
+                | "xread"
+                | "time"
+                | "ping"
+                | "smembers"
+                | "zrange"
+                | "hgetall"
+                | "zcard"
+                | "get"
         ) {
             sent += calls;
         }

@@ -193,17 +193,10 @@ impl Store {
         args: &[String],
     ) -> StoreResult<T> {
         let pooled = self.ack_pooled(scope).await?;
-        let mut inv = lua.script().prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
-        for a in args {
-            inv.arg(a);
-        }
-        inv.arg(self.deadline()?);
+        let args = super::call::with_deadline(args, self.deadline()?);
         let mut conn = pooled.link.conn.clone();
         match self
-            .timed_on(&pooled.link, lua.name(), inv.invoke_async::<T>(&mut conn))
+            .timed_on(&pooled.link, lua.name(), lua.call::<T, _>(&mut conn, keys, &args))
             .await
         {
             Ok(v) => Ok(v),

@@ -251,17 +251,12 @@ impl Store {
         }
         let mut attempt = 0;
         loop {
-            let mut inv = lua.script().prepare_invoke();
-            for k in keys {
-                inv.key(k);
-            }
-            for a in args {
-                inv.arg(a);
-            }
-            inv.arg(self.deadline()?);
+            let args = with_deadline(args, self.deadline()?);
             let link = self.usable_link().await;
             let mut conn = link.conn.clone();
-            let res = self.timed_on(&link, lua.name(), inv.invoke_async::<T>(&mut conn)).await;
+            let res = self
+                .timed_on(&link, lua.name(), lua.call::<T, _>(&mut conn, keys, &args))
+                .await;
             match res {
                 Ok(v) => return Ok(v),
                 Err(RetryableOr::Retry(e)) if attempt < 2 && was_refused(&e) => {
@@ -389,6 +384,14 @@ impl Link {
             cut: CancellationToken::new(),
         }
     }
+}
+
+/// A script's arguments with the call's deadline appended (see the prelude).
+pub(super) fn with_deadline(args: &[String], deadline: impl ToString) -> Vec<String> {
+    let mut all = Vec::with_capacity(args.len() + 1);
+    all.extend_from_slice(args);
+    all.push(deadline.to_string());
+    all
 }
 
 pub(super) fn was_refused(e: &StoreError) -> bool {

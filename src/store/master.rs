@@ -120,16 +120,10 @@ impl Store {
             node: &node,
             addr,
         };
-        let mut inv = lua.script().prepare_invoke();
-        for key in call.keys(&self.inner.keys) {
-            inv.key(key);
-        }
-        for arg in call.args() {
-            inv.arg(arg);
-        }
-        inv.arg(self.deadline()?);
+        let keys = call.keys(&self.inner.keys);
+        let args = super::call::with_deadline(&call.args(), self.deadline()?);
         let reply: crate::failover::scripts::EpochReply = self
-            .timed_on(&probe, lua.name(), inv.invoke_async(conn))
+            .timed_on(&probe, lua.name(), lua.call(conn, &keys, &args))
             .await
             .map_err(RetryableOr::into_error)?;
         let (epoch, bumped) = (reply.epoch, reply.bumped);

@@ -1,16 +1,28 @@
 //! Lua scripts: one file per atomic state change, loaded through [`Lua`].
 //!
-//! A script is sent as one chunk: the shared prelude (`lua/prelude.lua`: the
-//! namespace prefix, the deadline check of G12, Redis time, the error-code
-//! table `E` of [`codes`](super::codes), the event emitter), then the
-//! libraries it includes, then its own file. A script or library names what
-//! it needs on header lines `--@include <library>`; they are resolved depth
-//! first, each library once, before the file that names them (see
-//! [`LIBRARIES`]). The prefix, the stream bound and the code table are
-//! substituted into the text once, at start, so the scripts need no extra
-//! arguments for them; the SHA differs per namespace, which is harmless.
-//! redis-rs sends EVALSHA and loads the script on NOSCRIPT, so a Redis
-//! restart or failover needs no special handling.
+//! Each script is a Redis function in a library of its own (`FUNCTION LOAD`,
+//! called with `FCALL`): the library holds the shared prelude
+//! (`lua/prelude.lua`: the namespace prefix, the deadline check of G12, Redis
+//! time, the event emitter), then the libraries the script includes, then
+//! one `redis.register_function` whose body is the script's file. Loading
+//! runs the prelude and the libraries once; a call runs only the script's
+//! own code (with EVAL every call defined every library function anew,
+//! which cost about a sixth of a call's Redis CPU). A script or library
+//! names what it needs on header lines `--@include <library>`; they are
+//! resolved depth first, each library once, before the file that names
+//! them (see [`LIBRARIES`]). The prefix and the stream bound are substituted
+//! into the text once, at start, so the scripts need no extra arguments for
+//! them.
+//!
+//! A library and its function are named after the script and a hash of the
+//! library's text (`tasks_claim_3f9a…`), so nodes of different versions or
+//! namespaces on one Redis never replace each other's code, and `FCALL`
+//! shows in `SLOWLOG` and `MONITOR` by name. A call that finds its function
+//! missing (a new or restarted Redis, a failover to a replica that missed
+//! the load, `FUNCTION FLUSH`) loads the library and calls again: nothing
+//! ran the first time, so nothing runs twice.
+
+use sha2::{Digest, Sha256};
 
 /// Values substituted into every script.
 #[derive(Debug, Clone)]
@@ -69,8 +81,20 @@ fn resolve(source: &str, out: &mut String, seen: &mut Vec<String>) -> Result<(),
     Ok(())
 }
 
-/// The full text sent for a script.
-pub fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<String, String> {
+/// The source lines `local NAME = VALUE -- @per-call` of the prelude and
+/// the libraries: state one call may change, reset at the start of every
+/// call, as `NAME = VALUE`.
+fn per_call_resets(code: &str) -> String {
+    code.lines()
+        .filter_map(|l| l.strip_suffix("-- @per-call"))
+        .filter_map(|l| l.trim_end().strip_prefix("local "))
+        .map(|decl| format!("{decl}\n"))
+        .collect()
+}
+
+/// The library text for a script, without its `#!lua name=` line, and the
+/// name of its library and function.
+pub fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<(String, String), String> {
     let mut code = PRELUDE
         .replace("__PREFIX__", &ctx.prefix)
         .replace("__EVENTS_MAXLEN__", &ctx.events_max_len.to_string());
@@ -78,8 +102,20 @@ pub fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<String, Str
     let mut seen = Vec::new();
     resolve(source, &mut libs, &mut seen).map_err(|e| format!("script {name}: {e}"))?;
     code.push_str(&shake(&libs, source));
-    code.push_str(&format!("\n-- script: {name}\n{source}"));
-    inline_codes(&code).map_err(|e| format!("script {name}: {e}"))
+    let resets = per_call_resets(&code);
+    code.push_str("\nredis.register_function('__FUNCTION__', function(keys, args)\nKEYS, ARGV = keys, args\n");
+    code.push_str(&resets);
+    code.push_str("local late = begin()\nif late then return late end\n");
+    code.push_str(&format!("-- script: {name}\n{source}\nend)\n"));
+    let code = inline_codes(&code).map_err(|e| format!("script {name}: {e}"))?;
+    let digest = Sha256::digest(code.as_bytes());
+    let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let stem: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let function = format!("{stem}_{hash}");
+    Ok((code.replace("__FUNCTION__", &function), function))
 }
 
 /// One top-level piece of a library: a function definition (`local function
@@ -156,10 +192,11 @@ fn mentions(code: &str, name: &str) -> bool {
     })
 }
 
-/// The libraries without the functions the script cannot reach. Every call
-/// defines each library function anew (EVALSHA runs the whole chunk), which
-/// costs Redis CPU per call; a claim needs a few of the task library's
-/// thirty functions. A function is kept when its name appears in the
+/// The libraries without the functions the script cannot reach: a claim
+/// needs a few of the task library's thirty functions, and each of the
+/// script's own function libraries (about 60 per namespace) holds only
+/// what it uses. (When scripts ran with EVALSHA this also saved Redis CPU on
+/// every call, which defined each library function anew.) A function is kept when its name appears in the
 /// script, in the libraries' other lines, or in a kept function (comments
 /// ignored); Lua resolves local names lexically, so a function no kept code
 /// names cannot be called, and dropping it changes nothing else.
@@ -256,11 +293,13 @@ pub trait ScriptCall {
     fn args(&self) -> Vec<String>;
 }
 
-/// A loaded-on-demand script with a name for metrics and logs.
+/// A script: its Redis function and the library that defines it, loaded
+/// on demand.
 #[derive(Debug, Clone)]
 pub struct Lua {
     name: &'static str,
-    script: redis::Script,
+    function: String,
+    library: String,
 }
 
 impl Lua {
@@ -268,20 +307,58 @@ impl Lua {
     /// compiled in, so an unknown include is a bug caught by the unit test
     /// that assembles every script; it panics at start, never later.
     pub fn load(name: &'static str, source: &str, ctx: &ScriptCtx) -> Self {
-        let code = assemble(name, source, ctx).unwrap_or_else(|e| panic!("{e}"));
+        let (code, function) = assemble(name, source, ctx).unwrap_or_else(|e| panic!("{e}"));
         Lua {
             name,
-            script: redis::Script::new(&code),
+            library: format!("#!lua name={function}\n{code}"),
+            function,
         }
     }
 
+    /// The script's name, for metrics and logs (`tasks/claim`).
     pub fn name(&self) -> &'static str {
         self.name
     }
 
-    pub fn script(&self) -> &redis::Script {
-        &self.script
+    /// The Redis function's name (`tasks_claim_3f9a…`).
+    pub fn function(&self) -> &str {
+        &self.function
     }
+
+    /// The library's text, as `FUNCTION LOAD` takes it.
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    /// Calls the script on `conn` (`FCALL`); when Redis does not have its
+    /// function, loads the library and calls once more. `args` ends with
+    /// the deadline (see the prelude).
+    pub async fn call<T, C>(&self, conn: &mut C, keys: &[String], args: &[String]) -> redis::RedisResult<T>
+    where
+        T: redis::FromRedisValue,
+        C: redis::aio::ConnectionLike,
+    {
+        let mut fcall = redis::cmd("FCALL");
+        fcall.arg(&self.function).arg(keys.len()).arg(keys).arg(args);
+        match fcall.query_async(conn).await {
+            Err(e) if is_function_missing(&e) => {
+                tracing::debug!(script = self.name, "loading the script's function library");
+                redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&self.library)
+                    .query_async::<()>(conn)
+                    .await?;
+                fcall.query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// `FCALL` of a function Redis does not have: nothing ran.
+fn is_function_missing(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("Function not found"))
 }
 
 #[cfg(test)]
@@ -324,7 +401,15 @@ mod tests {
         let scripts = all_scripts();
         assert!(scripts.len() > 40, "{}", scripts.len());
         for (name, source) in &scripts {
-            let code = assemble(name, source, &ctx()).unwrap();
+            let (code, function) = assemble(name, source, &ctx()).unwrap();
+            assert!(
+                function.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                "{function}"
+            );
+            assert!(
+                code.contains(&format!("redis.register_function('{function}', ")),
+                "{name}"
+            );
             for (lib, _) in LIBRARIES {
                 let n = code.matches(&format!("-- library: {lib}\n")).count();
                 assert!(n <= 1, "{name} includes {lib} {n} times");
@@ -345,13 +430,14 @@ mod tests {
             "-- E.NOT_FOUND stays in a comment\nreturn {E.TOO_MANY, E.TOO_MANY_QUEUES, NODE.x}",
             &ctx(),
         )
-        .unwrap();
-        assert!(code.ends_with("return {(-12), (-5), NODE.x}\n"), "{code}");
+        .unwrap()
+        .0;
+        assert!(code.ends_with("return {(-12), (-5), NODE.x}\nend)\n"), "{code}");
         assert!(code.contains("-- E.NOT_FOUND stays in a comment"));
         let err = assemble("x", "return E.NOPE", &ctx()).unwrap_err();
         assert!(err.contains("unknown error code E.NOPE"), "{err}");
         for (name, source) in all_scripts() {
-            let code = code_only(&assemble(&name, &source, &ctx()).unwrap());
+            let code = code_only(&assemble(&name, &source, &ctx()).unwrap().0);
             assert!(!mentions(&code, "E"), "{name} still names the code table E");
         }
     }
@@ -406,10 +492,72 @@ mod tests {
 
     #[test]
     fn libraries_come_before_the_files_that_include_them() {
-        let code = assemble("orphans/recover", "--@include orphans/lib\nreturn 1", &ctx()).unwrap();
+        let code = assemble("orphans/recover", "--@include orphans/lib\nreturn 1", &ctx())
+            .unwrap()
+            .0;
         let at = |s: &str| code.find(s).unwrap();
         assert!(at("-- library: nodes/liveness") < at("-- library: orphans/lib"));
         assert!(at("-- library: tasks/lib") < at("-- library: orphans/lib"));
         assert!(at("-- library: orphans/lib") < at("-- script: orphans/recover"));
+    }
+
+    #[test]
+    fn functions_are_named_by_script_and_text() {
+        let (a, fa) = assemble("tasks/x-y", "return 1", &ctx()).unwrap();
+        assert!(
+            fa.starts_with("tasks_x_y_") && fa.len() == "tasks_x_y_".len() + 16,
+            "{fa}"
+        );
+        let (_, same) = assemble("tasks/x-y", "return 1", &ctx()).unwrap();
+        assert_eq!(fa, same);
+        let (_, other_text) = assemble("tasks/x-y", "return 2", &ctx()).unwrap();
+        let other_ns = ScriptCtx {
+            prefix: "{other}".into(),
+            ..ctx()
+        };
+        let (_, other_prefix) = assemble("tasks/x-y", "return 1", &other_ns).unwrap();
+        assert!(fa != other_text && fa != other_prefix);
+        let lua = Lua::load("tasks/x-y", "return 1", &ctx());
+        assert_eq!(lua.library(), format!("#!lua name={fa}\n{a}"));
+    }
+
+    /// Library-level state lives across calls of a function: whatever one
+    /// call may change must be reset at the start of the next, or a call
+    /// that failed halfway would leave it set (`wf_busy` stuck at true would
+    /// stop every workflow from advancing). Constants are UPPER_CASE;
+    /// anything else declared at the top level must be `-- @per-call`.
+    #[test]
+    fn library_state_is_reset_on_every_call() {
+        let mut sources = vec![("store/prelude", PRELUDE)];
+        sources.extend(LIBRARIES.iter().copied());
+        for (lib, text) in sources {
+            for item in items(text) {
+                let Item::Other(lines) = item else { continue };
+                for line in lines.lines().filter(|l| l.starts_with("local ")) {
+                    let decl = line.split("--").next().unwrap().trim_end();
+                    let Some((names, _)) = decl.strip_prefix("local ").unwrap().split_once(" = ") else {
+                        continue; // a forward declaration, assigned a function later
+                    };
+                    let constant = names.split(',').all(|n| {
+                        n.trim()
+                            .chars()
+                            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                    });
+                    assert!(
+                        constant || line.ends_with("-- @per-call"),
+                        "{lib}: `{line}` is state kept across calls: name it in UPPER_CASE if it is a \
+                         constant, or mark it `-- @per-call`"
+                    );
+                }
+            }
+        }
+        let (code, _) = assemble("workflows/x", "--@include tasks/lib\nreturn wf_on_end", &ctx()).unwrap();
+        let body = &code[code.find("redis.register_function(").unwrap()..];
+        for reset in ["NOW = nil\n", "events_trimmed = false\n", "wf_busy = false\n"] {
+            assert!(
+                body.find(reset).unwrap() < body.find("local late = begin()").unwrap(),
+                "{reset}: {body}"
+            );
+        }
     }
 }

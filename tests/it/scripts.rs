@@ -1,9 +1,10 @@
 //! Every Lua script, assembled with its includes as the node sends it,
-//! compiles in a real Redis (SCRIPT LOAD), so a syntax error or a bad
-//! include fails here rather than on the first call in production.
+//! loads as a function library in a real Redis (FUNCTION LOAD), so a syntax
+//! error, a bad include or a body over Lua's limits (60 upvalues) fails here
+//! rather than on the first call in production.
 
-use muster::store::ScriptCtx;
-use muster::store::script::{LIBRARIES, assemble};
+use muster::store::script::LIBRARIES;
+use muster::store::{Lua, ScriptCtx};
 
 use crate::common::*;
 
@@ -28,18 +29,60 @@ async fn every_script_compiles_in_redis() {
             // Libraries compile as part of the scripts that include them;
             // alone too (they only define functions).
             let lib = LIBRARIES.iter().any(|(l, _)| *l == name);
-            let code = if name == "store/prelude" {
+            let lua = if name == "store/prelude" {
                 continue;
             } else if lib {
-                assemble(name, &format!("--@include {name}\nreturn 1"), &ctx).unwrap()
+                Lua::load("lib", &format!("--@include {name}\nreturn 1"), &ctx)
             } else {
-                assemble(name, &source, &ctx).unwrap()
+                Lua::load("script", &source, &ctx)
             };
             let mut c = redis.conn().await;
-            let loaded: Result<String, _> = redis::cmd("SCRIPT").arg("LOAD").arg(&code).query_async(&mut c).await;
-            assert!(loaded.is_ok(), "{name} does not compile: {loaded:?}");
+            let loaded: Result<String, _> = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg(lua.library())
+                .query_async(&mut c)
+                .await;
+            assert_eq!(
+                loaded.as_deref().ok(),
+                Some(lua.function()),
+                "{name} does not load: {loaded:?}"
+            );
             n += 1;
         }
     }
     assert!(n > 45, "{n} scripts");
+}
+
+/// A Redis that lost the functions (a restart without persistence, a
+/// failover to a replica that missed the load, `FUNCTION FLUSH`) gets them
+/// again on the next call, and that call runs once: a submit after the
+/// flush creates exactly one task, and the task runs to completion.
+#[tokio::test]
+async fn a_call_after_the_functions_are_flushed_loads_them_and_runs_once() {
+    use crate::tasks::{claim, submit};
+    use serde_json::json;
+
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let (s, _) = app.put("/api/v1/nodes/w/heartbeat", json!({"ttl_ms": 60_000})).await;
+    assert_eq!(s, 200);
+    submit(&app, "fl", json!({})).await;
+    let mut c = redis.conn().await;
+    let loaded = |list: redis::Value| format!("{list:?}").matches("library_name").count();
+    let before: redis::Value = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
+    assert!(loaded(before) > 0, "the node loaded no function library");
+    let () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut c).await.unwrap();
+
+    let id = submit(&app, "fl", json!({"payload": {"after": "flush"}})).await;
+    let tasks = claim(&app, "fl", "w", 10, 0).await;
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
+    let t = tasks.iter().find(|t| t["id"] == id.as_str()).unwrap();
+    let (s, body) = app
+        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t["token"]}))
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let (_, task) = app.get(&format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(task["state"], "succeeded", "{task}");
+    let after: redis::Value = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
+    assert!(loaded(after) > 0);
 }

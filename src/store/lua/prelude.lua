@@ -1,13 +1,23 @@
--- prelude.lua: shared helpers, prepended to every script by store::Lua.
+-- prelude.lua: shared helpers, first in every script's Redis function library
+-- (store::Lua assembles the library and loads it with FUNCTION LOAD).
 --
 -- KEYS: none of its own. ARGV: takes the caller's deadline off the end (DEADLINE,
 -- below). Returns: nothing, unless the call is late (the error `LATE`).
 --
+-- A script's file becomes the body of one function registered by its library, so
+-- the prelude and the libraries run once, when the library is loaded, and every
+-- call runs only `begin` and the script's own code. Library-level state that one
+-- call changes is declared `local name = value -- @per-call`; the assembler resets
+-- each such variable to its value at the start of every call (a call that failed
+-- halfway must not leave it set for the next one).
+--
+-- KEYS, ARGV     the call's keys and arguments (set by each function before `begin`;
+--                libraries may read them).
 -- P              the namespace's hash-tagged prefix, e.g. "{muster}"; every key a
 --                script computes starts with it, so it lands in the caller's slot.
 -- EVENTS_MAXLEN  approximate length the event stream is trimmed to.
 -- DEADLINE       the caller's deadline in Redis ms (G12). Store::eval appends it to
---                every call as the LAST argument; the prelude takes it off ARGV, so a
+--                every call as the LAST argument; `begin` takes it off ARGV, so a
 --                script sees exactly the ARGV its header documents. Past it the
 --                script does nothing and fails with the error `LATE`: the node that
 --                sent it has given up and answered its client with an error, so the
@@ -19,22 +29,18 @@
 -- int(n)         an integer-valued number as a string without exponent (tostring
 --                and `..` switch to exponent notation above 1e14).
 -- emit(...)      appends one event to the stream, in the caller's atomic step (G9).
+local KEYS, ARGV
 local P = '__PREFIX__'
 local EVENTS_MAXLEN = '__EVENTS_MAXLEN__'
-local DEADLINE = tonumber(table.remove(ARGV))
+local DEADLINE
 
-local NOW
+local NOW = nil -- @per-call
 local function now_ms()
   if not NOW then
     local t = redis.call('TIME')
     NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   return NOW
-end
-
-if not DEADLINE or now_ms() > DEADLINE then
-  return redis.error_reply('LATE the call reached Redis after its deadline (Redis time ' .. string.format('%d', now_ms()) ..
-    ', deadline ' .. tostring(DEADLINE) .. '): it was not applied')
 end
 
 local function int(n)
@@ -49,7 +55,7 @@ end
 -- The first event of a script call trims the stream (MAXLEN ~); later ones in the
 -- same call skip it, which bounds the stream just as well at a fraction of the cost.
 -- Returns the stream id.
-local events_trimmed = false
+local events_trimmed = false -- @per-call
 local function emit(etype, node, data, ...)
   if type(data) == 'table' then data = cjson.encode(data) end
   if events_trimmed then
@@ -58,4 +64,14 @@ local function emit(etype, node, data, ...)
   events_trimmed = true
   return redis.call('XADD', P .. ':events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'type', etype, 'node', node or '',
     'data', data or '{}', ...)
+end
+
+-- The start of every call, after the per-call state is reset: takes the deadline
+-- off ARGV and refuses a late call (G12). Returns the error reply to return, or nil.
+local function begin()
+  DEADLINE = tonumber(table.remove(ARGV))
+  if not DEADLINE or now_ms() > DEADLINE then
+    return redis.error_reply('LATE the call reached Redis after its deadline (Redis time ' .. string.format('%d', now_ms()) ..
+      ', deadline ' .. tostring(DEADLINE) .. '): it was not applied')
+  end
 end

@@ -111,7 +111,7 @@ local function wf_skip_downstream(w, k)
   return n
 end
 
-local wf_busy = false
+local wf_busy = false -- @per-call
 
 -- Cancels everything of w that has not started: pending keys, and dispatched
 -- tasks still queued or delayed. Running tasks are asked to stop. Returns how
