@@ -425,6 +425,24 @@ async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
     let (s, b, _) = post_with(&always, "/api/v1/tasks/no-such-task/cancel", &[], json!({})).await;
     assert!(s == 404 || s == 400, "{s} {b}");
     thaw.join().unwrap();
+    // The thawed replica catches up before the next confirmed call, whose
+    // WAIT allows only 300 ms (on a loaded machine catching up can take
+    // longer: it failed here once under a CPU spinner).
+    let caught_up = wait_until(Duration::from_secs(20), || async {
+        let master = crate::common::ha::info(set.port(0), "replication");
+        let field = |k: &str| master.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let target: u64 = field("master_repl_offset")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(u64::MAX);
+        let acked = field("slave0").and_then(|v| {
+            v.split(',')
+                .find_map(|kv| kv.strip_prefix("offset="))
+                .and_then(|o| o.parse::<u64>().ok())
+        });
+        acked.is_some_and(|a| a >= target)
+    })
+    .await;
+    assert!(caught_up, "the replica never caught up after the thaw");
 
     // Caught up: the replay is confirmed, same task.
     let (s, b, h) = post_with(
