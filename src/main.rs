@@ -7,6 +7,12 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use muster::config::Config;
 
+/// mimalloc instead of glibc's malloc: allocation was about a quarter of the
+/// node's instructions per request (`scripts/node-callgrind.sh`,
+/// BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "muster",
