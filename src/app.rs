@@ -115,6 +115,7 @@ pub fn router(state: AppState) -> Router {
         .openapi
         .set(serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into()));
     let max_body = state.cfg.server.max_body_bytes;
+    let pages_state = state.clone();
     let routes = Router::new()
         .merge(api)
         .merge(crate::web::router())
@@ -137,6 +138,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .fallback_service(routes)
         .layer(from_fn(crate::http::problemize))
+        // Outside `problemize`, so it sees every problem in its final form.
+        .layer(from_fn_with_state(pages_state, crate::web::errors::html_errors))
         .layer(CatchPanicLayer::custom(crate::http::panic_response))
         .layer(from_fn(crate::http::limit_uri))
         .layer(from_fn(crate::http::request_id))

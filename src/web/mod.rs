@@ -5,6 +5,7 @@
 //! service method as the REST API and redirects back (post/redirect/get).
 
 pub mod assets;
+pub mod errors;
 pub mod schedules;
 pub mod tasks;
 pub mod workflows;

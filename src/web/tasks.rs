@@ -92,6 +92,13 @@ async fn queue_page(
         ("cancelled", stats.cancelled),
         ("dead", stats.dead),
     ];
+    let st = &stats;
+    let empty = st.queued + st.delayed + st.running + st.succeeded + st.cancelled + st.dead == 0;
+    if empty && !s.tasks.queues().await?.iter().any(|q| q.name == queue) {
+        return Err(ApiError::not_found(format!(
+            "no queue `{queue}`: a queue exists once a task was submitted to it"
+        )));
+    }
     let groups = s.tasks.groups(Some(&queue)).await?;
     let page = s.tasks.list(&queue, &state, 50, cursor).await?;
     Ok(QueuePage {

@@ -483,3 +483,93 @@ async fn a_cookie_websocket_must_come_from_our_origin() {
     assert_eq!(ws_status(&format!("{ws}&token=tok-r"), &[]).await, 101);
     assert_eq!(ws_status(&ws, &[]).await, 401);
 }
+
+/// A browser that asks for a page and gets a problem sees an HTML page with
+/// the problem's status and detail (escaped), not raw JSON; the API and
+/// clients that do not ask for HTML keep `problem+json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_errors_are_html_for_browsers_and_problems_for_the_api() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let html = "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8";
+    for (path, status, says) in [
+        ("/tasks/no-such-task", 404, "no task `no-such-task`"),
+        ("/queues/doesnotexist", 404, "no queue `doesnotexist`"),
+        ("/no/such/page", 404, ""),
+        ("/queues/q?state=bogus", 400, "`state` must be one of"),
+        ("/queues/%3Cscript%3E", 400, "&#60;script&#62;"),
+    ] {
+        let resp = app
+            .request(Method::GET, path)
+            .header("accept", html)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{path}");
+        let ct = resp.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ct.starts_with("text/html"), "{path}: {ct}");
+        assert!(resp.headers().contains_key("content-security-policy"), "{path}");
+        let body = resp.text().await.unwrap();
+        assert!(body.contains(&format!("<h1>{status} ")), "{path}: {body}");
+        assert!(body.contains(says), "{path}: {body}");
+        assert!(!body.contains("<script>"), "{path}: unescaped input: {body}");
+        assert!(body.contains("Request id"), "{path}: {body}");
+    }
+    // The same paths without `Accept: text/html`, and the API with it, are
+    // problems.
+    for (path, accept) in [
+        ("/tasks/no-such-task", "application/json"),
+        ("/queues/doesnotexist", "*/*"),
+        ("/api/v1/tasks/no-such-task", html),
+    ] {
+        let resp = app
+            .request(Method::GET, path)
+            .header("accept", accept)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_client_error(), "{path}");
+        assert_eq!(
+            resp.headers()["content-type"],
+            "application/problem+json",
+            "{path} with Accept: {accept}"
+        );
+    }
+    // A queue that has had a task is a page, even when empty again.
+    let (s, _) = app
+        .post("/api/v1/queues/known/tasks", serde_json::json!({"payload": 1}))
+        .await;
+    assert_eq!(s, 201);
+    let resp = app
+        .request(Method::GET, "/queues/known")
+        .header("accept", html)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+}
+
+/// Each task state has one colour, the same on every page, and no two task
+/// states share one (running and succeeded, cancelled and dead used to).
+#[test]
+fn every_task_state_has_a_colour_of_its_own() {
+    let css = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/static/css/muster.css")).unwrap();
+    let colour_of = |state: &str| -> String {
+        let rules: Vec<&str> = css
+            .lines()
+            .filter(|l| {
+                let selectors = l.split('{').next().unwrap_or("");
+                selectors.split(',').any(|s| s.trim() == format!(".pill.{state}"))
+            })
+            .collect();
+        assert_eq!(rules.len(), 1, "`.pill.{state}` in {} rules: {rules:?}", rules.len());
+        rules[0].split('{').nth(1).unwrap().trim().to_string()
+    };
+    let states = ["queued", "delayed", "running", "succeeded", "cancelled", "dead"];
+    let colours: Vec<String> = states.iter().map(|s| colour_of(s)).collect();
+    for (i, a) in colours.iter().enumerate() {
+        for (j, b) in colours.iter().enumerate().skip(i + 1) {
+            assert_ne!(a, b, "{} and {} share a colour", states[i], states[j]);
+        }
+    }
+}
