@@ -23,6 +23,7 @@ mod http_api;
 mod http_edge;
 mod late_writes;
 mod locks;
+mod monitoring;
 mod nodes;
 mod orphans;
 mod partitions;
