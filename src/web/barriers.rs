@@ -1,8 +1,10 @@
 //! Dashboard pages of barriers and locks: Barriers (every barrier with its
 //! newest round, etcd-style holds, DoubleBarriers), Barrier (its hold and
 //! its rounds with each participant's arrival; a barrier that is only held
-//! shows its hold), Locks (held locks and leaders). A page refreshes itself
-//! every two seconds while a round it shows is open.
+//! shows its hold), Locks (held locks and leaders). With JavaScript the
+//! pages follow the event feed and swap their content in place (live.js,
+//! `data-live-swap`), with countdowns to round deadlines and lease ends;
+//! without it a page with an open round reloads every two seconds.
 
 use askama::Template;
 use askama_web::WebTemplate;

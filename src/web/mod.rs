@@ -76,6 +76,9 @@ pub struct Layout {
     pub auth: bool,
     pub node_id: String,
     pub version: &'static str,
+    /// Redis time (ms, the node's estimate) when the page was rendered:
+    /// countdowns on the page count from it, not from the browser's clock.
+    pub now_ms: i64,
 }
 
 impl Layout {
@@ -91,6 +94,12 @@ impl Layout {
             auth: s.auth.enabled(),
             node_id: s.node_id.to_string(),
             version: env!("CARGO_PKG_VERSION"),
+            now_ms: s.store.redis_now_estimate().unwrap_or_else(|| {
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0)
+            }),
         }
     }
 }

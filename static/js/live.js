@@ -10,6 +10,13 @@
 //   tbody#live-nodes               node states (rows added, updated, removed)
 //   svg#throughput                 tasks per second, last ten minutes
 //   tbody#live-events              the Events page: new events on top
+//   data-live-swap="main"          on <body>: the page itself is fetched again
+//                                  on each event and its <main> swapped in
+//                                  place (barriers, locks: no reload)
+//   [data-countdown="ms"]          time left until that Redis ms, ticking
+//                                  every second, counted from the page's
+//                                  Redis time (body data-now), not the
+//                                  browser's clock
 (function () {
   'use strict';
   var body = document.body;
@@ -19,6 +26,9 @@
   var timer = null;
   var backoff = 500;
   var status = document.getElementById('live-status');
+  var swap = body.dataset.liveSwap;
+  // Redis time minus browser time when the page was rendered.
+  var skew = Number(body.dataset.now || Date.now()) - Date.now();
 
   function setStatus(text, on) {
     if (!status) return;
@@ -110,8 +120,44 @@
     }
   }
 
+  function human(ms) {
+    var s = Math.ceil(ms / 1000);
+    if (s < 60) return s + ' s';
+    var m = Math.floor(s / 60);
+    if (m < 60) return m + ' min ' + (s % 60) + ' s';
+    return Math.floor(m / 60) + ' h ' + (m % 60) + ' min';
+  }
+
+  function tick() {
+    var now = Date.now() + skew;
+    document.querySelectorAll('[data-countdown]').forEach(function (el) {
+      var left = Number(el.dataset.countdown) - now;
+      text(el, left > 0 ? '(in ' + human(left) + ')' : '(passed)');
+    });
+  }
+  tick();
+  setInterval(tick, 1000);
+
+  // Fetches this page again and swaps its <main> in place: the same HTML the
+  // server renders without JavaScript, so the two can never disagree.
+  function swapMain() {
+    fetch(location.href, { credentials: 'same-origin', headers: { accept: 'text/html' } })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (!html) return;
+        var doc = new DOMParser().parseFromString(html, 'text/html');
+        var fresh = doc.querySelector('main'), main = document.querySelector('main');
+        if (!fresh || !main) return;
+        if (fresh.innerHTML !== main.innerHTML) main.innerHTML = fresh.innerHTML;
+        if (doc.body && doc.body.dataset.now) skew = Number(doc.body.dataset.now) - Date.now();
+        tick();
+      })
+      .catch(function () {});
+  }
+
   function refresh() {
     timer = null;
+    if (swap) { swapMain(); return; }
     fetch('/api/v1/live', { credentials: 'same-origin', headers: { accept: 'application/json' } })
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (s) { if (s) render(s); })

@@ -1,7 +1,9 @@
 //! A browser test of the live dashboard: headless Chromium (Debian's
 //! `chromium` and `chromium-driver`) driven over WebDriver by fantoccini.
 //! The Overview page must update its counts without a reload when a task is
-//! submitted over REST. A screenshot is saved under `target/`.
+//! submitted over REST, and a barrier's page must show a round's verdict in
+//! place (and count down to its deadline while it is open). A screenshot is
+//! saved under `target/`.
 //!
 //! Without Chromium the test says so and passes; `.ci/run` installs it and
 //! sets MUSTER_REQUIRE_BROWSER=1, which turns its absence into a failure.
@@ -115,5 +117,78 @@ async fn the_overview_updates_live_in_a_real_browser() {
     let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
     std::fs::create_dir_all(&target).unwrap();
     std::fs::write(target.join("browser-overview.png"), png).unwrap();
+
+    // A barrier round decided while its page is open shows its verdict in
+    // place, without a reload; while it is open its deadline counts down.
+    let (s, b) = app
+        .put(
+            "/api/v1/barriers/bb",
+            json!({"participants": ["p1", "p2"], "max_missing": 0, "timeout_ms": 600_000}),
+        )
+        .await;
+    assert!(s == 200 || s == 201, "{s} {b}");
+    let (s, b) = app
+        .post(
+            "/api/v1/barriers/bb/rounds/r1/arrive",
+            json!({"node": "p1", "wait_ms": 0}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    c.goto(&format!("{}/barriers/bb", app.url)).await.unwrap();
+    let verdict = |c: fantoccini::Client| async move {
+        c.find(Locator::Css("section.round h2 .pill"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    assert_eq!(verdict(c.clone()).await, "pending");
+    let mut countdown = String::new();
+    for _ in 0..50 {
+        countdown = c
+            .find(Locator::Css("[data-countdown]"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if countdown.starts_with("(in ") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        countdown.starts_with("(in 9 min") || countdown.starts_with("(in 10 min"),
+        "{countdown}"
+    );
+    for _ in 0..100 {
+        let status = c.find(Locator::Id("live-status")).await.unwrap().text().await.unwrap();
+        if status == "live" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.execute("window.__muster_marker = 43; return null;", vec![])
+        .await
+        .unwrap();
+    let (s, b) = app
+        .post(
+            "/api/v1/barriers/bb/rounds/r1/arrive",
+            json!({"node": "p2", "wait_ms": 0}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let mut shown = String::new();
+    for _ in 0..100 {
+        shown = verdict(c.clone()).await;
+        if shown == "released" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(shown, "released", "the verdict showed without a reload");
+    let marker = c.execute("return window.__muster_marker;", vec![]).await.unwrap();
+    assert_eq!(marker, json!(43), "same page, no reload");
     c.close().await.unwrap();
 }
