@@ -16,6 +16,7 @@
 
 mod model;
 mod read;
+pub use read::Found;
 pub mod routes;
 mod scripts;
 mod spec;

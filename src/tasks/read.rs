@@ -3,10 +3,48 @@
 
 use super::*;
 
+/// How [`Tasks::lookup`] found a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Id,
+    Alias,
+    IdempotencyKey,
+}
+
+impl Found {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Found::Id => "task id",
+            Found::Alias => "alias",
+            Found::IdempotencyKey => "idempotency key",
+        }
+    }
+}
+
 impl Tasks {
     /// One task, or None.
     pub async fn get(&self, id: &str) -> Result<Option<Task>, TaskError> {
         Ok(self.get_many(&[id.to_string()]).await?.into_iter().next().flatten())
+    }
+
+    /// The task a search term names, in one pipelined round trip: a task id,
+    /// an alias (held while its task lives, kept through retention) or an
+    /// idempotency key (within its window), in that order. The term must
+    /// already be a valid name.
+    pub async fn lookup(&self, term: &str) -> Result<Option<(String, Found)>, TaskError> {
+        let p0 = self.store.keys().prefix();
+        let mut p = redis::pipe();
+        p.cmd("EXISTS").arg(self.tkey(term));
+        p.cmd("GET").arg(format!("{p0}:alias:{term}"));
+        p.cmd("GET").arg(format!("{p0}:idem:{term}"));
+        let (exists, alias, idem): (bool, Option<String>, Option<String>) = self.store.pipe("task_lookup", &p).await?;
+        Ok(if exists {
+            Some((term.to_string(), Found::Id))
+        } else if let Some(id) = alias {
+            Some((id, Found::Alias))
+        } else {
+            idem.map(|id| (id, Found::IdempotencyKey))
+        })
     }
 
     /// Several tasks in one pipelined round trip, in order (None: gone).

@@ -7,6 +7,7 @@
 pub mod assets;
 pub mod errors;
 pub mod schedules;
+pub mod search;
 pub mod tasks;
 pub mod workflows;
 
@@ -47,6 +48,7 @@ pub fn router() -> Router<AppState> {
         .merge(workflows::router())
         .merge(schedules::router())
         .merge(barriers::router())
+        .merge(search::router())
 }
 
 /// The navigation, in order. Later subsystems add their pages here.

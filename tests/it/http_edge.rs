@@ -573,3 +573,54 @@ fn every_task_state_has_a_colour_of_its_own() {
         }
     }
 }
+
+/// The header's search goes to the page of a task found by id, alias or
+/// idempotency key, or of a workflow by id; anything else gets a page that
+/// says nothing matched (404), or why nothing can (400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_search_finds_tasks_by_id_alias_and_key_and_workflows_by_id() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let (s, t) = app
+        .post(
+            "/api/v1/queues/search/tasks",
+            serde_json::json!({"payload": 1, "alias": "nightly-report", "idempotency_key": "order-77"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{t}");
+    let id = t["id"].as_str().unwrap().to_string();
+    let (s, w) = app
+        .post(
+            "/api/v1/workflows",
+            serde_json::json!({"tasks": [{"key": "a", "queue": "search-wf", "payload": 1}]}),
+        )
+        .await;
+    assert!(s == 201 || s == 200, "{w}");
+    let wf = w["id"].as_str().unwrap().to_string();
+    let html = "text/html";
+    let search = |term: String| {
+        app.request(Method::GET, &format!("/search?q={term}"))
+            .header("accept", html)
+            .send()
+    };
+    for (term, lands) in [
+        (id.clone(), format!("/tasks/{id}")),
+        ("nightly-report".to_string(), format!("/tasks/{id}")),
+        ("order-77".to_string(), format!("/tasks/{id}")),
+        (format!("%20{wf}%20"), format!("/workflows/{wf}")),
+    ] {
+        let resp = search(term.clone()).await.unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{term}");
+        assert_eq!(resp.url().path(), lands, "{term}");
+    }
+    let resp = search("no-such-thing".into()).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("Nothing found for <code>no-such-thing</code>"), "{body}");
+    let resp = search("%3Cb%3E".into()).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body = resp.text().await.unwrap();
+    assert!(!body.contains("<b>") && body.contains("Nothing can match"), "{body}");
+    // Every page carries the search form.
+    assert!(app.page("/").await.contains("action=\"/search\""));
+}
