@@ -44,6 +44,8 @@ pub const ACKED: &[(Method, &str)] = &[
     (Method::POST, "/api/v1/tasks/{id}/fail"),
     (Method::POST, "/api/v1/tasks/{id}/cancel"),
     (Method::POST, "/api/v1/tasks/{id}/retry"),
+    (Method::POST, "/api/v1/dead/retry"),
+    (Method::POST, "/api/v1/dead/discard"),
     (Method::POST, "/api/v1/workflows"),
     (Method::POST, "/api/v1/schedules"),
     (Method::PUT, "/api/v1/schedules/{id}"),

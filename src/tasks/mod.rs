@@ -14,6 +14,7 @@
 //! - G11: every time in a task (created, started, due, finished) is Redis time.
 //! - Every state change emits its event in the same script (G9).
 
+pub mod bulk;
 mod model;
 mod read;
 pub use read::Found;

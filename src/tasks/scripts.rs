@@ -23,6 +23,7 @@ pub(crate) struct Scripts {
     pub trim_dead: Lua,
     pub counts: Lua,
     pub list_queued: Lua,
+    pub dead_bulk: Lua,
 }
 
 impl Scripts {
@@ -43,6 +44,7 @@ impl Scripts {
             trim_dead: l("dead_trim", include_str!("lua/trim_dead.lua")),
             counts: l("queue_counts", include_str!("lua/counts.lua")),
             list_queued: l("queue_list_queued", include_str!("lua/list_queued.lua")),
+            dead_bulk: l("dead_bulk", include_str!("lua/dead_bulk.lua")),
         }
     }
 }

@@ -4,16 +4,17 @@ use askama::Template;
 use askama_web::WebTemplate;
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::filters;
 use super::{Layout, UiForm};
 use crate::app::AppState;
-use crate::auth::ReadCaller;
+use crate::auth::{Caller, ReadCaller};
 use crate::config::Role;
 use crate::error::{ApiError, Result};
+use crate::tasks::bulk::{self, BulkAction};
 use crate::tasks::{GroupInfo, QueueStats, STATES, Task, TaskPage};
 use crate::validate;
 
@@ -28,6 +29,7 @@ pub fn router() -> Router<AppState> {
         .route("/ui/tasks/{id}/cancel", post(ui_cancel))
         .route("/ui/tasks/{id}/retry", post(ui_retry))
         .route("/ui/tasks/{id}/discard", post(ui_discard))
+        .route("/ui/dead/bulk", post(ui_dead_bulk))
 }
 
 #[derive(Template, WebTemplate)]
@@ -49,6 +51,29 @@ async fn queues_page(State(s): State<AppState>, caller: ReadCaller) -> Result<Qu
 pub struct PageQuery {
     state: Option<String>,
     cursor: Option<usize>,
+    /// After a bulk action: what it did (see `ui_dead_bulk`).
+    bulk: Option<String>,
+    done: Option<u64>,
+    left: Option<u64>,
+    refused: Option<u64>,
+}
+
+impl PageQuery {
+    /// The line reporting a bulk action, when the page was reached from one.
+    fn bulk_report(&self) -> Option<String> {
+        let verb = match self.bulk.as_deref()? {
+            "retry" => "Retried",
+            "discard" => "Discarded",
+            _ => return None,
+        };
+        let mut line = format!("{verb} {} dead tasks; {} left", self.done?, self.left.unwrap_or(0));
+        if let Some(r) = self.refused.filter(|r| *r > 0) {
+            line.push_str(&format!(
+                "; {r} not retried: their queue was forgotten and the cluster has tasks.max_queues queues"
+            ));
+        }
+        Some(line + ".")
+    }
 }
 
 #[derive(Template, WebTemplate)]
@@ -61,6 +86,8 @@ pub struct QueuePage {
     pub groups: Vec<GroupInfo>,
     pub page: TaskPage,
     pub cursor: usize,
+    /// The report of a bulk action that led here.
+    pub bulk: Option<String>,
 }
 
 async fn queue_page(
@@ -70,7 +97,7 @@ async fn queue_page(
     Query(q): Query<PageQuery>,
 ) -> Result<QueuePage> {
     validate::name("queue", &queue)?;
-    let state = q.state.unwrap_or_else(|| "queued".into());
+    let state = q.state.clone().unwrap_or_else(|| "queued".into());
     if !STATES.contains(&state.as_str()) {
         return Err(ApiError::bad_request(format!(
             "`state` must be one of {}",
@@ -101,8 +128,10 @@ async fn queue_page(
     }
     let groups = s.tasks.groups(Some(&queue)).await?;
     let page = s.tasks.list(&queue, &state, 50, cursor).await?;
+    let bulk = q.bulk_report();
     Ok(QueuePage {
         layout: Layout::new(&s, Some(&caller.0), &format!("Queue {queue}"), "Queues"),
+        bulk,
         stats,
         tabs,
         state,
@@ -155,6 +184,7 @@ pub struct DeadPage {
     pub layout: Layout,
     pub page: TaskPage,
     pub cursor: usize,
+    pub bulk: Option<String>,
 }
 
 async fn dead_page(State(s): State<AppState>, caller: ReadCaller, Query(q): Query<PageQuery>) -> Result<DeadPage> {
@@ -164,6 +194,7 @@ async fn dead_page(State(s): State<AppState>, caller: ReadCaller, Query(q): Quer
         layout: Layout::new(&s, Some(&caller.0), "Dead letters", "Dead letters"),
         page,
         cursor,
+        bulk: q.bulk_report(),
     })
 }
 
@@ -196,4 +227,52 @@ async fn ui_discard(State(s): State<AppState>, f: UiForm) -> Result<Response> {
     s.tasks.delete(&f.name, &f.caller.name).await?;
     // The task page is gone; go to the dead letters.
     Ok(axum::response::Redirect::to("/dead").into_response())
+}
+
+/// The bulk form of the Dead letters page (every queue) and of a queue's
+/// dead tab (`queue` set).
+#[derive(Debug, Deserialize)]
+pub struct BulkForm {
+    csrf: String,
+    queue: Option<String>,
+    action: String,
+    /// The form's checkbox: "yes" when the admin confirmed.
+    confirm: Option<String>,
+}
+
+async fn ui_dead_bulk(
+    State(s): State<AppState>,
+    caller: Caller,
+    form: axum::extract::Form<BulkForm>,
+) -> Result<Response> {
+    let f = form.0;
+    super::check_csrf(&caller, &f.csrf)?;
+    caller.require(Role::Admin)?;
+    if f.confirm.as_deref() != Some("yes") {
+        return Err(ApiError::bad_request(
+            "the bulk action was not confirmed: tick the box next to the buttons",
+        ));
+    }
+    let action = match f.action.as_str() {
+        "retry" => BulkAction::Retry,
+        "discard" => BulkAction::Discard,
+        _ => return Err(ApiError::bad_request("`action` must be retry or discard")),
+    };
+    let queue = f.queue.filter(|q| !q.is_empty());
+    if let Some(q) = &queue {
+        validate::name("queue", q)?;
+    }
+    let out = s
+        .tasks
+        .dead_bulk(queue.as_deref(), action, bulk::MAX_TASKS, &caller.name)
+        .await?;
+    let report = format!(
+        "bulk={}&done={}&left={}&refused={}",
+        f.action, out.done, out.left, out.refused
+    );
+    Ok(match queue {
+        Some(q) => Redirect::to(&format!("/queues/{q}?state=dead&{report}")),
+        None => Redirect::to(&format!("/dead?{report}")),
+    }
+    .into_response())
 }

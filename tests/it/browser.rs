@@ -2,8 +2,9 @@
 //! `chromium` and `chromium-driver`) driven over WebDriver by fantoccini.
 //! The Overview page must update its counts without a reload when a task is
 //! submitted over REST, and a barrier's page must show a round's verdict in
-//! place (and count down to its deadline while it is open). A screenshot is
-//! saved under `target/`.
+//! place (and count down to its deadline while it is open), and the Dead
+//! letters page must retry 2 000 dead tasks in bulk. A screenshot is saved
+//! under `target/`.
 //!
 //! Without Chromium the test says so and passes; `.ci/run` installs it and
 //! sets MUSTER_REQUIRE_BROWSER=1, which turns its absence into a failure.
@@ -190,5 +191,33 @@ async fn the_overview_updates_live_in_a_real_browser() {
     assert_eq!(shown, "released", "the verdict showed without a reload");
     let marker = c.execute("return window.__muster_marker;", vec![]).await.unwrap();
     assert_eq!(marker, json!(43), "same page, no reload");
+
+    // A bulk retry of 2 000 dead tasks from the Dead letters page, confirmed
+    // with its checkbox.
+    crate::dead_bulk::make_dead(&app, "bulk-ui", 2000).await;
+    c.goto(&format!("{}/dead", app.url)).await.unwrap();
+    c.find(Locator::Css("#bulk input[name=confirm]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Css("#bulk button[value=retry]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let mut report = String::new();
+    for _ in 0..200 {
+        if let Ok(el) = c.find(Locator::Id("bulk-report")).await {
+            report = el.text().await.unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(report, "Retried 2000 dead tasks; 0 left.");
+    let (_, q) = app.get("/api/v1/queues/bulk-ui").await;
+    assert_eq!((q["queued"].as_u64(), q["dead"].as_u64()), (Some(2000), Some(0)), "{q}");
     c.close().await.unwrap();
 }

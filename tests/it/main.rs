@@ -10,6 +10,7 @@ mod chaos;
 mod client;
 mod client_python;
 mod contract;
+mod dead_bulk;
 mod docs;
 mod durability;
 mod events;

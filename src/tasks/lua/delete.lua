@@ -9,16 +9,4 @@
 --
 -- Returns {code, state}: 1 deleted, E.WRONG_STATE not finished (state), E.NOT_FOUND
 -- Emits task.deleted.
-local id, actor = ARGV[1], ARGV[2]
-local f = redis.call('HMGET', KEYS[1], 'state', 'queue', 'alias')
-if not f[1] then return {E.NOT_FOUND, ''} end
-local state, q = f[1], f[2]
-if state ~= 'succeeded' and state ~= 'cancelled' and state ~= 'dead' then return {E.WRONG_STATE, state} end
-redis.call('ZREM', qkey(q, state), id)
-redis.call('ZREM', P .. ':dead', id)
-if f[3] and f[3] ~= '' and redis.call('GET', P .. ':alias:' .. f[3]) == id then
-  redis.call('DEL', P .. ':alias:' .. f[3])
-end
-redis.call('DEL', KEYS[1])
-emit('task.deleted', actor, {state = state}, 'task', id, 'queue', q)
-return {1, state}
+return {discard_finished(ARGV[1], ARGV[2])}

@@ -366,3 +366,58 @@ local function claim_next(q, node, max, now, out)
   out[at] = n; out[at + 1] = next_due; out[at + 2] = more
 end
 
+-- Requeues dead task `id` with a fresh set of attempts (retry.lua, dead_bulk.lua).
+-- Returns code, state: 1 'queued', E.WRONG_STATE (not dead) with its state,
+-- E.NOT_FOUND, or E.TOO_MANY_QUEUES when its forgotten queue cannot be registered
+-- again within max_queues. Emits task.enqueued (data.retry = true).
+local function retry_dead(id, actor, max_queues)
+  local t = tkey(id)
+  local f = redis.call('HMGET', t, 'state', 'queue', 'group', 'priority', 'alias')
+  if not f[1] then return E.NOT_FOUND, '' end
+  if f[1] ~= 'dead' then return E.WRONG_STATE, f[1] end
+  local q, g = f[2], f[3] or ''
+  if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
+    if redis.call('SCARD', P .. ':queues') >= tonumber(max_queues) then return E.TOO_MANY_QUEUES, 'dead' end
+    redis.call('SADD', P .. ':queues', q)
+  end
+  local now = now_ms()
+  redis.call('ZREM', qkey(q, 'dead'), id)
+  redis.call('ZREM', P .. ':dead', id)
+  redis.call('PERSIST', t)
+  if f[5] and f[5] ~= '' then
+    -- Take the alias back unless a live task got it meanwhile; then this task
+    -- goes on without it.
+    local akey = P .. ':alias:' .. f[5]
+    local holder = redis.call('GET', akey)
+    local hstate = holder and holder ~= id and redis.call('HGET', tkey(holder), 'state')
+    if hstate == 'queued' or hstate == 'delayed' or hstate == 'running' then
+      redis.call('HDEL', t, 'alias')
+    else
+      redis.call('SET', akey, id)
+    end
+  end
+  redis.call('HSET', t, 'attempts', '0', 'cancel_requested', '0', 'error', '')
+  redis.call('HDEL', t, 'finished_at')
+  make_queued(id, q, g, order_score(tonumber(f[4]), next_seqs(1)), int(now))
+  emit('task.enqueued', actor, {state = 'queued', retry = true}, 'task', id, 'queue', q)
+  return 1, 'queued'
+end
+
+-- Discards finished task `id` (succeeded, cancelled or dead) now (delete.lua,
+-- dead_bulk.lua). Returns code, state: 1 and the state it had, E.WRONG_STATE
+-- (not finished) with its state, or E.NOT_FOUND. Emits task.deleted.
+local function discard_finished(id, actor)
+  local t = tkey(id)
+  local f = redis.call('HMGET', t, 'state', 'queue', 'alias')
+  if not f[1] then return E.NOT_FOUND, '' end
+  local state, q = f[1], f[2]
+  if state ~= 'succeeded' and state ~= 'cancelled' and state ~= 'dead' then return E.WRONG_STATE, state end
+  redis.call('ZREM', qkey(q, state), id)
+  redis.call('ZREM', P .. ':dead', id)
+  if f[3] and f[3] ~= '' and redis.call('GET', P .. ':alias:' .. f[3]) == id then
+    redis.call('DEL', P .. ':alias:' .. f[3])
+  end
+  redis.call('DEL', t)
+  emit('task.deleted', actor, {state = state}, 'task', id, 'queue', q)
+  return 1, state
+end

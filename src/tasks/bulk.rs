@@ -1,0 +1,214 @@
+//! Bulk actions on dead letters: retry or discard every dead task (of one
+//! queue, or of all), oldest first, up to an optional count.
+//!
+//! Invariant: each script call handles one bounded page (`PAGE` tasks,
+//! `dead_bulk.lua`), so Redis never runs one long script however many dead
+//! letters there are; between pages other calls run. Each task is retried
+//! or discarded by the same library code as the single-task operations, in
+//! its own atomic step, so a bulk action stopped halfway (a node killed, a
+//! timeout) leaves every task either done or still dead, never between. A
+//! retry that cannot register a forgotten queue (tasks.max_queues) leaves
+//! the task dead and is counted as refused; the action stops when a page
+//! makes no progress.
+
+use axum::Json;
+use axum::extract::State;
+use redis::{FromRedisValue, ParsingError, Value};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{TaskError, Tasks};
+use crate::app::AppState;
+use crate::auth::AdminCaller;
+use crate::error::{ApiError, Result};
+use crate::http::OptJson;
+use crate::store::reply::read;
+use crate::store::{Keys, ScriptCall};
+use crate::validate;
+
+/// Dead tasks handled per script call.
+pub const PAGE: u64 = 500;
+/// The most a single request may ask for.
+pub const MAX_TASKS: u64 = 10_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BulkAction {
+    Retry,
+    Discard,
+}
+
+impl BulkAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            BulkAction::Retry => "retry",
+            BulkAction::Discard => "discard",
+        }
+    }
+}
+
+/// What a bulk action did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, ToSchema)]
+pub struct BulkOutcome {
+    /// Tasks retried (queued again with a fresh set of attempts) or discarded.
+    pub done: u64,
+    /// Dead tasks left in the set acted on (of the queue, or of all queues).
+    pub left: u64,
+    /// Tasks left dead because their queue was forgotten and could not be
+    /// registered again (the cluster has `tasks.max_queues` queues).
+    pub refused: u64,
+    /// Script calls (pages of at most 500 tasks) it took.
+    pub pages: u64,
+}
+
+/// `dead_bulk.lua`: one page.
+pub(crate) struct DeadBulk<'a> {
+    pub queue: Option<&'a str>,
+    pub action: BulkAction,
+    pub max: u64,
+    pub actor: &'a str,
+    pub max_queues: u32,
+}
+
+pub(crate) struct DeadBulkReply {
+    pub done: u64,
+    pub left: u64,
+    pub refused: u64,
+}
+
+impl FromRedisValue for DeadBulkReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            Ok(DeadBulkReply {
+                done: r.int("done")?.max(0) as u64,
+                left: r.int("left")?.max(0) as u64,
+                refused: r.int("refused")?.max(0) as u64,
+            })
+        })
+    }
+}
+
+impl ScriptCall for DeadBulk<'_> {
+    type Reply = DeadBulkReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![match self.queue {
+            Some(q) => format!("{}:q:{q}:dead", k.prefix()),
+            None => format!("{}:dead", k.prefix()),
+        }]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.action.as_str().to_string(),
+            self.max.to_string(),
+            self.actor.to_string(),
+            self.max_queues.to_string(),
+        ]
+    }
+}
+
+impl Tasks {
+    /// Retries or discards up to `limit` dead tasks (of `queue`, or of all
+    /// queues), oldest first, one bounded page per script call.
+    pub async fn dead_bulk(
+        &self,
+        queue: Option<&str>,
+        action: BulkAction,
+        limit: u64,
+        actor: &str,
+    ) -> Result<BulkOutcome, TaskError> {
+        let mut out = BulkOutcome::default();
+        while out.done < limit {
+            let call = DeadBulk {
+                queue,
+                action,
+                max: PAGE.min(limit - out.done),
+                actor,
+                max_queues: self.cfg.max_queues,
+            };
+            let r = self.store.run(&self.scripts.dead_bulk, &call).await?;
+            out.pages += 1;
+            out.done += r.done;
+            out.left = r.left;
+            out.refused = r.refused;
+            if r.done == 0 || r.left == 0 {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(retry_dead))
+        .routes(routes!(discard_dead))
+}
+
+/// Which dead letters a bulk action takes: one queue's, or, said
+/// explicitly, every queue's (an empty body acts on nothing).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkRequest {
+    /// Only this queue's dead letters.
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._-]+$")]
+    pub queue: Option<String>,
+    /// Every queue's dead letters (instead of `queue`).
+    pub all_queues: Option<bool>,
+    /// At most this many tasks, oldest first (1 to 10 000 000); all when absent.
+    #[schema(minimum = 1, maximum = 10_000_000)]
+    pub limit: Option<u64>,
+}
+
+const WHICH: &str = "name a `queue`, or set `all_queues: true` to act on every queue's dead letters";
+
+fn bulk_args(b: BulkRequest) -> Result<(Option<String>, u64)> {
+    match (&b.queue, b.all_queues) {
+        (Some(q), None | Some(false)) => validate::name("queue", q)?,
+        (None, Some(true)) => {}
+        (Some(_), Some(true)) => {
+            return Err(ApiError::bad_request(format!(
+                "both `queue` and `all_queues` are set: {WHICH}"
+            )));
+        }
+        (None, _) => return Err(ApiError::bad_request(format!("no dead letters named: {WHICH}"))),
+    }
+    let limit = b.limit.unwrap_or(MAX_TASKS);
+    validate::in_range("limit", limit, &(1..=MAX_TASKS))?;
+    Ok((b.queue, limit))
+}
+
+/// Retries dead tasks in bulk: each is queued again with a fresh set of
+/// attempts, oldest first, 500 per Redis script call.
+#[utoipa::path(post, path = "/api/v1/dead/retry", tag = "tasks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
+    request_body = BulkRequest,
+    responses((status = 200, body = BulkOutcome), (status = 400, description = "Neither a queue nor all_queues, a bad queue name, or a bad limit")))]
+async fn retry_dead(
+    State(s): State<AppState>,
+    caller: AdminCaller,
+    OptJson(body): OptJson<BulkRequest>,
+) -> Result<Json<BulkOutcome>> {
+    let (queue, limit) = bulk_args(body)?;
+    Ok(Json(
+        s.tasks
+            .dead_bulk(queue.as_deref(), BulkAction::Retry, limit, &caller.name)
+            .await?,
+    ))
+}
+
+/// Discards dead tasks in bulk, oldest first, 500 per Redis script call.
+#[utoipa::path(post, path = "/api/v1/dead/discard", tag = "tasks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
+    request_body = BulkRequest,
+    responses((status = 200, body = BulkOutcome), (status = 400, description = "Neither a queue nor all_queues, a bad queue name, or a bad limit")))]
+async fn discard_dead(
+    State(s): State<AppState>,
+    caller: AdminCaller,
+    OptJson(body): OptJson<BulkRequest>,
+) -> Result<Json<BulkOutcome>> {
+    let (queue, limit) = bulk_args(body)?;
+    Ok(Json(
+        s.tasks
+            .dead_bulk(queue.as_deref(), BulkAction::Discard, limit, &caller.name)
+            .await?,
+    ))
+}
