@@ -10,13 +10,16 @@ use askama::Template;
 use askama_web::WebTemplate;
 use axum::Router;
 use axum::extract::{Path, State};
-use axum::routing::get;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
 
 use super::Layout;
+use super::UiForm;
 use super::filters;
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::barriers::{BarrierConfigView, BarrierError, DoubleBarrier, Hold, Round, Verdict};
+use crate::config::Role;
 use crate::error::Result;
 use crate::locks::{Leadership, LockInfo};
 use crate::validate;
@@ -26,6 +29,7 @@ pub fn router() -> Router<AppState> {
         .route("/barriers", get(barriers_page))
         .route("/barriers/{name}", get(barrier_page))
         .route("/locks", get(locks_page))
+        .route("/ui/locks/{name}/break", post(ui_break_lock))
 }
 
 impl BarrierConfigView {
@@ -174,4 +178,12 @@ async fn locks_page(State(s): State<AppState>, caller: ReadCaller) -> Result<Loc
         locks: s.locks.list().await?,
         elections: s.locks.elections().await?,
     })
+}
+
+/// Breaks a held lock (its holder's token dies; the next waiter gets it), as
+/// `DELETE /api/v1/locks/{name}` does.
+async fn ui_break_lock(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    s.locks.release(&f.name, None, &f.caller.name).await?;
+    Ok(Redirect::to("/locks").into_response())
 }

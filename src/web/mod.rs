@@ -42,6 +42,7 @@ pub fn router() -> Router<AppState> {
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/ui/nodes/{id}/drain", post(ui_drain_node))
+        .route("/ui/nodes/{id}/remove", post(ui_remove_node))
         .route("/static/{*path}", get(assets::serve))
         .route("/favicon.ico", get(assets::favicon))
         .merge(tasks::router())
@@ -393,6 +394,15 @@ async fn logout(
         HeaderValue::from_static("muster_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
     );
     Ok(resp)
+}
+
+/// Removes a departed (dead, late or left) node or worker from the registry,
+/// as `DELETE /api/v1/nodes/{id}` does.
+async fn ui_remove_node(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+    f.caller.require(Role::Admin)?;
+    crate::validate::node_id("id", &f.name)?;
+    s.nodes.leave(&f.name, "removed").await?;
+    Ok(Redirect::to("/nodes").into_response())
 }
 
 async fn ui_drain_node(State(s): State<AppState>, f: UiForm) -> Result<Response> {

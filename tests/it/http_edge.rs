@@ -624,3 +624,85 @@ async fn the_search_finds_tasks_by_id_alias_and_key_and_workflows_by_id() {
     // Every page carries the search form.
     assert!(app.page("/").await.contains("action=\"/search\""));
 }
+
+/// The admin's buttons on the Locks and Nodes pages: break a held lock (the
+/// holder's token stops working), remove a departed worker; both behind the
+/// CSRF token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_forms_break_a_lock_and_remove_a_departed_worker() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let (s, lock) = app
+        .post(
+            "/api/v1/locks/ui-lock/acquire",
+            serde_json::json!({"owner": "o1", "ttl_ms": 60_000}),
+        )
+        .await;
+    assert_eq!(s, 200, "{lock}");
+    let (s, _) = app
+        .put(
+            "/api/v1/nodes/gone-worker/heartbeat",
+            serde_json::json!({"ttl_ms": 1000}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let html = http
+        .get(format!("{}/locks", app.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("/ui/locks/ui-lock/break"), "{html}");
+    let csrf = html
+        .split("data-csrf=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string();
+    let form = |path: &str, csrf: &str| http.post(format!("{}{path}", app.url)).form(&[("csrf", csrf)]).send();
+    // A forged token breaks nothing.
+    let r = form("/ui/locks/ui-lock/break", "forged").await.unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    assert_eq!(app.get("/api/v1/locks/ui-lock").await.0, 200);
+    let r = form("/ui/locks/ui-lock/break", &csrf).await.unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    let (s, b) = app
+        .post(
+            "/api/v1/locks/ui-lock/renew",
+            serde_json::json!({"token": lock["token"], "ttl_ms": 60_000}),
+        )
+        .await;
+    assert!(s == 409 || s == 404, "the broken lock's token still renews: {s} {b}");
+
+    // The worker stops heartbeating; once departed it can be removed.
+    let departed = wait_until(Duration::from_secs(10), || async {
+        let (_, n) = app.get("/api/v1/nodes/gone-worker").await;
+        n["state"] != "alive"
+    })
+    .await;
+    assert!(departed);
+    let html = http
+        .get(format!("{}/nodes", app.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("/ui/nodes/gone-worker/remove"), "{html}");
+    assert!(
+        !html.contains(&format!("/ui/nodes/{}/remove", app.node_id)),
+        "an alive node offers remove"
+    );
+    let r = form("/ui/nodes/gone-worker/remove", &csrf).await.unwrap();
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(app.get("/api/v1/nodes/gone-worker").await.0, 404);
+}
