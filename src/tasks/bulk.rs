@@ -188,12 +188,12 @@ async fn retry_dead(
     caller: AdminCaller,
     OptJson(body): OptJson<BulkRequest>,
 ) -> Result<Json<BulkOutcome>> {
+    bulk(&s, &caller.name, body, BulkAction::Retry).await
+}
+
+async fn bulk(s: &AppState, actor: &str, body: BulkRequest, action: BulkAction) -> Result<Json<BulkOutcome>> {
     let (queue, limit) = bulk_args(body)?;
-    Ok(Json(
-        s.tasks
-            .dead_bulk(queue.as_deref(), BulkAction::Retry, limit, &caller.name)
-            .await?,
-    ))
+    Ok(Json(s.tasks.dead_bulk(queue.as_deref(), action, limit, actor).await?))
 }
 
 /// Discards dead tasks in bulk, oldest first, 500 per Redis script call.
@@ -205,10 +205,5 @@ async fn discard_dead(
     caller: AdminCaller,
     OptJson(body): OptJson<BulkRequest>,
 ) -> Result<Json<BulkOutcome>> {
-    let (queue, limit) = bulk_args(body)?;
-    Ok(Json(
-        s.tasks
-            .dead_bulk(queue.as_deref(), BulkAction::Discard, limit, &caller.name)
-            .await?,
-    ))
+    bulk(&s, &caller.name, body, BulkAction::Discard).await
 }

@@ -337,14 +337,7 @@ async fn dashboard_sign_in_and_csrf() {
         .text()
         .await
         .unwrap();
-    let rcsrf = html
-        .split("data-csrf=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string();
+    let rcsrf = csrf_of(&html);
     let resp = http
         .post(&drain)
         .header("cookie", &rsession)

@@ -299,16 +299,6 @@ async fn get_with_cookie(http: &reqwest::Client, url: &str, cookie: &str) -> req
     http.get(url).header("cookie", cookie).send().await.unwrap()
 }
 
-fn csrf_of(html: &str) -> String {
-    html.split("data-csrf=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_live_in_redis_and_sign_out_revokes_them() {
     let redis = TestRedis::start();
@@ -659,14 +649,7 @@ async fn dashboard_forms_break_a_lock_and_remove_a_departed_worker() {
         .await
         .unwrap();
     assert!(html.contains("/ui/locks/ui-lock/break"), "{html}");
-    let csrf = html
-        .split("data-csrf=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string();
+    let csrf = csrf_of(&html);
     let form = |path: &str, csrf: &str| http.post(format!("{}{path}", app.url)).form(&[("csrf", csrf)]).send();
     // A forged token breaks nothing.
     let r = form("/ui/locks/ui-lock/break", "forged").await.unwrap();

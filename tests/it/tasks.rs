@@ -997,14 +997,7 @@ async fn dashboard_forms_pause_cancel_retry_and_discard() {
         .text()
         .await
         .unwrap();
-    let csrf = html
-        .split("data-csrf=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string();
+    let csrf = csrf_of(&html);
     let form = |path: &str| {
         let url = format!("{}{path}", a.url);
         let csrf = csrf.clone();

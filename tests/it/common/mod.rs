@@ -429,6 +429,16 @@ impl Drop for TestApp {
 
 /// Sends a request; returns the status and the JSON body (Null when empty or
 /// not JSON).
+/// The CSRF token a dashboard page carries (`<body data-csrf="...">`), for
+/// posting its forms.
+pub fn csrf_of(html: &str) -> String {
+    html.split("data-csrf=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the page carries a CSRF token")
+        .to_string()
+}
+
 pub async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
     let resp = req.send().await.expect("request reaches the node");
     let status = resp.status().as_u16();
