@@ -514,6 +514,22 @@ pub mod filters {
     pub fn ts(ms: &i64, _: &dyn askama::Values) -> askama::Result<String> {
         Ok(super::format_ms(*ms))
     }
+
+    /// The first 80 characters of a text (a payload, an error), with `…`
+    /// when cut: a table cell's preview; the task page shows it whole.
+    #[askama::filter_fn]
+    pub fn preview(text: &str, _: &dyn askama::Values) -> askama::Result<String> {
+        Ok(super::preview(text, 80))
+    }
+}
+
+/// The first `max` characters of `text` on one line, with `…` when cut.
+pub fn preview(text: &str, max: usize) -> String {
+    let one_line: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    match one_line.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &one_line[..at]),
+        None => one_line,
+    }
 }
 
 #[cfg(test)]
@@ -532,5 +548,16 @@ mod tests {
         assert_eq!(human_duration(5), "5 ms");
         assert_eq!(human_duration(1500), "1.5 s");
         assert_eq!(human_duration(125_000), "2 min 5 s");
+    }
+}
+
+#[cfg(test)]
+mod preview_tests {
+    #[test]
+    fn a_preview_is_one_line_and_cut_on_a_character() {
+        assert_eq!(super::preview("{\"a\":1}", 80), "{\"a\":1}");
+        assert_eq!(super::preview("line one\nline two", 80), "line one line two");
+        let long = "é".repeat(100);
+        assert_eq!(super::preview(&long, 80), format!("{}…", "é".repeat(80)));
     }
 }

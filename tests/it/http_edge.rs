@@ -689,3 +689,26 @@ async fn dashboard_forms_break_a_lock_and_remove_a_departed_worker() {
     assert_eq!(r.status().as_u16(), 303);
     assert_eq!(app.get("/api/v1/nodes/gone-worker").await.0, 404);
 }
+
+/// A queue's task list previews each task's payload, and its dead tab (and
+/// the Dead letters page) the last error, cut to one short line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_lists_preview_payloads_and_errors() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let long = "x".repeat(500);
+    for payload in [serde_json::json!({"to": "ann@example.com"}), serde_json::json!(long)] {
+        let (s, _) = app
+            .post("/api/v1/queues/pv/tasks", serde_json::json!({"payload": payload}))
+            .await;
+        assert_eq!(s, 201);
+    }
+    let html = app.page("/queues/pv").await;
+    assert!(html.contains("ann@example.com"), "{html}");
+    assert!(!html.contains(&long) && html.contains('…'), "the preview is not cut");
+    crate::dead_bulk::make_dead(&app, "pv-dead", 1).await;
+    for page in ["/queues/pv-dead?state=dead", "/dead"] {
+        let html = app.page(page).await;
+        assert!(html.contains("boom"), "{page}: {html}");
+    }
+}
