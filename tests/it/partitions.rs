@@ -566,6 +566,14 @@ async fn node_cut_from_redis_stops_work_and_its_tasks_move_on() {
         slow.is_empty(),
         "claims n1 answered later than its redis deadline + 1 s: {slow:?}"
     );
+    // No claim w1 sent during the cut took effect after healing. Two
+    // guarantees stand in the way here: the deadline (G12) and w1's liveness
+    // (G3: w1 heartbeated through n1, so it is dead in Redis by the time a
+    // retransmitted claim lands). Break-checked 2026-11-24: with the
+    // prelude's deadline check removed this still passes, because G3 alone
+    // refuses; G12 alone is isolated and break-checked by
+    // `late_writes::calls_held_in_transit_past_the_timeout_change_nothing`,
+    // which fails without it.
     let late_claims: Vec<_> = evs
         .iter()
         .filter(|(ms, ty, node, _)| ty == "task.claimed" && *node == w1.id && *ms >= cut_at)
