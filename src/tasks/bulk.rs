@@ -23,7 +23,7 @@ use super::{TaskError, Tasks};
 use crate::app::AppState;
 use crate::auth::AdminCaller;
 use crate::error::{ApiError, Result};
-use crate::http::OptJson;
+use crate::http::ApiJson;
 use crate::store::reply::read;
 use crate::store::{Keys, ScriptCall};
 use crate::validate;
@@ -145,48 +145,44 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(discard_dead))
 }
 
-/// Which dead letters a bulk action takes: one queue's, or, said
-/// explicitly, every queue's (an empty body acts on nothing).
-#[derive(Debug, Default, Deserialize, ToSchema)]
+/// Which dead letters a bulk action takes: one queue's, or every queue's
+/// with `"queue": "*"`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BulkRequest {
-    /// Only this queue's dead letters.
-    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._-]+$")]
-    pub queue: Option<String>,
-    /// Every queue's dead letters (instead of `queue`).
-    pub all_queues: Option<bool>,
+    /// The queue whose dead letters to take, or `*` for every queue's.
+    #[schema(min_length = 1, max_length = 128, pattern = "^([A-Za-z0-9._-]+|\\*)$")]
+    pub queue: String,
     /// At most this many tasks, oldest first (1 to 10 000 000); all when absent.
     #[schema(minimum = 1, maximum = 10_000_000)]
     pub limit: Option<u64>,
 }
 
-const WHICH: &str = "name a `queue`, or set `all_queues: true` to act on every queue's dead letters";
+/// `queue: "*"`: every queue's dead letters.
+pub const ALL_QUEUES: &str = "*";
 
 fn bulk_args(b: BulkRequest) -> Result<(Option<String>, u64)> {
-    match (&b.queue, b.all_queues) {
-        (Some(q), None | Some(false)) => validate::name("queue", q)?,
-        (None, Some(true)) => {}
-        (Some(_), Some(true)) => {
-            return Err(ApiError::bad_request(format!(
-                "both `queue` and `all_queues` are set: {WHICH}"
-            )));
-        }
-        (None, _) => return Err(ApiError::bad_request(format!("no dead letters named: {WHICH}"))),
-    }
+    let queue = if b.queue == ALL_QUEUES {
+        None
+    } else {
+        validate::name("queue", &b.queue)
+            .map_err(|e| ApiError::bad_request(format!("{e}, or `*` for every queue's dead letters")))?;
+        Some(b.queue)
+    };
     let limit = b.limit.unwrap_or(MAX_TASKS);
     validate::in_range("limit", limit, &(1..=MAX_TASKS))?;
-    Ok((b.queue, limit))
+    Ok((queue, limit))
 }
 
 /// Retries dead tasks in bulk: each is queued again with a fresh set of
 /// attempts, oldest first, 500 per Redis script call.
 #[utoipa::path(post, path = "/api/v1/dead/retry", tag = "tasks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     request_body = BulkRequest,
-    responses((status = 200, body = BulkOutcome), (status = 400, description = "Neither a queue nor all_queues, a bad queue name, or a bad limit")))]
+    responses((status = 200, body = BulkOutcome), (status = 400, description = "No body, a bad queue name, or a bad limit")))]
 async fn retry_dead(
     State(s): State<AppState>,
     caller: AdminCaller,
-    OptJson(body): OptJson<BulkRequest>,
+    ApiJson(body): ApiJson<BulkRequest>,
 ) -> Result<Json<BulkOutcome>> {
     bulk(&s, &caller.name, body, BulkAction::Retry).await
 }
@@ -199,11 +195,11 @@ async fn bulk(s: &AppState, actor: &str, body: BulkRequest, action: BulkAction) 
 /// Discards dead tasks in bulk, oldest first, 500 per Redis script call.
 #[utoipa::path(post, path = "/api/v1/dead/discard", tag = "tasks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     request_body = BulkRequest,
-    responses((status = 200, body = BulkOutcome), (status = 400, description = "Neither a queue nor all_queues, a bad queue name, or a bad limit")))]
+    responses((status = 200, body = BulkOutcome), (status = 400, description = "No body, a bad queue name, or a bad limit")))]
 async fn discard_dead(
     State(s): State<AppState>,
     caller: AdminCaller,
-    OptJson(body): OptJson<BulkRequest>,
+    ApiJson(body): ApiJson<BulkRequest>,
 ) -> Result<Json<BulkOutcome>> {
     bulk(&s, &caller.name, body, BulkAction::Discard).await
 }

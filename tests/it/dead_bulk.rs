@@ -56,6 +56,7 @@ async fn dead_letters_are_retried_and_discarded_in_bulk_page_by_page() {
         json!({}),
         json!({"queue": "bulk-a", "all_queues": true}),
         json!({"queue": "bad name"}),
+        json!({"queue": "**"}),
         json!({"queue": "bulk-a", "limit": 0}),
         json!({"queue": "bulk-a", "nope": 1}),
     ] {
@@ -69,7 +70,7 @@ async fn dead_letters_are_retried_and_discarded_in_bulk_page_by_page() {
         .await
         .unwrap()
         .status();
-    assert_eq!(s, 400, "an empty body acts on nothing");
+    assert_eq!(s, 415, "no body acts on nothing");
     assert_eq!(dead_count(&app, "bulk-a").await, 1200);
 
     // One queue's dead letters, in three pages; the other queue untouched.
@@ -86,11 +87,11 @@ async fn dead_letters_are_retried_and_discarded_in_bulk_page_by_page() {
 
     // Every queue's, up to a limit, oldest first.
     let (s, b) = app
-        .post("/api/v1/dead/discard", json!({"all_queues": true, "limit": 2}))
+        .post("/api/v1/dead/discard", json!({"queue": "*", "limit": 2}))
         .await;
     assert_eq!(s, 200, "{b}");
     assert_eq!(b, json!({"done": 2, "left": 1, "refused": 0, "pages": 1}));
-    let (s, b) = app.post("/api/v1/dead/discard", json!({"all_queues": true})).await;
+    let (s, b) = app.post("/api/v1/dead/discard", json!({"queue": "*"})).await;
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["done"], 1);
     assert_eq!(dead_count(&app, "bulk-b").await, 0);
