@@ -285,6 +285,14 @@ impl Client {
     }
 
     /// Removes a node from the registry (admin).
+    /// A worker leaves (worker role): its registration goes at once, or
+    /// once the orphan cleaner has recovered the tasks it still held.
+    pub async fn leave_worker(&self, id: &str) -> Result<()> {
+        self.call::<Value, Value>(Method::POST, &format!("/api/v1/nodes/{}/leave", enc(id)), None, &idem())
+            .await
+            .map(drop)
+    }
+
     pub async fn remove_node(&self, id: &str) -> Result<()> {
         self.call::<Value, Value>(Method::DELETE, &format!("/api/v1/nodes/{}", enc(id)), None, &idem())
             .await

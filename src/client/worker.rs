@@ -27,7 +27,8 @@
 //!   dropped, so no claimed task is lost on the way), let the running
 //!   handlers finish within the grace period, then cancel the rest
 //!   ([`CancelReason::Shutdown`]) and hand their tasks back (`fail` with
-//!   retry, which uses up one attempt), stop heartbeating and leave.
+//!   retry, which uses up one attempt), stop heartbeating and leave
+//!   (`POST /api/v1/nodes/{id}/leave`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -475,11 +476,12 @@ impl Worker {
             run.hard_stop.cancel();
             let _ = run.slots.acquire_many(all).await;
         }
-        // 6. Leave: stop heartbeating. Removing the registration needs an
-        // admin token; without one it expires after its ttl (holding nothing).
+        // 6. Leave: stop heartbeating and remove the registration (a worker
+        // token suffices; if the call fails the registration expires after
+        // its ttl, holding nothing).
         heartbeats_done.cancel();
         let _ = registration.await;
-        let _ = s.client.remove_node(&s.id).await;
+        let _ = s.client.leave_worker(&s.id).await;
         Ok(self.stats())
     }
 

@@ -33,6 +33,8 @@ pub enum NodesError {
     TooMany(u32),
     #[error("no live node `{0}`")]
     NotFound(String),
+    #[error("`{0}` is a muster node, not a worker: only an admin removes nodes (DELETE /api/v1/nodes/{0})")]
+    NotAWorker(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -46,6 +48,10 @@ impl From<NodesError> for crate::error::ApiError {
                 extra: Default::default(),
             },
             NodesError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            NodesError::NotAWorker(_) => ApiError::Conflict {
+                message: e.to_string(),
+                extra: Default::default(),
+            },
             NodesError::Store(s) => s.into(),
         }
     }
@@ -234,9 +240,20 @@ impl Nodes {
 
     /// Removes a node from the cluster (see `leave.lua`).
     pub async fn leave(&self, id: &str, reason: &str) -> Result<(), NodesError> {
-        let call = scripts::Leave { id, reason };
+        self.leave_as(id, reason, None).await
+    }
+
+    /// An external worker leaves: like [`Nodes::leave`], for worker
+    /// registrations only, checked in the same script.
+    pub async fn leave_worker(&self, id: &str) -> Result<(), NodesError> {
+        self.leave_as(id, "left", Some(NodeKind::Worker)).await
+    }
+
+    async fn leave_as(&self, id: &str, reason: &str, only: Option<NodeKind>) -> Result<(), NodesError> {
+        let call = scripts::Leave { id, reason, only };
         match self.store.run(&self.scripts.leave, &call).await? {
             LeaveReply::NotFound => Err(NodesError::NotFound(id.into())),
+            LeaveReply::OtherKind => Err(NodesError::NotAWorker(id.into())),
             LeaveReply::Removed | LeaveReply::Kept => Ok(()),
         }
     }

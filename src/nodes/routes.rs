@@ -21,6 +21,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_nodes))
         .routes(routes!(get_node, delete_node))
+        .routes(routes!(leave_worker))
         .routes(routes!(heartbeat_node))
         .routes(routes!(drain_node))
 }
@@ -122,6 +123,20 @@ async fn heartbeat_node(
 async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
     validate::node_id("id", &id)?;
     s.nodes.drain(&id, &caller.name).await?;
+    Ok(no_content())
+}
+
+/// An external worker leaves the cluster when it stops: its registration is
+/// removed at once, or, while it still holds running tasks, kept (dead) until
+/// the orphan cleaner has recovered them. Only worker registrations: a
+/// muster node is removed by an admin (`DELETE /api/v1/nodes/{id}`).
+#[utoipa::path(post, path = "/api/v1/nodes/{id}/leave", tag = "nodes", security(("bearer" = ["worker"]), ("session" = ["worker"])),
+    params(("id" = String, Path, description = "The worker's id")),
+    responses((status = 204, description = "Left"), (status = 404, description = "Unknown worker"),
+               (status = 409, description = "A muster node, not a worker")))]
+async fn leave_worker(State(s): State<AppState>, _caller: WorkerCaller, Path(id): Path<String>) -> Result<Response> {
+    validate::node_id("id", &id)?;
+    s.nodes.leave_worker(&id).await?;
     Ok(no_content())
 }
 

@@ -193,6 +193,8 @@ pub(crate) struct Leave<'a> {
     pub id: &'a str,
     /// "left" (the node itself) or "removed" (an admin).
     pub reason: &'a str,
+    /// Only a registration of this kind (`Some(Worker)`), or any.
+    pub only: Option<NodeKind>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,6 +204,8 @@ pub(crate) enum LeaveReply {
     /// Left, kept (dead) until the orphan cleaner recovers its tasks.
     Kept,
     NotFound,
+    /// Not of the kind the call required.
+    OtherKind,
 }
 
 impl ScriptCall for Leave<'_> {
@@ -210,7 +214,12 @@ impl ScriptCall for Leave<'_> {
         vec![k.nodes(), k.node(self.id), k.node_tasks(self.id)]
     }
     fn args(&self) -> Vec<String> {
-        vec![self.id.to_string(), self.reason.to_string()]
+        let only = match self.only {
+            None => "",
+            Some(NodeKind::Worker) => "worker",
+            Some(NodeKind::Node) => "node",
+        };
+        vec![self.id.to_string(), self.reason.to_string(), only.to_string()]
     }
 }
 
@@ -221,6 +230,7 @@ impl FromRedisValue for LeaveReply {
                 Ok(1) => LeaveReply::Removed,
                 Ok(2) => LeaveReply::Kept,
                 Err(Code::NotFound) => LeaveReply::NotFound,
+                Err(Code::WrongState) => LeaveReply::OtherKind,
                 other => return Err(decode_error(format!("leave outcome {other:?}"))),
             })
         })
@@ -260,6 +270,7 @@ mod tests {
             &Leave {
                 id: "n1",
                 reason: "left",
+                only: Some(NodeKind::Worker),
             },
             include_str!("lua/leave.lua"),
         );
@@ -271,6 +282,7 @@ mod tests {
         let leave = Leave {
             id: "n1",
             reason: "removed",
+            only: None,
         };
         assert_eq!(leave.keys(&k), vec![k.nodes(), k.node("n1"), k.node_tasks("n1")]);
         let hb = Heartbeat {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::common::*;
 
@@ -203,4 +203,43 @@ async fn max_nodes_bounds_the_registry() {
     let (status, body) = a.put("/api/v1/nodes/w2/heartbeat", serde_json::json!({})).await;
     assert_eq!(status, 409, "{body}");
     assert!(body["detail"].as_str().unwrap().contains("max_nodes"));
+}
+
+/// A worker leaves through the API with a worker token: its registration
+/// goes (kept dead while it still holds tasks, which are recovered); a muster
+/// node cannot be removed this way (409), an unknown id is 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_leaves_but_cannot_remove_a_node() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let (s, _) = app
+        .put("/api/v1/nodes/leaver/heartbeat", json!({"ttl_ms": 60_000}))
+        .await;
+    assert_eq!(s, 200);
+    let (s, b) = app.post("/api/v1/nodes/leaver/leave", json!(null)).await;
+    assert_eq!(s, 204, "{b}");
+    assert_eq!(app.get("/api/v1/nodes/leaver").await.0, 404);
+    let (s, b) = app.post("/api/v1/nodes/leaver/leave", json!(null)).await;
+    assert_eq!(s, 404, "{b}");
+    let (s, b) = app
+        .post(&format!("/api/v1/nodes/{}/leave", app.node_id), json!(null))
+        .await;
+    assert_eq!(s, 409, "{b}");
+    assert!(b["detail"].as_str().unwrap().contains("not a worker"), "{b}");
+    assert_eq!(app.get(&format!("/api/v1/nodes/{}", app.node_id)).await.0, 200);
+
+    // Leaving while holding a task: kept (dead) until the task is recovered.
+    let (s, _) = app
+        .put("/api/v1/nodes/holder/heartbeat", json!({"ttl_ms": 60_000}))
+        .await;
+    assert_eq!(s, 200);
+    let id = crate::tasks::submit(&app, "leave-q", json!({})).await;
+    assert_eq!(crate::tasks::claim(&app, "leave-q", "holder", 1, 0).await.len(), 1);
+    let (s, _) = app.post("/api/v1/nodes/holder/leave", json!(null)).await;
+    assert_eq!(s, 204);
+    let requeued = wait_until(Duration::from_secs(10), || async {
+        app.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "queued"
+    })
+    .await;
+    assert!(requeued, "the leaver's task was recovered");
 }

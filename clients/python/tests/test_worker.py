@@ -25,7 +25,7 @@ from typing import Any
 
 from conftest import ADMIN_TOKEN, WORKER_TOKEN, Cluster, spawn_worker, wait_until
 
-from muster_client import AsyncWorker, ClaimedTask, Client, Conflict, TaskContext, Worker
+from muster_client import AsyncWorker, ClaimedTask, Client, Conflict, NotFound, TaskContext, Worker
 
 
 def run_in_thread(w: Worker) -> threading.Thread:
@@ -181,12 +181,15 @@ def test_sigterm_finishes_in_flight_then_leaves(cluster: Cluster, queue: str, tm
                 assert t.state == "succeeded" and t.result == {"by": "py-term"}, t
             else:
                 assert t.state == "queued", t
-        # It left: its registration lapses at once (last heartbeat, 500 ms).
-        wait_until(
-            "the worker's registration lapsed",
-            lambda: c.get_node("py-term").get("state") in ("dead", "left"),
-            timeout=10,
-        )
+        # It left: its registration is gone (POST /nodes/{id}/leave).
+        def gone() -> bool:
+            try:
+                c.get_node("py-term")
+                return False
+            except NotFound:
+                return True
+
+        wait_until("the worker's registration is gone", gone, timeout=10)
 
 
 def test_sigterm_past_grace_hands_tasks_back(cluster: Cluster, queue: str, tmp_path: Path) -> None:

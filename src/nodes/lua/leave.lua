@@ -10,13 +10,19 @@
 -- KEYS[3]  {p}:node:<id>:tasks  set of the node's running task ids
 -- ARGV[1]  node id
 -- ARGV[2]  reason             "left" (the node itself) or "removed" (an admin)
+-- ARGV[3]  only kind          "" any registration, or "worker": only an external
+--                             worker's (a worker leaving through the API may not
+--                             remove a muster node)
 --
 -- Returns 1 left (removed), 2 left (kept until its tasks are recovered),
---   E.NOT_FOUND unknown node.
--- Emits node.left unless it returns E.NOT_FOUND.
+--   E.NOT_FOUND unknown node, E.WRONG_STATE not of the required kind.
+-- Emits node.left unless it returns an error code.
 local now = now_ms()
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   return E.NOT_FOUND
+end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[2], 'kind') ~= ARGV[3] then
+  return E.WRONG_STATE
 end
 emit('node.left', ARGV[1], {reason = ARGV[2]})
 if redis.call('SCARD', KEYS[3]) > 0 then

@@ -240,6 +240,10 @@ class AsyncClient:
     async def delete_node(self, node: str) -> None:
         await self.request("DELETE", f"/api/v1/nodes/{_p(node)}")
 
+    async def leave_worker(self, node: str, *, retry_for: float | None = None, timeout: float | None = None) -> None:
+        """A worker leaves (worker role; POST /nodes/{id}/leave): its registration goes."""
+        await self.request("POST", f"/api/v1/nodes/{_p(node)}/leave", retry_for=retry_for, timeout=timeout)
+
     # ---- tasks and queues -------------------------------------------------
 
     async def submit(

@@ -287,7 +287,13 @@ class AsyncWorker:
                 log.error("worker %s: heartbeat refused: %s", self.worker_id, e)
 
     async def _leave(self) -> None:
-        """A last heartbeat with the shortest ttl: the registration lapses at once."""
+        """Removes the registration (POST /nodes/{id}/leave); if that fails, a
+        last heartbeat with the shortest ttl lets it lapse at once."""
+        try:
+            await self.client.leave_worker(self.worker_id, retry_for=2.0, timeout=2.0)
+            return
+        except MusterError as e:
+            log.warning("worker %s: leave failed: %s", self.worker_id, e)
         try:
             await self._heartbeat_node(MIN_TTL_MS, 2.0)
         except MusterError as e:
