@@ -136,24 +136,27 @@ async fn the_overview_updates_live_in_a_real_browser() {
         .await;
     assert_eq!(s, 200, "{b}");
     c.goto(&format!("{}/barriers/bb", app.url)).await.unwrap();
+    // The page swaps its <main> in place on events: an element found just
+    // before a swap goes stale, so each read finds it afresh and retries.
+    let text_of = |c: fantoccini::Client, css: &'static str| async move {
+        match c.find(Locator::Css(css)).await {
+            Ok(el) => el.text().await.ok(),
+            Err(_) => None,
+        }
+    };
     let verdict = |c: fantoccini::Client| async move {
-        c.find(Locator::Css("section.round h2 .pill"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        for _ in 0..20 {
+            if let Some(t) = text_of(c.clone(), "section.round h2 .pill").await {
+                return t;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("no verdict on the barrier page");
     };
     assert_eq!(verdict(c.clone()).await, "pending");
     let mut countdown = String::new();
     for _ in 0..50 {
-        countdown = c
-            .find(Locator::Css("[data-countdown]"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        countdown = text_of(c.clone(), "[data-countdown]").await.unwrap_or_default();
         if countdown.starts_with("(in ") {
             break;
         }
