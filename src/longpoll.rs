@@ -57,6 +57,14 @@ pub fn election_key(name: &str) -> String {
     format!("election:{name}")
 }
 
+/// What a service needs to long-poll: the node's waiter registry and its
+/// shutdown token (a waiting request answers at once when the node stops).
+#[derive(Clone, Default)]
+pub struct Park {
+    pub waiters: Arc<Waiters>,
+    pub shutdown: CancellationToken,
+}
+
 /// The notifiers of everything some request on this node waits on.
 #[derive(Default)]
 pub struct Waiters {

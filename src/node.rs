@@ -328,8 +328,16 @@ async fn build_services(
             store.ensure_epoch().await?;
         }
     }
+    // The bus keeps client_buffer events: how far any subscriber may fall behind.
+    let bus = events::Bus::new(cfg.events.client_buffer as usize);
+    // Cancelled when the node starts stopping: long polls answer at once.
+    let shutdown = CancellationToken::new();
+    let park = longpoll::Park {
+        waiters: Arc::new(longpoll::Waiters::default()),
+        shutdown: shutdown.clone(),
+    };
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
-    let tasks = tasks::Tasks::new(store.clone(), cfg.tasks.clone(), &ctx);
+    let tasks = tasks::Tasks::new(store.clone(), cfg.tasks.clone(), &ctx, bus.clone(), shutdown.clone());
     let orphans = orphans::Orphans::new(
         store.clone(),
         cfg.orphans.clone(),
@@ -353,6 +361,7 @@ async fn build_services(
         cfg.nodes.ttl_ms,
         node_id.clone(),
         &ctx,
+        park.clone(),
     );
     let locks = locks::Locks::new(
         store.clone(),
@@ -360,10 +369,8 @@ async fn build_services(
         cfg.nodes.ttl_ms,
         node_id.clone(),
         &ctx,
+        park.clone(),
     );
-    // The bus keeps client_buffer events: how far any subscriber may fall behind.
-    let bus = events::Bus::new(cfg.events.client_buffer as usize);
-    let waiters = Arc::new(longpoll::Waiters::default());
     // Without a master yet (coordinated mode, waiting for the coordinator)
     // the tailer finds its starting point once it connects.
     let tail_from = if store.has_master() {
@@ -394,7 +401,7 @@ async fn build_services(
         bus,
         live: Arc::new(events::live::Live::default()),
         ws_slots: Arc::new(tokio::sync::Semaphore::new(cfg.events.max_clients as usize)),
-        shutdown: CancellationToken::new(),
+        shutdown,
         health,
         auth: Arc::new(Auth::new(&cfg.auth)),
         metrics: metrics_handle(),
@@ -404,7 +411,7 @@ async fn build_services(
         schedules,
         barriers,
         locks,
-        waiters,
+        waiters: park.waiters.clone(),
         failover,
     });
     Ok((state, tail_from))

@@ -36,6 +36,8 @@ pub mod bench;
 pub mod cli;
 pub mod routes;
 mod scripts;
+mod wait;
+pub use wait::Entrant;
 pub mod worker;
 
 use std::collections::{BTreeMap, HashMap};
@@ -292,6 +294,8 @@ pub struct Barriers {
     node_ttl_ms: u64,
     node_id: String,
     scripts: Scripts,
+    /// Long polls (see `wait`).
+    park: crate::longpoll::Park,
     /// Decided rounds read in the last few seconds, by (barrier, round,
     /// incarnation): when a round is decided, all its waiters on this node
     /// wake at once, and one read serves them all (a decided round's verdict
@@ -352,8 +356,16 @@ pub fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String>) -> O
 }
 
 impl Barriers {
-    pub fn new(store: Store, cfg: BarriersConfig, node_ttl_ms: u64, node_id: String, ctx: &ScriptCtx) -> Arc<Barriers> {
+    pub fn new(
+        store: Store,
+        cfg: BarriersConfig,
+        node_ttl_ms: u64,
+        node_id: String,
+        ctx: &ScriptCtx,
+        park: crate::longpoll::Park,
+    ) -> Arc<Barriers> {
         Arc::new(Barriers {
+            park,
             store,
             cfg,
             node_ttl_ms,

@@ -1,8 +1,7 @@
 //! REST routes of barriers: rounds, etcd-style holds and DoubleBarriers.
 
 use std::collections::HashSet;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -13,12 +12,11 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{Arrival, BarrierConfigView, BarrierError, DoubleBarrier, Hold, Round, Verdict};
+use super::{BarrierConfigView, BarrierError, DoubleBarrier, Entrant, Hold, Round, Verdict};
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery, OptJson, no_content};
-use crate::longpoll::{self, RECHECK, Wake};
 use crate::validate;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -364,59 +362,7 @@ async fn arrive_round(
     validate::name("round", &round)?;
     validate::node_id("node", &req.node)?;
     let wait = check_wait(&s, req.wait_ms)?;
-    let give_up = Instant::now() + wait;
-    // Listen before arriving, so the decision cannot slip in between.
-    let ticket = s.waiters.ticket(longpoll::round_key(&name, &round));
-    let notified = ticket.notified();
-    tokio::pin!(notified);
-    notified.as_mut().enable();
-    let out = s.barriers.arrive(&name, &round, &req.node).await?;
-    let waited_here = out.round.is_open() || out.decided_now.is_some();
-    let mut round_deadline = longpoll::after_ms(out.round.deadline - out.now);
-    let mut r = Arc::new(out.round);
-    let mut next_check = Instant::now() + RECHECK;
-    while r.is_open() {
-        let now = Instant::now();
-        if now >= give_up {
-            break;
-        }
-        let until = give_up.min(next_check).min(round_deadline);
-        // Woken by the decision (or the barrier's deletion) only: arrivals of
-        // others do not change the answer, and waking every waiter on each of
-        // them would cost O(participants²) reads per round.
-        if longpoll::sleep(notified.as_mut(), until, &s.shutdown).await == Wake::Shutdown {
-            break;
-        }
-        notified.set(ticket.notified());
-        notified.as_mut().enable();
-        if Instant::now() >= round_deadline {
-            // The deadline passed: arriving again (a no-op for this
-            // participant) decides the round if nobody has yet.
-            let again = s.barriers.arrive(&name, &round, &req.node).await?;
-            round_deadline = if again.round.is_open() {
-                longpoll::after_ms(again.round.deadline - again.now)
-            } else {
-                give_up
-            };
-            r = Arc::new(again.round);
-        } else {
-            r = s
-                .barriers
-                .decided(&name, &round, &r.incarnation)
-                .await?
-                .ok_or_else(|| BarrierError::RoundNotFound {
-                    barrier: name.clone(),
-                    round: round.clone(),
-                })?;
-        }
-        next_check = Instant::now() + RECHECK;
-    }
-    if waited_here
-        && !r.is_open()
-        && let (Some(arrived), Some(decided)) = (r.arrived_at(&req.node), r.decided_at)
-    {
-        metrics::histogram!("muster_barrier_wait_seconds").record((decided - arrived).max(0) as f64 / 1000.0);
-    }
+    let r = s.barriers.arrive_wait(&name, &round, &req.node, wait).await?;
     Ok(Json(ArriveResponse::new(&r, &req.node)).into_response())
 }
 
@@ -508,21 +454,8 @@ async fn wait_barrier(
     OptJson(req): OptJson<WaitRequest>,
 ) -> Result<Json<Hold>> {
     validate::name("name", &name)?;
-    let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
-    let ticket = s.waiters.ticket(longpoll::hold_key(&name));
-    loop {
-        let notified = ticket.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let (hold, lifts_in) = s.barriers.hold_state(&name).await?;
-        let now = Instant::now();
-        if !hold.held || now >= give_up || s.shutdown.is_cancelled() {
-            return Ok(Json(hold));
-        }
-        // Until it is lifted, its TTL passes, or the re-check.
-        let until = give_up.min(now + RECHECK).min(longpoll::after_ms(lifts_in + 1));
-        longpoll::sleep(notified, until, &s.shutdown).await;
-    }
+    let wait = check_wait(&s, req.wait_ms)?;
+    Ok(Json(s.barriers.hold_wait(&name, wait).await?))
 }
 
 // --- DoubleBarrier ---------------------------------------------------------
@@ -590,8 +523,15 @@ pub struct DoubleBarrierReply {
     pub done: bool,
 }
 
-fn inside(d: &DoubleBarrier, node: &str) -> bool {
-    d.entrants.iter().any(|e: &Arrival| e.node == node)
+impl DoubleBarrierReply {
+    fn new(e: Entrant, node: String) -> Self {
+        DoubleBarrierReply {
+            state: e.state,
+            node,
+            inside: e.inside,
+            done: e.done,
+        }
+    }
 }
 
 /// etcd-style DoubleBarrier.Enter: joins the barrier and (with `wait_ms`)
@@ -612,30 +552,9 @@ async fn enter_double_barrier(
     validate::name("name", &name)?;
     validate::node_id("node", &req.node)?;
     validate::in_range("count", req.count, &validate::DOUBLE_BARRIER_COUNT)?;
-    let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
-    let ticket = s.waiters.ticket(longpoll::dbarrier_key(&name));
-    let notified = ticket.notified();
-    tokio::pin!(notified);
-    notified.as_mut().enable();
-    s.barriers.enter(&name, &req.node, req.count).await?;
-    loop {
-        let state = s.barriers.double_barrier(&name).await?;
-        let inside = inside(&state, &req.node);
-        let done = state.ready && inside;
-        // An evicted entrant (its node stopped heartbeating) stops waiting.
-        if done || !inside || Instant::now() >= give_up || s.shutdown.is_cancelled() {
-            return Ok(Json(DoubleBarrierReply {
-                state,
-                node: req.node,
-                inside,
-                done,
-            }));
-        }
-        let until = give_up.min(Instant::now() + RECHECK);
-        longpoll::sleep(notified.as_mut(), until, &s.shutdown).await;
-        notified.set(ticket.notified());
-        notified.as_mut().enable();
-    }
+    let wait = check_wait(&s, req.wait_ms)?;
+    let e = s.barriers.enter_wait(&name, &req.node, req.count, wait).await?;
+    Ok(Json(DoubleBarrierReply::new(e, req.node)))
 }
 
 /// etcd-style DoubleBarrier.Leave: leaves the barrier and (with `wait_ms`)
@@ -652,29 +571,7 @@ async fn leave_double_barrier(
 ) -> Result<Json<DoubleBarrierReply>> {
     validate::name("name", &name)?;
     validate::node_id("node", &req.node)?;
-    let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
-    let ticket = s.waiters.ticket(longpoll::dbarrier_key(&name));
-    let notified = ticket.notified();
-    tokio::pin!(notified);
-    notified.as_mut().enable();
-    let left = s.barriers.leave(&name, &req.node).await?;
-    loop {
-        let state = s.barriers.double_barrier(&name).await?;
-        let done = match &left.cycle {
-            None => true,
-            Some(c) => state.entrants.is_empty() || state.cycle.as_deref() != Some(c.as_str()),
-        };
-        if done || Instant::now() >= give_up || s.shutdown.is_cancelled() {
-            return Ok(Json(DoubleBarrierReply {
-                inside: inside(&state, &req.node),
-                state,
-                node: req.node,
-                done,
-            }));
-        }
-        let until = give_up.min(Instant::now() + RECHECK);
-        longpoll::sleep(notified.as_mut(), until, &s.shutdown).await;
-        notified.set(ticket.notified());
-        notified.as_mut().enable();
-    }
+    let wait = check_wait(&s, req.wait_ms)?;
+    let e = s.barriers.leave_wait(&name, &req.node, wait).await?;
+    Ok(Json(DoubleBarrierReply::new(e, req.node)))
 }

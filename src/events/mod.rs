@@ -11,15 +11,20 @@
 
 pub mod live;
 pub mod routes;
+mod stream;
 pub mod tail;
 pub mod tailer;
+mod wakers;
 pub mod ws;
 
-use std::collections::{BTreeMap, HashMap};
+pub use stream::{EventPage, Retained, SINCE_AHEAD_MS, check_since, read_after, replay, retained};
+pub use wakers::{QueueWaiter, Wakers};
+
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value};
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::broadcast;
 
 /// Every event type the Lua scripts emit, by subject: the one list that topic
 /// filters are checked against (a unit test reads every script under
@@ -178,118 +183,6 @@ impl Event {
     }
 }
 
-/// Wakes long-polling claimers of a queue when its state changes anywhere
-/// in the cluster (the tailer calls [`Wakers::on_event`]).
-#[derive(Default)]
-pub struct Wakers {
-    map: Mutex<HashMap<String, Arc<Notify>>>,
-}
-
-/// One claim's registration on its queue's notifier. Dropping it, when the
-/// claim answers or when its client goes away and the request future is
-/// dropped mid-wait, forgets the queue once nobody else waits on it, so
-/// claims on made-up queue names cannot grow the map.
-pub struct QueueWaiter<'a> {
-    wakers: &'a Wakers,
-    queue: String,
-    notify: Arc<Notify>,
-}
-
-impl QueueWaiter<'_> {
-    /// Completes at the next wake-up of this queue. Create and enable it
-    /// (`tokio::pin!`, then `.as_mut().enable()`) before claiming.
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.notify.notified()
-    }
-
-    /// The queue waited on.
-    pub fn queue(&self) -> &str {
-        &self.queue
-    }
-
-    /// Passes a wake-up on to another waiter of this queue: a claim that
-    /// took its `max` tasks may have left more behind.
-    pub fn wake_another(&self) {
-        self.notify.notify_one();
-    }
-}
-
-impl Drop for QueueWaiter<'_> {
-    fn drop(&mut self) {
-        let mut map = self.wakers.map.lock().unwrap_or_else(|p| p.into_inner());
-        // The map's reference and ours: nobody else waits on this queue.
-        if map.get(&self.queue).is_some_and(|n| Arc::strong_count(n) <= 2) {
-            map.remove(&self.queue);
-            Wakers::gauge(&map);
-        }
-    }
-}
-
-impl Wakers {
-    /// Registers a claim waiting on `queue`; hold the waiter while waiting.
-    pub fn wait(&self, queue: &str) -> QueueWaiter<'_> {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let notify = map.entry(queue.to_string()).or_default().clone();
-        Wakers::gauge(&map);
-        QueueWaiter {
-            wakers: self,
-            queue: queue.to_string(),
-            notify,
-        }
-    }
-
-    /// Queues with at least one claim waiting on this node.
-    pub fn waiting_queues(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    fn gauge(map: &HashMap<String, Arc<Notify>>) {
-        metrics::gauge!("muster_claim_waiting_queues").set(map.len() as f64);
-    }
-
-    /// Wakes the waiters an event may concern, as few as can be served (no
-    /// herd): one waiter of its queue per task that became claimable
-    /// (enqueued or requeued), every waiter of the queue when it is resumed,
-    /// and everyone when a group slot freed or a group limit or a node
-    /// changed (a slot freed by a task of one queue may let a task of
-    /// another queue start). Other events wake nobody.
-    pub fn on_event(&self, ev: &Event) {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if map.is_empty() {
-            return;
-        }
-        let kind = ev.kind.as_str();
-        let slot_freed = ev.subject("group").is_some()
-            && matches!(
-                kind,
-                "task.succeeded" | "task.failed" | "task.dead" | "task.cancelled" | "orphan.recovered"
-            );
-        if slot_freed || kind == "group.updated" || kind.starts_with("node.") {
-            for n in map.values() {
-                n.notify_waiters();
-            }
-            return;
-        }
-        let Some(n) = ev.subject("queue").and_then(|q| map.get(q)) else {
-            return;
-        };
-        match kind {
-            "task.enqueued" if !ev.data.contains("\"delayed\"") => n.notify_one(),
-            "orphan.recovered" if ev.data.contains("\"requeued\"") => n.notify_one(),
-            "queue.resumed" => n.notify_waiters(),
-            _ => {}
-        }
-    }
-
-    /// Wakes every waiter (the tailer lost events and cannot tell whom).
-    pub fn wake_all(&self) {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        for n in map.values() {
-            n.notify_waiters();
-        }
-    }
-}
-
 /// Fan-out of events to this node's consumers.
 pub struct Bus {
     tx: broadcast::Sender<Arc<Event>>,
@@ -433,154 +326,6 @@ fn unknown_topic(topic: &str, why: &str) -> String {
         crate::validate::shorten(topic),
         topic_prefixes().join(", ")
     )
-}
-
-/// How far past both Redis time and the stream's newest id a `since` may
-/// be: room for Redis clocks that differ a little across a failover, while
-/// a cursor that would hide every event for longer than this is refused.
-pub const SINCE_AHEAD_MS: u64 = 5_000;
-
-/// Checks a resume point against the stream: an id later than the newest
-/// entry and than Redis time (`now_ms`) by more than [`SINCE_AHEAD_MS`] would
-/// make a subscriber skip every new event until Redis time caught up with it.
-/// Returns the 400 message.
-pub fn check_since(since: StreamId, info: &Retained, now_ms: i64) -> Result<(), String> {
-    let newest = info.last.0.max(now_ms.max(0) as u64);
-    if since.0 <= newest.saturating_add(SINCE_AHEAD_MS) {
-        return Ok(());
-    }
-    let last = if info.last == StreamId(0, 0) {
-        "the stream is empty".to_string()
-    } else {
-        format!("the newest event is {}", info.last)
-    };
-    Err(format!(
-        "`since` {since} is after every event ({last}) and after Redis time ({now_ms} ms), so no new event \
-         would ever reach you; pass the `id` of the last event you received, or leave `since` out to get \
-         only new events"
-    ))
-}
-
-/// What the stream still holds.
-#[derive(Debug, Clone, Copy)]
-pub struct Retained {
-    /// The oldest entry still in the stream, if any.
-    pub first: Option<StreamId>,
-    /// Entries up to this id were deleted with XDEL (trimming does not
-    /// move it; see [`Retained::lost_after`]).
-    pub max_deleted: StreamId,
-    pub length: u64,
-    /// Entries ever added (`entries-added`); more than `length` means some
-    /// were trimmed.
-    pub entries_added: u64,
-    /// The newest id ever added (`last-generated-id`, which trimming and
-    /// deleting do not move); `0-0` for an absent stream.
-    pub last: StreamId,
-}
-
-impl Retained {
-    /// Whether entries after `since` may have been trimmed or deleted. Redis
-    /// does not record the last trimmed id, so a client that read exactly up
-    /// to the last trimmed entry is told about a gap it did not have; it is
-    /// never told "no gap" when there was one.
-    pub fn lost_after(&self, since: StreamId) -> bool {
-        let trimmed = self.entries_added > self.length;
-        since < self.max_deleted || (trimmed && self.first.is_none_or(|first| since < first))
-    }
-}
-
-/// Reads `XINFO STREAM` (an absent stream retains nothing and lost nothing).
-pub async fn retained(store: &crate::store::Store) -> Result<Retained, crate::store::StoreError> {
-    let info: redis::Value = match store
-        .query(
-            "events_info",
-            redis::cmd("XINFO").arg("STREAM").arg(store.keys().events()),
-        )
-        .await
-    {
-        Ok(v) => v,
-        Err(crate::store::StoreError::Server(m)) if m.contains("no such key") => {
-            return Ok(Retained {
-                first: None,
-                max_deleted: StreamId(0, 0),
-                length: 0,
-                entries_added: 0,
-                last: StreamId(0, 0),
-            });
-        }
-        Err(e) => return Err(e),
-    };
-    let mut out = Retained {
-        first: None,
-        max_deleted: StreamId(0, 0),
-        length: 0,
-        entries_added: 0,
-        last: StreamId(0, 0),
-    };
-    let pairs: Vec<(String, redis::Value)> = match info {
-        redis::Value::Array(items) => items
-            .chunks(2)
-            .filter_map(|c| match (&c[0], c.get(1)) {
-                (redis::Value::BulkString(k), Some(v)) => Some((String::from_utf8_lossy(k).into_owned(), v.clone())),
-                (redis::Value::SimpleString(k), Some(v)) => Some((k.clone(), v.clone())),
-                _ => None,
-            })
-            .collect(),
-        redis::Value::Map(items) => items
-            .into_iter()
-            .filter_map(|(k, v)| match k {
-                redis::Value::BulkString(k) => Some((String::from_utf8_lossy(&k).into_owned(), v)),
-                redis::Value::SimpleString(k) => Some((k, v)),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    for (k, v) in pairs {
-        match (k.as_str(), v) {
-            ("length", redis::Value::Int(n)) => out.length = n as u64,
-            ("entries-added", redis::Value::Int(n)) => out.entries_added = n as u64,
-            ("last-generated-id", redis::Value::BulkString(b)) => {
-                out.last = StreamId::parse(&String::from_utf8_lossy(&b)).unwrap_or(StreamId(0, 0))
-            }
-            ("max-deleted-entry-id", redis::Value::BulkString(b)) => {
-                out.max_deleted = StreamId::parse(&String::from_utf8_lossy(&b)).unwrap_or(StreamId(0, 0))
-            }
-            ("first-entry", redis::Value::Array(entry)) => {
-                if let Some(redis::Value::BulkString(id)) = entry.first() {
-                    out.first = StreamId::parse(&String::from_utf8_lossy(id));
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(out)
-}
-
-/// Up to `count` entries after `after` (exclusive), oldest first.
-pub async fn read_after(
-    store: &crate::store::Store,
-    after: StreamId,
-    count: usize,
-) -> Result<Vec<Event>, crate::store::StoreError> {
-    if after == StreamId::MAX {
-        return Ok(Vec::new());
-    }
-    let rows: Vec<tailer::Entry> = store
-        .query(
-            "events_range",
-            redis::cmd("XRANGE")
-                .arg(store.keys().events())
-                .arg(format!("({after}"))
-                .arg("+")
-                .arg("COUNT")
-                .arg(count),
-        )
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, fields)| Event::from_fields(id, fields))
-        .collect())
 }
 
 #[cfg(test)]

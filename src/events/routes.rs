@@ -4,14 +4,13 @@
 use axum::Json;
 use axum::extract::{State, WebSocketUpgrade};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::live::Snapshot;
-use super::{Filter, Retained, StreamId, check_since, read_after, retained};
+use super::{EventPage, Filter, Retained, StreamId, check_since, replay, retained};
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result};
@@ -105,19 +104,6 @@ pub struct ReplayParams {
     pub queue: Option<String>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct EventPage {
-    /// Matching events, oldest first.
-    #[schema(value_type = Vec<Object>)]
-    pub events: Vec<Box<RawValue>>,
-    /// Pass as `since` to continue (the last entry looked at, matching or not).
-    pub next: Option<String>,
-    /// True when events after `since` were already trimmed from the stream.
-    pub gap: bool,
-    /// The oldest event the stream still holds.
-    pub oldest: Option<String>,
-}
-
 /// The event stream over plain HTTP, with the same filters as the WebSocket.
 #[utoipa::path(get, path = "/api/v1/events", tag = "events", security(("bearer" = ["read"]), ("session" = ["read"])), params(ReplayParams),
     responses((status = 200, body = EventPage),
@@ -135,85 +121,7 @@ async fn list_events(
     if let Some(since) = since {
         refuse_future_since(since, &info, s.store.time_ms().await?)?;
     }
-    Ok(Json(replay(&s, since, limit, &filter, info).await?))
-}
-
-/// Reads matching events after `since` (or the latest ones), scanning at most
-/// ten pages of the stream.
-pub async fn replay(
-    s: &AppState,
-    since: Option<StreamId>,
-    limit: usize,
-    filter: &Filter,
-    info: super::Retained,
-) -> Result<EventPage> {
-    let mut events = Vec::new();
-    let mut next = since;
-    let gap = since.is_some_and(|s| info.lost_after(s));
-    let start = match since {
-        Some(id) => id,
-        None => {
-            // The latest `limit` matching events: walk back from the end.
-            let rows: Vec<super::tailer::Entry> = s
-                .store
-                .query(
-                    "events_latest",
-                    redis::cmd("XREVRANGE")
-                        .arg(s.store.keys().events())
-                        .arg("+")
-                        .arg("-")
-                        .arg("COUNT")
-                        .arg(limit * 10),
-                )
-                .await?;
-            let mut evs: Vec<super::Event> = rows
-                .into_iter()
-                .map(|(id, f)| super::Event::from_fields(id, f))
-                .filter(|e| filter.matches(e))
-                .take(limit)
-                .collect();
-            evs.reverse();
-            let next = evs.last().map(|e| e.id.clone());
-            let events = evs
-                .iter()
-                .filter_map(|e| RawValue::from_string(e.json().to_string()).ok())
-                .collect();
-            return Ok(EventPage {
-                events,
-                next,
-                gap: false,
-                oldest: info.first.map(|f| f.to_string()),
-            });
-        }
-    };
-    let mut after = start;
-    for _ in 0..10 {
-        let page = read_after(&s.store, after, limit.max(100)).await?;
-        let n = page.len();
-        for ev in page {
-            if let Some(id) = StreamId::parse(&ev.id) {
-                after = id;
-                next = Some(id);
-            }
-            if filter.matches(&ev) {
-                if let Ok(raw) = RawValue::from_string(ev.json().to_string()) {
-                    events.push(raw);
-                }
-                if events.len() >= limit {
-                    break;
-                }
-            }
-        }
-        if events.len() >= limit || n < limit.max(100) {
-            break;
-        }
-    }
-    Ok(EventPage {
-        events,
-        next: next.map(|n| n.to_string()),
-        gap,
-        oldest: info.first.map(|f| f.to_string()),
-    })
+    Ok(Json(replay(&s.store, since, limit, &filter, info).await?))
 }
 
 /// This node's cached live view (what the dashboard shows): node states,

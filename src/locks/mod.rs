@@ -25,6 +25,8 @@
 pub mod cli;
 pub mod routes;
 mod scripts;
+mod wait;
+pub use wait::Grant;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -66,8 +68,21 @@ pub enum LockError {
         "node `{0}` is not registered or its heartbeat expired: PUT /api/v1/nodes/{0}/heartbeat first, and keep heartbeating while holding"
     )]
     NodeNotAlive(String),
+    #[error("{}; not acquired within wait_ms", busy(name, holder))]
+    Busy {
+        name: String,
+        holder: Option<String>,
+        position: u32,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+fn busy(name: &str, holder: &Option<String>) -> String {
+    match holder {
+        Some(h) => format!("lock `{name}` is held by `{h}`"),
+        None => format!("lock `{name}` is free but other waiters are ahead in line"),
+    }
 }
 
 impl From<LockError> for ApiError {
@@ -86,6 +101,12 @@ impl From<LockError> for ApiError {
                 ref leader, current, ..
             } => ApiError::conflict(e.to_string(), json!({"leader": leader, "epoch": current})),
             LockError::NodeNotAlive(_) => ApiError::conflict(e.to_string(), json!(null)),
+            LockError::Busy {
+                ref holder, position, ..
+            } => ApiError::conflict(
+                e.to_string(),
+                json!({"reason": "busy", "holder": holder, "position": position}),
+            ),
             LockError::Store(s) => s.into(),
         }
     }
@@ -156,6 +177,8 @@ pub struct Locks {
     node_ttl_ms: u64,
     node_id: String,
     scripts: Scripts,
+    /// Long polls (see `wait`).
+    park: crate::longpoll::Park,
 }
 
 fn nonempty(s: String) -> Option<String> {
@@ -163,8 +186,16 @@ fn nonempty(s: String) -> Option<String> {
 }
 
 impl Locks {
-    pub fn new(store: Store, cfg: LocksConfig, node_ttl_ms: u64, node_id: String, ctx: &ScriptCtx) -> Arc<Locks> {
+    pub fn new(
+        store: Store,
+        cfg: LocksConfig,
+        node_ttl_ms: u64,
+        node_id: String,
+        ctx: &ScriptCtx,
+        park: crate::longpoll::Park,
+    ) -> Arc<Locks> {
         Arc::new(Locks {
+            park,
             store,
             cfg,
             node_ttl_ms,

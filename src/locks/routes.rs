@@ -1,7 +1,6 @@
 //! REST routes of locks and elections.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -11,12 +10,11 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{Attempt, Leadership, LockError, LockInfo, Locks};
+use super::{Leadership, LockError, LockInfo};
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, no_content};
-use crate::longpoll::{self, RECHECK};
 use crate::validate;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -119,26 +117,6 @@ pub struct Acquired {
     pub ttl_ms: u64,
 }
 
-/// Gives up a queue place if the request is dropped while waiting (client
-/// gone), so the next waiter need not wait for the place to lapse.
-struct QueueGuard {
-    locks: Arc<Locks>,
-    name: String,
-    owner: String,
-    armed: bool,
-}
-
-impl Drop for QueueGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            let (locks, name, owner) = (self.locks.clone(), self.name.clone(), self.owner.clone());
-            tokio::spawn(async move {
-                let _ = locks.dequeue(&name, &owner).await;
-            });
-        }
-    }
-}
-
 /// Acquires a lock and returns its fencing token. With `wait_ms`, waits in
 /// a FIFO line and wakes when the lock is released or its lease lapses.
 /// 409 when it is still held by someone else when `wait_ms` runs out.
@@ -160,60 +138,17 @@ async fn acquire_lock(
     }
     let ttl = check_ttl(&s, req.ttl_ms)?;
     let wait = check_wait(&s, req.wait_ms)?;
-    let give_up = Instant::now() + wait;
-    let queue = !wait.is_zero();
-    // A waiter polls well within its place's TTL, so a live waiter keeps it.
-    let refresh = RECHECK.min(Duration::from_millis(s.cfg.locks.waiter_ttl_ms / 3).max(Duration::from_millis(10)));
-    let ticket = s.waiters.ticket(longpoll::lock_key(&name));
-    let mut guard = QueueGuard {
-        locks: s.locks.clone(),
-        name: name.clone(),
-        owner: req.owner.clone(),
-        armed: queue,
-    };
-    loop {
-        // Listen before trying, so a release in between is not missed.
-        let notified = ticket.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        match s
-            .locks
-            .try_acquire(&name, &req.owner, ttl, req.node.as_deref(), queue)
-            .await?
-        {
-            Attempt::Granted { token, expires_at, .. } => {
-                guard.armed = false;
-                return Ok(Json(Acquired {
-                    name,
-                    owner: req.owner,
-                    token,
-                    expires_at,
-                    ttl_ms: ttl,
-                }));
-            }
-            Attempt::Busy { holder, position } => {
-                if Instant::now() >= give_up || s.shutdown.is_cancelled() {
-                    guard.armed = false;
-                    if queue {
-                        s.locks.dequeue(&name, &req.owner).await?;
-                    }
-                    let msg = match &holder {
-                        Some(h) => format!("lock `{name}` is held by `{h}`"),
-                        None => format!("lock `{name}` is free but other waiters are ahead in line"),
-                    };
-                    return Err(ApiError::conflict(
-                        format!("{msg}; not acquired within wait_ms"),
-                        serde_json::json!({"reason": "busy", "holder": holder, "position": position}),
-                    ));
-                }
-            }
-        }
-        // Woken by a release, an expiry, the head of the line leaving, or a
-        // node's death (the lease may be tied to it); polled within the
-        // place's TTL so that a live waiter keeps it.
-        let until = give_up.min(Instant::now() + refresh);
-        longpoll::sleep(notified, until, &s.shutdown).await;
-    }
+    let g = s
+        .locks
+        .acquire_wait(&name, &req.owner, ttl, req.node.as_deref(), wait)
+        .await?;
+    Ok(Json(Acquired {
+        name,
+        owner: req.owner,
+        token: g.token,
+        expires_at: g.expires_at,
+        ttl_ms: ttl,
+    }))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -356,7 +291,7 @@ async fn campaign(
     validate::name("name", &name)?;
     validate::opaque_key("candidate", &req.candidate)?;
     let ttl = check_ttl(&s, req.ttl_ms)?;
-    let give_up = Instant::now() + check_wait(&s, req.wait_ms)?;
+    let wait = check_wait(&s, req.wait_ms)?;
     let value = match &req.value {
         None => None,
         Some(v) => {
@@ -367,26 +302,14 @@ async fn campaign(
             Some(text)
         }
     };
-    let ticket = s.waiters.ticket(longpoll::election_key(&name));
-    loop {
-        let notified = ticket.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let c = s.locks.campaign(&name, &req.candidate, ttl, value.as_deref()).await?;
-        if c.code > 0 || Instant::now() >= give_up || s.shutdown.is_cancelled() {
-            return Ok(Json(CampaignResponse {
-                elected: c.code > 0,
-                leadership: c.state,
-            }));
-        }
-        // Woken by a resignation or an expiry; also at the lease's end.
-        let mut until = give_up.min(Instant::now() + RECHECK);
-        if let Some(lapses) = c.state.expires_at.map(|e| e + 1) {
-            let now = s.store.time_ms().await.unwrap_or(lapses);
-            until = until.min(longpoll::after_ms(lapses - now));
-        }
-        longpoll::sleep(notified, until, &s.shutdown).await;
-    }
+    let c = s
+        .locks
+        .campaign_wait(&name, &req.candidate, ttl, value.as_deref(), wait)
+        .await?;
+    Ok(Json(CampaignResponse {
+        elected: c.code > 0,
+        leadership: c.state,
+    }))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -21,6 +21,8 @@ pub use read::Found;
 pub mod routes;
 mod scripts;
 mod spec;
+mod wait;
+pub use wait::{NextAsk, NextTasks};
 pub mod worker;
 
 use std::collections::{BTreeMap, HashSet};
@@ -28,6 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
@@ -144,6 +147,10 @@ pub struct Tasks {
     store: Store,
     cfg: TasksConfig,
     scripts: Scripts,
+    /// Wakes long-poll claims (see `wait`).
+    bus: Arc<crate::events::Bus>,
+    /// Cancelled when the node stops: waiting claims answer at once.
+    shutdown: CancellationToken,
     /// Shared with the orphan cleaner, so both label the same queues alike.
     pub labels: Arc<QueueLabels>,
 }
@@ -153,12 +160,20 @@ fn raw(json: &str) -> Box<RawValue> {
         .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("null is JSON"))
 }
 impl Tasks {
-    pub fn new(store: Store, cfg: TasksConfig, ctx: &ScriptCtx) -> Arc<Tasks> {
+    pub fn new(
+        store: Store,
+        cfg: TasksConfig,
+        ctx: &ScriptCtx,
+        bus: Arc<crate::events::Bus>,
+        shutdown: CancellationToken,
+    ) -> Arc<Tasks> {
         let scripts = Scripts::new(ctx);
         Arc::new(Tasks {
             store,
             cfg,
             scripts,
+            bus,
+            shutdown,
             labels: Arc::new(QueueLabels::default()),
         })
     }

@@ -27,6 +27,12 @@ impl Tasks {
         Ok(self.get_many(&[id.to_string()]).await?.into_iter().next().flatten())
     }
 
+    /// The id of the task holding `alias` (a valid name), if any.
+    pub async fn alias_holder(&self, alias: &str) -> Result<Option<String>, TaskError> {
+        let key = format!("{}:alias:{alias}", self.store.keys().prefix());
+        Ok(self.store.query("alias_get", redis::cmd("GET").arg(key)).await?)
+    }
+
     /// The task a search term names, in one pipelined round trip: a task id,
     /// an alias (held while its task lives, kept through retention) or an
     /// idempotency key (within its window), in that order. The term must

@@ -1,9 +1,6 @@
 //! REST routes of the task store.
 
-use std::pin::Pin;
-use std::time::{Duration, Instant};
-
-use tokio::sync::futures::Notified;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -16,12 +13,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    ClaimResult, Claimed, Finished, GroupInfo, QueueStats, STATES, Submitted, Task, TaskError, TaskPage, TaskSpec,
+    Claimed, Finished, GroupInfo, NextAsk, NextClaim, NextTasks, QueueStats, STATES, Submitted, Task, TaskError,
+    TaskPage, TaskSpec,
 };
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
-use crate::events::QueueWaiter;
 use crate::http::{ApiJson, ApiQuery, OptJson, no_content};
 use crate::validate;
 
@@ -288,81 +285,14 @@ async fn claim_tasks(
     if let Some(why) = s.health.refuses_work() {
         return Err(ApiError::Unavailable(format!("{why}; claim through another node")));
     }
-    let deadline = Instant::now() + Duration::from_millis(wait);
-    // Dropped on every way out, including the client going away mid-wait
-    // (then hyper drops this future).
-    let waiter = s.bus.wakers.wait(&queue);
-    let notified = armed(&waiter);
-    let r = claim_until(&s, &queue, &req.node, max, deadline, &waiter, notified, None).await?;
+    let r = s
+        .tasks
+        .claim_wait(&queue, &req.node, max, Duration::from_millis(wait))
+        .await?;
     if r.tasks.is_empty() {
         return Ok(no_content());
     }
     Ok(Json(ClaimResponse { tasks: r.tasks }).into_response())
-}
-
-/// A wake-up of `waiter`'s queue, enabled now: a wake-up from here on is
-/// not lost, even before it is awaited. Arm it before the claim it follows.
-fn armed<'a>(waiter: &'a QueueWaiter<'_>) -> Pin<Box<Notified<'a>>> {
-    let mut n = Box::pin(waiter.notified());
-    n.as_mut().enable();
-    n
-}
-
-/// A long-poll claim: claims up to `max` tasks of `queue` for `node` until
-/// it gets some, `deadline` passes or the node stops (then the result is
-/// empty). `first` is a claim already made (by a complete's or fail's
-/// `next`), after `notified` was armed; None: claim first.
-#[allow(clippy::too_many_arguments)]
-async fn claim_until<'a>(
-    s: &AppState,
-    queue: &str,
-    node: &str,
-    max: u32,
-    deadline: Instant,
-    waiter: &'a QueueWaiter<'_>,
-    mut notified: Pin<Box<Notified<'a>>>,
-    first: Option<ClaimResult>,
-) -> Result<ClaimResult> {
-    let claim = || async {
-        let started = Instant::now();
-        let r = s.tasks.claim(queue, node, max).await;
-        metrics::histogram!("muster_claim_duration_seconds").record(started.elapsed().as_secs_f64());
-        r
-    };
-    let mut r = match first {
-        Some(r) => r,
-        None => claim().await?,
-    };
-    loop {
-        if !r.tasks.is_empty() {
-            if r.more {
-                waiter.wake_another();
-            }
-            return Ok(r);
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok(r);
-        }
-        // Sleep until woken by an event, the next delayed task is due, the
-        // deadline passes, or the node stops. The 2 s cap is a safety net
-        // against a lost wake-up, not the wake mechanism.
-        let mut until = deadline.min(now + Duration::from_secs(2));
-        if let Some(due) = r.next_due {
-            // The node's estimate of Redis time is enough to pick a wake-up
-            // time (the claim itself decides by Redis time).
-            let redis_now = s.store.redis_now_estimate().unwrap_or(due);
-            let in_ms = (due - redis_now).max(0) as u64;
-            until = until.min(now + Duration::from_millis(in_ms + 1));
-        }
-        tokio::select! {
-            _ = notified.as_mut() => {}
-            _ = tokio::time::sleep_until(until.into()) => {}
-            _ = s.shutdown.cancelled() => return Ok(r),
-        }
-        notified = armed(waiter);
-        r = claim().await?;
-    }
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -511,8 +441,7 @@ async fn delete_task(State(s): State<AppState>, caller: AdminCaller, Path(id): P
     responses((status = 200, body = Task), (status = 404, description = "No task holds this alias")))]
 async fn get_alias(State(s): State<AppState>, _caller: ReadCaller, Path(alias): Path<String>) -> Result<Json<Task>> {
     validate::name("alias", &alias)?;
-    let key = format!("{}:alias:{alias}", s.store.keys().prefix());
-    let id: Option<String> = s.store.query("alias_get", redis::cmd("GET").arg(key)).await?;
+    let id = s.tasks.alias_holder(&alias).await?;
     let not_found = || ApiError::not_found(format!("no task holds the alias `{alias}`"));
     let id = id.ok_or_else(not_found)?;
     s.tasks.get(&id).await?.map(Json).ok_or_else(not_found)
@@ -599,17 +528,6 @@ pub struct NextRequest {
     pub wait_ms: Option<u64>,
 }
 
-/// The task(s) claimed next by a complete or fail that asked for them.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct NextTasks {
-    pub tasks: Vec<Claimed>,
-    /// Why nothing was claimed although tasks may be waiting: the worker is
-    /// not registered or is draining, or this node refuses work now (it is
-    /// draining, stopping, or cannot heartbeat); absent when the claim ran.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refused: Option<String>,
-}
-
 /// The outcome of a complete or fail, with the next task(s) when asked for.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct FinishedNext {
@@ -619,20 +537,10 @@ pub struct FinishedNext {
     pub next: Option<NextTasks>,
 }
 
-/// What a complete or fail with `next` asks for.
-struct NextAsk {
-    claim: super::NextClaim,
-    /// Why this node claims nothing now (draining, stopping, cut off from
-    /// Redis: the same reasons a claim gets 503 for). The finish still runs.
-    refused_here: Option<String>,
-    /// How long to wait for a task when none is claimable.
-    wait: Duration,
-}
-
 fn next_ask(s: &AppState, next: Option<NextRequest>) -> Result<NextAsk> {
     let Some(n) = next else {
         return Ok(NextAsk {
-            claim: super::NextClaim::default(),
+            claim: NextClaim::default(),
             refused_here: None,
             wait: Duration::ZERO,
         });
@@ -646,82 +554,16 @@ fn next_ask(s: &AppState, next: Option<NextRequest>) -> Result<NextAsk> {
     validate::in_range("next.wait_ms", wait, &(0..=validate::CLAIM_WAIT_MAX_MS))?;
     if let Some(why) = s.health.refuses_work() {
         return Ok(NextAsk {
-            claim: super::NextClaim::default(),
+            claim: NextClaim::default(),
             refused_here: Some(format!("{why}; claim through another node")),
             wait: Duration::ZERO,
         });
     }
     Ok(NextAsk {
-        claim: super::NextClaim { max, queue: n.queue },
+        claim: NextClaim { max, queue: n.queue },
         refused_here: None,
         wait: Duration::from_millis(wait),
     })
-}
-
-/// Runs a complete or fail (`finish`) that may claim next, then, when it
-/// claimed nothing and the caller asked to wait, waits for a task as a
-/// long-poll claim does. The waiter is armed before `finish` when the queue
-/// is known, so a task enqueued meanwhile is not missed; otherwise one claim
-/// runs after arming it.
-async fn finish_then_claim<T, F>(
-    s: &AppState,
-    ask: NextAsk,
-    finish: impl FnOnce(super::NextClaim) -> F,
-) -> Result<(T, Option<NextTasks>)>
-where
-    F: std::future::Future<Output = std::result::Result<(T, Option<super::NextClaimed>), TaskError>>,
-{
-    let started = Instant::now();
-    let early = match (&ask.claim.queue, ask.wait.is_zero()) {
-        (Some(q), false) => Some(s.bus.wakers.wait(q)),
-        _ => None,
-    };
-    let notified = early.as_ref().map(armed);
-    let max = ask.claim.max;
-    let (out, next) = finish(ask.claim).await?;
-    if let Some(why) = ask.refused_here {
-        return Ok((
-            out,
-            Some(NextTasks {
-                tasks: Vec::new(),
-                refused: Some(why),
-            }),
-        ));
-    }
-    let Some(next) = next else {
-        return Ok((out, None));
-    };
-    let result = match next.result {
-        Ok(r) if r.tasks.is_empty() && !ask.wait.is_zero() => {
-            let deadline = started + ask.wait;
-            match (&early, notified) {
-                (Some(w), Some(n)) if next.queue == w.queue() => {
-                    claim_until(s, &next.queue, &next.owner, max, deadline, w, n, Some(r)).await
-                }
-                _ => {
-                    let late = s.bus.wakers.wait(&next.queue);
-                    let n = armed(&late);
-                    claim_until(s, &next.queue, &next.owner, max, deadline, &late, n, None).await
-                }
-            }
-            .map_err(|e| e.to_string())
-        }
-        Ok(r) => Ok(r),
-        Err(e) => Err(e.to_string()),
-    };
-    Ok((
-        out,
-        Some(match result {
-            Ok(r) => NextTasks {
-                tasks: r.tasks,
-                refused: None,
-            },
-            Err(why) => NextTasks {
-                tasks: Vec::new(),
-                refused: Some(why),
-            },
-        }),
-    ))
 }
 
 fn result_text(s: &AppState, result: Option<Box<RawValue>>) -> Result<String> {
@@ -754,7 +596,10 @@ async fn complete_task(
     let result = result_text(&s, req.result)?;
     let ask = next_ask(&s, req.next)?;
     let items = [(id.clone(), req.token, result)];
-    let (out, next) = finish_then_claim(&s, ask, |next| s.tasks.complete_then(&items, next)).await?;
+    let (out, next) = s
+        .tasks
+        .finish_then_claim(ask, |next| s.tasks.complete_then(&items, next))
+        .await?;
     match out.into_iter().next() {
         Some(r) => Ok(Json(FinishedNext { finished: r?, next })),
         None => Err(ApiError::internal("complete returned nothing")),
@@ -929,8 +774,10 @@ async fn fail_task(
     }
     let ask = next_ask(&s, req.next)?;
     let retry = req.retry.unwrap_or(true);
-    let (finished, next) =
-        finish_then_claim(&s, ask, |next| s.tasks.fail_then(&id, req.token, &error, retry, next)).await?;
+    let (finished, next) = s
+        .tasks
+        .finish_then_claim(ask, |next| s.tasks.fail_then(&id, req.token, &error, retry, next))
+        .await?;
     Ok(Json(FinishedNext { finished, next }))
 }
 

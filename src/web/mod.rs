@@ -280,7 +280,7 @@ async fn events_page(
     // newest event, or after the stream's end as read before the replay.
     let end = crate::events::tailer::last_id(&s.store).await?;
     let info = crate::events::retained(&s.store).await?;
-    let replay = crate::events::routes::replay(&s, None, 100, &filter, info).await?;
+    let replay = crate::events::replay(&s.store, None, 100, &filter, info).await?;
     page.oldest = replay.oldest.clone();
     page.since = Some(replay.next.clone().unwrap_or(end));
     for raw in replay.events.iter().rev() {
