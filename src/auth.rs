@@ -156,12 +156,10 @@ impl Auth {
 /// session id for the cookie.
 pub async fn create_session(s: &AppState, token: &str) -> Result<String, StoreError> {
     let id = hex(&rand::random::<[u8; 32]>());
-    let mut cmd = redis::cmd("SET");
-    cmd.arg(session_key(s, &id))
-        .arg(hex(&Sha256::digest(token.as_bytes())))
-        .arg("PX")
-        .arg(s.cfg.auth.session_ttl_ms);
-    s.store.exec::<()>("session_create", &cmd).await?;
+    let token_hash = hex(&Sha256::digest(token.as_bytes()));
+    s.store
+        .session_put(&id_hash(&id), &token_hash, s.cfg.auth.session_ttl_ms)
+        .await?;
     Ok(id)
 }
 
@@ -170,9 +168,7 @@ pub async fn end_session(s: &AppState, id: &str) -> Result<(), StoreError> {
     if !is_session_id(id) {
         return Ok(());
     }
-    let mut cmd = redis::cmd("DEL");
-    cmd.arg(session_key(s, id));
-    s.store.exec::<()>("session_end", &cmd).await
+    s.store.session_del(&id_hash(id)).await
 }
 
 /// The caller of a session cookie: None when the session is unknown, ended
@@ -181,9 +177,7 @@ async fn session_caller(s: &AppState, id: &str) -> Result<Option<Caller>, StoreE
     if !is_session_id(id) {
         return Ok(None);
     }
-    let mut cmd = redis::cmd("GET");
-    cmd.arg(session_key(s, id));
-    let Some(stored) = s.store.query::<Option<String>>("session_get", &cmd).await? else {
+    let Some(stored) = s.store.session_get(&id_hash(id)).await? else {
         return Ok(None);
     };
     let mut digest = [0u8; 32];
@@ -207,8 +201,8 @@ async fn session_caller(s: &AppState, id: &str) -> Result<Option<Caller>, StoreE
 }
 
 /// Redis keeps the hash of the id, so a read of Redis yields no cookie.
-fn session_key(s: &AppState, id: &str) -> String {
-    s.store.keys().session(&hex(&Sha256::digest(id.as_bytes())))
+fn id_hash(id: &str) -> String {
+    hex(&Sha256::digest(id.as_bytes()))
 }
 
 fn is_session_id(id: &str) -> bool {

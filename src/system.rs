@@ -106,32 +106,18 @@ pub struct RedisSummary {
 
 pub async fn redis_summary(s: &AppState) -> Result<RedisSummary> {
     let latency = s.store.ping().await?;
-    let mut p = redis::pipe();
-    p.cmd("ROLE").cmd("INFO").arg("memory").cmd("DBSIZE");
-    let (role, mem, dbsize): (redis::Value, String, u64) = s.store.pipe("redis_summary", &p).await?;
-    let role = match role {
-        redis::Value::Array(items) => match items.first() {
-            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-            Some(redis::Value::SimpleString(s)) => s.clone(),
-            _ => "unknown".into(),
-        },
-        _ => "unknown".into(),
-    };
-    let used_memory = mem
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok());
+    let state = s.store.server_state().await?;
     let info = s.store.server_info();
     Ok(RedisSummary {
         mode: s.store.mode().as_str().into(),
         address: s.store.address(),
         version: info.version,
-        role,
+        role: state.role,
         latency_ms: latency.as_secs_f64() * 1000.0,
         healthy: s.store.healthy(),
         key_prefix: s.cfg.redis.key_prefix.clone(),
-        used_memory,
-        dbsize: Some(dbsize),
+        used_memory: state.used_memory,
+        dbsize: Some(state.dbsize),
     })
 }
 

@@ -24,6 +24,7 @@ mod ack;
 mod call;
 mod conn;
 mod master;
+mod plain;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,6 +47,7 @@ pub use self::ack::{AckScope, Confirmation};
 pub use self::call::classify;
 pub use self::conn::{Conn, ServerAuth, redact};
 pub use self::master::role_of;
+pub use self::plain::ServerState;
 
 use crate::config::RedisConfig;
 
