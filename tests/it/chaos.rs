@@ -100,85 +100,6 @@ fn wall_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
-/// Keys that may stay without a TTL: one each, bounded in size (a counter, the
-/// stream trimmed to `events.max_len`, indexes pruned by the nodes, the orphan
-/// history trimmed by count and age).
-const SINGLETONS: &[&str] = &[
-    "{muster}:events",
-    "{muster}:nodes",
-    "{muster}:seq",
-    "{muster}:fseq",
-    "{muster}:fence",
-    "{muster}:epoch",
-    "{muster}:orphans:history",
-    "{muster}:orphans:counts",
-];
-
-/// Bounded singletons that may appear during the run but must carry a TTL:
-/// the liveness pass's bookkeeping (`nodes/lua/liveness.lua`).
-const TTL_SINGLETONS: &[&str] = &[
-    "{muster}:nodes:pass",
-    "{muster}:nodes:grace",
-    "{muster}:nodes:stalled_at",
-];
-
-/// Every key in Redis with its PTTL in ms (-1: none), read with SCAN.
-async fn all_keys(redis: &TestRedis) -> BTreeMap<String, i64> {
-    let mut c = redis.conn().await;
-    let mut keys: Vec<String> = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        keys.extend(page);
-        cursor = next;
-        if cursor == 0 {
-            break;
-        }
-    }
-    keys.sort();
-    keys.dedup();
-    if keys.is_empty() {
-        return BTreeMap::new();
-    }
-    let mut pipe = redis::pipe();
-    for k in &keys {
-        pipe.cmd("PTTL").arg(k);
-    }
-    let ttls: Vec<i64> = pipe.query_async(&mut c).await.unwrap();
-    // -2: expired between the SCAN and the PTTL.
-    keys.into_iter().zip(ttls).filter(|(_, t)| *t != -2).collect()
-}
-
-/// What of the key space is not accounted for after the workload: keys
-/// outside `{muster}:`, keys that were not there at the baseline and are
-/// neither a singleton nor a live node's registry entry, and keys without a
-/// TTL that are not in [`SINGLETONS`]. Empty when the key space is clean.
-fn key_leaks(baseline: &BTreeMap<String, i64>, now: &BTreeMap<String, i64>, live: &[String]) -> Vec<String> {
-    let live_keys: Vec<String> = live.iter().map(|id| format!("{{muster}}:node:{id}")).collect();
-    let mut leaks = Vec::new();
-    for (k, ttl) in now {
-        let singleton = SINGLETONS.contains(&k.as_str());
-        if !k.starts_with("{muster}:") {
-            leaks.push(format!("{k} (outside the prefix, pttl {ttl})"));
-        } else if !baseline.contains_key(k)
-            && !singleton
-            && !TTL_SINGLETONS.contains(&k.as_str())
-            && !live_keys.contains(k)
-        {
-            leaks.push(format!("{k} (new since the baseline, pttl {ttl})"));
-        } else if *ttl < 0 && !singleton {
-            leaks.push(format!("{k} (no TTL and not a bounded singleton)"));
-        }
-    }
-    leaks
-}
-
 /// Tasks each worker holds right now: worker -> task -> (token, attempt).
 type Held = HashMap<String, HashMap<String, (u64, u64)>>;
 /// Killed workers: (worker, wall ms of the kill, (task, token) held then).
@@ -223,88 +144,6 @@ impl Shared {
         }
         None
     }
-}
-
-/// A worker: heartbeats, claims, "works", completes. Aborted to kill it.
-fn spawn_worker(shared: Arc<Shared>, id: String) -> (tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>) {
-    let hb = {
-        let shared = shared.clone();
-        let id = id.clone();
-        tokio::spawn(async move {
-            loop {
-                shared
-                    .call(
-                        reqwest::Method::PUT,
-                        &format!("/api/v1/nodes/{id}/heartbeat"),
-                        Some(&json!({"ttl_ms": WORKER_TTL_MS})),
-                    )
-                    .await;
-                tokio::time::sleep(Duration::from_millis(WORKER_TTL_MS / 8)).await;
-            }
-        })
-    };
-    let work = tokio::spawn(async move {
-        // Registered before the first claim.
-        while shared
-            .call(
-                reqwest::Method::PUT,
-                &format!("/api/v1/nodes/{id}/heartbeat"),
-                Some(&json!({"ttl_ms": WORKER_TTL_MS})),
-            )
-            .await
-            .is_none_or(|(s, _)| s != 200)
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let mut seed = id.bytes().fold(7u64, |a, b| a.wrapping_mul(31).wrapping_add(b as u64));
-        while !shared.stop.load(Ordering::Relaxed) {
-            let claimed = shared
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/api/v1/queues/{QUEUE}/claim"),
-                    Some(&json!({"node": id, "max": 4, "wait_ms": 500})),
-                )
-                .await;
-            let tasks = match claimed {
-                Some((200, b)) => b["tasks"].as_array().cloned().unwrap_or_default(),
-                _ => continue,
-            };
-            {
-                let mut held = shared.held.lock().await;
-                let mine = held.entry(id.clone()).or_default();
-                for t in &tasks {
-                    mine.insert(
-                        t["id"].as_str().unwrap().to_string(),
-                        (t["token"].as_u64().unwrap(), t["attempt"].as_u64().unwrap()),
-                    );
-                }
-            }
-            for t in &tasks {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                tokio::time::sleep(Duration::from_millis(5 + (seed >> 33) % 40)).await;
-                let tid = t["id"].as_str().unwrap().to_string();
-                let token = t["token"].as_u64().unwrap();
-                let res = shared
-                    .call(
-                        reqwest::Method::POST,
-                        &format!("/api/v1/tasks/{tid}/complete"),
-                        Some(&json!({"token": token, "result": {"by": id}})),
-                    )
-                    .await;
-                if let Some((200, _)) = res {
-                    shared
-                        .completions
-                        .lock()
-                        .await
-                        .push((tid.clone(), t["attempt"].as_u64().unwrap(), token));
-                }
-                if let Some(m) = shared.held.lock().await.get_mut(&id) {
-                    m.remove(&tid);
-                }
-            }
-        }
-    });
-    (hb, work)
 }
 
 async fn run_chaos(plan: Plan) {
@@ -735,3 +574,9 @@ async fn chaos_soak() {
     })
     .await;
 }
+
+mod keys;
+use keys::*;
+
+mod workers;
+use workers::spawn_worker;

@@ -1,0 +1,322 @@
+//! muster lock run, roles, keys back to baseline, a long line of lapsed waiters, and script outcomes as HTTP.
+
+use super::*;
+
+fn lock_run(app: &TestApp, args: &[&str], cmd: &[&str]) -> Command {
+    let mut c = Command::new(muster_bin());
+    c.args(["lock", "run"])
+        .args(args)
+        .args(["--url", &app.url, "--"])
+        .args(cmd)
+        .env_remove("MUSTER_TOKEN")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_run_holds_renews_and_stops_the_command_when_lost() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    // 1. The command runs with the token; its exit code passes through; the
+    //    lock is released afterwards. It outlives several lease lengths.
+    let out_file = dir.path().join("token");
+    let script = format!("sleep 1; echo $MUSTER_LOCK_TOKEN > {}; exit 7", out_file.display());
+    let out = lock_run(&a, &["cronjob", "--ttl", "400ms"], &["sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+    let token: u64 = std::fs::read_to_string(&out_file).unwrap().trim().parse().unwrap();
+    assert!(token > 0);
+    let (_, info) = a.get("/api/v1/locks/cronjob").await;
+    assert_eq!(info["held"], false, "released when the command exits");
+    let events = redis.events("muster").await;
+    assert!(
+        !events.iter().any(|(t, _, _)| t == "lock.expired"),
+        "renewed, never lapsed"
+    );
+    // 2. Someone holds it: --wait runs out (exit 5), the command never runs.
+    let (_, held) = acquire(&a, "cronjob", "other", 30_000, 0).await;
+    let marker = dir.path().join("ran");
+    let out = lock_run(
+        &a,
+        &["cronjob", "--wait", "300ms"],
+        &["touch", marker.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(5));
+    assert!(!marker.exists());
+    assert_eq!(release(&a, "cronjob", &held["token"]).await, 204);
+    // 3. The lock is lost (an admin breaks it): the command is stopped.
+    let pid_file = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+    let mut child = lock_run(&a, &["cronjob", "--ttl", "600ms"], &["sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let started = wait_until(Duration::from_secs(5), || async { pid_file.exists() }).await;
+    assert!(started);
+    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert!(process_alive(pid));
+    assert_eq!(a.delete("/api/v1/locks/cronjob").await.0, 204);
+    let t = Instant::now();
+    // Polled like wait_until (the child cannot be borrowed by its closure).
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "muster lock run stops when the lock is lost"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(status.code(), Some(6));
+    let gone = wait_until(Duration::from_secs(2), || async { !process_alive(pid) }).await;
+    assert!(gone, "the command was stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_guard_barriers_and_locks() {
+    use muster::config::{Role, TokenConfig};
+    let redis = TestRedis::start();
+    let tokens = [("r", Role::Read), ("w", Role::Worker), ("a", Role::Admin)]
+        .into_iter()
+        .map(|(name, role)| TokenConfig {
+            name: name.into(),
+            role,
+            sha256: sha256_hex(&format!("tok-{name}")),
+        })
+        .collect();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens).await;
+    let call = |tok: &'static str, m: reqwest::Method, path: &'static str, body: Value| {
+        let req = app.request(m, path).bearer_auth(tok).json(&body);
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let barrier = json!({"participants": ["x"], "timeout_ms": 1000});
+    assert_eq!(
+        call("tok-w", reqwest::Method::PUT, "/api/v1/barriers/b", barrier.clone()).await,
+        403
+    );
+    assert_eq!(
+        call("tok-a", reqwest::Method::PUT, "/api/v1/barriers/b", barrier).await,
+        201
+    );
+    let arrive = json!({"node": "x"});
+    assert_eq!(
+        call(
+            "tok-r",
+            reqwest::Method::POST,
+            "/api/v1/barriers/b/rounds/1/arrive",
+            arrive.clone()
+        )
+        .await,
+        403
+    );
+    assert_eq!(
+        call(
+            "tok-w",
+            reqwest::Method::POST,
+            "/api/v1/barriers/b/rounds/1/arrive",
+            arrive
+        )
+        .await,
+        200
+    );
+    assert_eq!(
+        call("tok-r", reqwest::Method::GET, "/api/v1/barriers/b/rounds", Value::Null).await,
+        200
+    );
+    let acq = json!({"owner": "o"});
+    assert_eq!(
+        call("tok-r", reqwest::Method::POST, "/api/v1/locks/l/acquire", acq.clone()).await,
+        403
+    );
+    assert_eq!(
+        call("tok-w", reqwest::Method::POST, "/api/v1/locks/l/acquire", acq).await,
+        200
+    );
+    assert_eq!(
+        call("tok-w", reqwest::Method::DELETE, "/api/v1/locks/l", Value::Null).await,
+        403
+    );
+    assert_eq!(
+        call("tok-a", reqwest::Method::DELETE, "/api/v1/locks/l", Value::Null).await,
+        204
+    );
+    let camp = json!({"candidate": "c"});
+    assert_eq!(
+        call(
+            "tok-r",
+            reqwest::Method::POST,
+            "/api/v1/elections/e/campaign",
+            camp.clone()
+        )
+        .await,
+        403
+    );
+    assert_eq!(
+        call("tok-w", reqwest::Method::POST, "/api/v1/elections/e/campaign", camp).await,
+        200
+    );
+    assert_eq!(
+        call("tok-r", reqwest::Method::GET, "/api/v1/elections/e", Value::Null).await,
+        200
+    );
+    // The OpenAPI document lists the new routes.
+    let (_, doc) = app.get("/api/v1/openapi.json").await;
+    let paths = doc["paths"].as_object().unwrap();
+    for p in [
+        "/api/v1/barriers",
+        "/api/v1/barriers/{name}",
+        "/api/v1/barriers/{name}/rounds",
+        "/api/v1/barriers/{name}/rounds/{round}",
+        "/api/v1/barriers/{name}/rounds/{round}/arrive",
+        "/api/v1/barriers/{name}/hold",
+        "/api/v1/barriers/{name}/release",
+        "/api/v1/barriers/{name}/wait",
+        "/api/v1/double-barriers",
+        "/api/v1/double-barriers/{name}",
+        "/api/v1/double-barriers/{name}/enter",
+        "/api/v1/double-barriers/{name}/leave",
+        "/api/v1/locks",
+        "/api/v1/locks/{name}",
+        "/api/v1/locks/{name}/acquire",
+        "/api/v1/locks/{name}/renew",
+        "/api/v1/locks/{name}/release",
+        "/api/v1/elections",
+        "/api/v1/elections/{name}",
+        "/api/v1/elections/{name}/campaign",
+        "/api/v1/elections/{name}/resign",
+    ] {
+        assert!(paths.contains_key(p), "{p} missing from the OpenAPI document");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_and_election_keys_return_to_baseline() {
+    let redis = TestRedis::start();
+    let a = Arc::new(TestApp::start_with(&redis, |c| c.locks.waiter_ttl_ms = 300).await);
+    let baseline: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+    // Locks: released, lapsed, waited for; elections: resigned and lapsed.
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let a = a.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = format!("l{}", i % 4);
+            let (s, v) = acquire(&a, &name, &format!("o{i}"), 300, 5000).await;
+            assert_eq!(s, 200, "{v}");
+            if i % 3 != 0 {
+                release(&a, &name, &v["token"]).await;
+            }
+            let e = format!("e{}", i % 2);
+            let (_, v) = a
+                .post(
+                    &format!("/api/v1/elections/{e}/campaign"),
+                    json!({"candidate": format!("c{i}"), "ttl_ms": 300, "wait_ms": 5000}),
+                )
+                .await;
+            if i % 2 == 0 {
+                a.post(
+                    &format!("/api/v1/elections/{e}/resign"),
+                    json!({"candidate": format!("c{i}"), "epoch": v["epoch"]}),
+                )
+                .await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Counters are single keys; everything else lapses.
+    let counters = ["{muster}:locks:fence", "{muster}:elections:epoch"];
+    for k in redis.cmd::<Vec<String>>(&["KEYS", "*"]).await {
+        if baseline.contains(&k) || counters.contains(&k.as_str()) || k == "{muster}:events" {
+            continue;
+        }
+        let ttl: i64 = redis.cmd(&["PTTL", &k]).await;
+        let index = k == "{muster}:locks" || k == "{muster}:elections";
+        // -2: it expired between the listing and this check.
+        assert!(ttl != -1 || index, "{k} has no TTL");
+    }
+    let back = wait_until(Duration::from_secs(10), || async {
+        let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+        now.difference(&baseline)
+            .all(|k| counters.contains(&k.as_str()) || k.starts_with("{muster}:nodes:"))
+    })
+    .await;
+    let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+    assert!(back, "left over: {:?}", now.difference(&baseline).collect::<Vec<_>>());
+}
+
+/// More lapsed waiters than Lua's `unpack` takes at once (about 8000; a
+/// crashed node leaves all its waiters to lapse together): the next acquire
+/// still removes them all and is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_after_thousands_of_lapsed_waiters_succeeds() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let n = 9000;
+    // The queue layout of locks/lua/lib.lua: P:lock:<l>:q owner -> order,
+    // P:lock:<l>:qx owner -> when its place lapses (here long past).
+    let mut q = vec!["ZADD".to_string(), "{muster}:lock:crowd:q".into()];
+    let mut qx = vec!["ZADD".to_string(), "{muster}:lock:crowd:qx".into()];
+    for i in 0..n {
+        q.extend([i.to_string(), format!("ghost{i}")]);
+        qx.extend(["1".to_string(), format!("ghost{i}")]);
+    }
+    for args in [&q, &qx] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(redis.cmd::<i64>(&args).await, n);
+    }
+    let (s, v) = acquire(&a, "crowd", "fresh", 5000, 0).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["owner"], "fresh");
+    for k in ["{muster}:lock:crowd:q", "{muster}:lock:crowd:qx"] {
+        assert_eq!(redis.cmd::<i64>(&["ZCARD", k]).await, 0, "{k}");
+    }
+}
+
+/// Every refusal a lock or election script returns, by its code, maps to its
+/// HTTP status and body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_outcomes_map_to_http() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    // E.NOT_FOUND: breaking a lock nobody holds.
+    assert_eq!(a.delete("/api/v1/locks/free").await.0, 404);
+    // E.STALE: releasing a free lock under a token.
+    assert_eq!(release(&a, "free", &json!(7)).await, 409);
+    // E.LAPSED: the lease lapsed by Redis time before the expiry loop saw it
+    // (its index entry still says later).
+    let (_, held) = acquire(&a, "l", "o", 60_000, 0).await;
+    let _: i64 = redis.cmd(&["HSET", "{muster}:lock:l", "expires_at", "1"]).await;
+    let (s, v) = a
+        .post("/api/v1/locks/l/renew", json!({"token": held["token"], "ttl_ms": 5000}))
+        .await;
+    assert_eq!((s, v["reason"].clone()), (409, json!("lapsed")), "{v}");
+    assert_eq!(a.get("/api/v1/locks/l").await.1["held"], json!(false));
+    // E.NODE_NOT_ALIVE: a lease tied to a node that is not registered.
+    let (s, _) = a
+        .post("/api/v1/locks/n/acquire", json!({"owner": "o", "node": "nowhere"}))
+        .await;
+    assert_eq!(s, 409);
+    // E.STALE: a candidate that does not lead resigns.
+    let (s, v) = a
+        .post(
+            "/api/v1/elections/e/campaign",
+            json!({"candidate": "c1", "ttl_ms": 60_000}),
+        )
+        .await;
+    assert_eq!((s, v["elected"].clone()), (200, json!(true)), "{v}");
+    let epoch = v["epoch"].clone();
+    let (s, v) = a.post("/api/v1/elections/e/resign", json!({"candidate": "c2"})).await;
+    assert_eq!(
+        (s, v["leader"].clone(), v["epoch"].clone()),
+        (409, json!("c1"), epoch),
+        "{v}"
+    );
+}

@@ -1,0 +1,383 @@
+//! The task API as clients see it: script outcomes as HTTP, bad input, listings, key baseline (G4), dashboard forms, metrics.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_outcomes_map_to_http() {
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| {
+        c.tasks.max_queues = 2;
+        c.tasks.max_groups = 1;
+    })
+    .await;
+    let ghost = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
+    for path in ["complete", "fail", "heartbeat"] {
+        let (s, _) = a
+            .post(&format!("/api/v1/tasks/{ghost}/{path}"), json!({"token": 1}))
+            .await;
+        assert_eq!(s, 404, "{path} on an unknown task");
+    }
+    assert_eq!(
+        a.post(&format!("/api/v1/tasks/{ghost}/cancel"), Value::Null).await.0,
+        404
+    );
+    assert_eq!(
+        a.post(&format!("/api/v1/tasks/{ghost}/retry"), Value::Null).await.0,
+        404
+    );
+    assert_eq!(a.delete(&format!("/api/v1/tasks/{ghost}")).await.0, 404);
+    assert_eq!(a.get(&format!("/api/v1/tasks/{ghost}")).await.0, 404);
+    assert_eq!(a.get("/api/v1/aliases/nobody").await.0, 404);
+    // claim: unknown node, then draining node
+    let (s, b) = a.post("/api/v1/queues/q1/claim", json!({"node": "stranger"})).await;
+    assert_eq!(s, 409, "{b}");
+    assert!(b["detail"].as_str().unwrap().contains("heartbeat"));
+    join(&a, "w").await;
+    a.post("/api/v1/nodes/w/drain", Value::Null).await;
+    let (s, b) = a.post("/api/v1/queues/q1/claim", json!({"node": "w"})).await;
+    assert_eq!(s, 409);
+    assert!(b["detail"].as_str().unwrap().contains("draining"));
+    // delete of an unfinished task, retry of a queued one
+    let id = submit(&a, "q1", json!({})).await;
+    assert_eq!(a.delete(&format!("/api/v1/tasks/{id}")).await.0, 409);
+    assert_eq!(a.post(&format!("/api/v1/tasks/{id}/retry"), Value::Null).await.0, 409);
+    // too many queues (max 2): q1 exists, q2 fits, q3 does not
+    submit(&a, "q2", json!({})).await;
+    let (s, b) = a.post("/api/v1/queues/q3/tasks", json!({})).await;
+    assert_eq!(s, 409, "{b}");
+    assert!(b["detail"].as_str().unwrap().contains("max_queues"));
+    let (_, b) = a.post("/api/v1/queues/q3/tasks/batch", json!({"tasks": [{}]})).await;
+    assert_eq!(b["results"][0]["code"], 409);
+    assert_eq!(a.post("/api/v1/queues/q3/pause", Value::Null).await.0, 409);
+    // too many groups (max 1)
+    assert_eq!(a.put("/api/v1/groups/one", json!({"limit": 1})).await.0, 200);
+    assert_eq!(
+        a.put("/api/v1/groups/one", json!({"limit": 2})).await.0,
+        200,
+        "updating is fine"
+    );
+    assert_eq!(a.put("/api/v1/groups/two", json!({"limit": 1})).await.0, 409);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_task_input_is_refused_and_changes_nothing() {
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| c.tasks.max_payload_bytes = 1000).await;
+    join(&a, "w").await;
+    let cases: Vec<(&str, Value, u16)> = vec![
+        ("/api/v1/queues/bad%20name/tasks", json!({}), 400),
+        ("/api/v1/queues/a:b/tasks", json!({}), 400),
+        ("/api/v1/queues/ok/tasks", json!({"group": "x y"}), 400),
+        ("/api/v1/queues/ok/tasks", json!({"alias": "{tag}"}), 400),
+        ("/api/v1/queues/ok/tasks", json!({"priority": 5000}), 400),
+        ("/api/v1/queues/ok/tasks", json!({"delay_ms": 5, "run_at": 5}), 400),
+        ("/api/v1/queues/ok/tasks", json!({"max_attempts": 0}), 400),
+        ("/api/v1/queues/ok/tasks", json!({"payload": "x".repeat(2000)}), 413),
+        ("/api/v1/queues/ok/tasks", json!({"paylod": 1}), 400),
+        ("/api/v1/queues/ok/tasks", json!({"idempotency_key": "has space"}), 400),
+        ("/api/v1/queues/ok/tasks/batch", json!({"tasks": []}), 400),
+        ("/api/v1/queues/ok/claim", json!({"node": "w", "max": 0}), 400),
+        ("/api/v1/queues/ok/claim", json!({"node": "w", "max": 1001}), 400),
+        ("/api/v1/queues/ok/claim", json!({"node": "w", "wait_ms": 30_001}), 400),
+        ("/api/v1/queues/ok/claim", json!({"node": "bad node"}), 400),
+        ("/api/v1/tasks/not-an-id/complete", json!({"token": 1}), 400),
+        (
+            "/api/v1/tasks/01ARZ3NDEKTSV4RRFFQ69G5FAV/complete",
+            json!({"token": "1"}),
+            400,
+        ),
+        (
+            "/api/v1/tasks/01ARZ3NDEKTSV4RRFFQ69G5FAV/heartbeat",
+            json!({"token": 1, "progress": 101}),
+            400,
+        ),
+        (
+            "/api/v1/tasks/01ARZ3NDEKTSV4RRFFQ69G5FAV/heartbeat",
+            json!({"token": 1, "fields": [1]}),
+            400,
+        ),
+        ("/api/v1/tasks/complete", json!([]), 400),
+    ];
+    for (path, body, want) in cases {
+        let (s, b) = a.post(path, body.clone()).await;
+        assert_eq!(s, want, "{path} {body}: {b}");
+        assert!(b["detail"].as_str().is_some_and(|d| !d.is_empty()), "{b}");
+    }
+    let (s, _) = a.get("/api/v1/queues/ok/tasks?state=finished").await;
+    assert_eq!(s, 400);
+    let (s, _) = a.get("/api/v1/queues/ok/tasks?limit=0").await;
+    assert_eq!(s, 400);
+    let (s, _) = a.get("/api/v1/queues/ok/tasks?cursor=abc").await;
+    assert_eq!(s, 400);
+    // A batch with one bad item submits the rest.
+    let (s, b) = a
+        .post(
+            "/api/v1/queues/ok/tasks/batch",
+            json!({"tasks": [{"payload": 1}, {"priority": 9999}, {"payload": 3}]}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let r = b["results"].as_array().unwrap();
+    assert_eq!(
+        (
+            r[0]["status"].as_str(),
+            r[1]["status"].as_str(),
+            r[2]["status"].as_str()
+        ),
+        (Some("created"), Some("error"), Some("created"))
+    );
+    assert_eq!(r[1]["code"], 400);
+    let (_, q) = a.get("/api/v1/queues").await;
+    assert_eq!(
+        q["queues"].as_array().unwrap().len(),
+        1,
+        "only the batch's queue exists: {q}"
+    );
+    assert_eq!(q["queues"][0]["queued"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_pages_through_states() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    let ids = submit_many(&a, "ls", 120).await;
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/api/v1/queues/ls/tasks?state=queued&limit=50&cursor={c}"),
+            None => "/api/v1/queues/ls/tasks?state=queued&limit=50".to_string(),
+        };
+        let (s, page) = a.get(&path).await;
+        assert_eq!(s, 200);
+        assert_eq!(page["total"], 120);
+        for t in page["tasks"].as_array().unwrap() {
+            seen.push(t["id"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids, "queued tasks listed in claim order");
+    let got = claim(&a, "ls", "w", 3, 0).await;
+    let (_, page) = a.get("/api/v1/queues/ls/tasks?state=running").await;
+    assert_eq!(page["total"], 3);
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 3);
+    assert_eq!(got.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g4_keys_return_to_baseline_after_retention() {
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| {
+        c.tasks.retention_ms = 1000;
+        c.tasks.dead_retention_ms = 1000;
+        c.tasks.idempotency_window_ms = 3000;
+    })
+    .await;
+    join(&a, "w").await;
+    a.put("/api/v1/groups/gg", json!({"limit": 5})).await;
+    // Warm up: the counters and the event stream exist from the first task on.
+    let warm = submit(&a, "warm", json!({})).await;
+    let t = claim(&a, "warm", "w", 1, 0).await;
+    a.post(
+        &format!("/api/v1/tasks/{warm}/complete"),
+        json!({"token": t[0]["token"]}),
+    )
+    .await;
+    let settled = wait_until(Duration::from_secs(10), || async {
+        let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
+        !keys.iter().any(|k| k.contains(":q:warm") || k.contains(":task:"))
+    })
+    .await;
+    assert!(settled, "the warm-up task is gone");
+    let baseline: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+    // 10 000 tasks: batches with idempotency keys, aliases and groups; some fail to dead.
+    for chunk in 0..10 {
+        let tasks: Vec<Value> = (0..1000).map(|i| mixed_task(chunk * 1000 + i)).collect();
+        let (s, _) = a.post("/api/v1/queues/leak/tasks/batch", json!({"tasks": tasks})).await;
+        assert_eq!(s, 200);
+    }
+    let mut finished = 0;
+    while finished < 10_000 {
+        let got = claim(&a, "leak", "w", 200, 1000).await;
+        assert!(!got.is_empty(), "work remains ({finished} finished)");
+        let (ok, bad): (Vec<&Value>, Vec<&Value>) =
+            got.iter().partition(|t| t["payload"]["n"].as_u64().unwrap() % 7 != 0);
+        if !ok.is_empty() {
+            let items: Vec<Value> = ok.iter().map(|t| json!({"id": t["id"], "token": t["token"]})).collect();
+            a.post("/api/v1/tasks/complete", Value::Array(items)).await;
+        }
+        for t in bad {
+            a.post(
+                &format!("/api/v1/tasks/{}/fail", t["id"].as_str().unwrap()),
+                json!({"token": t["token"], "error": "x"}),
+            )
+            .await;
+        }
+        finished += got.len();
+    }
+    assert_eq!(finished, 10_000);
+    let (_, q) = a.get("/api/v1/queues/leak").await;
+    assert_eq!(
+        (q["queued"].as_u64(), q["running"].as_u64(), q["delayed"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "{q}"
+    );
+    // Every key left has a TTL or belongs to the bounded baseline set.
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
+    for k in &keys {
+        if baseline.contains(k) {
+            continue;
+        }
+        let ttl: i64 = redis.cmd(&["PTTL", k]).await;
+        let bounded_index = k.starts_with("{muster}:q:leak:") || k == "{muster}:dead" || k == "{muster}:queues";
+        if ttl == -1 && !bounded_index {
+            let dump: HashMap<String, String> = redis.cmd(&["HGETALL", k]).await;
+            let id = k.rsplit(':').next().unwrap();
+            let evs: Vec<_> = redis
+                .events("muster")
+                .await
+                .into_iter()
+                .filter(|e| e.2["task"] == id)
+                .collect();
+            let ttl2: i64 = redis.cmd(&["PTTL", k]).await;
+            panic!("{k} has no TTL ({ttl} then {ttl2}) and is not a trimmed index: {dump:?} {evs:?}");
+        }
+    }
+    // After retention (1 s) and the idempotency window (3 s): back to baseline.
+    let back = wait_until(Duration::from_secs(20), || async {
+        let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+        now == baseline
+    })
+    .await;
+    let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+    let extra: Vec<_> = now.difference(&baseline).take(10).collect();
+    assert!(back, "keys left over: {extra:?} ({} in all)", now.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_forms_pause_cancel_retry_and_discard() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let html = http
+        .get(format!("{}/queues", a.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&html);
+    let form = |path: &str| {
+        let url = format!("{}{path}", a.url);
+        let csrf = csrf.clone();
+        let http = http.clone();
+        async move {
+            http.post(url)
+                .form(&[("csrf", csrf.as_str())])
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let queued = submit(&a, "ui", json!({})).await;
+    let dying = submit(&a, "ui", json!({"max_attempts": 1})).await;
+    // pause / resume
+    assert_eq!(form("/ui/queues/ui/pause").await, 303);
+    assert_eq!(a.get("/api/v1/queues/ui").await.1["paused"], true);
+    assert_eq!(form("/ui/queues/ui/resume").await, 303);
+    // a forged token changes nothing
+    let forged = http
+        .post(format!("{}/ui/queues/ui/pause", a.url))
+        .form(&[("csrf", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 403);
+    assert_eq!(a.get("/api/v1/queues/ui").await.1["paused"], false);
+    // cancel from the task page
+    assert_eq!(form(&format!("/ui/tasks/{queued}/cancel")).await, 303);
+    assert_eq!(a.get(&format!("/api/v1/tasks/{queued}")).await.1["state"], "cancelled");
+    // retry and discard a dead letter
+    let t = claim(&a, "ui", "w", 1, 0).await;
+    assert_eq!(t[0]["id"], dying.as_str());
+    a.post(
+        &format!("/api/v1/tasks/{dying}/fail"),
+        json!({"token": t[0]["token"], "error": "x"}),
+    )
+    .await;
+    assert_eq!(form(&format!("/ui/tasks/{dying}/retry")).await, 303);
+    assert_eq!(a.get(&format!("/api/v1/tasks/{dying}")).await.1["state"], "queued");
+    let t = claim(&a, "ui", "w", 1, 0).await;
+    a.post(
+        &format!("/api/v1/tasks/{dying}/fail"),
+        json!({"token": t[0]["token"], "error": "y"}),
+    )
+    .await;
+    assert_eq!(form(&format!("/ui/tasks/{dying}/discard")).await, 303);
+    assert_eq!(a.get(&format!("/api/v1/tasks/{dying}")).await.0, 404);
+    // bad names are refused before anything happens
+    assert_eq!(form("/ui/queues/bad%20name/pause").await, 400);
+}
+
+/// Task outcome counters carry the (capped) queue label, and count every
+/// way a task ends: complete, fail, timeout, and the orphan cleaner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_outcome_metrics_are_labelled_by_queue() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    let q = format!("mq{}", std::process::id());
+    // succeeded
+    submit(&a, &q, json!({})).await;
+    let t = claim(&a, &q, "w", 1, 0).await;
+    let (s, _) = a
+        .post(
+            &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
+            json!({"token": t[0]["token"]}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    // failed and dead by `fail`
+    submit(&a, &q, json!({"max_attempts": 1})).await;
+    let t = claim(&a, &q, "w", 1, 0).await;
+    let (s, _) = a
+        .post(
+            &format!("/api/v1/tasks/{}/fail", t[0]["id"].as_str().unwrap()),
+            json!({"token": t[0]["token"], "error": "no"}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    // failed and dead by the timeout monitor
+    let id = submit(&a, &q, json!({"max_attempts": 1, "timeout_ms": 100})).await;
+    claim(&a, &q, "w", 1, 0).await;
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "dead"
+        })
+        .await
+    );
+    let text = a.page("/metrics").await;
+    let value = |name: &str| {
+        let prefix = format!("{name}{{queue=\"{q}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(value("muster_tasks_enqueued_total"), 3.0, "{text}");
+    assert_eq!(value("muster_tasks_claimed_total"), 3.0);
+    assert_eq!(value("muster_tasks_succeeded_total"), 1.0);
+    assert_eq!(value("muster_tasks_failed_total"), 2.0, "fail and timeout");
+    assert_eq!(value("muster_tasks_dead_total"), 2.0, "fail and timeout");
+}
