@@ -32,6 +32,9 @@ fn polling(retry: Retry, wait_ms: u64) -> CallOptions {
 
 const NONE: Option<&Value> = None;
 
+mod coordination;
+mod system;
+
 impl Client {
     // ---- tasks and queues -------------------------------------------------
 
@@ -231,6 +234,30 @@ impl Client {
         self.call_json(Method::GET, "/api/v1/dead", NONE, &idem()).await
     }
 
+    /// Retries up to `limit` (all when None) of `queue`'s dead letters, or
+    /// every queue's with `queue` = `"*"`, oldest first (admin). Retried on
+    /// a lost answer: a second run retries only what is still dead.
+    pub async fn retry_dead(&self, queue: &str, limit: Option<u64>) -> Result<BulkOutcome> {
+        self.call_json(
+            Method::POST,
+            "/api/v1/dead/retry",
+            Some(&json!({ "queue": queue, "limit": limit })),
+            &idem(),
+        )
+        .await
+    }
+
+    /// Discards up to `limit` dead letters like [`Client::retry_dead`] (admin).
+    pub async fn discard_dead(&self, queue: &str, limit: Option<u64>) -> Result<BulkOutcome> {
+        self.call_json(
+            Method::POST,
+            "/api/v1/dead/discard",
+            Some(&json!({ "queue": queue, "limit": limit })),
+            &idem(),
+        )
+        .await
+    }
+
     /// Concurrency groups.
     pub async fn groups(&self) -> Result<Vec<GroupInfo>> {
         let l: GroupList = self.call_json(Method::GET, "/api/v1/groups", NONE, &idem()).await?;
@@ -284,7 +311,6 @@ impl Client {
             .await
     }
 
-    /// Removes a node from the registry (admin).
     /// A worker leaves (worker role): its registration goes at once, or
     /// once the orphan cleaner has recovered the tasks it still held.
     pub async fn leave_worker(&self, id: &str) -> Result<()> {
@@ -293,6 +319,7 @@ impl Client {
             .map(drop)
     }
 
+    /// Removes a node from the registry (admin).
     pub async fn remove_node(&self, id: &str) -> Result<()> {
         self.call::<Value, Value>(Method::DELETE, &format!("/api/v1/nodes/{}", enc(id)), None, &idem())
             .await
@@ -305,6 +332,16 @@ impl Client {
     pub async fn start_workflow(&self, w: &NewWorkflow) -> Result<CreatedWorkflow> {
         let opts = if w.idempotency_key.is_some() { idem() } else { unkeyed() };
         self.call_json(Method::POST, "/api/v1/workflows", Some(w), &opts).await
+    }
+
+    /// A page of workflows, newest first, optionally in one `state`
+    /// (running, succeeded, failed, cancelled) (as sent).
+    pub async fn workflows(&self, state: Option<&str>, limit: usize) -> Result<Value> {
+        let mut path = format!("/api/v1/workflows?limit={limit}");
+        if let Some(st) = state {
+            path.push_str(&format!("&state={}", enc(st)));
+        }
+        self.call_json(Method::GET, &path, NONE, &idem()).await
     }
 
     /// A workflow's state and each task's (as sent).
@@ -343,6 +380,27 @@ impl Client {
             Method::PUT,
             &format!("/api/v1/schedules/{}", enc(&def.id)),
             Some(def),
+            &idem(),
+        )
+        .await
+    }
+
+    /// Creates a schedule (admin); 409 when its id exists. Retried only if
+    /// the request never left ([`Client::put_schedule`] is the idempotent
+    /// create-or-replace).
+    pub async fn create_schedule(&self, def: &ScheduleDef) -> Result<Value> {
+        self.call_json(Method::POST, "/api/v1/schedules", Some(def), &unkeyed())
+            .await
+    }
+
+    /// Enables (`true`) or disables a schedule (admin): enabled, it fires
+    /// the occurrences after now.
+    pub async fn set_schedule_enabled(&self, id: &str, enabled: bool) -> Result<Value> {
+        let verb = if enabled { "enable" } else { "disable" };
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/schedules/{}/{verb}", enc(id)),
+            NONE,
             &idem(),
         )
         .await

@@ -409,6 +409,67 @@ pub struct ArriveAnswer {
     pub extra: Map<String, Value>,
 }
 
+/// An etcd-style barrier's hold.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Hold {
+    pub barrier: String,
+    pub held: bool,
+    #[serde(default)]
+    pub holder: Option<String>,
+    /// Redis ms.
+    #[serde(default)]
+    pub held_at: Option<i64>,
+    /// Redis ms when the hold lifts itself.
+    #[serde(default)]
+    pub expires_at: Option<i64>,
+}
+
+/// One entrant of a DoubleBarrier, with its entry time (Redis ms).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Entry {
+    pub node: String,
+    pub at: i64,
+}
+
+/// A DoubleBarrier's state.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DoubleBarrier {
+    pub name: String,
+    /// Entrants that make it ready; 0 when nobody is in.
+    pub count: u32,
+    pub entrants: Vec<Entry>,
+    pub ready: bool,
+    #[serde(default)]
+    pub ready_at: Option<i64>,
+    /// The ready cycle.
+    #[serde(default)]
+    pub cycle: Option<String>,
+}
+
+/// A DoubleBarrier as one entrant sees it after an enter or leave.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Entrant {
+    #[serde(flatten)]
+    pub state: DoubleBarrier,
+    pub node: String,
+    /// Whether `node` is among the entrants.
+    pub inside: bool,
+    /// enter: ready with `node` inside. leave: every entrant of the cycle left.
+    pub done: bool,
+}
+
+/// What a bulk retry or discard of dead letters did.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct BulkOutcome {
+    pub done: u64,
+    /// Dead tasks left in the set acted on.
+    pub left: u64,
+    /// Left dead: their queue could not be registered again.
+    pub refused: u64,
+    /// Script calls it took.
+    pub pages: u64,
+}
+
 /// A lock acquire.
 #[derive(Debug, Clone, Serialize)]
 pub struct Acquire {

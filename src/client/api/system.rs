@@ -1,0 +1,39 @@
+//! The node itself: its failover status, live view, probes, API document.
+
+use super::*;
+
+impl Client {
+    /// The failover status of the node answering (as sent).
+    pub async fn failover_status(&self) -> Result<Value> {
+        self.call_json(Method::GET, "/api/v1/failover", NONE, &idem()).await
+    }
+
+    /// The answering node's cached live view (as sent).
+    pub async fn live(&self) -> Result<Value> {
+        self.call_json(Method::GET, "/api/v1/live", NONE, &idem()).await
+    }
+
+    /// The OpenAPI document (public).
+    pub async fn openapi(&self) -> Result<Value> {
+        self.call_json(Method::GET, "/api/v1/openapi.json", NONE, &idem()).await
+    }
+
+    /// `/healthz`: whether the process answers (public).
+    pub async fn healthz(&self) -> Result<bool> {
+        Ok(self.send(Method::GET, "/healthz", None, &idem()).await?.status == 200)
+    }
+
+    /// `/readyz` of the current URL's node (no failover: the answer is
+    /// about that node): whether it takes work (public); false while it
+    /// cannot reach Redis, drains or stops.
+    pub async fn readyz(&self) -> Result<bool> {
+        match self
+            .send(Method::GET, "/readyz", None, &CallOptions::new(Retry::Never))
+            .await
+        {
+            Ok(a) => Ok(a.status == 200),
+            Err(e) if e.status() == Some(503) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
