@@ -39,7 +39,7 @@ pub mod types;
 pub mod worker;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -128,6 +128,8 @@ struct Inner {
     retry_for: Duration,
     backoff_base: Duration,
     backoff_cap: Duration,
+    /// Calls sent again after an error that may have hidden their outcome.
+    resent: AtomicU64,
 }
 
 impl std::fmt::Debug for Client {
@@ -247,6 +249,7 @@ impl ClientBuilder {
                 retry_for: self.retry_for,
                 backoff_base: self.backoff_base,
                 backoff_cap: self.backoff_cap,
+                resent: AtomicU64::new(0),
             }),
         })
     }
@@ -266,6 +269,15 @@ impl Client {
     /// The node URLs, in failover order.
     pub fn urls(&self) -> &[String] {
         &self.inner.urls
+    }
+
+    /// How many times a call was sent again after an error that may have
+    /// hidden its outcome (a timeout, a 5xx, a connection lost after the
+    /// request left): the first try may have been applied and its answer
+    /// lost. A worker that sees this grow looks for tasks claimed for it
+    /// whose answers never arrived.
+    pub fn resent(&self) -> u64 {
+        self.inner.resent.load(Ordering::Relaxed)
     }
 
     /// The URL calls start at (the one that answered last).
@@ -313,7 +325,7 @@ impl Client {
             if let Some(b) = &body {
                 req = req.header("content-type", "application/json").body(b.clone());
             }
-            let (err, retriable) = match req.send().await {
+            let (err, retriable, maybe_applied) = match req.send().await {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
                     match resp.bytes().await {
@@ -334,7 +346,7 @@ impl Client {
                                 Retry::Once => status == 503,
                                 Retry::Connect | Retry::Never => false,
                             };
-                            (Problem::from_body(status, &bytes).into(), retriable)
+                            (Problem::from_body(status, &bytes).into(), retriable, true)
                         }
                         Err(e) => (
                             Error::Unreachable {
@@ -342,6 +354,7 @@ impl Client {
                                 message: format!("reading the answer: {e}"),
                             },
                             opts.retry == Retry::Idempotent,
+                            true,
                         ),
                     }
                 }
@@ -357,6 +370,7 @@ impl Client {
                             message: error_chain(&e),
                         },
                         retriable,
+                        !e.is_connect(),
                     )
                 }
             };
@@ -368,6 +382,9 @@ impl Client {
                     self.inner.current.store((i + 1) % n, Ordering::Relaxed);
                 }
                 return Err(err);
+            }
+            if maybe_applied {
+                self.inner.resent.fetch_add(1, Ordering::Relaxed);
             }
             tracing::debug!(url = %base, error = %err, "muster client: retrying");
             if attempt.is_multiple_of(n) {

@@ -22,6 +22,19 @@
 //! - **Transient errors** (a node down, 503, timeouts) are retried with
 //!   backoff across the client's URLs; a complete or fail is retried until
 //!   it is applied, refused (409) or the worker is stopped hard.
+//! - **One call per task.** With `batch` 1 (the default) a complete also
+//!   claims the slot's next task (`next` in the same call), so a busy
+//!   worker makes one call per task, not two; the long-polling claim runs
+//!   only when that found nothing.
+//! - **Lost answers.** A claim (or a complete's next task) applied by a node
+//!   whose answer never arrived leaves a task running under this worker's
+//!   id with a token it never saw. Whenever a call had to be sent again
+//!   after an error that may have hidden its outcome ([`Client::resent`]),
+//!   and once at start (a worker restarted under the same id), the worker
+//!   lists its queues' running tasks and runs those held under its id with
+//!   an unseen token, or hands them back (`fail`, retry) when no slot is
+//!   free; it never starts a token twice. Two live workers must never share
+//!   an id.
 //! - **Graceful shutdown** ([`Worker::run_until`], [`Worker::run`] on SIGTERM
 //!   or ctrl-c): stop claiming (a claim already in flight is awaited, never
 //!   dropped, so no claimed task is lost on the way), let the running
@@ -176,6 +189,9 @@ pub struct WorkerStats {
     pub handed_back: u64,
     /// Handlers that panicked (their tasks were failed for a retry).
     pub panicked: u64,
+    /// Tasks claimed for this worker whose claim's answer was lost, found
+    /// and run (see the module docs).
+    pub adopted: u64,
 }
 
 #[derive(Default)]
@@ -187,6 +203,7 @@ struct Counters {
     cancel_requests: AtomicU64,
     handed_back: AtomicU64,
     panicked: AtomicU64,
+    adopted: AtomicU64,
 }
 
 impl Counters {
@@ -200,6 +217,7 @@ impl Counters {
             cancel_requests: g(&self.cancel_requests),
             handed_back: g(&self.handed_back),
             panicked: g(&self.panicked),
+            adopted: g(&self.adopted),
         }
     }
 }
@@ -338,6 +356,8 @@ impl WorkerBuilder {
                 labels: self.labels,
                 handler,
                 counters: Counters::default(),
+                seen: Mutex::new(Seen::default()),
+                adopt_wanted: tokio::sync::Notify::new(),
             }),
         })
     }
@@ -362,6 +382,49 @@ struct Shared {
     labels: std::collections::BTreeMap<String, String>,
     handler: Handler,
     counters: Counters,
+    /// Tokens this worker started (claimed, chained or adopted): never
+    /// started twice.
+    seen: Mutex<Seen>,
+    /// Wakes the adopter (see `run::adopter`).
+    adopt_wanted: tokio::sync::Notify,
+}
+
+/// The tokens a worker started, the newest [`Seen::MAX`] of them (a token
+/// older than that finished long ago).
+#[derive(Default)]
+struct Seen {
+    set: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl Seen {
+    const MAX: usize = 1 << 16;
+
+    /// Records `token`; false when it was already seen.
+    fn first(&mut self, token: u64) -> bool {
+        if !self.set.insert(token) {
+            return false;
+        }
+        self.order.push_back(token);
+        if self.order.len() > Self::MAX
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+        }
+        true
+    }
+}
+
+impl Shared {
+    /// Records that `token` starts now; false when it already did.
+    fn first_start(&self, token: u64) -> bool {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).first(token)
+    }
+
+    /// Asks the adopter to look for tasks whose claim's answer was lost.
+    fn adopt_soon(&self) {
+        self.adopt_wanted.notify_one();
+    }
 }
 
 /// Tokens a run hands to its parts.
@@ -460,6 +523,10 @@ impl Worker {
             .map(|q| tokio::spawn(claim_loop(self.shared.clone(), q.clone(), run.clone())))
             .collect();
 
+        // A restarted worker may hold tasks under its id from its last run.
+        s.adopt_soon();
+        let adopter = tokio::spawn(adopter(self.shared.clone(), run.clone()));
+
         // 4. Shutdown: stop claiming; the claims in flight are awaited so no
         // claimed task is lost on the way.
         shutdown.await;
@@ -468,6 +535,7 @@ impl Worker {
         for c in claimers {
             let _ = c.await;
         }
+        let _ = adopter.await;
         // 5. Running handlers finish within the grace period; then they are
         // cancelled and their tasks handed back.
         let all = s.concurrency as u32;

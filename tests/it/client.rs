@@ -465,5 +465,6 @@ async fn cancel_requests_and_permanent_errors() {
     assert_eq!((stats.failed, stats.cancel_requests), (2, 1), "{stats:?}");
 }
 
+mod adopt;
 mod coverage;
 mod failover;

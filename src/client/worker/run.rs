@@ -60,20 +60,21 @@ pub(super) async fn claims(s: Arc<Shared>, queue: String, run: Run) {
         };
         // Never abandoned half-way: a claim applied whose answer is dropped
         // would strand its tasks until their timeout.
-        match s.client.claim(&queue, &req).await {
+        let resent = s.client.resent();
+        let claimed = s.client.claim(&queue, &req).await;
+        if s.client.resent() != resent {
+            // A try before the one that answered may have claimed too.
+            s.adopt_soon();
+        }
+        match claimed {
             Ok(tasks) => {
                 backoff = Duration::from_millis(100);
                 for task in tasks {
                     let permit = permits.pop().expect("no more tasks than permits");
-                    inc(&s.counters.claimed);
-                    let (s, run) = (s.clone(), run.clone());
-                    tokio::spawn(async move {
-                        tokio::select! {
-                            _ = run_task(&s, task, &run) => {}
-                            _ = run.killed.cancelled() => {}
-                        }
-                        drop(permit);
-                    });
+                    if s.first_start(task.token) {
+                        inc(&s.counters.claimed);
+                        spawn_chain(s.clone(), run.clone(), task, permit);
+                    }
                 }
             }
             Err(e) => {
@@ -93,6 +94,94 @@ pub(super) async fn claims(s: Arc<Shared>, queue: String, run: Run) {
     }
 }
 
+/// Runs `task` on its slot (`permit`), then each next task its complete
+/// claimed in the same call, until one claims nothing.
+pub(super) fn spawn_chain(s: Arc<Shared>, run: Run, task: Task, permit: tokio::sync::OwnedSemaphorePermit) {
+    tokio::spawn(async move {
+        let mut next = Some(task);
+        while let Some(t) = next.take() {
+            next = tokio::select! {
+                n = run_task(&s, t, &run) => n,
+                _ = run.killed.cancelled() => None,
+            };
+        }
+        drop(permit);
+    });
+}
+
+/// Looks for lost claims whenever asked ([`Shared::adopt_soon`]), until
+/// the worker stops claiming.
+pub(super) async fn adopter(s: Arc<Shared>, run: Run) {
+    loop {
+        tokio::select! {
+            _ = s.adopt_wanted.notified() => {}
+            _ = run.stop_claiming.cancelled() => return,
+        }
+        // Let the calls in flight land first: their tasks are not lost.
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = run.stop_claiming.cancelled() => return,
+        }
+        if let Err(e) = adopt(&s, &run).await {
+            tracing::warn!(worker = %s.id, error = %e, "could not look for lost claims");
+        }
+    }
+}
+
+/// Runs the tasks of the worker's queues running under its id with a token
+/// it never started (a claim or next task whose answer was lost), or hands
+/// them back when no slot is free. Returns how many it started.
+pub(super) async fn adopt(s: &Arc<Shared>, run: &Run) -> Result<u64> {
+    let mut started = 0;
+    for queue in &s.queues {
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = s.client.tasks(queue, "running", 500, cursor.as_deref()).await?;
+            for t in page.tasks {
+                let Some(token) = t.token else { continue };
+                if t.owner.as_deref() != Some(s.id.as_str()) || !s.first_start(token) {
+                    continue;
+                }
+                let Ok(permit) = run.slots.clone().try_acquire_owned() else {
+                    // No free slot: hand it back rather than let it wait
+                    // for its timeout.
+                    let f = Fail {
+                        token,
+                        error: "the claim's answer was lost; handed back".into(),
+                        retry: true,
+                        next: None,
+                    };
+                    if s.client.fail(&t.id, &f).await.is_ok() {
+                        inc(&s.counters.handed_back);
+                    }
+                    continue;
+                };
+                tracing::warn!(worker = %s.id, task = %t.id, token, "adopting a task whose claim's answer was lost");
+                inc(&s.counters.adopted);
+                started += 1;
+                let task = Task {
+                    id: t.id,
+                    queue: t.queue,
+                    token,
+                    attempt: t.attempts,
+                    payload: t.payload,
+                    max_attempts: t.max_attempts,
+                    timeout_ms: t.timeout_ms,
+                    group: t.group,
+                    priority: t.priority,
+                    created_at: t.created_at,
+                };
+                spawn_chain(s.clone(), run.clone(), task, permit);
+            }
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+    }
+    Ok(started)
+}
+
 pub(super) struct AbortOnDrop(tokio::task::AbortHandle);
 
 impl Drop for AbortOnDrop {
@@ -108,7 +197,9 @@ pub(super) enum Outcome {
     HandedBack,
 }
 
-pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) {
+/// Runs one task and reports its outcome; the next task when the complete
+/// claimed one in the same call.
+pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> {
     let ctx = Ctx::new(&s.id);
     let mut handle = tokio::spawn((s.handler)(task.clone(), ctx.clone()));
     // Dropped with this future (the run was killed): the handler stops too.
@@ -129,24 +220,49 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) {
         // The token is stale: someone else may be running the task. Nothing
         // this worker sends with it could change anything; send nothing.
         inc(&s.counters.dropped);
-        return;
+        return None;
     }
     let cancel_requested = ctx.cancel_reason() == Some(CancelReason::CancelRequested);
     match outcome {
         Outcome::Done(Ok(result)) => {
+            // One call for two: the complete claims this slot's next task,
+            // unless the worker takes batches or is stopping.
+            let chain = s.batch == 1 && !run.stop_claiming.is_cancelled();
             let c = Complete {
                 token: task.token,
                 result,
-                next: None,
+                next: chain.then(|| NextRequest {
+                    max: Some(1),
+                    ..Default::default()
+                }),
             };
-            let done = report(s, &task, &ctx, run, |client| {
+            let reported = report(s, &task, &ctx, run, |client| {
                 let c = c.clone();
                 let id = task.id.clone();
                 async move { client.complete(&id, &c).await }
             })
             .await;
-            if done {
-                inc(&s.counters.completed);
+            match reported {
+                Reported::Answer(f) => {
+                    inc(&s.counters.completed);
+                    let mut next = f.next.map(|n| n.tasks).unwrap_or_default().into_iter();
+                    let first = next.next().filter(|t| s.first_start(t.token));
+                    if first.is_some() {
+                        inc(&s.counters.claimed);
+                    }
+                    // `max` 1: never more; should a node send more, they
+                    // are found and handed back like any lost claim.
+                    if next.len() > 0 {
+                        s.adopt_soon();
+                    }
+                    return first;
+                }
+                Reported::AnswerLost => {
+                    inc(&s.counters.completed);
+                    // That answer may have carried a next task.
+                    s.adopt_soon();
+                }
+                Reported::Refused => {}
             }
         }
         Outcome::Done(Err(e)) => {
@@ -179,6 +295,7 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) {
             report_fail(s, &task, &ctx, run, f, &s.counters.handed_back).await;
         }
     }
+    None
 }
 
 pub(super) async fn report_fail(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, f: Fail, counter: &AtomicU64) {
@@ -188,24 +305,40 @@ pub(super) async fn report_fail(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, f
         async move { client.fail(&id, &f).await }
     })
     .await;
-    if ok {
+    if !matches!(ok, Reported::Refused) {
         inc(counter);
     }
 }
 
-/// Sends a complete or fail until it is applied (true) or refused (false,
-/// counted as dropped). A 409 is checked against the task: if it finished
+/// How a complete or fail ended.
+pub(super) enum Reported {
+    /// Applied; the answer.
+    Answer(Finished),
+    /// Applied by a try whose answer was lost (a retry got 409 and the task
+    /// shows this token finished).
+    AnswerLost,
+    /// Refused (stale token), or given up (4xx, or stopping hard).
+    Refused,
+}
+
+/// Sends a complete or fail until it is applied or refused (counted as
+/// dropped). A 409 is checked against the task: if it finished
 /// with this very token, an earlier try of this call was applied and only
 /// its answer was lost.
-pub(super) async fn report<F, Fut>(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, call: F) -> bool
+pub(super) async fn report<F, Fut>(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, call: F) -> Reported
 where
     F: Fn(Client) -> Fut,
     Fut: Future<Output = Result<Finished>>,
 {
     let mut backoff = Duration::from_millis(200);
     loop {
-        match call(s.client.clone()).await {
-            Ok(_) => return true,
+        let resent = s.client.resent();
+        let answer = call(s.client.clone()).await;
+        if s.client.resent() != resent {
+            s.adopt_soon();
+        }
+        match answer {
+            Ok(f) => return Reported::Answer(f),
             Err(e) if e.is_conflict() => {
                 let ours = match s.client.task(&task.id).await {
                     Ok(t) => {
@@ -219,8 +352,9 @@ where
                 if !ours {
                     ctx.cancel(CancelReason::Lost);
                     inc(&s.counters.dropped);
+                    return Reported::Refused;
                 }
-                return ours;
+                return Reported::AnswerLost;
             }
             Err(e) if e.is_transient() && !run.hard_stop.is_cancelled() => {
                 tracing::warn!(task = %task.id, error = %e, "reporting the outcome failed; retrying");
@@ -234,7 +368,7 @@ where
                 // Refused for good (4xx), or the worker is stopping hard:
                 // the task's timeout or this worker's expiry recovers it.
                 tracing::error!(task = %task.id, error = %e, "cannot report the task's outcome");
-                return false;
+                return Reported::Refused;
             }
         }
     }
