@@ -26,6 +26,10 @@
 //!   claims the slot's next task (`next` in the same call), so a busy
 //!   worker makes one call per task, not two; the long-polling claim runs
 //!   only when that found nothing.
+//! - **Completes together.** With `batch` above 1, results that finish
+//!   together are completed in one `POST /api/v1/tasks/complete` (up to
+//!   `batch` per call); an item refused with 409 is resolved like a single
+//!   complete's 409.
 //! - **Lost answers.** A claim (or a complete's next task) applied by a node
 //!   whose answer never arrived leaves a task running under this worker's
 //!   id with a token it never saw. Whenever a call had to be sent again
@@ -56,6 +60,7 @@ use tokio_util::sync::CancellationToken;
 use super::types::*;
 use super::{Client, Error, Result};
 
+mod complete;
 mod run;
 use run::*;
 
@@ -439,6 +444,8 @@ struct Run {
     /// as if the process had died.
     killed: CancellationToken,
     slots: Arc<Semaphore>,
+    /// With `batch` above 1: where results go to be completed together.
+    completes: Option<tokio::sync::mpsc::Sender<complete::Pending>>,
 }
 
 impl Worker {
@@ -480,13 +487,27 @@ impl Worker {
     /// 4xx: a bad token, too many nodes).
     pub async fn run_until(&self, shutdown: impl Future<Output = ()>) -> Result<WorkerStats> {
         let s = &self.shared;
+        let hard_stop = CancellationToken::new();
+        let killed = CancellationToken::new();
+        let _kill_on_drop = killed.clone().drop_guard();
+        let completes = (s.batch > 1).then(|| {
+            let (tx, completer) = complete::channel(self.shared.clone(), hard_stop.clone());
+            let killed = killed.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = completer => {}
+                    _ = killed.cancelled() => {}
+                }
+            });
+            tx
+        });
         let run = Run {
             stop_claiming: CancellationToken::new(),
-            hard_stop: CancellationToken::new(),
-            killed: CancellationToken::new(),
+            hard_stop,
+            killed,
             slots: Arc::new(Semaphore::new(s.concurrency)),
+            completes,
         };
-        let _kill_on_drop = run.killed.clone().drop_guard();
         tokio::pin!(shutdown);
 
         // 1. Register (retrying transient errors) before the first claim.

@@ -236,12 +236,17 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
                     ..Default::default()
                 }),
             };
-            let reported = report(s, &task, &ctx, run, |client| {
-                let c = c.clone();
-                let id = task.id.clone();
-                async move { client.complete(&id, &c).await }
-            })
-            .await;
+            let reported = match &run.completes {
+                Some(tx) => complete_together(s, &task, &ctx, tx, c.result).await,
+                None => {
+                    report(s, &task, &ctx, run, |client| {
+                        let c = c.clone();
+                        let id = task.id.clone();
+                        async move { client.complete(&id, &c).await }
+                    })
+                    .await
+                }
+            };
             match reported {
                 Reported::Answer(f) => {
                     inc(&s.counters.completed);
@@ -262,6 +267,7 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
                     // That answer may have carried a next task.
                     s.adopt_soon();
                 }
+                Reported::Applied => inc(&s.counters.completed),
                 Reported::Refused => {}
             }
         }
@@ -314,6 +320,8 @@ pub(super) async fn report_fail(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, f
 pub(super) enum Reported {
     /// Applied; the answer.
     Answer(Finished),
+    /// Applied within a batch complete (no next task).
+    Applied,
     /// Applied by a try whose answer was lost (a retry got 409 and the task
     /// shows this token finished).
     AnswerLost,
@@ -339,23 +347,7 @@ where
         }
         match answer {
             Ok(f) => return Reported::Answer(f),
-            Err(e) if e.is_conflict() => {
-                let ours = match s.client.task(&task.id).await {
-                    Ok(t) => {
-                        t.token == Some(task.token)
-                            && t.attempt_log.iter().any(|a| {
-                                a.token == task.token && matches!(a.outcome.as_deref(), Some("succeeded" | "failed"))
-                            })
-                    }
-                    Err(_) => false,
-                };
-                if !ours {
-                    ctx.cancel(CancelReason::Lost);
-                    inc(&s.counters.dropped);
-                    return Reported::Refused;
-                }
-                return Reported::AnswerLost;
-            }
+            Err(e) if e.is_conflict() => return resolve_conflict(s, task, ctx).await,
             Err(e) if e.is_transient() && !run.hard_stop.is_cancelled() => {
                 tracing::warn!(task = %task.id, error = %e, "reporting the outcome failed; retrying");
                 tokio::select! {
@@ -371,6 +363,56 @@ where
                 return Reported::Refused;
             }
         }
+    }
+}
+
+/// A complete or fail got 409: applied by an earlier try whose answer was
+/// lost if the task ended with this very token (then it counts), else the
+/// token is stale: the handler is told and the result dropped.
+pub(super) async fn resolve_conflict(s: &Shared, task: &Task, ctx: &Ctx) -> Reported {
+    let ours = match s.client.task(&task.id).await {
+        Ok(t) => {
+            t.token == Some(task.token)
+                && t.attempt_log
+                    .iter()
+                    .any(|a| a.token == task.token && matches!(a.outcome.as_deref(), Some("succeeded" | "failed")))
+        }
+        Err(_) => false,
+    };
+    if !ours {
+        ctx.cancel(CancelReason::Lost);
+        inc(&s.counters.dropped);
+        return Reported::Refused;
+    }
+    Reported::AnswerLost
+}
+
+/// Hands a result to the batch completer and waits for its outcome.
+async fn complete_together(
+    s: &Shared,
+    task: &Task,
+    ctx: &Ctx,
+    tx: &tokio::sync::mpsc::Sender<super::complete::Pending>,
+    result: Value,
+) -> Reported {
+    use super::complete::{Batched, Pending};
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let item = CompleteItem {
+        id: task.id.clone(),
+        token: task.token,
+        result,
+    };
+    if tx.send(Pending { item, reply }).await.is_err() {
+        return Reported::Refused;
+    }
+    match answer.await {
+        Ok(Batched::Completed) => Reported::Applied,
+        Ok(Batched::Conflict) => resolve_conflict(s, task, ctx).await,
+        Ok(Batched::Refused(why)) => {
+            tracing::error!(task = %task.id, error = %why, "cannot report the task's outcome");
+            Reported::Refused
+        }
+        Err(_) => Reported::Refused,
     }
 }
 

@@ -1,6 +1,7 @@
-//! Lost claim answers and chained claims: a task claimed under the worker's
-//! id whose answer never reached it is found and run once, with its token;
-//! a busy worker takes its next task from its complete's answer.
+//! How few calls the Worker makes, and the answers it loses: a task claimed
+//! under the worker's id whose answer never reached it is found and run
+//! once, with its token; a busy worker takes its next task from its
+//! complete's answer; a batching worker completes its tasks together.
 
 use super::*;
 
@@ -130,5 +131,63 @@ async fn a_complete_claims_the_next_task_in_the_same_call() {
     assert!(
         claims < 20,
         "{claims} claim calls for 50 tasks: the completes did not claim next"
+    );
+}
+
+/// With `batch` above 1, results that finish together are completed in one
+/// `POST /api/v1/tasks/complete`: 200 tasks at batch 20 take a few dozen
+/// complete calls, not 200 (each batch complete runs the complete script
+/// once, counted in Redis's slow log), and each task is completed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batching_worker_completes_its_tasks_together() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let c = client(std::slice::from_ref(&app.url));
+    let q = "client-batch";
+    let specs: Vec<TaskSpec> = (0..200).map(|i| spec(json!(i), 0)).collect();
+    c.submit_batch(q, &specs).await.unwrap();
+    redis
+        .cmd::<()>(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
+        .await;
+    redis.cmd::<()>(&["CONFIG", "SET", "slowlog-max-len", "100000"]).await;
+    redis.cmd::<()>(&["SLOWLOG", "RESET"]).await;
+    let runs = Arc::new(AtomicU64::new(0));
+    let worker = Worker::builder(c.clone())
+        .queue(q)
+        .id("w-batch")
+        .concurrency(20)
+        .batch(20)
+        .claim_wait(Duration::from_millis(200))
+        .handler({
+            let runs = runs.clone();
+            move |t, _ctx| {
+                let runs = runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::Relaxed);
+                    Ok(json!({"n": t.payload}))
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move { worker.run_until(async { rx.await.unwrap_or(()) }).await });
+    let all_done = wait_until(Duration::from_secs(20), || async {
+        c.queue(q).await.map(|d| d.stats.succeeded == 200).unwrap_or(false)
+    })
+    .await;
+    let _ = tx.send(());
+    let stats = run.await.unwrap().unwrap();
+    assert!(all_done, "not every task succeeded: {stats:?}");
+    assert_eq!(
+        (stats.claimed, stats.completed, stats.dropped),
+        (200, 200, 0),
+        "{stats:?}"
+    );
+    assert_eq!(runs.load(Ordering::Relaxed), 200);
+    let completes = fcalls(&redis, "task_complete_").await;
+    assert!(
+        completes <= 60,
+        "{completes} complete calls for 200 tasks at batch 20: not completed together"
     );
 }

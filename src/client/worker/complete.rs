@@ -1,0 +1,95 @@
+//! Completes that finish together go out together: with `batch` above 1,
+//! each handler's result joins a queue that one loop sends as
+//! `POST /api/v1/tasks/complete` (up to `batch` items per call), so a
+//! worker claiming 100 tasks at a time also completes them in a few calls.
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::*;
+
+/// One result waiting to be sent, and where its outcome goes.
+pub(super) struct Pending {
+    pub item: CompleteItem,
+    pub reply: oneshot::Sender<Batched>,
+}
+
+/// A batch item's outcome as the completer saw it.
+pub(super) enum Batched {
+    /// Applied.
+    Completed,
+    /// Refused with 409 (a stale token, or this very complete applied by an
+    /// earlier try whose answer was lost): the task decides which.
+    Conflict,
+    /// Refused for good (404, invalid), or given up (stopping hard, killed).
+    Refused(String),
+}
+
+/// The sending side the run's tasks use, and the loop that sends.
+pub(super) fn channel(
+    s: Arc<Shared>,
+    hard_stop: CancellationToken,
+) -> (mpsc::Sender<Pending>, impl Future<Output = ()>) {
+    let (tx, rx) = mpsc::channel(s.concurrency.max(1));
+    (tx, completer(s, rx, hard_stop))
+}
+
+async fn completer(s: Arc<Shared>, mut rx: mpsc::Receiver<Pending>, hard_stop: CancellationToken) {
+    let max = s.batch.max(1) as usize;
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let items: Vec<CompleteItem> = batch.iter().map(|p| p.item.clone()).collect();
+        let outcomes = send(&s, &items, &hard_stop).await;
+        for (i, p) in batch.into_iter().enumerate() {
+            let outcome = match &outcomes {
+                Ok(all) => match all.get(i) {
+                    Some(o) if o.status == "completed" => Batched::Completed,
+                    Some(o) if o.status == "conflict" => Batched::Conflict,
+                    Some(o) => Batched::Refused(format!("{}: {}", o.status, o.error.clone().unwrap_or_default())),
+                    None => Batched::Refused("the batch answer lacks this item".into()),
+                },
+                Err(e) => Batched::Refused(e.clone()),
+            };
+            let _ = p.reply.send(outcome);
+        }
+    }
+}
+
+/// Sends one batch until it is answered, refused for good, or the worker
+/// stops hard. A batch complete changes only tasks still running under
+/// their tokens, so sending it again is safe: an item applied by a lost
+/// try comes back as a conflict, which its task resolves by reading itself.
+async fn send(
+    s: &Shared,
+    items: &[CompleteItem],
+    hard_stop: &CancellationToken,
+) -> std::result::Result<Vec<CompleteOutcome>, String> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let resent = s.client.resent();
+        let answer = s.client.complete_batch(items).await;
+        if s.client.resent() != resent {
+            s.adopt_soon();
+        }
+        match answer {
+            Ok(outcomes) => return Ok(outcomes),
+            Err(e) if e.is_transient() && !hard_stop.is_cancelled() => {
+                tracing::warn!(worker = %s.id, items = items.len(), error = %e, "batch complete failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = hard_stop.cancelled() => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                tracing::error!(worker = %s.id, items = items.len(), error = %e, "cannot send a batch complete");
+                return Err(e.to_string());
+            }
+        }
+    }
+}
