@@ -468,3 +468,4 @@ async fn cancel_requests_and_permanent_errors() {
 mod calls;
 mod coverage;
 mod failover;
+mod lagged;
