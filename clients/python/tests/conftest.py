@@ -82,7 +82,7 @@ class Redis:
 class Node:
     """One muster process; kill() is SIGKILL, start() brings it back on the same port."""
 
-    def __init__(self, binary: str, root: Path, index: int, redis_url: str) -> None:
+    def __init__(self, binary: str, root: Path, index: int, redis_url: str, extra: str = "") -> None:
         self.binary = binary
         self.id = f"py-node-{index}"
         self.port = free_port()
@@ -120,7 +120,7 @@ sha256 = "{sha(WORKER_TOKEN)}"
 name = "a"
 role = "admin"
 sha256 = "{sha(ADMIN_TOKEN)}"
-"""
+{extra}"""
         )
         self.proc: subprocess.Popen[bytes] | None = None
 

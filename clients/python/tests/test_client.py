@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ADMIN_TOKEN, WORKER_TOKEN, Cluster, free_port
+from conftest import ADMIN_TOKEN, WORKER_TOKEN, Cluster, Node, free_port
 
 from muster_client import AsyncClient, Client, Conflict, ConnectError, Event, MusterError, NotFound
 
@@ -157,6 +157,38 @@ def test_follow_resumes_across_a_node_kill(cluster: Cluster, queue: str) -> None
             assert got == ids, "events lost or repeated across the reconnect"
 
     asyncio.run(main())
+
+
+def test_follow_survives_a_lagging_node(cluster: Cluster, queue: str) -> None:
+    """A node whose event bus holds 8 events lags every subscriber in a
+    burst of enqueues; the follower resumes after the last event it yielded
+    and gets each of 2 000 events once, in order."""
+    node = Node(cluster.nodes[0].binary, cluster.root, 9, cluster.redis.url, extra="\n[events]\nclient_buffer = 8\n")
+    node.start()
+    try:
+
+        async def main() -> None:
+            async with AsyncClient([node.url], ADMIN_TOKEN) as c:
+                got: list[str] = []
+                ids: list[str] = []
+
+                async def follow() -> None:
+                    async for ev in c.follow(topics="task.enqueued", queue=queue, since="0"):
+                        assert isinstance(ev, Event)
+                        got.append(ev.task or "")
+                        if len(got) == len(ids) == 2000:
+                            return
+
+                follower = asyncio.ensure_future(follow())
+                for r in range(2):
+                    items = await c.submit_batch(queue, [{"payload": [r, i]} for i in range(1000)])
+                    ids += [it.id or "" for it in items]
+                await asyncio.wait_for(follower, 30)
+                assert got == ids, "events lost, repeated or out of order across the lagged reconnects"
+
+        asyncio.run(main())
+    finally:
+        node.kill()
 
 
 def test_other_operations_round_trip(cluster: Cluster, queue: str) -> None:
