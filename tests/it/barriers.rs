@@ -272,7 +272,7 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
     })
     .await;
     join_worker(&a, "dw").await;
-    let baseline: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+    let baseline = redis.key_baseline().await;
     let parts: Vec<String> = ["x", "y"].iter().map(|s| s.to_string()).collect();
     configure(&a, "bounded", &parts, 0, 200).await;
     for i in 0..20 {
@@ -315,14 +315,8 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
         "{muster}:barrier:bounded",
         "{muster}:dbarriers",
     ];
-    for k in redis.cmd::<Vec<String>>(&["KEYS", "*"]).await {
-        if baseline.contains(&k) {
-            continue;
-        }
-        let ttl: i64 = redis.cmd(&["PTTL", &k]).await;
-        // -2: it expired between the listing and this check.
-        assert!(ttl != -1 || bounded.contains(&k.as_str()), "{k} has no TTL");
-    }
+    let unbounded = redis.keys_without_ttl(&baseline, |k| bounded.contains(&k)).await;
+    assert!(unbounded.is_empty(), "keys without a TTL: {unbounded:?}");
     // Decided rounds (and their index) expire after round_retention_ms on their own.
     let expired = wait_until(Duration::from_secs(5), || async {
         redis
@@ -333,14 +327,11 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
     .await;
     assert!(expired, "rounds and their index expire");
     assert_eq!(a.delete("/api/v1/barriers/bounded").await.0, 204);
-    let back = wait_until(Duration::from_secs(10), || async {
-        let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
-        now.difference(&baseline)
-            .all(|k| k == "{muster}:events" || k.starts_with("{muster}:nodes:"))
-    })
-    .await;
-    let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
-    assert!(back, "left over: {:?}", now.difference(&baseline).collect::<Vec<_>>());
+    redis
+        .assert_back_to_baseline(&baseline, Duration::from_secs(10), |k| {
+            k == "{muster}:events" || k.starts_with("{muster}:nodes:")
+        })
+        .await;
 }
 
 // --- etcd-style Barrier ------------------------------------------------------

@@ -5,7 +5,7 @@
 //! run`, roles, keys returning to baseline, and each script refusal's HTTP
 //! answer.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -362,7 +362,7 @@ async fn workflow_keys_return_to_baseline_after_retention() {
     })
     .await;
     join(&a, "w").await;
-    let baseline: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+    let baseline = redis.key_baseline().await;
     for i in 0..5 {
         let mut body = diamond("ret");
         body["idempotency_key"] = json!(format!("k{i}"));
@@ -376,20 +376,12 @@ async fn workflow_keys_return_to_baseline_after_retention() {
         }
         left -= got.len();
     }
-    let back = wait_until(Duration::from_secs(15), || async {
-        let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
-        now.iter().all(|k| {
-            baseline.contains(k)
-                || !(k.contains(":wf") || k.contains(":task:") || k.contains(":q:ret") || k.contains(":workflows"))
+    // Only the workflow's own keys and its tasks' are checked here.
+    redis
+        .assert_back_to_baseline(&baseline, Duration::from_secs(15), |k| {
+            !(k.contains(":wf") || k.contains(":task:") || k.contains(":q:ret") || k.contains(":workflows"))
         })
-    })
-    .await;
-    let now: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
-    assert!(
-        back,
-        "workflow keys left: {:?}",
-        now.iter().filter(|k| !baseline.contains(*k)).collect::<Vec<_>>()
-    );
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -200,7 +200,7 @@ async fn roles_guard_barriers_and_locks() {
 async fn lock_and_election_keys_return_to_baseline() {
     let redis = TestRedis::start();
     let a = Arc::new(TestApp::start_with(&redis, |c| c.locks.waiter_ttl_ms = 300).await);
-    let baseline: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+    let baseline = redis.key_baseline().await;
     // Locks: released, lapsed, waited for; elections: resigned and lapsed.
     let mut tasks = Vec::new();
     for i in 0..20 {
@@ -233,23 +233,17 @@ async fn lock_and_election_keys_return_to_baseline() {
     }
     // Counters are single keys; everything else lapses.
     let counters = ["{muster}:locks:fence", "{muster}:elections:epoch"];
-    for k in redis.cmd::<Vec<String>>(&["KEYS", "*"]).await {
-        if baseline.contains(&k) || counters.contains(&k.as_str()) || k == "{muster}:events" {
-            continue;
-        }
-        let ttl: i64 = redis.cmd(&["PTTL", &k]).await;
-        let index = k == "{muster}:locks" || k == "{muster}:elections";
-        // -2: it expired between the listing and this check.
-        assert!(ttl != -1 || index, "{k} has no TTL");
-    }
-    let back = wait_until(Duration::from_secs(10), || async {
-        let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
-        now.difference(&baseline)
-            .all(|k| counters.contains(&k.as_str()) || k.starts_with("{muster}:nodes:"))
-    })
-    .await;
-    let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
-    assert!(back, "left over: {:?}", now.difference(&baseline).collect::<Vec<_>>());
+    let unbounded = redis
+        .keys_without_ttl(&baseline, |k| {
+            counters.contains(&k) || ["{muster}:events", "{muster}:locks", "{muster}:elections"].contains(&k)
+        })
+        .await;
+    assert!(unbounded.is_empty(), "keys without a TTL: {unbounded:?}");
+    redis
+        .assert_back_to_baseline(&baseline, Duration::from_secs(10), |k| {
+            counters.contains(&k) || k.starts_with("{muster}:nodes:")
+        })
+        .await;
 }
 
 /// More lapsed waiters than Lua's `unpack` takes at once (about 8000; a

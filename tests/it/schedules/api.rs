@@ -258,7 +258,7 @@ async fn g4_schedule_keys_return_to_baseline() {
     })
     .await;
     assert!(settled);
-    let baseline: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+    let baseline = redis.key_baseline().await;
     create(&a, every_second("leak", "leak")).await;
     until_fired(&a, "leak", 8, Duration::from_secs(20)).await;
     // While it runs: the history is bounded and the records expire.
@@ -284,14 +284,9 @@ async fn g4_schedule_keys_return_to_baseline() {
             .collect();
         a.post("/api/v1/tasks/complete", Value::Array(items)).await;
     }
-    let back = wait_until(Duration::from_secs(20), || async {
-        let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
-        now == baseline
-    })
-    .await;
-    let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
-    let extra: Vec<_> = now.difference(&baseline).take(10).collect();
-    assert!(back, "keys left over: {extra:?}");
+    redis
+        .assert_back_to_baseline(&baseline, Duration::from_secs(20), |_| false)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

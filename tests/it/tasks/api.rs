@@ -193,7 +193,7 @@ async fn g4_keys_return_to_baseline_after_retention() {
     })
     .await;
     assert!(settled, "the warm-up task is gone");
-    let baseline: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
+    let baseline = redis.key_baseline().await;
     // 10 000 tasks: batches with idempotency keys, aliases and groups; some fail to dead.
     for chunk in 0..10 {
         let tasks: Vec<Value> = (0..1000).map(|i| mixed_task(chunk * 1000 + i)).collect();
@@ -229,7 +229,7 @@ async fn g4_keys_return_to_baseline_after_retention() {
     // Every key left has a TTL or belongs to the bounded baseline set.
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
     for k in &keys {
-        if baseline.contains(k) {
+        if baseline.0.contains(k) {
             continue;
         }
         let ttl: i64 = redis.cmd(&["PTTL", k]).await;
@@ -248,14 +248,9 @@ async fn g4_keys_return_to_baseline_after_retention() {
         }
     }
     // After retention (1 s) and the idempotency window (3 s): back to baseline.
-    let back = wait_until(Duration::from_secs(20), || async {
-        let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
-        now == baseline
-    })
-    .await;
-    let now: HashSet<String> = redis.cmd::<Vec<String>>(&["KEYS", "*"]).await.into_iter().collect();
-    let extra: Vec<_> = now.difference(&baseline).take(10).collect();
-    assert!(back, "keys left over: {extra:?} ({} in all)", now.len());
+    redis
+        .assert_back_to_baseline(&baseline, Duration::from_secs(20), |_| false)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
