@@ -299,6 +299,17 @@ impl Net {
         self.cut_oneway(b, a);
     }
 
+    /// Drops every TCP packet from `from` to `to` that carries `needle` (an
+    /// HTTP request line, say): one kind of message is lost, every other
+    /// one on the same connection still flows. `heal` removes it.
+    pub fn drop_containing(&self, from: &Host, to: &Host, needle: &str) {
+        self.add_rule(
+            from,
+            to,
+            &["-p", "tcp", "-m", "string", "--string", needle, "--algo", "bm"],
+        );
+    }
+
     /// Drops each packet from `from` to `to` with probability `p` (0..1).
     pub fn lose(&self, from: &Host, to: &Host, p: f64) {
         let p = format!("{p}");

@@ -1,4 +1,7 @@
-//! Coordinated failover with a client cut from the coordinator, or its answers lost: never two masters (G10).
+//! Coordinated failover with a client cut from the coordinator: before the
+//! round (no link at all, or its answers lost) and during each phase (one
+//! message kind lost: `invalidate`, `reconfigure`). Never two masters in use
+//! (G10).
 
 use super::*;
 
@@ -62,14 +65,29 @@ async fn masters_of(http: &reqwest::Client, nodes: &[NsNodeRef]) -> Vec<(String,
     out
 }
 
+/// How client b is cut from the coordinator c.
+#[derive(Clone, Copy, PartialEq)]
+enum Cut {
+    /// No packet either way: the round's `ping` fails.
+    All,
+    /// b hears c, its answers are lost: `ping` times out.
+    AnswersOnly,
+    /// Only the coordinator's messages of this kind to b are lost (the
+    /// packets carrying `/internal/failover/<kind>`): the round passes the
+    /// phases before it and is cut in it.
+    Message(&'static str),
+}
+
 /// A coordinated-failover client partitioned from the coordinator (G10):
 /// two Redis servers (r0 master, r1 its replica), clients a and b and the
-/// coordinator c, each in a namespace. With `answers_only` false, b and c
-/// cannot reach each other at all; with true, b hears c but its answers
-/// are lost. Then r0 dies. b still reaches r1 and the test: for 6 s the
-/// replica is never promoted and no node reports a master other than r0
-/// (or none); once healed, every node switches to r1 within 15 s.
-async fn coordinated_client_cut_from_coordinator(test: &str, answers_only: bool) {
+/// coordinator c, each in a namespace. b is cut from c as `cut` says, then
+/// r0 dies; b still reaches r1 and the test. For 6 s no node may use r0
+/// once any node used r1 (an answer naming r0 must have been asked before
+/// the first answer naming r1 arrived): never two masters. Cut before the
+/// round or in `invalidate`, the round is cancelled and r1 never promoted;
+/// cut in `reconfigure`, r1 is promoted, a and c use it and b uses none
+/// (it confirmed `invalidate`). Once healed, every node uses r1 within 15 s.
+async fn coordinated_client_cut_from_coordinator(test: &str, cut: Cut) {
     let Some(net) = Net::new_or_skip(test) else { return };
     let t0 = Instant::now();
     let (rd0, rd1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -124,11 +142,12 @@ async fn coordinated_client_cut_from_coordinator(test: &str, answers_only: bool)
         masters(&http, &all).await
     );
 
-    if answers_only {
-        net.cut_oneway(&bh, &ch);
-    } else {
-        net.cut(&bh, &ch);
+    match cut {
+        Cut::All => net.cut(&bh, &ch),
+        Cut::AnswersOnly => net.cut_oneway(&bh, &ch),
+        Cut::Message(kind) => net.drop_containing(&ch, &bh, &format!("/internal/failover/{kind}")),
     }
+    let promotes = matches!(cut, Cut::Message("reconfigure"));
     r0.kill();
     let killed = Instant::now();
     // One request to each node every 100 ms, not waiting for the previous
@@ -144,26 +163,48 @@ async fn coordinated_client_cut_from_coordinator(test: &str, answers_only: bool)
                     url: n.url.clone(),
                 }],
             );
-            probes.spawn(async move { masters_of(&http, &node).await });
+            probes.spawn(async move {
+                let asked = Instant::now();
+                let got = masters_of(&http, &node).await;
+                (asked, Instant::now(), got)
+            });
         }
-        assert_eq!(
-            redis_role(r1h.ip).await,
-            "slave",
-            "r1 promoted while {b} cannot confirm"
-        );
+        if !promotes {
+            assert_eq!(
+                redis_role(r1h.ip).await,
+                "slave",
+                "r1 promoted while {b} cannot confirm"
+            );
+        }
         polls += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut answers = 0;
+    let mut answers = Vec::new();
     while let Some(r) = probes.join_next().await {
-        for (id, m) in r.unwrap() {
-            assert!(
-                m.is_empty() || *m == r0addr || m == "(error)",
-                "{id} used {m} while {b} could not confirm"
-            );
-            answers += 1;
+        let (asked, answered, got) = r.unwrap();
+        for (id, m) in got {
+            answers.push((asked, answered, id, m));
         }
     }
+    let first_r1 = answers.iter().filter(|a| a.3 == r1addr).map(|a| a.1).min();
+    for (asked, _, id, m) in &answers {
+        assert!(
+            m.is_empty() || *m == r0addr || *m == r1addr || m == "(error)",
+            "{id} used {m}"
+        );
+        if *m == r0addr
+            && let Some(t) = first_r1
+        {
+            assert!(
+                *asked < t,
+                "{id} still used r0 after a node used r1: two masters in use"
+            );
+        }
+        if !promotes {
+            assert!(*m != r1addr, "{id} used r1 while {b} could not confirm");
+        }
+    }
+    let answers = answers.len();
     let st: Value = http
         .get(format!("{}/api/v1/failover", nc.url))
         .bearer_auth(ADMIN)
@@ -175,11 +216,28 @@ async fn coordinated_client_cut_from_coordinator(test: &str, answers_only: bool)
         .unwrap();
     let history = st["coordinator"]["history"].as_array().cloned().unwrap_or_default();
     assert!(!history.is_empty(), "the coordinator never tried a round: {st}");
-    for r in &history {
-        assert_eq!(r["phase"], "cancelled", "{st}");
-        assert!(r["result"].as_str().unwrap_or("").contains(b.as_str()), "{r}");
-    }
     let during = masters(&http, &all).await;
+    if promotes {
+        // Promoted once; b, which confirmed `invalidate`, uses nothing until
+        // its `reconfigure` gets through.
+        assert_eq!(redis_role(r1h.ip).await, "master");
+        assert!(history.iter().any(|r| r["phase"] == "done"), "{st}");
+        for (id, m) in &during {
+            let want = if *id == b { "" } else { r1addr.as_str() };
+            assert_eq!(m, want, "{id} while b's reconfigure is lost: {during:?}");
+        }
+    } else {
+        for r in &history {
+            assert_eq!(r["phase"], "cancelled", "{st}");
+            assert!(r["result"].as_str().unwrap_or("").contains(b.as_str()), "{r}");
+            if let Cut::Message(kind) = cut {
+                assert!(
+                    r["result"].as_str().unwrap_or("").starts_with(kind),
+                    "cut in {kind}: {r}"
+                );
+            }
+        }
+    }
     net.heal(&bh, &ch);
     let healed = Instant::now();
     assert!(
@@ -189,8 +247,8 @@ async fn coordinated_client_cut_from_coordinator(test: &str, answers_only: bool)
     );
     assert_eq!(redis_role(r1h.ip).await, "master");
     eprintln!(
-        "{test}: {polls} polls in 6 s, {answers} answers, no switch and no second master (last: {during:?}); {} \
-         cancelled rounds; all on r1 {:?} after healing; test took {:?}",
+        "{test}: {polls} polls in 6 s, {answers} answers, never two masters (last: {during:?}); {} \
+         rounds; all on r1 {:?} after healing; test took {:?}",
         history.len(),
         healed.elapsed(),
         t0.elapsed()
@@ -199,10 +257,30 @@ async fn coordinated_client_cut_from_coordinator(test: &str, answers_only: bool)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinated_client_cut_from_coordinator_never_two_masters() {
-    coordinated_client_cut_from_coordinator("coordinated_client_cut_from_coordinator_never_two_masters", false).await;
+    coordinated_client_cut_from_coordinator("coordinated_client_cut_from_coordinator_never_two_masters", Cut::All)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinated_client_cut_during_invalidate_never_two_masters() {
+    coordinated_client_cut_from_coordinator(
+        "coordinated_client_cut_during_invalidate_never_two_masters",
+        Cut::Message("invalidate"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinated_client_cut_during_reconfigure_never_two_masters() {
+    coordinated_client_cut_from_coordinator(
+        "coordinated_client_cut_during_reconfigure_never_two_masters",
+        Cut::Message("reconfigure"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinated_client_answers_lost_never_two_masters() {
-    coordinated_client_cut_from_coordinator("coordinated_client_answers_lost_never_two_masters", true).await;
+    coordinated_client_cut_from_coordinator("coordinated_client_answers_lost_never_two_masters", Cut::AnswersOnly)
+        .await;
 }
