@@ -175,6 +175,11 @@ pub const METRICS: &[Metric] = &[
         Gauge,
         "Tasks per queue and state (queued, delayed, running, dead)",
     ),
+    open(
+        "muster_queue_latency_seconds",
+        Gauge,
+        "How long the longest-waiting head of each queue has been claimable",
+    ),
     m(
         "muster_claim_duration_seconds",
         Histogram,

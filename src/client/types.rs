@@ -279,6 +279,9 @@ pub struct QueueStats {
     pub cancelled: u64,
     pub paused: bool,
     pub finished_last_minute: u64,
+    /// How long the longest-waiting head of the queue has been claimable (ms).
+    #[serde(default)]
+    pub latency_ms: u64,
 }
 
 /// A group's limit and use.

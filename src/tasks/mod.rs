@@ -529,7 +529,7 @@ impl Tasks {
 
     /// One janitor pass: the cross-queue dead index, then every queue.
     /// Returns the stats it saw per queue.
-    pub async fn janitor_pass(&self) -> Result<Vec<(String, [i64; 7])>, TaskError> {
+    pub async fn janitor_pass(&self) -> Result<Vec<(String, [i64; 8])>, TaskError> {
         let k = self.store.keys();
         // First and on its own, so it runs even when no queue is left.
         let call = scripts::TrimDead {
@@ -551,7 +551,7 @@ impl Tasks {
                 dead_retention_ms: self.cfg.dead_retention_ms,
             };
             let r = self.store.run(&self.scripts.janitor, &call).await?;
-            let mut row = [0i64; 7];
+            let mut row = [0i64; 8];
             for (slot, v) in row.iter_mut().zip(r) {
                 *slot = v;
             }

@@ -180,6 +180,10 @@ pub struct QueueStats {
     pub paused: bool,
     /// Tasks that reached a terminal state in the last minute.
     pub finished_last_minute: u64,
+    /// Queue latency: how long the longest-waiting task at the head of a
+    /// line (the ready set, each group's line) has been claimable, in Redis
+    /// ms; 0 with nothing queued.
+    pub latency_ms: u64,
 }
 
 /// A group with its limit and the slots in use.

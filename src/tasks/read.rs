@@ -156,6 +156,7 @@ impl Tasks {
                 cancelled: c.cancelled,
                 finished_last_minute: c.finished_last_minute,
                 paused: c.paused,
+                latency_ms: c.latency_ms,
             })
             .collect())
     }

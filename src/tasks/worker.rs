@@ -25,18 +25,21 @@ pub fn spawn(tasks: Arc<Tasks>, cancel: CancellationToken) -> JoinHandle<()> {
                 Ok(rows) => {
                     // Sum per label first: queues beyond the label limit
                     // share `other`, which must be their total, not the last.
-                    let mut depth: std::collections::BTreeMap<String, [i64; 4]> = Default::default();
+                    // Latency: the worst of the queues sharing a label.
+                    let mut depth: std::collections::BTreeMap<String, ([i64; 4], i64)> = Default::default();
                     for (queue, r) in rows {
-                        let d = depth.entry(tasks.labels.label(&queue)).or_default();
+                        let (d, latency) = depth.entry(tasks.labels.label(&queue)).or_default();
                         for (k, v) in [r[3], r[4], r[5], r[6]].into_iter().enumerate() {
                             d[k] += v;
                         }
+                        *latency = (*latency).max(r[7]);
                     }
-                    for (label, d) in depth {
+                    for (label, (d, latency)) in depth {
                         for (state, v) in ["queued", "delayed", "running", "dead"].into_iter().zip(d) {
                             metrics::gauge!("muster_queue_depth", "queue" => label.clone(), "state" => state)
                                 .set(v as f64);
                         }
+                        metrics::gauge!("muster_queue_latency_seconds", "queue" => label).set(latency as f64 / 1000.0);
                     }
                 }
                 Err(e) => tracing::debug!(error = %e, "janitor pass failed"),

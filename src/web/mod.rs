@@ -509,6 +509,16 @@ pub mod filters {
         Ok(super::human_duration(*ms))
     }
 
+    /// Milliseconds (unsigned) as a human duration; `–` for 0.
+    #[askama::filter_fn]
+    pub fn wait(ms: &u64, _: &dyn askama::Values) -> askama::Result<String> {
+        Ok(if *ms == 0 {
+            "–".into()
+        } else {
+            super::human_duration(*ms as i64)
+        })
+    }
+
     /// A Redis ms timestamp as a UTC date and time.
     #[askama::filter_fn]
     pub fn ts(ms: &i64, _: &dyn askama::Values) -> askama::Result<String> {

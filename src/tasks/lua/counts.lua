@@ -7,9 +7,11 @@
 --
 -- Returns {now, then 10 entries per queue: queued, delayed, running, dead, succeeded,
 --          cancelled, finished in the last minute (succeeded + cancelled + dead),
---          paused ('1' or '0'), groups with queued tasks, 0 (reserved)}
+--          paused ('1' or '0'), groups with queued tasks, latency (ms)}
+--          (queue_latency in tasks/lib.lua)
 local now = now_ms()
 local since = int(now - 60000)
+
 local out = {now}
 for i = 1, #ARGV do
   local q = ARGV[i]
@@ -24,6 +26,6 @@ for i = 1, #ARGV do
   out[#out + 1] = recent
   out[#out + 1] = redis.call('HGET', qkey(q, 'meta'), 'paused') or '0'
   out[#out + 1] = redis.call('SCARD', qkey(q, 'groups'))
-  out[#out + 1] = 0
+  out[#out + 1] = queue_latency(q, now)
 end
 return out

@@ -212,6 +212,31 @@ local function queued_count(q)
   return n
 end
 
+-- Queue latency (ms): how long the longest-waiting task at the head of a line
+-- has been claimable (`now` less when it became queued: the `updated_at`
+-- make_queued sets, or `created_at` for a task queued at its submit): the head
+-- of the ready set and the head of each group's line; 0 with nothing queued.
+-- Heads only, so it stays O(groups): within a line tasks are claimed in
+-- order, so a head is its line's oldest unless a later one has a higher
+-- priority.
+local function queue_latency(q, now)
+  local oldest = now
+  local function at(id)
+    local t = redis.call('HMGET', tkey(id), 'updated_at', 'created_at')
+    return tonumber(t[1] or t[2] or now) or now
+  end
+  local head = redis.call('ZRANGE', qkey(q, 'ready'), 0, 0)[1]
+  if head and string.sub(head, 1, 3) ~= '~g:' then
+    oldest = math.min(oldest, at(head))
+  end
+  local gs = redis.call('SMEMBERS', qkey(q, 'groups'))
+  for i = 1, #gs do
+    local gh = redis.call('ZRANGE', gqkey(q, gs[i]), 0, 0)[1]
+    if gh then oldest = math.min(oldest, at(gh)) end
+  end
+  return int(now - oldest)
+end
+
 -- Retry delay: base * 2^(attempt-1), capped, with jitter in [half, full] of it.
 local function backoff_ms(attempt, base, cap, jitter)
   local d = base * math.pow(2, attempt - 1)

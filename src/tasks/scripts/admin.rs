@@ -196,6 +196,7 @@ pub(crate) struct CountsRow {
     pub cancelled: u64,
     pub finished_last_minute: u64,
     pub paused: bool,
+    pub latency_ms: u64,
 }
 
 pub(crate) struct CountsReply(pub Vec<CountsRow>);
@@ -216,8 +217,8 @@ impl FromRedisValue for CountsReply {
             let _now = r.int("now")?;
             let mut out = Vec::new();
             while r.remaining() > 0 {
-                let mut n = |what| r.int(what).map(|v| v as u64);
-                let row = CountsRow {
+                let mut n = |what| r.int(what).map(|v| v.max(0) as u64);
+                let mut row = CountsRow {
                     queued: n("queued")?,
                     delayed: n("delayed")?,
                     running: n("running")?,
@@ -226,9 +227,10 @@ impl FromRedisValue for CountsReply {
                     cancelled: n("cancelled")?,
                     finished_last_minute: n("finished")?,
                     paused: r.text("paused")? == "1",
+                    latency_ms: 0,
                 };
                 let _groups = r.int("groups")?;
-                let _reserved = r.int("reserved")?;
+                row.latency_ms = r.int("latency")?.max(0) as u64;
                 out.push(row);
             }
             Ok(CountsReply(out))

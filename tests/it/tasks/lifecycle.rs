@@ -240,3 +240,40 @@ async fn updated_at_is_the_last_change_not_the_due_time() {
     assert!(updated <= after && updated >= t["started_at"].as_i64().unwrap(), "{t}");
     assert!(t["run_at"].as_i64().unwrap() > after, "{t}");
 }
+
+/// Queue latency: how long the longest-waiting head of the queue (the ready
+/// set, each group's line) has been claimable, by Redis time. It grows
+/// while nobody claims, counts a grouped task's line too, ignores a delayed
+/// task until it is due, and drops to 0 once everything is claimed; the
+/// queues page shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_latency_is_the_wait_of_the_oldest_head() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    let latency = |q: &'static str| {
+        let a = &a;
+        async move {
+            let (s, v) = a.get(&format!("/api/v1/queues/{q}")).await;
+            assert_eq!(s, 200, "{v}");
+            v["latency_ms"].as_u64().unwrap_or_else(|| panic!("no latency_ms: {v}"))
+        }
+    };
+    submit(&a, "lat", json!({"payload": 1})).await;
+    submit(&a, "lat-g", json!({"payload": 1, "group": "lat-grp"})).await;
+    submit(&a, "lat-d", json!({"payload": 1, "delay_ms": 60_000})).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (plain, grouped, delayed) = (latency("lat").await, latency("lat-g").await, latency("lat-d").await);
+    assert!((1000..10_000).contains(&plain), "ready head waited {plain} ms");
+    assert!((1000..10_000).contains(&grouped), "group head waited {grouped} ms");
+    assert_eq!(delayed, 0, "a delayed task is not waiting to be claimed yet");
+    let page = a.page("/queues").await;
+    assert!(page.contains("latency"), "the queues page shows latency");
+    assert_eq!(claim(&a, "lat", "w", 1, 0).await.len(), 1);
+    assert_eq!(claim(&a, "lat-g", "w", 1, 0).await.len(), 1);
+    assert_eq!(
+        (latency("lat").await, latency("lat-g").await),
+        (0, 0),
+        "nothing left waiting"
+    );
+}
