@@ -47,6 +47,7 @@ def test_task_round_trip_and_stale_token(cluster: Cluster, queue: str) -> None:
         assert c.claim(queue, "py-rt-worker", wait_ms=0) == []
         stats = {q.name: q for q in c.list_queues()}[queue]
         assert stats.succeeded == 1 and stats.running == 0
+        assert stats.latency_ms == 0, "nothing is waiting to be claimed"
 
 
 def test_errors_carry_problem_fields_and_4xx_is_never_retried(cluster: Cluster, queue: str) -> None:

@@ -214,6 +214,8 @@ class QueueStats:
     cancelled: int
     paused: bool
     finished_last_minute: int
+    #: How long the longest-waiting head of the queue has been claimable (ms).
+    latency_ms: int = 0
     #: Only from get_queue: groups with queued tasks here or a limit.
     groups: list[dict[str, Any]] = field(default_factory=list)
 
@@ -229,6 +231,7 @@ class QueueStats:
             cancelled=int(d.get("cancelled", 0)),
             paused=bool(d.get("paused", False)),
             finished_last_minute=int(d.get("finished_last_minute", 0)),
+            latency_ms=int(d.get("latency_ms", 0)),
             groups=list(d.get("groups", [])),
         )
 
