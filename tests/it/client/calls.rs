@@ -34,16 +34,7 @@ async fn a_claim_whose_answer_was_lost_is_adopted_once() {
         .id("w-adopt")
         .concurrency(2)
         .claim_wait(Duration::from_millis(200))
-        .handler({
-            let runs = runs.clone();
-            move |t, _ctx| {
-                let runs = runs.clone();
-                async move {
-                    runs.fetch_add(1, Ordering::Relaxed);
-                    Ok(json!({"token": t.token}))
-                }
-            }
-        })
+        .handler(counting(&runs))
         .build()
         .unwrap();
     let stop = async { tokio::time::sleep(Duration::from_secs(3)).await };
@@ -53,8 +44,32 @@ async fn a_claim_whose_answer_was_lost_is_adopted_once() {
     let t = c.task(&id).await.unwrap();
     assert_eq!(t.state, "succeeded", "{t:?}");
     assert_eq!(t.token, Some(lost.token), "run with the lost claim's token: {t:?}");
-    assert_eq!(t.result, Some(json!({"token": lost.token})));
+    assert_eq!(t.result, Some(json!({"token": lost.token, "n": "lost"})));
     assert_eq!(t.attempts, 1, "never claimed again: {t:?}");
+}
+
+/// A handler that counts its runs and answers with the task's token and
+/// payload.
+fn counting(
+    runs: &Arc<AtomicU64>,
+) -> impl Fn(muster::client::Task, muster::client::Ctx) -> std::future::Ready<Result<Value, HandlerError>>
++ Send
++ Sync
++ 'static {
+    let runs = runs.clone();
+    move |t, _ctx| {
+        runs.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(Ok(json!({"token": t.token, "n": t.payload})))
+    }
+}
+
+/// Makes Redis's slow log record every command, from now on.
+async fn log_every_command(redis: &TestRedis) {
+    redis
+        .cmd::<()>(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
+        .await;
+    redis.cmd::<()>(&["CONFIG", "SET", "slowlog-max-len", "100000"]).await;
+    redis.cmd::<()>(&["SLOWLOG", "RESET"]).await;
 }
 
 /// Calls of a script function (`task_claim_<hash>`, ...) logged by Redis's
@@ -92,11 +107,7 @@ async fn a_complete_claims_the_next_task_in_the_same_call() {
     for i in 0..50 {
         ids.push(c.submit(q, &spec(json!(i), 0)).await.unwrap().id);
     }
-    redis
-        .cmd::<()>(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
-        .await;
-    redis.cmd::<()>(&["CONFIG", "SET", "slowlog-max-len", "100000"]).await;
-    redis.cmd::<()>(&["SLOWLOG", "RESET"]).await;
+    log_every_command(&redis).await;
     let resent = c.resent();
     let worker = Worker::builder(c.clone())
         .queue(q)
@@ -146,11 +157,7 @@ async fn a_batching_worker_completes_its_tasks_together() {
     let q = "client-batch";
     let specs: Vec<TaskSpec> = (0..200).map(|i| spec(json!(i), 0)).collect();
     c.submit_batch(q, &specs).await.unwrap();
-    redis
-        .cmd::<()>(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
-        .await;
-    redis.cmd::<()>(&["CONFIG", "SET", "slowlog-max-len", "100000"]).await;
-    redis.cmd::<()>(&["SLOWLOG", "RESET"]).await;
+    log_every_command(&redis).await;
     let runs = Arc::new(AtomicU64::new(0));
     let worker = Worker::builder(c.clone())
         .queue(q)
@@ -158,16 +165,7 @@ async fn a_batching_worker_completes_its_tasks_together() {
         .concurrency(20)
         .batch(20)
         .claim_wait(Duration::from_millis(200))
-        .handler({
-            let runs = runs.clone();
-            move |t, _ctx| {
-                let runs = runs.clone();
-                async move {
-                    runs.fetch_add(1, Ordering::Relaxed);
-                    Ok(json!({"n": t.payload}))
-                }
-            }
-        })
+        .handler(counting(&runs))
         .build()
         .unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
