@@ -78,6 +78,10 @@ pub struct Orphans {
     scripts: Scripts,
     /// The task metrics' queue labels (shared with `Tasks`).
     pub(crate) labels: Arc<crate::tasks::QueueLabels>,
+    /// Cleaner passes this node completed (recovery, timeouts, and the
+    /// sweep when due), attempted or skipped: what a test waits on instead
+    /// of sleeping through a few intervals.
+    pub(crate) passes: std::sync::atomic::AtomicU64,
 }
 
 impl Orphans {
@@ -98,7 +102,13 @@ impl Orphans {
             node_id,
             labels,
             scripts: Scripts::new(ctx),
+            passes: Default::default(),
         })
+    }
+
+    /// Cleaner passes this node completed since it started.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn config(&self) -> &OrphansConfig {

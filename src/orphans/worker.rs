@@ -79,6 +79,7 @@ pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()>
                     }
                 }
             }
+            orphans.passes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     })
 }

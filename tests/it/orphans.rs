@@ -119,7 +119,8 @@ async fn a_worker_that_keeps_heartbeating_keeps_its_task() {
     let hb = heartbeat_forever(&a, "steady", 500).await;
     let id = submit(&a, "keep", json!({})).await;
     let t = claim(&a, "keep", "steady", 1, 0).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Past the ttl, several cleaner passes with the owner heartbeating.
+    a.cleaner_passes(15).await;
     let (s, _) = a
         .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
         .await;
@@ -206,7 +207,7 @@ async fn a_redis_stall_longer_than_the_ttl_orphans_nothing() {
     // Stall Redis for twice the ttl.
     redis.stall(Duration::from_millis(2 * ttl));
     // Well past the stall: several cleaner passes with the worker heartbeating.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    a.cleaner_passes(15).await;
     let (s, r) = a
         .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
         .await;

@@ -48,10 +48,12 @@ async fn stalls_shorter_or_longer_than_the_ttl_declare_nobody_dead() {
     assert_eq!(t.len(), 1);
     for ms in [550u64, 580, 450, 300, 590, 1200, 560] {
         redis.freeze(Duration::from_millis(ms)).join().unwrap();
-        // Let the cleaner and prune passes of both nodes run between stalls.
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Let the cleaner passes of both nodes run between stalls.
+        a.cleaner_passes(4).await;
+        b.cleaner_passes(4).await;
     }
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    a.cleaner_passes(10).await;
+    b.cleaner_passes(10).await;
     let events = redis.events("muster").await;
     let dead: Vec<_> = events.iter().filter(|(t, _, _)| t == "node.dead").collect();
     assert!(dead.is_empty(), "nobody was declared dead: {dead:?}");

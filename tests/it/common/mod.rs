@@ -402,6 +402,21 @@ impl TestApp {
             .unwrap()
     }
 
+    /// Waits until this node's orphan cleaner has run `n` more passes (each
+    /// recovery, timeout and, when due, sweep step, attempted or skipped):
+    /// what a test waits on instead of sleeping through a few intervals.
+    pub async fn cleaner_passes(&self, n: u64) {
+        let orphans = &self.running.as_ref().expect("the node runs").state.orphans;
+        let target = orphans.passes() + n;
+        let done = wait_until(Duration::from_secs(30), || async { orphans.passes() >= target }).await;
+        assert!(
+            done,
+            "{}: the cleaner ran {} of {n} passes in 30 s",
+            self.node_id,
+            orphans.passes() + n - target
+        );
+    }
+
     /// A raw request builder for headers and bodies the helpers don't cover.
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         self.req(method, path)
