@@ -12,7 +12,11 @@
 //   tbody#live-events              the Events page: new events on top
 //   data-live-swap="main"          on <body>: the page itself is fetched again
 //                                  on each event and its <main> swapped in
-//                                  place (barriers, locks: no reload)
+//                                  place (no reload), unless the user is in
+//                                  the middle of a form there (a field
+//                                  focused or a box ticked): then next time
+//   data-live-subject="task=ID"    on <body>: only events about that subject
+//                                  (a task, a workflow, a schedule) count
 //   [data-countdown="ms"]          time left until that Redis ms, ticking
 //                                  every second, counted from the page's
 //                                  Redis time (body data-now), not the
@@ -27,6 +31,7 @@
   var backoff = 500;
   var status = document.getElementById('live-status');
   var swap = body.dataset.liveSwap;
+  var subject = (body.dataset.liveSubject || '').split('=');
   // Redis time minus browser time when the page was rendered.
   var skew = Number(body.dataset.now || Date.now()) - Date.now();
 
@@ -148,6 +153,11 @@
         var doc = new DOMParser().parseFromString(html, 'text/html');
         var fresh = doc.querySelector('main'), main = document.querySelector('main');
         if (!fresh || !main) return;
+        // Never under the user's hands: a focused field or a ticked box
+        // (a confirmation) would be lost; the next event or tick retries.
+        var active = document.activeElement;
+        if ((active && active !== body && main.contains(active) && active.matches('input, select, textarea'))
+            || main.querySelector('input[type=checkbox]:checked')) return;
         if (fresh.innerHTML !== main.innerHTML) main.innerHTML = fresh.innerHTML;
         if (doc.body && doc.body.dataset.now) skew = Number(doc.body.dataset.now) - Date.now();
         tick();
@@ -212,6 +222,7 @@
       if (ev.type === 'gap') { schedule(); return; }
       if (ev.id) last = ev.id;
       if (page === 'events') appendEvent(ev);
+      if (subject.length === 2 && ev[subject[0]] !== subject[1]) return;
       schedule();
     };
     ws.onclose = function () {
