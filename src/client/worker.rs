@@ -363,6 +363,7 @@ impl WorkerBuilder {
                 counters: Counters::default(),
                 seen: Mutex::new(Seen::default()),
                 adopt_wanted: tokio::sync::Notify::new(),
+                held: Mutex::new(Default::default()),
             }),
         })
     }
@@ -392,6 +393,10 @@ struct Shared {
     seen: Mutex<Seen>,
     /// Wakes the adopter (see `run::adopter`).
     adopt_wanted: tokio::sync::Notify,
+    /// Tokens of tasks this worker runs, or whose outcome it could not
+    /// report (the task may still run under them on the server): never
+    /// adopted, whatever `seen` has forgotten.
+    held: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// The tokens a worker started, the newest [`Seen::MAX`] of them (a token
@@ -424,6 +429,21 @@ impl Shared {
     /// Records that `token` starts now; false when it already did.
     fn first_start(&self, token: u64) -> bool {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).first(token)
+    }
+
+    /// Marks `token` as running here.
+    fn hold(&self, token: u64) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(token);
+    }
+
+    /// Whether `token` runs here (or could not be reported).
+    fn holds(&self, token: u64) -> bool {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).contains(&token)
+    }
+
+    /// The task under `token` no longer runs under it on the server.
+    fn release(&self, token: u64) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&token);
     }
 
     /// Asks the adopter to look for tasks whose claim's answer was lost.

@@ -20,8 +20,11 @@ pub(super) enum Batched {
     /// Refused with 409 (a stale token, or this very complete applied by an
     /// earlier try whose answer was lost): the task decides which.
     Conflict,
-    /// Refused for good (404, invalid), or given up (stopping hard, killed).
+    /// Refused for good: the task is gone (404).
     Refused(String),
+    /// Given up (an invalid item, a 4xx for the whole batch, stopping
+    /// hard): the task may still run under this token.
+    GaveUp(String),
 }
 
 /// The sending side the run's tasks use, and the loop that sends.
@@ -50,10 +53,19 @@ async fn completer(s: Arc<Shared>, mut rx: mpsc::Receiver<Pending>, hard_stop: C
                 Ok(all) => match all.get(i) {
                     Some(o) if o.status == "completed" => Batched::Completed,
                     Some(o) if o.status == "conflict" => Batched::Conflict,
-                    Some(o) => Batched::Refused(format!("{}: {}", o.status, o.error.clone().unwrap_or_default())),
-                    None => Batched::Refused("the batch answer lacks this item".into()),
+                    Some(o) => {
+                        let why = format!("{}: {}", o.status, o.error.clone().unwrap_or_default());
+                        // Gone: nothing runs under the token. Otherwise
+                        // (an invalid item) it still does.
+                        if o.status == "not_found" {
+                            Batched::Refused(why)
+                        } else {
+                            Batched::GaveUp(why)
+                        }
+                    }
+                    None => Batched::GaveUp("the batch answer lacks this item".into()),
                 },
-                Err(e) => Batched::Refused(e.clone()),
+                Err(e) => Batched::GaveUp(e.clone()),
             };
             let _ = p.reply.send(outcome);
         }

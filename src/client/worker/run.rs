@@ -100,6 +100,7 @@ pub(super) fn spawn_chain(s: Arc<Shared>, run: Run, task: Task, permit: tokio::s
     tokio::spawn(async move {
         let mut next = Some(task);
         while let Some(t) = next.take() {
+            s.hold(t.token);
             next = tokio::select! {
                 n = run_task(&s, t, &run) => n,
                 _ = run.killed.cancelled() => None,
@@ -139,7 +140,7 @@ pub(super) async fn adopt(s: &Arc<Shared>, run: &Run) -> Result<u64> {
             let page = s.client.tasks(queue, "running", 500, cursor.as_deref()).await?;
             for t in page.tasks {
                 let Some(token) = t.token else { continue };
-                if t.owner.as_deref() != Some(s.id.as_str()) || !s.first_start(token) {
+                if t.owner.as_deref() != Some(s.id.as_str()) || s.holds(token) || !s.first_start(token) {
                     continue;
                 }
                 let Ok(permit) = run.slots.clone().try_acquire_owned() else {
@@ -220,6 +221,7 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
         // The token is stale: someone else may be running the task. Nothing
         // this worker sends with it could change anything; send nothing.
         inc(&s.counters.dropped);
+        s.release(task.token);
         return None;
     }
     let cancel_requested = ctx.cancel_reason() == Some(CancelReason::CancelRequested);
@@ -247,6 +249,9 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
                     .await
                 }
             };
+            if !matches!(reported, Reported::GaveUp) {
+                s.release(task.token);
+            }
             match reported {
                 Reported::Answer(f) => {
                     inc(&s.counters.completed);
@@ -268,7 +273,7 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
                     s.adopt_soon();
                 }
                 Reported::Applied => inc(&s.counters.completed),
-                Reported::Refused => {}
+                Reported::Refused | Reported::GaveUp => {}
             }
         }
         Outcome::Done(Err(e)) => {
@@ -311,8 +316,11 @@ pub(super) async fn report_fail(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, f
         async move { client.fail(&id, &f).await }
     })
     .await;
-    if !matches!(ok, Reported::Refused) {
+    if !matches!(ok, Reported::Refused | Reported::GaveUp) {
         inc(counter);
+    }
+    if !matches!(ok, Reported::GaveUp) {
+        s.release(task.token);
     }
 }
 
@@ -325,8 +333,14 @@ pub(super) enum Reported {
     /// Applied by a try whose answer was lost (a retry got 409 and the task
     /// shows this token finished).
     AnswerLost,
-    /// Refused (stale token), or given up (4xx, or stopping hard).
+    /// Refused: the token is no longer current (409, 404), so the task no
+    /// longer runs under it.
     Refused,
+    /// Given up (another 4xx, stopping hard, killed): the task may still
+    /// run under this token on the server, so the worker keeps holding the
+    /// token and never adopts it (its timeout or the worker's expiry
+    /// recovers the task).
+    GaveUp,
 }
 
 /// Sends a complete or fail until it is applied or refused (counted as
@@ -360,7 +374,7 @@ where
                 // Refused for good (4xx), or the worker is stopping hard:
                 // the task's timeout or this worker's expiry recovers it.
                 tracing::error!(task = %task.id, error = %e, "cannot report the task's outcome");
-                return Reported::Refused;
+                return Reported::GaveUp;
             }
         }
     }
@@ -403,16 +417,20 @@ async fn complete_together(
         result,
     };
     if tx.send(Pending { item, reply }).await.is_err() {
-        return Reported::Refused;
+        return Reported::GaveUp;
     }
     match answer.await {
         Ok(Batched::Completed) => Reported::Applied,
         Ok(Batched::Conflict) => resolve_conflict(s, task, ctx).await,
         Ok(Batched::Refused(why)) => {
-            tracing::error!(task = %task.id, error = %why, "cannot report the task's outcome");
+            tracing::error!(task = %task.id, error = %why, "the task's complete was refused");
             Reported::Refused
         }
-        Err(_) => Reported::Refused,
+        Ok(Batched::GaveUp(why)) => {
+            tracing::error!(task = %task.id, error = %why, "cannot report the task's outcome");
+            Reported::GaveUp
+        }
+        Err(_) => Reported::GaveUp,
     }
 }
 
