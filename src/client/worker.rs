@@ -62,7 +62,9 @@ use super::{Client, Error, Result};
 
 mod complete;
 mod run;
+mod tokens;
 use run::*;
+use tokens::Seen;
 
 /// The task a handler gets: what the claim returned.
 pub type Task = ClaimedTask;
@@ -397,59 +399,6 @@ struct Shared {
     /// report (the task may still run under them on the server): never
     /// adopted, whatever `seen` has forgotten.
     held: Mutex<std::collections::HashSet<u64>>,
-}
-
-/// The tokens a worker started, the newest [`Seen::MAX`] of them (a token
-/// older than that finished long ago).
-#[derive(Default)]
-struct Seen {
-    set: std::collections::HashSet<u64>,
-    order: std::collections::VecDeque<u64>,
-}
-
-impl Seen {
-    const MAX: usize = 1 << 16;
-
-    /// Records `token`; false when it was already seen.
-    fn first(&mut self, token: u64) -> bool {
-        if !self.set.insert(token) {
-            return false;
-        }
-        self.order.push_back(token);
-        if self.order.len() > Self::MAX
-            && let Some(old) = self.order.pop_front()
-        {
-            self.set.remove(&old);
-        }
-        true
-    }
-}
-
-impl Shared {
-    /// Records that `token` starts now; false when it already did.
-    fn first_start(&self, token: u64) -> bool {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).first(token)
-    }
-
-    /// Marks `token` as running here.
-    fn hold(&self, token: u64) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(token);
-    }
-
-    /// Whether `token` runs here (or could not be reported).
-    fn holds(&self, token: u64) -> bool {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).contains(&token)
-    }
-
-    /// The task under `token` no longer runs under it on the server.
-    fn release(&self, token: u64) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&token);
-    }
-
-    /// Asks the adopter to look for tasks whose claim's answer was lost.
-    fn adopt_soon(&self) {
-        self.adopt_wanted.notify_one();
-    }
 }
 
 /// Tokens a run hands to its parts.

@@ -1,0 +1,58 @@
+//! Which tokens a worker started and which it still holds: a token is
+//! never started twice, and one the worker could not report is never
+//! adopted.
+
+use super::*;
+
+/// The tokens a worker started, the newest [`Seen::MAX`] of them (a token
+/// older than that finished long ago).
+#[derive(Default)]
+pub(super) struct Seen {
+    set: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl Seen {
+    const MAX: usize = 1 << 16;
+
+    /// Records `token`; false when it was already seen.
+    fn first(&mut self, token: u64) -> bool {
+        if !self.set.insert(token) {
+            return false;
+        }
+        self.order.push_back(token);
+        if self.order.len() > Self::MAX
+            && let Some(old) = self.order.pop_front()
+        {
+            self.set.remove(&old);
+        }
+        true
+    }
+}
+
+impl Shared {
+    /// Records that `token` starts now; false when it already did.
+    pub(super) fn first_start(&self, token: u64) -> bool {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).first(token)
+    }
+
+    /// Marks `token` as running here.
+    pub(super) fn hold(&self, token: u64) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(token);
+    }
+
+    /// Whether `token` runs here (or could not be reported).
+    pub(super) fn holds(&self, token: u64) -> bool {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).contains(&token)
+    }
+
+    /// The task under `token` no longer runs under it on the server.
+    pub(super) fn release(&self, token: u64) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&token);
+    }
+
+    /// Asks the adopter to look for tasks whose claim's answer was lost.
+    pub(super) fn adopt_soon(&self) {
+        self.adopt_wanted.notify_one();
+    }
+}
