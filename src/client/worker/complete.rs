@@ -81,27 +81,11 @@ async fn send(
     items: &[CompleteItem],
     hard_stop: &CancellationToken,
 ) -> std::result::Result<Vec<CompleteOutcome>, String> {
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        let resent = s.client.resent();
-        let answer = s.client.complete_batch(items).await;
-        if s.client.resent() != resent {
-            s.adopt_soon();
-        }
-        match answer {
-            Ok(outcomes) => return Ok(outcomes),
-            Err(e) if e.is_transient() && !hard_stop.is_cancelled() => {
-                tracing::warn!(worker = %s.id, items = items.len(), error = %e, "batch complete failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = hard_stop.cancelled() => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => {
-                tracing::error!(worker = %s.id, items = items.len(), error = %e, "cannot send a batch complete");
-                return Err(e.to_string());
-            }
-        }
-    }
+    let what = format!("a batch complete of {} items", items.len());
+    super::run::until_answered(s, hard_stop, &what, || s.client.complete_batch(items))
+        .await
+        .map_err(|e| {
+            tracing::error!(worker = %s.id, items = items.len(), error = %e, "cannot send a batch complete");
+            e.to_string()
+        })
 }

@@ -60,13 +60,7 @@ pub(super) async fn claims(s: Arc<Shared>, queue: String, run: Run) {
         };
         // Never abandoned half-way: a claim applied whose answer is dropped
         // would strand its tasks until their timeout.
-        let resent = s.client.resent();
-        let claimed = s.client.claim(&queue, &req).await;
-        if s.client.resent() != resent {
-            // A try before the one that answered may have claimed too.
-            s.adopt_soon();
-        }
-        match claimed {
+        match s.watching(s.client.claim(&queue, &req)).await {
             Ok(tasks) => {
                 backoff = Duration::from_millis(100);
                 for task in tasks {
@@ -352,30 +346,44 @@ where
     F: Fn(Client) -> Fut,
     Fut: Future<Output = Result<Finished>>,
 {
+    match until_answered(s, &run.hard_stop, &task.id, || call(s.client.clone())).await {
+        Ok(f) => Reported::Answer(f),
+        Err(e) if e.is_conflict() => resolve_conflict(s, task, ctx).await,
+        Err(e) => {
+            // Refused for good (4xx), or the worker is stopping hard:
+            // the task's timeout or this worker's expiry recovers it.
+            tracing::error!(task = %task.id, error = %e, "cannot report the task's outcome");
+            Reported::GaveUp
+        }
+    }
+}
+
+/// Sends a call that reports outcomes (a complete, a fail, a batch of
+/// completes) until it is answered, refused (any error but a transient
+/// one), or the worker stops hard; transient errors are retried with
+/// backoff. `what` names it in the log.
+pub(super) async fn until_answered<T, F, Fut>(
+    s: &Shared,
+    hard_stop: &CancellationToken,
+    what: &str,
+    call: F,
+) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
     let mut backoff = Duration::from_millis(200);
     loop {
-        let resent = s.client.resent();
-        let answer = call(s.client.clone()).await;
-        if s.client.resent() != resent {
-            s.adopt_soon();
-        }
-        match answer {
-            Ok(f) => return Reported::Answer(f),
-            Err(e) if e.is_conflict() => return resolve_conflict(s, task, ctx).await,
-            Err(e) if e.is_transient() && !run.hard_stop.is_cancelled() => {
-                tracing::warn!(task = %task.id, error = %e, "reporting the outcome failed; retrying");
+        match s.watching(call()).await {
+            Err(e) if e.is_transient() && !hard_stop.is_cancelled() => {
+                tracing::warn!(worker = %s.id, call = %what, error = %e, "reporting an outcome failed; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
-                    _ = run.hard_stop.cancelled() => {}
+                    _ = hard_stop.cancelled() => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
-            Err(e) => {
-                // Refused for good (4xx), or the worker is stopping hard:
-                // the task's timeout or this worker's expiry recovers it.
-                tracing::error!(task = %task.id, error = %e, "cannot report the task's outcome");
-                return Reported::GaveUp;
-            }
+            answer => return answer,
         }
     }
 }

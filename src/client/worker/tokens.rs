@@ -51,6 +51,18 @@ impl Shared {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&token);
     }
 
+    /// Runs one call; when the client had to send it (or a call beside it)
+    /// again after an error that may have hidden the outcome, a try before
+    /// the one that answered may have claimed tasks: the adopter looks.
+    pub(super) async fn watching<T>(&self, call: impl Future<Output = T>) -> T {
+        let resent = self.client.resent();
+        let answer = call.await;
+        if self.client.resent() != resent {
+            self.adopt_soon();
+        }
+        answer
+    }
+
     /// Asks the adopter to look for tasks whose claim's answer was lost.
     pub(super) fn adopt_soon(&self) {
         self.adopt_wanted.notify_one();
