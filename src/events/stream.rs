@@ -233,7 +233,7 @@ pub async fn replay(
 }
 
 /// The newest `count` entries, newest first.
-async fn read_latest(store: &Store, count: usize) -> Result<Vec<tailer::Entry>, StoreError> {
+pub(super) async fn read_latest(store: &Store, count: usize) -> Result<Vec<tailer::Entry>, StoreError> {
     store
         .query(
             "events_latest",

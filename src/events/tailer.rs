@@ -23,18 +23,8 @@ const LINGER: Duration = Duration::from_millis(1);
 
 /// The id of the newest entry, or `0-0` for an empty stream.
 pub async fn last_id(store: &Store) -> Result<String, StoreError> {
-    let rows: Vec<Entry> = store
-        .query(
-            "events_last",
-            redis::cmd("XREVRANGE")
-                .arg(store.keys().events())
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(1),
-        )
-        .await?;
-    Ok(rows
+    Ok(super::stream::read_latest(store, 1)
+        .await?
         .into_iter()
         .next()
         .map(|(id, _)| id)
