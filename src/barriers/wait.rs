@@ -5,6 +5,7 @@
 //! decision cannot slip in between, and re-reads the state after every
 //! wake-up; [`RECHECK`] bounds a wait after a lost event.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -122,46 +123,58 @@ impl Barriers {
         count: u32,
         wait: Duration,
     ) -> Result<Entrant, BarrierError> {
-        let give_up = Instant::now() + wait;
-        let ticket = self.park.waiters.ticket(longpoll::dbarrier_key(name));
-        let notified = ticket.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        self.enter(name, node, count).await?;
-        loop {
-            let state = self.double_barrier(name).await?;
-            let inside = is_inside(&state, node);
-            let done = state.ready && inside;
-            if done || !inside || Instant::now() >= give_up || self.park.shutdown.is_cancelled() {
-                return Ok(Entrant { state, inside, done });
+        let change = self.enter(name, node, count);
+        self.watch_double(name, node, wait, change, |_, state, inside| {
+            if !inside {
+                Some(false)
+            } else {
+                state.ready.then_some(true)
             }
-            let until = give_up.min(Instant::now() + RECHECK);
-            longpoll::sleep(notified.as_mut(), until, &self.park.shutdown).await;
-            notified.set(ticket.notified());
-            notified.as_mut().enable();
-        }
+        })
+        .await
     }
 
     /// DoubleBarrier.Leave: leaves and waits up to `wait` until every
     /// entrant of the ready cycle has left or been evicted.
     pub async fn leave_wait(&self, name: &str, node: &str, wait: Duration) -> Result<Entrant, BarrierError> {
+        let change = self.leave(name, node);
+        self.watch_double(name, node, wait, change, |left, state, _| {
+            let done = match &left.cycle {
+                None => true,
+                Some(c) => state.entrants.is_empty() || state.cycle.as_deref() != Some(c.as_str()),
+            };
+            done.then_some(true)
+        })
+        .await
+    }
+
+    /// The wait both DoubleBarrier calls share: listens on `name`, applies
+    /// `change` (an enter or a leave), then reads the barrier after every
+    /// wake-up until `settled` ends the wait (`Some(done)`), `wait` runs out
+    /// or the node stops (then not done).
+    async fn watch_double<C>(
+        &self,
+        name: &str,
+        node: &str,
+        wait: Duration,
+        change: impl Future<Output = Result<C, BarrierError>>,
+        settled: impl Fn(&C, &DoubleBarrier, bool) -> Option<bool>,
+    ) -> Result<Entrant, BarrierError> {
         let give_up = Instant::now() + wait;
         let ticket = self.park.waiters.ticket(longpoll::dbarrier_key(name));
         let notified = ticket.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let left = self.leave(name, node).await?;
+        let changed = change.await?;
         loop {
             let state = self.double_barrier(name).await?;
-            let done = match &left.cycle {
-                None => true,
-                Some(c) => state.entrants.is_empty() || state.cycle.as_deref() != Some(c.as_str()),
-            };
-            if done || Instant::now() >= give_up || self.park.shutdown.is_cancelled() {
+            let inside = is_inside(&state, node);
+            let done = settled(&changed, &state, inside);
+            if done.is_some() || Instant::now() >= give_up || self.park.shutdown.is_cancelled() {
                 return Ok(Entrant {
-                    inside: is_inside(&state, node),
                     state,
-                    done,
+                    inside,
+                    done: done.unwrap_or(false),
                 });
             }
             let until = give_up.min(Instant::now() + RECHECK);
