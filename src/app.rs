@@ -78,6 +78,8 @@ pub struct AppParts {
     /// Long polls of barriers, locks and elections, woken by events.
     pub waiters: Arc<crate::longpoll::Waiters>,
     pub failover: crate::failover::Failover,
+    /// The outcome history behind the charts.
+    pub stats: Arc<crate::stats::Stats>,
 }
 
 /// The root of the document; [`openapi::document`] completes it once every
@@ -106,6 +108,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::barriers::routes::router())
         .merge(crate::locks::routes::router())
         .merge(crate::failover::routes::router())
+        .merge(crate::stats::routes::router())
 }
 
 /// The whole HTTP surface of a node.

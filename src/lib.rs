@@ -59,6 +59,7 @@ pub mod nodes;
 pub mod orphans;
 pub mod schedules;
 pub mod serve;
+pub mod stats;
 pub mod store;
 pub mod system;
 pub mod tasks;

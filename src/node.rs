@@ -386,6 +386,7 @@ async fn build_services(
         &cfg.server.data_dir,
         nodes.clone(),
     );
+    let stats = Arc::new(crate::stats::Stats::new(store.clone(), &ctx));
     let health = Arc::new(Health::new(Duration::from_millis(cfg.nodes.ttl_ms)));
     let advertise = cfg.advertise_url(addr);
     let cfg = Arc::new(cfg);
@@ -413,6 +414,7 @@ async fn build_services(
         locks,
         waiters: park.waiters.clone(),
         failover,
+        stats,
     });
     Ok((state, tail_from))
 }
@@ -473,6 +475,7 @@ fn spawn_loops(
         tasks::worker::spawn(s.tasks.clone(), cancel.clone()),
         orphans::worker::spawn(s.orphans.clone(), cancel.clone()),
         events::live::spawn(s.clone(), cancel.clone()),
+        crate::stats::worker::spawn(s.stats.clone(), s.bus.clone(), s.live.clone(), cancel.clone()),
         workflows::worker::spawn(
             s.workflows.clone(),
             Duration::from_millis(s.cfg.tasks.janitor_interval_ms),

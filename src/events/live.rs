@@ -33,6 +33,9 @@ pub struct LiveQueue {
     pub running: i64,
     pub dead: i64,
     pub paused: bool,
+    /// How long the queue's oldest claimable task has waited, ms, as of the
+    /// last reconciliation.
+    pub latency_ms: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
@@ -61,31 +64,57 @@ pub struct Snapshot {
     /// entry is the second `throughput_end` (Unix seconds, Redis time).
     pub throughput: Vec<u32>,
     pub throughput_end: i64,
+    /// Failed attempts per second, the same seconds as `throughput`.
+    pub failed_per_second: Vec<u32>,
+    /// Tasks that became dead letters per second, the same seconds (they
+    /// are counted in `throughput` as well).
+    pub dead_per_second: Vec<u32>,
+}
+
+/// Which per-second series an event counts in.
+#[derive(Clone, Copy)]
+enum Rate {
+    Finished,
+    Failed,
+    Dead,
 }
 
 impl Snapshot {
     /// Moves the throughput window so that it ends at `sec`.
     fn advance_to(&mut self, sec: i64) {
-        if self.throughput.len() != WINDOW_SECS {
-            self.throughput = vec![0; WINDOW_SECS];
-        }
-        if sec > self.throughput_end {
-            let shift = (sec - self.throughput_end).min(WINDOW_SECS as i64) as usize;
-            self.throughput.rotate_left(shift);
-            for v in &mut self.throughput[WINDOW_SECS - shift..] {
+        let shift = (sec - self.throughput_end).clamp(0, WINDOW_SECS as i64) as usize;
+        for series in [
+            &mut self.throughput,
+            &mut self.failed_per_second,
+            &mut self.dead_per_second,
+        ] {
+            if series.len() != WINDOW_SECS {
+                *series = vec![0; WINDOW_SECS];
+            }
+            series.rotate_left(shift);
+            for v in &mut series[WINDOW_SECS - shift..] {
                 *v = 0;
             }
-            self.throughput_end = sec;
+        }
+        self.throughput_end = self.throughput_end.max(sec);
+    }
+
+    fn series(&mut self, rate: Rate) -> &mut Vec<u32> {
+        match rate {
+            Rate::Finished => &mut self.throughput,
+            Rate::Failed => &mut self.failed_per_second,
+            Rate::Dead => &mut self.dead_per_second,
         }
     }
 
-    fn count_finish(&mut self, ts_ms: i64) {
+    fn count_at(&mut self, rate: Rate, ts_ms: i64) {
         let sec = ts_ms / 1000;
         self.advance_to(sec);
         let back = self.throughput_end - sec;
         if (0..WINDOW_SECS as i64).contains(&back) {
             let i = WINDOW_SECS - 1 - back as usize;
-            self.throughput[i] = self.throughput[i].saturating_add(1);
+            let v = &mut self.series(rate)[i];
+            *v = v.saturating_add(1);
         }
     }
 
@@ -103,7 +132,7 @@ impl Snapshot {
         }
         let data_has = |needle: &str| ev.data.contains(needle);
         let kind = ev.kind.as_str();
-        if counted && kind != "task.succeeded" && kind != "task.dead" {
+        if counted && kind != "task.succeeded" && kind != "task.dead" && kind != "task.failed" {
             return;
         }
         match kind {
@@ -139,17 +168,25 @@ impl Snapshot {
                     q(self, ev).running -= 1;
                 }
                 if !recounted {
-                    self.count_finish(ev.ts);
+                    self.count_at(Rate::Finished, ev.ts);
                 }
             }
-            "task.failed" => q(self, ev).running -= 1,
+            "task.failed" => {
+                if !counted {
+                    q(self, ev).running -= 1;
+                }
+                if !recounted {
+                    self.count_at(Rate::Failed, ev.ts);
+                }
+            }
             "task.retrying" => q(self, ev).delayed += 1,
             "task.dead" => {
                 if !counted {
                     q(self, ev).dead += 1;
                 }
                 if !recounted {
-                    self.count_finish(ev.ts);
+                    self.count_at(Rate::Finished, ev.ts);
+                    self.count_at(Rate::Dead, ev.ts);
                 }
             }
             "orphan.recovered" => {
@@ -240,14 +277,23 @@ impl Live {
         let now = nodes.now;
         // Recount finished tasks per second over the recent window from the stream.
         let from = now - recount_ms;
-        let mut recent: BTreeMap<i64, u32> = BTreeMap::new();
+        let mut recent: BTreeMap<i64, [u32; 3]> = BTreeMap::new();
         let mut after = StreamId(from.max(0) as u64, 0);
         'scan: for _ in 0..if recount_ms > 0 { 100 } else { 0 } {
             let page = read_after(&s.store, after, 1000).await?;
             let n = page.len();
             for ev in &page {
-                if ev.kind == "task.succeeded" || ev.kind == "task.dead" {
-                    *recent.entry(ev.ts / 1000).or_default() += 1;
+                let counts = match ev.kind.as_str() {
+                    "task.succeeded" => [1, 0, 0],
+                    "task.failed" => [0, 1, 0],
+                    "task.dead" => [1, 0, 1],
+                    _ => [0, 0, 0],
+                };
+                if counts != [0, 0, 0] {
+                    let e = recent.entry(ev.ts / 1000).or_default();
+                    for i in 0..3 {
+                        e[i] += counts[i];
+                    }
                 }
                 if let Some(id) = StreamId::parse(&ev.id) {
                     after = id;
@@ -288,6 +334,7 @@ impl Live {
                         running: q.running as i64,
                         dead: q.dead as i64,
                         paused: q.paused,
+                        latency_ms: q.latency_ms,
                     },
                 )
             })
@@ -301,7 +348,10 @@ impl Live {
             let back = end - sec;
             if (0..WINDOW_SECS as i64).contains(&back) {
                 let i = WINDOW_SECS - 1 - back as usize;
-                snap.throughput[i] = recent.get(&sec).copied().unwrap_or(0);
+                let [finished, failed, dead] = recent.get(&sec).copied().unwrap_or_default();
+                snap.throughput[i] = finished;
+                snap.failed_per_second[i] = failed;
+                snap.dead_per_second[i] = dead;
             }
         }
         snap.reconciled_at = now;

@@ -44,6 +44,18 @@ impl Keys {
         format!("{}:ack:mark", self.p)
     }
 
+    /// Hash: the outcome history of one minute (minutes since the Unix
+    /// epoch), `<queue>:<s|f|d|q|l>` -> value (see `stats`). TTL 2 h.
+    pub fn stats_minute(&self, minute: i64) -> String {
+        format!("{}:stats:m:{minute}", self.p)
+    }
+
+    /// Hash: the outcome history of one UTC day (days since the epoch), the
+    /// same fields. TTL 32 days.
+    pub fn stats_day(&self, day: i64) -> String {
+        format!("{}:stats:d:{day}", self.p)
+    }
+
     // --- nodes ---------------------------------------------------------
 
     /// Sorted set: node id scored by the expiry of its last heartbeat (Redis ms).

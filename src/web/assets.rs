@@ -17,6 +17,28 @@ const ASSETS: &[(&str, &str, &str)] = &[
         "text/javascript; charset=utf-8",
         include_str!("../../static/js/live.js"),
     ),
+    (
+        "js/charts.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../static/js/charts.js"),
+    ),
+    // uPlot 1.6.32 (MIT, LICENSE beside it), its package's dist/ files as
+    // published: the dashboard's charting library.
+    (
+        "vendor/uplot/uPlot.iife.min.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../static/vendor/uplot/uPlot.iife.min.js"),
+    ),
+    (
+        "vendor/uplot/uPlot.min.css",
+        "text/css; charset=utf-8",
+        include_str!("../../static/vendor/uplot/uPlot.min.css"),
+    ),
+    (
+        "vendor/uplot/LICENSE",
+        "text/plain; charset=utf-8",
+        include_str!("../../static/vendor/uplot/LICENSE"),
+    ),
 ];
 
 pub async fn serve(Path(path): Path<String>) -> Response {

@@ -124,6 +124,36 @@ pub struct OverviewPage {
     pub chart_points: String,
     pub throughput_now: String,
     pub throughput_max: u32,
+    /// The last ten minutes' totals (the live chart's span).
+    pub recent: Totals,
+    /// The last hour's totals; `None` when the history could not be read.
+    pub hour: Option<Totals>,
+    /// The queue the history charts are for (none: all queues).
+    pub chart_queue: Option<String>,
+}
+
+/// Outcome totals over a chart's span, shown as text beside the chart (all
+/// of it a page without JavaScript gets).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Totals {
+    pub succeeded: u64,
+    pub failed: u64,
+    pub dead: u64,
+}
+
+/// The last hour's totals for one queue or all, from the outcome history;
+/// `None` when Redis could not be read.
+pub async fn hour_totals(s: &AppState, queue: Option<&str>) -> Option<Totals> {
+    let now = match s.store.redis_now_estimate() {
+        Some(now) => now,
+        None => s.store.time_ms().await.ok()?,
+    };
+    let h = s.stats.series(crate::stats::Range::Hour, queue, now).await.ok()?;
+    Some(Totals {
+        succeeded: h.succeeded.iter().sum(),
+        failed: h.failed.iter().sum(),
+        dead: h.dead.iter().sum(),
+    })
 }
 
 /// The SVG polyline of a throughput series in a 600 x 100 box (the same
@@ -157,7 +187,17 @@ async fn overview_page(State(s): State<AppState>, caller: ReadCaller) -> Result<
             recent.iter().map(|v| *v as f64).sum::<f64>() / recent.len() as f64
         )
     };
+    let total = |v: &[u32]| v.iter().map(|n| *n as u64).sum::<u64>();
+    let dead = total(&live.dead_per_second);
+    let recent_totals = Totals {
+        succeeded: total(&live.throughput).saturating_sub(dead),
+        failed: total(&live.failed_per_second),
+        dead,
+    };
     Ok(OverviewPage {
+        recent: recent_totals,
+        hour: hour_totals(&s, None).await,
+        chart_queue: None,
         queued: sum(|q| q.queued),
         running: sum(|q| q.running),
         dead_tasks: sum(|q| q.dead),

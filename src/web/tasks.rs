@@ -88,6 +88,9 @@ pub struct QueuePage {
     pub cursor: usize,
     /// The report of a bulk action that led here.
     pub bulk: Option<String>,
+    /// The queue's last hour; `None` when the history could not be read.
+    pub hour: Option<super::Totals>,
+    pub chart_queue: Option<String>,
 }
 
 async fn queue_page(
@@ -129,7 +132,10 @@ async fn queue_page(
     let groups = s.tasks.groups(Some(&queue)).await?;
     let page = s.tasks.list(&queue, &state, 50, cursor).await?;
     let bulk = q.bulk_report();
+    let hour = super::hour_totals(&s, Some(&queue)).await;
     Ok(QueuePage {
+        hour,
+        chart_queue: Some(queue.clone()),
         layout: Layout::new(&s, Some(&caller.0), &format!("Queue {queue}"), "Queues"),
         bulk,
         stats,

@@ -8,7 +8,9 @@
 //   [data-live-sum="field"]        sum of that field over all queues
 //   tr[data-live-queue="name"] [data-field="queued"]   per-queue counts
 //   tbody#live-nodes               node states (rows added, updated, removed)
-//   svg#throughput                 tasks per second, last ten minutes
+//   svg#throughput                 tasks per second, last ten minutes (the
+//                                  fallback of charts.js's uPlot chart)
+//   [data-chart][id]               charts.js's charts: kept across swaps
 //   tbody#live-events              the Events page: new events on top
 //   data-live-swap="main"          on <body>: the page itself is fetched again
 //                                  on each event and its <main> swapped in
@@ -70,8 +72,7 @@
     });
     var nodes = document.getElementById('live-nodes');
     if (nodes) renderNodes(nodes, s.nodes || {});
-    var chart = document.getElementById('throughput');
-    if (chart) drawChart(chart, s.throughput || []);
+    drawChart(document.getElementById('throughput'), s.throughput || []);
   }
 
   function renderNodes(tbody, nodes) {
@@ -105,24 +106,27 @@
     });
   }
 
+  // The throughput's figures, and its plain SVG line until charts.js draws
+  // the chart (or for good, without uPlot).
   function drawChart(svg, series) {
-    var line = svg.querySelector('polyline');
-    var label = document.getElementById('throughput-now');
-    if (!line || !series.length) return;
+    if (!series.length) return;
     var max = 0;
     series.forEach(function (v) { if (v > max) max = v; });
-    var scale = Math.max(max, 1), w = 600, h = 100, pts = [];
-    series.forEach(function (v, i) {
-      pts.push((i * w / (series.length - 1)).toFixed(1) + ',' + (h - v * h / scale).toFixed(1));
-    });
-    line.setAttribute('points', pts.join(' '));
     var maxEl = document.getElementById('throughput-max');
     if (maxEl) text(maxEl, max);
+    var label = document.getElementById('throughput-now');
     if (label) {
       var recent = series.slice(-10), sum = 0;
       recent.forEach(function (v) { sum += v; });
       text(label, (sum / recent.length).toFixed(1));
     }
+    var line = svg && svg.querySelector('polyline');
+    if (!line) return;
+    var scale = Math.max(max, 1), w = 600, h = 100, pts = [];
+    series.forEach(function (v, i) {
+      pts.push((i * w / (series.length - 1)).toFixed(1) + ',' + (h - v * h / scale).toFixed(1));
+    });
+    line.setAttribute('points', pts.join(' '));
   }
 
   function human(ms) {
@@ -158,7 +162,16 @@
         var active = document.activeElement;
         if ((active && active !== body && main.contains(active) && active.matches('input, select, textarea'))
             || main.querySelector('input[type=checkbox]:checked')) return;
-        if (fresh.innerHTML !== main.innerHTML) main.innerHTML = fresh.innerHTML;
+        // Charts stay: their elements move into the fresh <main> (charts.js
+        // gives a plot new data instead of drawing it again).
+        var charts = {};
+        main.querySelectorAll('[data-chart][id]').forEach(function (el) { charts[el.id] = el; });
+        if (fresh.innerHTML !== main.innerHTML) {
+          main.innerHTML = fresh.innerHTML;
+          main.querySelectorAll('[data-chart][id]').forEach(function (el) {
+            if (charts[el.id]) el.replaceWith(charts[el.id]);
+          });
+        }
         if (doc.body && doc.body.dataset.now) skew = Number(doc.body.dataset.now) - Date.now();
         tick();
       })

@@ -32,5 +32,6 @@ mod schedules;
 mod scripts;
 mod soak;
 mod stalls;
+mod stats;
 mod tasks;
 mod workflows;

@@ -18,7 +18,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 pub mod ha;
-mod keys;
+pub mod keys;
 mod proxy;
 pub use proxy::FaultProxy;
 pub mod netns;

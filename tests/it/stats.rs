@@ -1,0 +1,231 @@
+//! The outcome history behind the dashboard's charts: counted once across
+//! nodes, per queue and for all, bounded, and served at `GET /api/v1/stats`.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::tasks::{claim, join, submit};
+
+/// Sums a column of a stats answer.
+fn total(v: &Value, col: &str) -> u64 {
+    v[col].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum()
+}
+
+/// The sum of one field over every minute key in Redis.
+async fn redis_total(redis: &TestRedis, field: &str) -> u64 {
+    let mut n = 0;
+    for k in redis.keys().await.into_iter().filter(|k| k.contains(":stats:m:")) {
+        let v: Option<u64> = redis.cmd(&["HGET", &k, field]).await;
+        n += v.unwrap_or(0);
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_count_each_outcome_once() {
+    let redis = TestRedis::start();
+    let baseline = redis.key_baseline().await;
+    let a = TestApp::start(&redis).await;
+    let b = TestApp::start(&redis).await;
+    let c = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    // 6 succeed in `ok`; in `bad`, 3 fail once and then succeed, 2 die at
+    // their only attempt: 9 succeeded, 5 failed attempts, 2 dead.
+    for _ in 0..6 {
+        submit(&a, "ok", json!({})).await;
+    }
+    for _ in 0..3 {
+        submit(
+            &b,
+            "bad",
+            json!({"max_attempts": 2, "backoff_base_ms": 1, "backoff_cap_ms": 1}),
+        )
+        .await;
+    }
+    for _ in 0..2 {
+        submit(&c, "bad", json!({"max_attempts": 1})).await;
+    }
+    for t in claim(&a, "ok", "w", 10, 0).await {
+        let (s, v) = a
+            .post(
+                &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
+                json!({"token": t["token"]}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    for t in claim(&a, "bad", "w", 10, 0).await {
+        let (s, v) = a
+            .post(
+                &format!("/api/v1/tasks/{}/fail", t["id"].as_str().unwrap()),
+                json!({"token": t["token"], "error": "boom"}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let mut retried = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while retried.len() < 3 && std::time::Instant::now() < deadline {
+        retried.extend(claim(&a, "bad", "w", 10, 0).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(retried.len(), 3, "the three retries came back");
+    for t in &retried {
+        let (s, v) = a
+            .post(
+                &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
+                json!({"token": t["token"]}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+
+    // Every node counted every outcome; Redis holds each once, not three times.
+    let merged = wait_until(Duration::from_secs(20), || async {
+        redis_total(&redis, "*:s").await == 9
+            && redis_total(&redis, "*:f").await == 5
+            && redis_total(&redis, "*:d").await == 2
+    })
+    .await;
+    assert!(
+        merged,
+        "merged totals s/f/d: {} {} {} (want 9 5 2)",
+        redis_total(&redis, "*:s").await,
+        redis_total(&redis, "*:f").await,
+        redis_total(&redis, "*:d").await
+    );
+    // Three more flushes by every node change nothing.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        (
+            redis_total(&redis, "*:s").await,
+            redis_total(&redis, "*:f").await,
+            redis_total(&redis, "*:d").await
+        ),
+        (9, 5, 2)
+    );
+    assert_eq!(
+        (redis_total(&redis, "bad:s").await, redis_total(&redis, "ok:s").await),
+        (3, 6)
+    );
+
+    // The API, from any node, hour and month, all queues or one.
+    for app in [&a, &b, &c] {
+        let (s, h) = app.get("/api/v1/stats").await;
+        assert_eq!(s, 200, "{h}");
+        assert_eq!(
+            (h["range"].as_str(), h["step_s"].as_u64()),
+            (Some("hour"), Some(60)),
+            "{h}"
+        );
+        assert_eq!(h["t"].as_array().unwrap().len(), 60);
+        let t: Vec<i64> = h["t"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        assert!(t.windows(2).all(|w| w[1] - w[0] == 60), "one point per minute");
+        assert_eq!(
+            (total(&h, "succeeded"), total(&h, "failed"), total(&h, "dead")),
+            (9, 5, 2),
+            "{h}"
+        );
+        let (s, m) = app.get("/api/v1/stats?range=month&queue=bad").await;
+        assert_eq!(s, 200, "{m}");
+        assert_eq!((m["step_s"].as_u64(), m["queue"].as_str()), (Some(86_400), Some("bad")));
+        assert_eq!(m["t"].as_array().unwrap().len(), 30);
+        assert_eq!(
+            (total(&m, "succeeded"), total(&m, "failed"), total(&m, "dead")),
+            (3, 5, 2),
+            "{m}"
+        );
+    }
+    let (_, none) = a.get("/api/v1/stats?queue=never-used").await;
+    assert_eq!(total(&none, "succeeded"), 0);
+
+    // Bad input: a clear 400, nothing written.
+    for bad in [
+        "/api/v1/stats?range=year",
+        "/api/v1/stats?queue=no%20spaces",
+        "/api/v1/stats?range=",
+    ] {
+        let (s, v) = a.get(bad).await;
+        assert_eq!(s, 400, "{bad}: {v}");
+        assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()), "{v}");
+    }
+
+    // The pages show the hour's totals, without JavaScript too.
+    let page = a.page("/queues/bad").await;
+    assert!(
+        page.contains(r#"data-chart="rates""#) && page.contains(r#"data-queue="bad""#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"<span data-total="dead">2</span>"#),
+        "the queue page shows its dead"
+    );
+
+    // Bounded: the history keys carry their TTLs; all else is back to baseline.
+    redis.assert_history_bounded().await;
+    for k in redis
+        .keys()
+        .await
+        .into_iter()
+        .filter(|k| crate::common::keys::is_history(k))
+    {
+        let ttl: i64 = redis.cmd(&["PTTL", &k]).await;
+        assert!(ttl > 0, "{k} has a TTL");
+    }
+    let _ = baseline;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_smaller_count_never_lowers_the_history() {
+    // Two nodes; the second joins after the first counted: its smaller count
+    // for the same minute must not lower (or add to) the first's.
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    for _ in 0..4 {
+        submit(&a, "m", json!({})).await;
+    }
+    let first = claim(&a, "m", "w", 4, 0).await;
+    for t in &first[..3] {
+        a.post(
+            &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
+            json!({"token": t["token"]}),
+        )
+        .await;
+    }
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            redis_total(&redis, "m:s").await == 3
+        })
+        .await
+    );
+    let b = TestApp::start(&redis).await;
+    // Let b's bus start before the last outcome.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.post(
+        &format!("/api/v1/tasks/{}/complete", first[3]["id"].as_str().unwrap()),
+        json!({"token": first[3]["token"]}),
+    )
+    .await;
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            redis_total(&redis, "m:s").await == 4
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    // b counted 1 for a minute a counted 4 in (or 3 and 1 across a minute
+    // boundary): the merged total stays 4 either way.
+    assert_eq!(redis_total(&redis, "m:s").await, 4);
+    let days: Vec<String> = redis.cmd(&["KEYS", "{muster}:stats:d:*"]).await;
+    let mut day_total = 0;
+    for d in &days {
+        let v: Option<u64> = redis.cmd(&["HGET", d, "m:s"]).await;
+        day_total += v.unwrap_or(0);
+    }
+    assert_eq!(day_total, 4, "the day is the sum of its merged minutes");
+    let (_, h) = b.get("/api/v1/stats?queue=m").await;
+    assert_eq!(total(&h, "succeeded"), 4, "{h}");
+}
