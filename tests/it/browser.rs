@@ -3,8 +3,10 @@
 //! The Overview page must update its counts without a reload when a task is
 //! submitted over REST, and a barrier's page must show a round's verdict in
 //! place (and count down to its deadline while it is open), and the Dead
-//! letters page must retry 2 000 dead tasks in bulk. A screenshot is saved
-//! under `target/`.
+//! letters page must retry 2 000 dead tasks in bulk; a burst of failures
+//! must show on the charts within seconds (and a queue page's chart survive
+//! its page's swaps); the header's search must find a task by alias.
+//! Screenshots are saved under `target/`.
 //!
 //! Without Chromium the test says so and passes; `.ci/run` installs it and
 //! sets MUSTER_REQUIRE_BROWSER=1, which turns its absence into a failure.
@@ -262,5 +264,122 @@ async fn the_overview_updates_live_in_a_real_browser() {
     assert_eq!(report, "Retried 2000 dead tasks; 0 left.");
     let (_, q) = app.get("/api/v1/queues/bulk-ui").await;
     assert_eq!((q["queued"].as_u64(), q["dead"].as_u64()), (Some(2000), Some(0)), "{q}");
+
+    // Charts: a burst of failures shows on the Overview's live chart and in
+    // the last hour's history within seconds, drawn by uPlot, without a
+    // reload.
+    c.goto(&format!("{}/", app.url)).await.unwrap();
+    let drawn = |c: fantoccini::Client, id: &'static str| async move {
+        let js =
+            format!("var e = document.getElementById('{id}'); return !!(e && e._plot && e.querySelector('.uplot'));");
+        for _ in 0..100 {
+            if c.execute(&js, vec![]).await.ok() == Some(json!(true)) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    };
+    for id in [
+        "chart-live",
+        "chart-hour-rates",
+        "chart-hour-depth",
+        "chart-month-rates",
+    ] {
+        assert!(drawn(c.clone(), id).await, "uPlot drew #{id}");
+    }
+    c.execute("window.__muster_marker = 45; return null;", vec![])
+        .await
+        .unwrap();
+    let total = |c: fantoccini::Client, chart: &'static str, what: &'static str| async move {
+        let js = format!(
+            "return document.getElementById('{chart}').closest('.card').querySelector('[data-total={what}]').textContent;"
+        );
+        c.execute(&js, vec![])
+            .await
+            .ok()
+            .and_then(|v| v.as_str().and_then(|t| t.parse::<u64>().ok()))
+            .unwrap_or(0)
+    };
+    let (live_before, hour_before) = (
+        total(c.clone(), "chart-live", "failed").await,
+        total(c.clone(), "chart-hour-rates", "dead").await,
+    );
+    crate::dead_bulk::make_dead(&app, "burst", 30).await;
+    let mut seen = (0, 0);
+    for _ in 0..150 {
+        seen = (
+            total(c.clone(), "chart-live", "failed").await,
+            total(c.clone(), "chart-hour-rates", "dead").await,
+        );
+        if seen.0 >= live_before + 30 && seen.1 >= hour_before + 30 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen.0 >= live_before + 30 && seen.1 >= hour_before + 30,
+        "the burst showed: live failed {live_before} -> {}, hour dead {hour_before} -> {}",
+        seen.0,
+        seen.1
+    );
+    let marker = c.execute("return window.__muster_marker;", vec![]).await.unwrap();
+    assert_eq!(marker, json!(45), "same page, no reload");
+    let png = c.screenshot().await.unwrap();
+    std::fs::write(target.join("browser-charts.png"), png).unwrap();
+
+    // A queue's page swaps its <main> on events and keeps its charts: the
+    // same plot, given new data, not drawn again.
+    c.goto(&format!("{}/queues/burst", app.url)).await.unwrap();
+    assert!(
+        drawn(c.clone(), "chart-hour-rates").await,
+        "the queue page draws its chart"
+    );
+    c.execute(
+        "window.__plot = document.getElementById('chart-hour-rates')._plot; window.__muster_marker = 46; return null;",
+        vec![],
+    )
+    .await
+    .unwrap();
+    crate::dead_bulk::make_dead(&app, "burst", 5).await;
+    let mut dead = 0;
+    for _ in 0..150 {
+        dead = total(c.clone(), "chart-hour-rates", "dead").await;
+        if dead >= 35 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(dead >= 35, "the queue's chart counted the second burst: {dead}");
+    let same = c
+        .execute(
+            "return document.getElementById('chart-hour-rates')._plot === window.__plot && window.__muster_marker === 46;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(same, json!(true), "the plot survived the swaps, no reload");
+
+    // The header's search finds a task by its alias.
+    let (s, t) = app
+        .post(
+            "/api/v1/queues/search-ui/tasks",
+            json!({"payload": 1, "alias": "quarterly-invoices"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{t}");
+    let box_ = c.find(Locator::Css("form.search input[name=q]")).await.unwrap();
+    let enter = char::from(fantoccini::key::Key::Enter);
+    box_.send_keys(&format!("quarterly-invoices{enter}")).await.unwrap();
+    let want = format!("/tasks/{}", t["id"].as_str().unwrap());
+    let mut at = String::new();
+    for _ in 0..100 {
+        at = c.current_url().await.unwrap().path().to_string();
+        if at == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(at, want, "the search by alias opened the task's page");
     c.close().await.unwrap();
 }
