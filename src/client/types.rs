@@ -267,6 +267,28 @@ pub struct TaskPage {
     pub total: u64,
 }
 
+/// The outcome history of `GET /api/v1/stats`, column by column, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct StatsSeries {
+    /// `hour` or `month`.
+    pub range: String,
+    /// Seconds per point: 60 or 86400.
+    pub step_s: u64,
+    /// The queue, absent for all queues.
+    #[serde(default)]
+    pub queue: Option<String>,
+    /// The start of each point, Unix seconds.
+    pub t: Vec<i64>,
+    pub succeeded: Vec<u64>,
+    /// Failed attempts.
+    pub failed: Vec<u64>,
+    pub dead: Vec<u64>,
+    /// The largest queued count sampled in each step.
+    pub queued: Vec<u64>,
+    /// The largest queue latency sampled in each step, ms.
+    pub latency_ms: Vec<u64>,
+}
+
 /// Counts of one queue.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct QueueStats {

@@ -9,6 +9,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,13 @@ def test_task_round_trip_and_stale_token(cluster: Cluster, queue: str) -> None:
         stats = {q.name: q for q in c.list_queues()}[queue]
         assert stats.succeeded == 1 and stats.running == 0
         assert stats.latency_ms == 0, "nothing is waiting to be claimed"
+        # The history behind the charts counts the success (once every node saw it).
+        deadline = time.monotonic() + 10
+        while sum(c.stats(queue=queue).succeeded) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        hour = c.stats(queue=queue)
+        assert (hour.range, hour.step_s, len(hour.t), hour.queue) == ("hour", 60, 60, queue)
+        assert sum(hour.succeeded) == 1 and sum(hour.dead) == 0
 
 
 def test_errors_carry_problem_fields_and_4xx_is_never_retried(cluster: Cluster, queue: str) -> None:

@@ -13,6 +13,16 @@ impl Client {
         self.call_json(Method::GET, "/api/v1/live", NONE, &idem()).await
     }
 
+    /// The outcome history behind the dashboard's charts: `range` is
+    /// `"hour"` (60 minutes) or `"month"` (30 days); one queue or all.
+    pub async fn stats(&self, range: &str, queue: Option<&str>) -> Result<StatsSeries> {
+        let mut path = format!("/api/v1/stats?range={}", enc(range));
+        if let Some(q) = queue {
+            path.push_str(&format!("&queue={}", enc(q)));
+        }
+        self.call_json(Method::GET, &path, NONE, &idem()).await
+    }
+
     /// The OpenAPI document (public).
     pub async fn openapi(&self) -> Result<Value> {
         self.call_json(Method::GET, "/api/v1/openapi.json", NONE, &idem()).await

@@ -225,6 +225,8 @@ async fn every_operation_has_a_typed_call_that_works() {
     assert!(matches!(first, Ok(Some(Ok(_)))), "{first:?}");
     hit.insert("events_ws");
     op!("get_live", c.live()).unwrap();
+    let st = op!("get_stats", c.stats("month", Some("cov"))).unwrap();
+    assert_eq!((st.step_s, st.t.len(), st.queue.as_deref()), (86_400, 30, Some("cov")));
     op!("get_redis", c.redis_summary()).unwrap();
     op!("get_failover", c.failover_status()).unwrap();
     assert!(op!("metrics", c.metrics()).unwrap().contains("muster_"));

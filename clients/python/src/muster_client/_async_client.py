@@ -41,6 +41,7 @@ from ._models import (
     Finished,
     Gap,
     QueueStats,
+    StatsSeries,
     Submitted,
     Task,
     TaskHeartbeat,
@@ -202,6 +203,13 @@ class AsyncClient:
         """The node's cached live view: node states, queue counts, orphan totals, throughput."""
         out: dict[str, Any] = await self._json("GET", "/api/v1/live")
         return out
+
+    async def stats(self, range: str = "hour", queue: str | None = None) -> StatsSeries:
+        """The outcome history behind the dashboard's charts: succeeded, failed and dead per
+        minute over the last hour (range="hour") or per day over 30 days (range="month"),
+        for one queue or all."""
+        params = {"range": range, "queue": queue}
+        return StatsSeries.from_json(await self._json("GET", "/api/v1/stats", params=params))
 
     async def metrics(self) -> str:
         """The Prometheus text of the node requests go to."""

@@ -237,6 +237,44 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class StatsSeries:
+    """The outcome history of `GET /api/v1/stats`, column by column, oldest first."""
+
+    #: "hour" (one point per minute) or "month" (one per UTC day).
+    range: str
+    step_s: int
+    #: The queue, or None for all queues.
+    queue: str | None
+    #: The start of each point, Unix seconds.
+    t: list[int]
+    succeeded: list[int]
+    #: Failed attempts.
+    failed: list[int]
+    dead: list[int]
+    #: The largest queued count sampled in each step.
+    queued: list[int]
+    #: The largest queue latency sampled in each step (ms).
+    latency_ms: list[int]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StatsSeries:
+        def col(k: str) -> list[int]:
+            return [int(v) for v in d.get(k, [])]
+
+        return cls(
+            range=d["range"],
+            step_s=int(d["step_s"]),
+            queue=d.get("queue"),
+            t=col("t"),
+            succeeded=col("succeeded"),
+            failed=col("failed"),
+            dead=col("dead"),
+            queued=col("queued"),
+            latency_ms=col("latency_ms"),
+        )
+
+
+@dataclass(frozen=True)
 class TaskPage:
     tasks: list[Task]
     #: Pass as `cursor` for the next page; None on the last page.
