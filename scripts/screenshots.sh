@@ -45,6 +45,9 @@ call("PUT", "/api/v1/barriers/nightly-build", {"participants": ["worker-1", "wor
 call("POST", "/api/v1/barriers/nightly-build/rounds/2026-11-24/arrive", {"node": "worker-1", "wait_ms": 0})
 call("POST", "/api/v1/locks/billing-export/acquire", {"owner": "worker-2", "ttl_ms": 300000})
 PY
+# Let every node merge and sample once (every 5 s) so the history charts
+# show the queues' depth and latency.
+sleep 6
 shoot() {
   chromium --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,860 \
     --virtual-time-budget=3000 --screenshot="$out/$1.png" "$url$2" >/dev/null 2>&1
