@@ -132,18 +132,18 @@ impl Recent {
         for (q, queued, lat) in queues {
             depth += queued;
             latency = latency.max(*lat);
-            if *queued > 0 || *lat > 0 {
-                if let Some(c) = self.cell(minute, q) {
-                    c.queued = c.queued.max(*queued);
-                    c.latency_ms = c.latency_ms.max(*lat);
-                }
+            if (*queued > 0 || *lat > 0)
+                && let Some(c) = self.cell(minute, q)
+            {
+                c.queued = c.queued.max(*queued);
+                c.latency_ms = c.latency_ms.max(*lat);
             }
         }
-        if depth > 0 || latency > 0 {
-            if let Some(c) = self.cell(minute, ALL) {
-                c.queued = c.queued.max(depth);
-                c.latency_ms = c.latency_ms.max(latency);
-            }
+        if (depth > 0 || latency > 0)
+            && let Some(c) = self.cell(minute, ALL)
+        {
+            c.queued = c.queued.max(depth);
+            c.latency_ms = c.latency_ms.max(latency);
         }
     }
 
