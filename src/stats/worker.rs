@@ -1,7 +1,8 @@
 //! The history loop: counts every outcome event this node's bus carries and,
 //! every [`FLUSH_EVERY`](super::FLUSH_EVERY), samples the queues' depth and
 //! latency from the live view and merges what grew into Redis. A failed
-//! merge is retried on the next tick; the last one runs at shutdown.
+//! merge is retried on the next tick; the last one runs at shutdown (for
+//! at most a second).
 
 use std::sync::Arc;
 
@@ -43,7 +44,9 @@ pub fn spawn(stats: Arc<Stats>, bus: Arc<Bus>, live: Arc<Live>, cancel: Cancella
                     }
                 }
                 _ = cancel.cancelled() => {
-                    let _ = stats.flush().await;
+                    // The last minute's counts, without holding up the
+                    // shutdown when Redis is gone (other nodes counted too).
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stats.flush()).await;
                     return;
                 }
             }
