@@ -13,6 +13,14 @@ fn total(v: &Value, col: &str) -> u64 {
     v[col].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum()
 }
 
+/// Completes or fails a claimed task (`what`: "complete", "fail").
+async fn report(app: &TestApp, t: &Value, what: &str, body: Value) {
+    let (s, v) = app
+        .post(&format!("/api/v1/tasks/{}/{what}", t["id"].as_str().unwrap()), body)
+        .await;
+    assert_eq!(s, 200, "{v}");
+}
+
 /// The sum of one field over every minute key in Redis.
 async fn redis_total(redis: &TestRedis, field: &str) -> u64 {
     let mut n = 0;
@@ -48,22 +56,10 @@ async fn three_nodes_count_each_outcome_once() {
         submit(&c, "bad", json!({"max_attempts": 1})).await;
     }
     for t in claim(&a, "ok", "w", 10, 0).await {
-        let (s, v) = a
-            .post(
-                &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
-                json!({"token": t["token"]}),
-            )
-            .await;
-        assert_eq!(s, 200, "{v}");
+        report(&a, &t, "complete", json!({"token": t["token"]})).await;
     }
     for t in claim(&a, "bad", "w", 10, 0).await {
-        let (s, v) = a
-            .post(
-                &format!("/api/v1/tasks/{}/fail", t["id"].as_str().unwrap()),
-                json!({"token": t["token"], "error": "boom"}),
-            )
-            .await;
-        assert_eq!(s, 200, "{v}");
+        report(&a, &t, "fail", json!({"token": t["token"], "error": "boom"})).await;
     }
     let mut retried = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -73,13 +69,7 @@ async fn three_nodes_count_each_outcome_once() {
     }
     assert_eq!(retried.len(), 3, "the three retries came back");
     for t in &retried {
-        let (s, v) = a
-            .post(
-                &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
-                json!({"token": t["token"]}),
-            )
-            .await;
-        assert_eq!(s, 200, "{v}");
+        report(&a, t, "complete", json!({"token": t["token"]})).await;
     }
 
     // Every node counted every outcome; Redis holds each once, not three times.
@@ -189,11 +179,7 @@ async fn a_later_smaller_count_never_lowers_the_history() {
     }
     let first = claim(&a, "m", "w", 4, 0).await;
     for t in &first[..3] {
-        a.post(
-            &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
-            json!({"token": t["token"]}),
-        )
-        .await;
+        report(&a, t, "complete", json!({"token": t["token"]})).await;
     }
     assert!(
         wait_until(Duration::from_secs(15), || async {
@@ -204,11 +190,7 @@ async fn a_later_smaller_count_never_lowers_the_history() {
     let b = TestApp::start(&redis).await;
     // Let b's bus start before the last outcome.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    a.post(
-        &format!("/api/v1/tasks/{}/complete", first[3]["id"].as_str().unwrap()),
-        json!({"token": first[3]["token"]}),
-    )
-    .await;
+    report(&a, &first[3], "complete", json!({"token": first[3]["token"]})).await;
     assert!(
         wait_until(Duration::from_secs(15), || async {
             redis_total(&redis, "m:s").await == 4
@@ -228,4 +210,66 @@ async fn a_later_smaller_count_never_lowers_the_history() {
     assert_eq!(day_total, 4, "the day is the sum of its merged minutes");
     let (_, h) = b.get("/api/v1/stats?queue=m").await;
     assert_eq!(total(&h, "succeeded"), 4, "{h}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_sent_again_changes_nothing() {
+    // A flush whose answer was lost is sent again by the next tick (its
+    // fields still look grown to the node): the max-merge makes that
+    // harmless, and a day grows only by what its minute grew.
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    // One real flush loads the script's function (loaded on first use).
+    let stats = &a.state().stats;
+    stats.count(&muster::events::Event::from_fields(
+        "60000-0".into(),
+        vec![("type".into(), "task.succeeded".into()), ("queue".into(), "x".into())],
+    ));
+    stats.flush().await.unwrap();
+    let functions: Vec<redis::Value> = redis.cmd(&["FUNCTION", "LIST", "LIBRARYNAME", "stats_flush*"]).await;
+    let name = format!("{functions:?}")
+        .split('"')
+        .find(|s| s.starts_with("stats_flush_"))
+        .expect("the flush function is loaded")
+        .to_string();
+    let (m, d) = ("{muster}:stats:m:100", "{muster}:stats:d:0");
+    let flush = |v: u64| {
+        let (redis, name) = (&redis, name.clone());
+        async move {
+            let v = v.to_string();
+            let grew: i64 = redis
+                .cmd(&[
+                    "FCALL",
+                    &name,
+                    "2",
+                    m,
+                    d,
+                    "7200000",
+                    "2764800000",
+                    "1",
+                    "q:s",
+                    &v,
+                    "99999999999999",
+                ])
+                .await;
+            grew
+        }
+    };
+    let read = |k: &'static str| {
+        let redis = &redis;
+        async move { redis.cmd::<Option<u64>>(&["HGET", k, "q:s"]).await.unwrap_or(0) }
+    };
+    assert_eq!(flush(5).await, 1);
+    assert_eq!(flush(5).await, 0, "sent again: nothing grew");
+    assert_eq!((read(m).await, read(d).await), (5, 5));
+    assert_eq!(flush(7).await, 1);
+    assert_eq!((read(m).await, read(d).await), (7, 7), "the day grew by 2, not 7");
+    assert_eq!(
+        flush(3).await,
+        0,
+        "a smaller count (a node that joined late) lowers nothing"
+    );
+    assert_eq!((read(m).await, read(d).await), (7, 7));
+    let ttl: i64 = redis.cmd(&["PTTL", m]).await;
+    assert!((1..=7_200_000).contains(&ttl), "{ttl}");
 }
