@@ -10,8 +10,8 @@
 //           last ten minutes, from GET /api/v1/live (this node's view), every 2 s
 //   rates   the same from the history in Redis: per second (the minute's
 //           average) over the last hour, every 5 s; per day over 30 days
-//   depth   queued tasks (left axis) and queue latency (right axis, seconds)
-//           per minute over the last hour
+//   depth   queued tasks (left axis) and queue latency (right axis, seconds):
+//           the peak of each minute over the last hour, or of each day over 30
 // Each chart writes its span's totals into the [data-total="succeeded|failed|
 // dead"] elements of its card. A page that swaps its <main> in place keeps
 // its chart elements (live.js moves them into the fresh <main>), so a plot is

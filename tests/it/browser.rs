@@ -285,6 +285,7 @@ async fn the_overview_updates_live_in_a_real_browser() {
         "chart-hour-rates",
         "chart-hour-depth",
         "chart-month-rates",
+        "chart-month-depth",
     ] {
         assert!(drawn(c.clone(), id).await, "uPlot drew #{id}");
     }
