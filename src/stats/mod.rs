@@ -17,10 +17,12 @@
 //! (TTL [`DAY_TTL_MS`]), each with at most 5 fields per queue
 //! (`tasks.max_queues`) plus 5 for all queues; an idle cluster writes none.
 //!
-//! Limits: a node that falls behind its own event bus (it lags) misses those
-//! events; another node that did not lag still counts them, and the larger
-//! count wins. Events trimmed from the stream before any node read them are
-//! not counted.
+//! A node that falls behind its own event bus (the receiver lags) reads what
+//! it skipped from the stream ([`Stats::recount`]); an event is counted only
+//! if its id is past the last one counted, so nothing counts twice. Limits:
+//! events trimmed from the stream before the node read them again are not
+//! counted (another node that did not lag still counts them, and the larger
+//! count wins); a recount reads at most [`RECOUNT_MAX`] events.
 
 pub mod routes;
 pub mod scripts;
@@ -33,7 +35,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::events::Event;
+use crate::events::{Event, StreamId, read_after};
 use crate::store::{Keys, Lua, ScriptCtx, Store, StoreResult};
 
 /// How often a node merges what it counted into Redis.
@@ -44,6 +46,8 @@ pub const MINUTE_TTL_MS: u64 = 2 * 3_600_000;
 pub const DAY_TTL_MS: u64 = 32 * 86_400_000;
 /// Minutes a node keeps in memory (older events are not counted).
 const KEEP_MINUTES: i64 = 5;
+/// At most this many events are read again after the bus lagged.
+pub const RECOUNT_MAX: usize = 200_000;
 /// The field name for all queues together (`*` is never a queue name).
 pub const ALL: &str = "*";
 
@@ -90,6 +94,9 @@ impl Cell {
 struct Recent {
     minutes: BTreeMap<i64, BTreeMap<String, Cell>>,
     flushed: BTreeMap<i64, BTreeMap<String, Cell>>,
+    /// The newest event counted: older ones (a bus that delivers what a
+    /// recount already read) are skipped.
+    counted_upto: Option<StreamId>,
 }
 
 impl Recent {
@@ -109,6 +116,12 @@ impl Recent {
     }
 
     fn count(&mut self, ev: &Event) {
+        if let Some(id) = ev.sid {
+            if self.counted_upto.is_some_and(|upto| id <= upto) {
+                return;
+            }
+            self.counted_upto = Some(id);
+        }
         let field: fn(&mut Cell) -> &mut u64 = match ev.kind.as_str() {
             "task.succeeded" => |c| &mut c.succeeded,
             "task.failed" => |c| &mut c.failed,
@@ -242,6 +255,31 @@ impl Stats {
         self.recent().count(ev);
     }
 
+    /// Reads the events after the last one counted from the stream and
+    /// counts them (after the bus lagged: the events it dropped for this
+    /// receiver are still in the stream). Returns how many were read.
+    pub async fn recount(&self) -> StoreResult<usize> {
+        let Some(mut after) = self.recent().counted_upto else {
+            return Ok(0);
+        };
+        let mut read = 0;
+        while read < RECOUNT_MAX {
+            let page = read_after(&self.store, after, 1000).await?;
+            let mut recent = self.recent();
+            for ev in &page {
+                recent.count(ev);
+                if let Some(id) = ev.sid {
+                    after = id;
+                }
+            }
+            read += page.len();
+            if page.len() < 1000 {
+                break;
+            }
+        }
+        Ok(read)
+    }
+
     /// Records queue depths and latencies (queue, queued, latency ms) as of
     /// Redis time `now_ms`.
     pub fn sample(&self, now_ms: i64, queues: &[(String, u64, u64)]) {
@@ -317,9 +355,12 @@ mod tests {
     use super::*;
 
     fn ev(kind: &str, ts: i64, queue: &str) -> Event {
+        // Ids grow with every event made here, as a stream's do.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let fields = [("type", kind), ("node", "n1"), ("queue", queue), ("data", "{}")];
         Event::from_fields(
-            format!("{ts}-0"),
+            format!("{ts}-{seq}"),
             fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         )
     }
@@ -355,6 +396,16 @@ mod tests {
             r.dirty(),
             vec![(1, vec![("*:f".to_string(), 1), ("a:f".to_string(), 1)])]
         );
+    }
+
+    #[test]
+    fn an_event_is_counted_once_even_when_delivered_again() {
+        let mut r = Recent::default();
+        let first = ev("task.succeeded", 60_000, "a");
+        r.count(&first);
+        r.count(&ev("task.succeeded", 60_001, "a"));
+        r.count(&first);
+        assert_eq!(r.minutes[&1]["a"].succeeded, 2, "the repeat of the first is skipped");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The history loop: counts every outcome event this node's bus carries and,
+//! The history loop: counts every outcome event this node's bus carries
+//! (reading what it skipped from the stream when it lags) and,
 //! every [`FLUSH_EVERY`](super::FLUSH_EVERY), samples the queues' depth and
 //! latency from the live view and merges what grew into Redis. A failed
 //! merge is retried on the next tick; the last one runs at shutdown (for
@@ -24,9 +25,10 @@ pub fn spawn(stats: Arc<Stats>, bus: Arc<Bus>, live: Arc<Live>, cancel: Cancella
             tokio::select! {
                 ev = rx.recv() => match ev {
                     Ok(ev) => stats.count(&ev),
-                    Err(RecvError::Lagged(n)) => {
-                        tracing::debug!(missed = n, "the history fell behind the event bus; those events are not counted here");
-                    }
+                    Err(RecvError::Lagged(n)) => match stats.recount().await {
+                        Ok(read) => tracing::debug!(missed = n, read, "the history fell behind the event bus and recounted from the stream"),
+                        Err(e) => tracing::debug!(missed = n, error = %e, "the history fell behind the event bus and could not recount"),
+                    },
                     Err(RecvError::Closed) => return,
                 },
                 _ = tick.tick() => {

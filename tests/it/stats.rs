@@ -221,8 +221,13 @@ async fn a_merge_sent_again_changes_nothing() {
     let a = TestApp::start(&redis).await;
     // One real flush loads the script's function (loaded on first use).
     let stats = &a.state().stats;
+    // An id past every event the node counted (it counts each id once).
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
     stats.count(&muster::events::Event::from_fields(
-        "60000-0".into(),
+        format!("{}-0", now_ms + 60_000),
         vec![("type".into(), "task.succeeded".into()), ("queue".into(), "x".into())],
     ));
     stats.flush().await.unwrap();
@@ -272,4 +277,39 @@ async fn a_merge_sent_again_changes_nothing() {
     assert_eq!((read(m).await, read(d).await), (7, 7));
     let ttl: i64 = redis.cmd(&["PTTL", m]).await;
     assert!((1..=7_200_000).contains(&ttl), "{ttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lags_its_bus_still_counts_every_outcome() {
+    // With a bus of 8 events, a burst of completions leaves the history's
+    // receiver behind (`Lagged`); it must recount what it skipped from the
+    // stream, and count nothing twice.
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| c.events.client_buffer = 8).await;
+    join(&a, "w").await;
+    let n = 3000;
+    for chunk in 0..n / 1000 {
+        let tasks: Vec<Value> = (0..1000).map(|i| json!({"payload": chunk * 1000 + i})).collect();
+        let (s, v) = a.post("/api/v1/queues/lag/tasks/batch", json!({"tasks": tasks})).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let mut done = 0;
+    while done < n {
+        let got = claim(&a, "lag", "w", 500, 0).await;
+        assert!(!got.is_empty(), "work remains ({done} done)");
+        let items: Vec<Value> = got
+            .iter()
+            .map(|t| json!({"id": t["id"], "token": t["token"]}))
+            .collect();
+        let (s, v) = a.post("/api/v1/tasks/complete", Value::Array(items)).await;
+        assert_eq!(s, 200, "{v}");
+        done += got.len();
+    }
+    let exact = wait_until(Duration::from_secs(20), || async {
+        redis_total(&redis, "lag:s").await == n as u64
+    })
+    .await;
+    assert!(exact, "counted {} of {n}", redis_total(&redis, "lag:s").await);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(redis_total(&redis, "lag:s").await, n as u64, "nothing counted twice");
 }
