@@ -283,17 +283,15 @@ impl Live {
             let page = read_after(&s.store, after, 1000).await?;
             let n = page.len();
             for ev in &page {
-                let counts = match ev.kind.as_str() {
-                    "task.succeeded" => [1, 0, 0],
-                    "task.failed" => [0, 1, 0],
-                    "task.dead" => [1, 0, 1],
-                    _ => [0, 0, 0],
+                // [finished, failed, dead], as `apply` counts them.
+                let slots: &[usize] = match ev.kind.as_str() {
+                    "task.succeeded" => &[0],
+                    "task.failed" => &[1],
+                    "task.dead" => &[0, 2],
+                    _ => &[],
                 };
-                if counts != [0, 0, 0] {
-                    let e = recent.entry(ev.ts / 1000).or_default();
-                    for i in 0..3 {
-                        e[i] += counts[i];
-                    }
+                for &i in slots {
+                    recent.entry(ev.ts / 1000).or_default()[i] += 1;
                 }
                 if let Some(id) = StreamId::parse(&ev.id) {
                     after = id;

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::events::{Event, StreamId, read_after};
-use crate::store::{Keys, Lua, ScriptCtx, Store, StoreResult};
+use crate::store::{Lua, ScriptCtx, Store, StoreResult};
 
 /// How often a node merges what it counted into Redis.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
@@ -231,7 +231,6 @@ pub struct Series {
 /// The history service: counts events, merges them into Redis, reads charts.
 pub struct Stats {
     store: Store,
-    keys: Keys,
     flush: Lua,
     recent: Mutex<Recent>,
 }
@@ -239,7 +238,6 @@ pub struct Stats {
 impl Stats {
     pub fn new(store: Store, ctx: &ScriptCtx) -> Stats {
         Stats {
-            keys: store.keys().clone(),
             store,
             flush: Lua::load("stats_flush", include_str!("lua/flush.lua"), ctx),
             recent: Mutex::new(Recent::default()),
@@ -303,9 +301,15 @@ impl Stats {
         Ok(grew)
     }
 
-    /// The chart for `range` ending at Redis time `now_ms`, for one queue or
-    /// all. The minutes this node has not merged yet count too.
-    pub async fn series(&self, range: Range, queue: Option<&str>, now_ms: i64) -> StoreResult<Series> {
+    /// The chart for `range` ending now, for one queue or all. The minutes
+    /// this node has not merged yet count too. "Now" is the node's estimate
+    /// of Redis time (it only picks the keys to read), or Redis `TIME`
+    /// before the first sample.
+    pub async fn series(&self, range: Range, queue: Option<&str>) -> StoreResult<Series> {
+        let now_ms = match self.store.redis_now_estimate() {
+            Some(now) => now,
+            None => self.store.time_ms().await?,
+        };
         let (step_ms, points) = match range {
             Range::Hour => (MINUTE_MS, 60),
             Range::Month => (DAY_MS, 30),
@@ -317,8 +321,8 @@ impl Stats {
         let mut pipe = redis::pipe();
         for step in &steps {
             let key = match range {
-                Range::Hour => self.keys.stats_minute(*step),
-                Range::Month => self.keys.stats_day(*step),
+                Range::Hour => self.store.keys().stats_minute(*step),
+                Range::Month => self.store.keys().stats_day(*step),
             };
             pipe.cmd("HMGET").arg(key).arg(&fields);
         }

@@ -41,10 +41,9 @@ async fn get_stats(
     if let Some(q) = &p.queue {
         crate::validate::name("queue", q)?;
     }
-    let now = s.store.time_ms().await?;
-    let series = s
-        .stats
-        .series(p.range.unwrap_or(Range::Hour), p.queue.as_deref(), now)
-        .await?;
-    Ok(Json(series))
+    Ok(Json(
+        s.stats
+            .series(p.range.unwrap_or(Range::Hour), p.queue.as_deref())
+            .await?,
+    ))
 }

@@ -144,11 +144,7 @@ pub struct Totals {
 /// The last hour's totals for one queue or all, from the outcome history;
 /// `None` when Redis could not be read.
 pub async fn hour_totals(s: &AppState, queue: Option<&str>) -> Option<Totals> {
-    let now = match s.store.redis_now_estimate() {
-        Some(now) => now,
-        None => s.store.time_ms().await.ok()?,
-    };
-    let h = s.stats.series(crate::stats::Range::Hour, queue, now).await.ok()?;
+    let h = s.stats.series(crate::stats::Range::Hour, queue).await.ok()?;
     Some(Totals {
         succeeded: h.succeeded.iter().sum(),
         failed: h.failed.iter().sum(),
