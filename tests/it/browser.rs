@@ -34,6 +34,21 @@ fn find(bin: &str) -> Option<String> {
         .find(|p| std::path::Path::new(p).exists())
 }
 
+/// Waits up to 10 s until the page's event feed is connected (its status
+/// reads `live`); the status element is looked up afresh each time, since a
+/// page that swaps its `<main>` may replace what was found.
+async fn until_live(c: &fantoccini::Client) -> bool {
+    for _ in 0..100 {
+        if let Ok(el) = c.find(Locator::Id("live-status")).await
+            && el.text().await.is_ok_and(|t| t == "live")
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_overview_updates_live_in_a_real_browser() {
     let (Some(driver_bin), Some(chromium)) = (find("chromedriver"), find("chromium")) else {
@@ -84,16 +99,7 @@ async fn the_overview_updates_live_in_a_real_browser() {
     let c = client.expect("a WebDriver session");
     c.goto(&format!("{}/", app.url)).await.unwrap();
     // The page's WebSocket is up ...
-    let mut live = false;
-    for _ in 0..100 {
-        let status = c.find(Locator::Id("live-status")).await.unwrap().text().await.unwrap();
-        if status == "live" {
-            live = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(live, "the page connected to the event feed");
+    assert!(until_live(&c).await, "the page connected to the event feed");
     let before = c.find(Locator::Id("total-queued")).await.unwrap().text().await.unwrap();
     assert_eq!(before, "0");
     // ... a marker proves there is no reload ...
@@ -168,13 +174,7 @@ async fn the_overview_updates_live_in_a_real_browser() {
         countdown.starts_with("(in 9 min") || countdown.starts_with("(in 10 min"),
         "{countdown}"
     );
-    for _ in 0..100 {
-        let status = c.find(Locator::Id("live-status")).await.unwrap().text().await.unwrap();
-        if status == "live" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_live(&c).await;
     c.execute("window.__muster_marker = 43; return null;", vec![])
         .await
         .unwrap();
@@ -205,12 +205,7 @@ async fn the_overview_updates_live_in_a_real_browser() {
     assert_eq!(s, 201, "{t}");
     let id = t["id"].as_str().unwrap().to_string();
     c.goto(&format!("{}/tasks/{id}", app.url)).await.unwrap();
-    for _ in 0..100 {
-        if text_of(c.clone(), "#live-status").await.as_deref() == Some("live") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_live(&c).await;
     c.execute("window.__muster_marker = 44; return null;", vec![])
         .await
         .unwrap();
