@@ -328,6 +328,11 @@ async fn build_services(
             store.ensure_epoch().await?;
         }
     }
+    // A namespace laid out in another number of shards would be half
+    // invisible to this node: refuse it before serving anything.
+    if store.has_master() {
+        store::layout::check(&store, &ctx).await.map_err(StartError::Config)?;
+    }
     // The bus keeps client_buffer events: how far any subscriber may fall behind.
     let bus = events::Bus::new(cfg.events.client_buffer as usize);
     // Cancelled when the node starts stopping: long polls answer at once.

@@ -17,6 +17,7 @@ pub mod clock;
 pub mod codes;
 pub mod embedded;
 pub mod keys;
+pub mod layout;
 pub mod reply;
 pub mod script;
 

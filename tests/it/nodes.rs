@@ -243,3 +243,92 @@ async fn a_worker_leaves_but_cannot_remove_a_node() {
     .await;
     assert!(requeued, "the leaver's task was recovered");
 }
+
+/// Starts a node on `redis` with `prefix`; the error text when it refuses.
+async fn start_refused(redis: &TestRedis, prefix: &str) -> Option<String> {
+    let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
+    let mut cfg = test_config(&redis.url(), dir.path());
+    cfg.redis.key_prefix = prefix.into();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    match muster::start(cfg, listener).await {
+        Ok(running) => {
+            running.shutdown().await;
+            None
+        }
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// The first node records the namespace's layout (one shard); a namespace
+/// recorded with another layout, which this node would read half empty, is
+/// refused at start with what to do, and the refusal changes nothing. A
+/// namespace with data from before the layout was recorded is one shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_laid_out_in_other_shards_is_refused_at_start() {
+    let redis = TestRedis::start();
+    let layout = |p: &str| format!("{{{p}}}:layout");
+    assert_eq!(start_refused(&redis, "muster").await, None);
+    let rec: Vec<String> = redis.cmd(&["HMGET", &layout("muster"), "shards", "placement"]).await;
+    assert_eq!(rec, ["1", "single"]);
+    assert_eq!(
+        redis.cmd::<i64>(&["PTTL", &layout("muster")]).await,
+        -1,
+        "kept: one key per namespace"
+    );
+
+    // Recorded by a node that splits the namespace in 12.
+    redis
+        .cmd::<i64>(&["HSET", &layout("muster"), "shards", "12", "placement", "fnv1a32"])
+        .await;
+    let e = start_refused(&redis, "muster").await.expect("refused");
+    assert!(
+        e.contains("split into 12 shards") && e.contains("fnv1a32") && e.contains("redis.key_prefix"),
+        "{e}"
+    );
+    let rec: Vec<String> = redis.cmd(&["HMGET", &layout("muster"), "shards", "placement"]).await;
+    assert_eq!(rec, ["12", "fnv1a32"], "the refusal changed nothing");
+
+    // Data written before layouts were recorded is one shard: a node that
+    // would split it is refused (the script called as a sharded node would).
+    let ctx = muster::store::ScriptCtx {
+        prefix: "{old}".into(),
+        events_max_len: 1000,
+    };
+    let lua = muster::store::Lua::load("layout", include_str!("../../src/store/lua/layout.lua"), &ctx);
+    let mut c = redis.conn().await;
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(lua.library())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let sharded = |prefix: &str| {
+        let p = format!("{{{prefix}}}");
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(lua.function()).arg(4).arg(format!("{p}:layout"));
+        cmd.arg(format!("{p}:queues"))
+            .arg(format!("{p}:nodes"))
+            .arg(format!("{p}:seq"));
+        cmd.arg("12").arg("fnv1a32").arg(i64::MAX.to_string());
+        cmd
+    };
+    redis.cmd::<()>(&["SET", "{old}:seq", "41"]).await;
+    let reply: (i64, String, String) = sharded("old").query_async(&mut c).await.unwrap();
+    assert_eq!(reply, (-9, "1".into(), "single".into()), "refused: E.WRONG_STATE");
+    assert_eq!(
+        redis.cmd::<i64>(&["EXISTS", &layout("old")]).await,
+        0,
+        "nothing recorded"
+    );
+    assert_eq!(start_refused(&redis, "old").await, None, "a one-shard node takes it");
+    let rec: Vec<String> = redis.cmd(&["HMGET", &layout("old"), "shards", "placement"]).await;
+    assert_eq!(rec, ["1", "single"]);
+    // An empty namespace takes the first layout that reaches it.
+    let reply: (i64, String, String) = sharded("new").query_async(&mut c).await.unwrap();
+    assert_eq!(reply, (0, "12".into(), "fnv1a32".into()));
+    assert!(
+        start_refused(&redis, "new")
+            .await
+            .is_some_and(|e| e.contains("split into 12 shards"))
+    );
+}

@@ -14,6 +14,7 @@ pub(super) const SINGLETONS: &[&str] = &[
     "{muster}:epoch",
     "{muster}:orphans:history",
     "{muster}:orphans:counts",
+    "{muster}:layout",
 ];
 
 /// Bounded singletons that may appear during the run but must carry a TTL:

@@ -1,0 +1,129 @@
+//! The namespace's layout over hash slots, recorded in `{prefix}:layout` and
+//! checked by every node at start (`lua/layout.lua`).
+//!
+//! This version keeps a namespace in one hash tag, `{prefix}`: one shard. A
+//! namespace split over several tags (`docs/sharding.md`) would be read by a
+//! one-shard node as half empty, and the other way round, without a single
+//! error; so the first node records the layout, and a node whose layout
+//! differs refuses to start, saying what the namespace holds and what to do.
+
+use redis::{FromRedisValue, ParsingError, Value};
+
+use super::reply::{Reader, decode_error};
+use super::{Code, Keys, Lua, ScriptCall, ScriptCtx, Store, StoreError};
+
+/// How many shards this version lays a namespace out in.
+pub const SHARDS: u32 = 1;
+/// The placement rule of a one-shard namespace: every name in `{prefix}`.
+pub const PLACEMENT: &str = "single";
+
+/// Hash: the namespace's layout (`shards`, `placement`, `since_ms`).
+pub fn layout_key(k: &Keys) -> String {
+    format!("{}:layout", k.prefix())
+}
+
+pub(crate) struct Layout<'a> {
+    pub shards: u32,
+    pub placement: &'a str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LayoutReply {
+    /// Whether the namespace has the caller's layout.
+    pub matches: bool,
+    /// The namespace's layout.
+    pub shards: u32,
+    pub placement: String,
+}
+
+impl ScriptCall for Layout<'_> {
+    type Reply = LayoutReply;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        let p = k.prefix();
+        vec![layout_key(k), format!("{p}:queues"), k.nodes(), format!("{p}:seq")]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![self.shards.to_string(), self.placement.to_string()]
+    }
+}
+
+impl FromRedisValue for LayoutReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let mut r = Reader::new(&v);
+        let matches = match r.code()? {
+            Ok(0) => true,
+            Err(Code::WrongState) => false,
+            other => return Err(decode_error(format!("layout: unexpected code {other:?}"))),
+        };
+        let shards = r.int("shards")?;
+        let placement = r.text("placement")?;
+        if shards < 1 || placement.is_empty() || r.remaining() > 0 {
+            return Err(decode_error(format!(
+                "layout: shards {shards}, placement {placement:?}"
+            )));
+        }
+        Ok(LayoutReply {
+            matches,
+            shards: shards as u32,
+            placement,
+        })
+    }
+}
+
+/// Records this version's layout on a new namespace, or checks it against
+/// the recorded one. Errs with the message a refused start prints.
+pub async fn check(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
+    let lua = Lua::load("layout", include_str!("lua/layout.lua"), ctx);
+    let call = Layout {
+        shards: SHARDS,
+        placement: PLACEMENT,
+    };
+    let reply = store
+        .run(&lua, &call)
+        .await
+        .map_err(|e: StoreError| format!("cannot read the namespace's layout ({}): {e}", layout_key(store.keys())))?;
+    if reply.matches {
+        return Ok(());
+    }
+    Err(format!(
+        "the namespace {} is split into {} shards (placement `{}`, recorded in {}), but this node keeps a \
+         namespace in {SHARDS} shard: it would see only part of the data and the rest would go unserved. \
+         Start the version that wrote it, or use another redis.key_prefix; changing the number of shards \
+         of a namespace that holds data is not supported (docs/sharding.md)",
+        store.keys().prefix(),
+        reply.shards,
+        reply.placement,
+        layout_key(store.keys()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::reply::testing::{arr, check, int, s};
+
+    #[test]
+    fn the_call_matches_the_header() {
+        check(
+            &Layout {
+                shards: 1,
+                placement: "single",
+            },
+            include_str!("lua/layout.lua"),
+        );
+    }
+
+    #[test]
+    fn the_reply_decodes_strictly() {
+        let d = |v| LayoutReply::from_redis_value(v);
+        let ok = d(arr(vec![int(0), s("1"), s("single")])).unwrap();
+        assert!(ok.matches && ok.shards == 1 && ok.placement == "single");
+        let no = d(arr(vec![int(Code::WrongState as i64), s("12"), s("fnv1a32")])).unwrap();
+        assert!(!no.matches && no.shards == 12 && no.placement == "fnv1a32");
+        assert!(d(arr(vec![int(Code::NotFound as i64), s("1"), s("single")])).is_err());
+        assert!(d(arr(vec![int(0), s("0"), s("single")])).is_err());
+        assert!(d(arr(vec![int(0), s("1"), s("")])).is_err());
+        assert!(d(arr(vec![int(0), s("1")])).is_err());
+        assert!(d(arr(vec![int(0), s("1"), s("single"), s("x")])).is_err());
+    }
+}
