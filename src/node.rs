@@ -318,6 +318,7 @@ async fn build_services(
     let ctx = ScriptCtx {
         prefix: store.keys().prefix().to_string(),
         events_max_len: cfg.events.max_len,
+        cluster: mode == Mode::Cluster,
     };
     if matches!(mode, Mode::Sentinel | Mode::Coordinated) {
         // Every master switch first raises the fencing epoch on the new master

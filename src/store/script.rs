@@ -30,6 +30,9 @@ pub struct ScriptCtx {
     /// The hash-tagged prefix, `{muster}`.
     pub prefix: String,
     pub events_max_len: u64,
+    /// The namespace is on a Redis Cluster: tokens check which master hands
+    /// them out (`fence_epoch` in the prelude).
+    pub cluster: bool,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -97,7 +100,8 @@ fn per_call_resets(code: &str) -> String {
 pub fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<(String, String), String> {
     let mut code = PRELUDE
         .replace("__PREFIX__", &ctx.prefix)
-        .replace("__EVENTS_MAXLEN__", &ctx.events_max_len.to_string());
+        .replace("__EVENTS_MAXLEN__", &ctx.events_max_len.to_string())
+        .replace("__CLUSTER__", if ctx.cluster { "true" } else { "false" });
     let mut libs = String::new();
     let mut seen = Vec::new();
     resolve(source, &mut libs, &mut seen).map_err(|e| format!("script {name}: {e}"))?;
@@ -369,6 +373,7 @@ mod tests {
         ScriptCtx {
             prefix: "{muster}".into(),
             events_max_len: 100_000,
+            cluster: false,
         }
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use muster::config::Config;
 use serde_json::{Value, json};
 
-use crate::common::ha::{TestCluster, query};
+use crate::common::ha::{TestCluster, info, query};
 use crate::common::*;
 use crate::tasks::{claim, join, submit, submit_many};
 
@@ -472,4 +472,80 @@ async fn cluster_keys_return_to_baseline() {
         baseline.len()
     );
     eprintln!("back to {} keys after {:?}", now.len(), t0.elapsed());
+}
+
+/// G1 across a Cluster-internal failover: the master of the namespace's
+/// slot hands out a token and dies before its replica received it; the
+/// replica takes over, and the same task claimed again gets a greater
+/// token, because the first call on the new master raises the epoch
+/// (`fence_epoch` in the prelude). Without the raise the new master's
+/// counter repeats the lost token. The raise is an event, as in the other
+/// modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_again() {
+    let mut cluster = TestCluster::start(3);
+    let a = cluster_node(&cluster, |_| {}).await;
+    let owner = owner_port(&cluster);
+    let master = cluster.ports().iter().position(|&p| p == owner).unwrap();
+    let replica = cluster.add_replica(master);
+    // The node recorded the slot's master at start (the layout check), so
+    // the replica, synced after, knows which master set the epoch.
+    let task = submit(&a, "lost", json!({})).await;
+    // The replica has everything up to the claim.
+    let acked: i64 = query(owner, &["WAIT", "1", "5000"]).unwrap();
+    assert_eq!(acked, 1, "the replica caught up");
+    // Frozen, and cut from its master (whose writes would otherwise wait in
+    // the frozen replica's socket buffer and be applied at the thaw).
+    let thaw = cluster.node(replica).freeze(Duration::from_millis(1500));
+    let cut: i64 = query(owner, &["CLIENT", "KILL", "TYPE", "replica"]).unwrap();
+    assert_eq!(cut, 1, "the replication link is cut");
+    let got = claim(&a, "lost", &a.node_id, 1, 0).await;
+    assert_eq!(got[0]["id"], task.as_str());
+    let lost = token(&got[0]);
+    cluster.kill(master);
+    thaw.join().unwrap();
+    let replica_port = cluster.ports()[replica];
+    let promoted = wait_until(Duration::from_secs(20), || async {
+        let _ = query::<String>(replica_port, &["CLUSTER", "FAILOVER", "TAKEOVER"]);
+        info(replica_port, "replication")
+            .iter()
+            .any(|(k, v)| k == "role" && v == "master")
+    })
+    .await;
+    assert!(promoted, "the replica took over the slot");
+    // The claim was lost with the old master: the task is queued again.
+    let again = wait_until(Duration::from_secs(20), || async {
+        claim_retrying(&a, "lost").await.is_some()
+    })
+    .await;
+    assert!(again, "the task is claimable on the new master");
+    let (_, t) = a.get(&format!("/api/v1/tasks/{task}")).await;
+    let now = t["token"].as_u64().expect("running, with a token");
+    assert!(
+        now > lost,
+        "the token handed out after the failover ({now}) is above the lost one ({lost})"
+    );
+    assert_eq!(now >> 32, (lost >> 32) + 1, "one epoch up");
+    let failovers: Vec<String> = query(replica_port, &["XRANGE", "{muster}:events", "-", "+"]).map_or_else(
+        Vec::new,
+        |v: Vec<(String, Vec<(String, String)>)>| {
+            v.into_iter()
+                .filter(|(_, f)| f.iter().any(|(k, v)| k == "type" && v == "redis.failover"))
+                .map(|(id, _)| id)
+                .collect()
+        },
+    );
+    assert_eq!(failovers.len(), 1, "one redis.failover event");
+}
+
+/// One claim of one task of `queue` in the node's own name; `None` when
+/// nothing is queued or the cluster does not answer yet (a failover).
+async fn claim_retrying(app: &TestApp, queue: &str) -> Option<Value> {
+    let (s, b) = app
+        .post(
+            &format!("/api/v1/queues/{queue}/claim"),
+            json!({"node": app.node_id, "max": 1, "wait_ms": 0}),
+        )
+        .await;
+    (s == 200).then(|| b["tasks"][0].clone())
 }

@@ -293,6 +293,7 @@ async fn a_namespace_laid_out_in_other_shards_is_refused_at_start() {
     let ctx = muster::store::ScriptCtx {
         prefix: "{old}".into(),
         events_max_len: 1000,
+        cluster: false,
     };
     let lua = muster::store::Lua::load("layout", include_str!("../../src/store/lua/layout.lua"), &ctx);
     let mut c = redis.conn().await;

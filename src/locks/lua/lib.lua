@@ -33,7 +33,7 @@ local function election_key(e) return P .. ':election:' .. e end
 -- counter below, as task tokens (G1), so values keep growing across a failover that
 -- bumps the epoch even if the new master lost the last increments. Below 2^53.
 local function next_fence(counter)
-  local epoch = tonumber(redis.call('GET', P .. ':epoch') or '1')
+  local epoch = fence_epoch()
   local c = redis.call('INCR', counter)
   if c >= TWO32 then
     epoch = epoch + 1

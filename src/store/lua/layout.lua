@@ -15,7 +15,13 @@
 -- ARGV[2]  placement  the node's placement rule (`single` for one shard)
 -- Returns {0, shards, placement} when the namespace has this layout (recorded now
 -- or before); {E.WRONG_STATE, shards, placement} with the namespace's layout when
--- it differs: nothing changed. Emits nothing.
+-- it differs: nothing changed. Emits nothing, except redis.failover when a Redis
+-- Cluster failed over since the last fenced call (fence_epoch).
+--
+-- On a Redis Cluster it also records the master the namespace's tokens come from
+-- (fence_epoch in the prelude), so that a failover before the first claim raises
+-- the epoch too.
+if CLUSTER then fence_epoch() end
 local recorded = redis.call('HMGET', KEYS[1], 'shards', 'placement')
 local shards, placement = recorded[1], recorded[2]
 if not shards then

@@ -29,10 +29,14 @@
 -- int(n)         an integer-valued number as a string without exponent (tostring
 --                and `..` switch to exponent notation above 1e14).
 -- emit(...)      appends one event to the stream, in the caller's atomic step (G9).
+-- fence_epoch()  the fencing epoch, for the high bits of every token (G1, G10); on
+--                a Redis Cluster it first raises it when a new master runs the call.
 local KEYS, ARGV
 local P = '__PREFIX__'
 local EVENTS_MAXLEN = '__EVENTS_MAXLEN__'
 local DEADLINE
+-- Whether the namespace is on a Redis Cluster (see fence_epoch).
+local CLUSTER = __CLUSTER__
 
 local NOW = nil -- @per-call
 local function now_ms()
@@ -64,6 +68,29 @@ local function emit(etype, node, data, ...)
   events_trimmed = true
   return redis.call('XADD', P .. ':events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'type', etype, 'node', node or '',
     'data', data or '{}', ...)
+end
+
+-- The epoch of the fencing tokens (P:epoch, absent: 1). Sentinel and coordinated
+-- modes raise it when the node switches masters, before the new one serves a call
+-- (failover/lua/epoch.lua); a Redis Cluster fails over on its own, unseen by the
+-- nodes, so there the call itself checks which master it runs on: P:epoch:master
+-- holds the CLUSTER MYID of the master that last raised the epoch, and a call on
+-- another master (a promoted replica, or a new owner of the slot) raises it first,
+-- in the same atomic step as the token it hands out. Every token after a failover
+-- is then above every token before it, even those the new master never received.
+-- The first call on a namespace records its master and raises the epoch too (it
+-- cannot know what an earlier master handed out).
+local function fence_epoch()
+  local epoch = tonumber(redis.call('GET', P .. ':epoch') or '1')
+  if not CLUSTER then return epoch end
+  local me = redis.call('CLUSTER', 'MYID')
+  local before = redis.call('GET', P .. ':epoch:master')
+  if before == me then return epoch end
+  epoch = epoch + 1
+  redis.call('SET', P .. ':epoch', int(epoch))
+  redis.call('SET', P .. ':epoch:master', me)
+  if before then emit('redis.failover', '', {epoch = epoch, master = me, was = before}) end
+  return epoch
 end
 
 -- The start of every call, after the per-call state is reset: takes the deadline

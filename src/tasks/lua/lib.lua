@@ -96,7 +96,7 @@ end
 -- Returns the first token. When an epoch's counter space is used up the epoch
 -- advances, so tokens only grow.
 local function next_tokens(n)
-  local epoch = tonumber(redis.call('GET', P .. ':epoch') or '1')
+  local epoch = fence_epoch()
   local c
   if n == 1 then c = redis.call('INCR', P .. ':fence') else c = redis.call('INCRBY', P .. ':fence', int(n)) end
   if c >= TWO32 then

@@ -545,6 +545,39 @@ impl TestCluster {
         self.nodes[i].kill();
     }
 
+    /// Node `i` itself (to freeze it).
+    pub fn node(&self, i: usize) -> &TestRedis {
+        &self.nodes[i]
+    }
+
+    /// Adds a replica of node `master` (the documented way: `CLUSTER MEET`,
+    /// then `CLUSTER REPLICATE <id>`) and returns its index once its link to
+    /// the master is up.
+    pub fn add_replica(&mut self, master: usize) -> usize {
+        let n = Self::start_node(self.dir.path());
+        let port = n.port;
+        let master_port = self.nodes[master].port;
+        let master_id: String = query(master_port, &["CLUSTER", "MYID"]).expect("CLUSTER MYID");
+        let _: String = query(port, &["CLUSTER", "MEET", "127.0.0.1", &master_port.to_string()]).expect("MEET");
+        self.nodes.push(n);
+        let known = self.nodes.len().to_string();
+        assert!(
+            poll(READY_WITHIN, || info_cluster(port)
+                .iter()
+                .any(|(k, v)| k == "cluster_known_nodes" && *v == known)),
+            "the new node {port} never learned the cluster"
+        );
+        let replicated = poll(READY_WITHIN, || {
+            query::<String>(port, &["CLUSTER", "REPLICATE", &master_id]).is_some()
+        }) && poll(READY_WITHIN, || {
+            info(port, "replication")
+                .iter()
+                .any(|(k, v)| k == "master_link_status" && v == "up")
+        });
+        assert!(replicated, "node {port} never became a replica of {master_port}");
+        self.nodes.len() - 1
+    }
+
     pub fn is_alive(&self, i: usize) -> bool {
         redis_alive(&self.nodes[i])
     }
