@@ -114,6 +114,12 @@ mod tests {
     }
 
     #[test]
+    fn the_layout_is_the_shard_maps() {
+        let map = crate::store::shards::ShardMap::new("muster", SHARDS);
+        assert_eq!((map.len(), map.placement()), (SHARDS as usize, PLACEMENT));
+    }
+
+    #[test]
     fn the_reply_decodes_strictly() {
         let d = |v| LayoutReply::from_redis_value(v);
         let ok = d(arr(vec![int(0), s("1"), s("single")])).unwrap();

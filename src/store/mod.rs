@@ -20,6 +20,7 @@ pub mod keys;
 pub mod layout;
 pub mod reply;
 pub mod script;
+pub mod shards;
 
 mod ack;
 mod call;

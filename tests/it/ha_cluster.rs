@@ -549,3 +549,27 @@ async fn claim_retrying(app: &TestApp, queue: &str) -> Option<Value> {
         .await;
     (s == 200).then(|| b["tasks"][0].clone())
 }
+
+/// The shard map's tags on a real cluster made by `redis-cli --cluster
+/// create`: the slots Redis computes are the map's, and twelve shards put
+/// four on each of three masters (docs/sharding.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twelve_shards_spread_four_per_master() {
+    use muster::store::shards::{ShardMap, key_slot};
+    let cluster = TestCluster::start(3);
+    let map = ShardMap::new("muster", 12);
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
+    for i in 0..map.len() {
+        let key = format!("{}:probe", map.tag(i));
+        let slot: i64 = query(cluster.ports()[0], &["CLUSTER", "KEYSLOT", &key]).unwrap();
+        assert_eq!(slot, i64::from(key_slot(&key)), "{key}");
+        let _: () = redis::cmd("SET").arg(&key).arg(i).query_async(&mut conn).await.unwrap();
+    }
+    let per_master: Vec<i64> = cluster
+        .ports()
+        .into_iter()
+        .map(|p| query(p, &["DBSIZE"]).unwrap())
+        .collect();
+    assert_eq!(per_master, [4, 4, 4], "keys per master");
+}
