@@ -316,7 +316,6 @@ async fn build_services(
     let node_id = node_id.to_string();
     let mode = store.mode();
     let ctx = ScriptCtx {
-        prefix: store.keys().prefix().to_string(),
         events_max_len: cfg.events.max_len,
         cluster: mode == Mode::Cluster,
     };

@@ -10,13 +10,15 @@
 //! which cost about a sixth of a call's Redis CPU). A script or library
 //! names what it needs on header lines `--@include <library>`; they are
 //! resolved depth first, each library once, before the file that names
-//! them (see [`LIBRARIES`]). The prefix and the stream bound are substituted
-//! into the text once, at start, so the scripts need no extra arguments for
-//! them.
+//! them (see [`LIBRARIES`]). The stream bound and the Cluster flag are
+//! substituted into the text once, at start. The namespace is not: every
+//! call takes its prefix `P` from the hash tag of its first key, so one
+//! library serves every namespace on a server and every shard of a
+//! namespace (`docs/sharding.md`): a shard is only another set of keys.
 //!
 //! A library and its function are named after the script and a hash of the
-//! library's text (`tasks_claim_3f9a…`), so nodes of different versions or
-//! namespaces on one Redis never replace each other's code, and `FCALL`
+//! library's text (`tasks_claim_3f9a…`), so nodes of different versions on
+//! one Redis never replace each other's code, and `FCALL`
 //! shows in `SLOWLOG` and `MONITOR` by name. A call that finds its function
 //! missing (a new or restarted Redis, a failover to a replica that missed
 //! the load, `FUNCTION FLUSH`) loads the library and calls again: nothing
@@ -27,8 +29,6 @@ use sha2::{Digest, Sha256};
 /// Values substituted into every script.
 #[derive(Debug, Clone)]
 pub struct ScriptCtx {
-    /// The hash-tagged prefix, `{muster}`.
-    pub prefix: String,
     pub events_max_len: u64,
     /// The namespace is on a Redis Cluster: tokens check which master hands
     /// them out (`fence_epoch` in the prelude).
@@ -99,7 +99,6 @@ fn per_call_resets(code: &str) -> String {
 /// name of its library and function.
 pub fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<(String, String), String> {
     let mut code = PRELUDE
-        .replace("__PREFIX__", &ctx.prefix)
         .replace("__EVENTS_MAXLEN__", &ctx.events_max_len.to_string())
         .replace("__CLUSTER__", if ctx.cluster { "true" } else { "false" });
     let mut libs = String::new();
@@ -107,7 +106,9 @@ pub fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<(String, St
     resolve(source, &mut libs, &mut seen).map_err(|e| format!("script {name}: {e}"))?;
     code.push_str(&shake(&libs, source));
     let resets = per_call_resets(&code);
-    code.push_str("\nredis.register_function('__FUNCTION__', function(keys, args)\nKEYS, ARGV = keys, args\n");
+    code.push_str(
+        "\nredis.register_function('__FUNCTION__', function(keys, args)\nKEYS, ARGV = keys, args\nP = tag_of(KEYS[1])\n",
+    );
     code.push_str(&resets);
     code.push_str("local late = begin()\nif late then return late end\n");
     code.push_str(&format!("-- script: {name}\n{source}\nend)\n"));
@@ -371,7 +372,6 @@ mod tests {
 
     fn ctx() -> ScriptCtx {
         ScriptCtx {
-            prefix: "{muster}".into(),
             events_max_len: 100_000,
             cluster: false,
         }
@@ -419,7 +419,13 @@ mod tests {
                 let n = code.matches(&format!("-- library: {lib}\n")).count();
                 assert!(n <= 1, "{name} includes {lib} {n} times");
             }
-            assert!(!code.contains("__PREFIX__") && !code.contains("__CODES__"), "{name}");
+            for placeholder in ["__EVENTS_MAXLEN__", "__CLUSTER__", "__CODES__"] {
+                assert!(!code.contains(placeholder), "{name}: {placeholder}");
+            }
+            assert!(
+                code.contains("KEYS, ARGV = keys, args\nP = tag_of(KEYS[1])\n"),
+                "{name}"
+            );
             if let Ok(dir) = std::env::var("MUSTER_DUMP_SCRIPTS") {
                 let path = std::path::Path::new(&dir).join(format!("{}.lua", name.replace('/', "_")));
                 std::fs::write(path, &code).unwrap();
@@ -516,12 +522,12 @@ mod tests {
         let (_, same) = assemble("tasks/x-y", "return 1", &ctx()).unwrap();
         assert_eq!(fa, same);
         let (_, other_text) = assemble("tasks/x-y", "return 2", &ctx()).unwrap();
-        let other_ns = ScriptCtx {
-            prefix: "{other}".into(),
+        let other_cfg = ScriptCtx {
+            events_max_len: 7,
             ..ctx()
         };
-        let (_, other_prefix) = assemble("tasks/x-y", "return 1", &other_ns).unwrap();
-        assert!(fa != other_text && fa != other_prefix);
+        let (_, other_bound) = assemble("tasks/x-y", "return 1", &other_cfg).unwrap();
+        assert!(fa != other_text && fa != other_bound);
         let lua = Lua::load("tasks/x-y", "return 1", &ctx());
         assert_eq!(lua.library(), format!("#!lua name={fa}\n{a}"));
     }

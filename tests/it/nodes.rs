@@ -291,7 +291,6 @@ async fn a_namespace_laid_out_in_other_shards_is_refused_at_start() {
     // Data written before layouts were recorded is one shard: a node that
     // would split it is refused (the script called as a sharded node would).
     let ctx = muster::store::ScriptCtx {
-        prefix: "{old}".into(),
         events_max_len: 1000,
         cluster: false,
     };

@@ -16,7 +16,6 @@ async fn every_script_compiles_in_redis() {
     // (`fence_epoch` in the prelude): both variants load.
     for cluster in [false, true] {
         let ctx = ScriptCtx {
-            prefix: "{muster}".into(),
             events_max_len: 100_000,
             cluster,
         };
@@ -90,4 +89,56 @@ async fn a_call_after_the_functions_are_flushed_loads_them_and_runs_once() {
     assert_eq!(task["state"], "succeeded", "{task}");
     let after: redis::Value = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
     assert!(loaded(after) > 0);
+}
+
+/// Scripts take their namespace from their first key (`P` in the prelude),
+/// so one library per script serves every namespace on a server (and, for
+/// a sharded namespace, every shard): two namespaces side by side load no
+/// library twice, and each one's calls touch only its own keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_on_one_server_share_each_library_and_keep_to_their_keys() {
+    use crate::tasks::{claim, submit};
+    use serde_json::json;
+
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let work = |app: TestApp| async move {
+        let (s, _) = app.put("/api/v1/nodes/w/heartbeat", json!({"ttl_ms": 60_000})).await;
+        assert_eq!(s, 200);
+        let id = submit(&app, "q", json!({"group": "g", "alias": "same-alias"})).await;
+        let t = claim(&app, "q", "w", 1, 0).await;
+        let (s, body) = app
+            .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
+            .await;
+        assert_eq!(s, 200, "{body}");
+        app
+    };
+    let a = work(TestApp::start_with(&redis, |c| c.redis.key_prefix = "alpha".into()).await).await;
+    let b = work(TestApp::start_with(&redis, |c| c.redis.key_prefix = "beta".into()).await).await;
+    // Libraries are named `<script>_<hash of the text>`: one per script.
+    let list: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
+    let mut names: Vec<String> = list
+        .iter()
+        .map(|lib| match &lib[1] {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => panic!("library_name: {other:?}"),
+        })
+        .collect();
+    names.sort();
+    let scripts: std::collections::BTreeSet<&str> = names.iter().map(|n| n.rsplit_once('_').unwrap().0).collect();
+    assert!(scripts.len() > 5, "{names:?}");
+    assert_eq!(names.len(), scripts.len(), "a script loaded twice: {names:?}");
+    // The same alias in both: each namespace's alias key is its own.
+    let keys = redis.keys().await;
+    let outside: Vec<&String> = keys
+        .iter()
+        .filter(|k| !k.starts_with("{alpha}:") && !k.starts_with("{beta}:"))
+        .collect();
+    assert!(outside.is_empty(), "{outside:?}");
+    for p in ["{alpha}", "{beta}"] {
+        for suffix in [":alias:same-alias", ":layout", ":nodes", ":events", ":fence"] {
+            assert!(keys.contains(&format!("{p}{suffix}")), "{p}{suffix} in {keys:?}");
+        }
+    }
+    drop((a, b));
 }

@@ -31,8 +31,8 @@
 --   P:dbarrier:<b>             hash   DoubleBarrier: count, created_at, ready_at, cycle; idle TTL
 --   P:dbarrier:<b>:in          zset   DoubleBarrier entrants: node -> entered_at; idle TTL
 --   P:dbarriers                zset   DoubleBarrier name -> last activity (trimmed by idle TTL)
-local DEADLINES = P .. ':barriers:deadlines'
-local DBARRIERS = P .. ':dbarriers'
+local DEADLINES = P .. ':barriers:deadlines' -- @per-call
+local DBARRIERS = P .. ':dbarriers' -- @per-call
 -- The API's upper bound on timeout_ms (routes.rs): no round key outlives
 -- opened_at + MAX_TIMEOUT_MS + retention.
 local MAX_TIMEOUT_MS = 86400000

@@ -21,8 +21,8 @@
 --   P:elections         zset   election name with a leader -> lease expiry
 --   P:elections:epoch   string election epoch counter (low 32 bits of every epoch)
 --   P:epoch             string the failover epoch (high 32 bits), shared with task tokens
-local LOCKS = P .. ':locks'
-local ELECTIONS = P .. ':elections'
+local LOCKS = P .. ':locks' -- @per-call
+local ELECTIONS = P .. ':elections' -- @per-call
 local LINGER = 60000
 local TWO32 = 4294967296
 

@@ -23,7 +23,7 @@
 -- still found. An entry with a longer ttl of its own (a worker) gets its own lease
 -- back the same way. Task timeouts, which the stall also kept workers from meeting,
 -- wait one ttl after such a pass (P:nodes:grace).
-local NODES = P .. ':nodes'
+local NODES = P .. ':nodes' -- @per-call
 local DAY_MS = 86400000
 
 -- Records this pass and repairs leases after a stall (see above). ttl: the

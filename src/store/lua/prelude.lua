@@ -13,8 +13,11 @@
 --
 -- KEYS, ARGV     the call's keys and arguments (set by each function before `begin`;
 --                libraries may read them).
--- P              the namespace's hash-tagged prefix, e.g. "{muster}"; every key a
---                script computes starts with it, so it lands in the caller's slot.
+-- P              the hash-tagged prefix of the call's namespace (or shard of one),
+--                e.g. "{muster}": the hash tag of KEYS[1], set at the start of every
+--                call, so one library serves every namespace and shard on a server.
+--                Every key a script computes starts with it, so it lands in the
+--                caller's slot. Library constants built from it are `-- @per-call`.
 -- EVENTS_MAXLEN  approximate length the event stream is trimmed to.
 -- DEADLINE       the caller's deadline in Redis ms (G12). Store::eval appends it to
 --                every call as the LAST argument; `begin` takes it off ARGV, so a
@@ -32,11 +35,18 @@
 -- fence_epoch()  the fencing epoch, for the high bits of every token (G1, G10); on
 --                a Redis Cluster it first raises it when a new master runs the call.
 local KEYS, ARGV
-local P = '__PREFIX__'
+local P = '{}'
 local EVENTS_MAXLEN = '__EVENTS_MAXLEN__'
 local DEADLINE
 -- Whether the namespace is on a Redis Cluster (see fence_epoch).
 local CLUSTER = __CLUSTER__
+
+-- The hash tag a key starts with (P of a call whose KEYS[1] is the key).
+local function tag_of(key)
+  local tag = string.match(key or '', '^{[^}]+}')
+  if not tag then error('muster: KEYS[1] (' .. tostring(key) .. ') does not start with a hash tag') end
+  return tag
+end
 
 local NOW = nil -- @per-call
 local function now_ms()

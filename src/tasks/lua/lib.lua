@@ -40,8 +40,8 @@ local wf_on_end
 local TWO42 = 4398046511104
 local TWO41 = 2199023255552
 local TWO32 = 4294967296
-local GROUP_LIMITS = P .. ':group_limits'
-local DEADLINES = P .. ':deadlines'
+local GROUP_LIMITS = P .. ':group_limits' -- @per-call
+local DEADLINES = P .. ':deadlines' -- @per-call
 
 local function tkey(id) return P .. ':task:' .. id end
 local function qkey(q, s) return P .. ':q:' .. q .. ':' .. s end
