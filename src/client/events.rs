@@ -28,8 +28,8 @@ pub struct EventsOptions {
     pub topics: Option<String>,
     /// Only this queue's events.
     pub queue: Option<String>,
-    /// Resume after this stream id (exclusive); `0` replays what is
-    /// retained; None: from now.
+    /// Resume after this event (the `id` of the last one received, an
+    /// opaque cursor); `0` replays what is retained; None: from now.
     pub since: Option<String>,
 }
 

@@ -31,8 +31,9 @@ pub struct WsParams {
     pub topics: Option<String>,
     /// Only events of this queue.
     pub queue: Option<String>,
-    /// Resume after this stream id (exclusive); `0` replays all that is
-    /// retained. Refused (400) when it lies more than 5 s past both the
+    /// Resume after this event: the `id` of the last event received, passed
+    /// back as it came (an opaque cursor, today the stream id); `0` replays
+    /// all that is retained. Refused (400) when it lies more than 5 s past both the
     /// stream's newest id and Redis time.
     pub since: Option<String>,
     /// Bearer token, for clients that cannot set headers (browsers).
@@ -94,8 +95,9 @@ async fn events_ws(
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ReplayParams {
-    /// Events after this stream id (exclusive); default: the last `limit`
-    /// events. Refused (400) when it lies more than 5 s past both the stream's
+    /// Events after this one: the `id` of the last event received or the
+    /// page's `next`, passed back as it came (an opaque cursor, today the
+    /// stream id); default: the last `limit` events. Refused (400) when it lies more than 5 s past both the stream's
     /// newest id and Redis time.
     pub since: Option<String>,
     /// 1 to 1000; default 100.
