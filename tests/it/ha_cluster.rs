@@ -474,34 +474,24 @@ async fn cluster_keys_return_to_baseline() {
     eprintln!("back to {} keys after {:?}", now.len(), t0.elapsed());
 }
 
-/// G1 across a Cluster-internal failover: the master of the namespace's
-/// slot hands out a token and dies before its replica received it; the
-/// replica takes over, and the same task claimed again gets a greater
-/// token, because the first call on the new master raises the epoch
-/// (`fence_epoch` in the prelude). Without the raise the new master's
-/// counter repeats the lost token. The raise is an event, as in the other
-/// modes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_again() {
-    let mut cluster = TestCluster::start(3);
-    let a = cluster_node(&cluster, |_| {}).await;
-    let owner = owner_port(&cluster);
+/// The master of the `{muster}` slot, given a replica, hands something out
+/// in `during` and dies before the replica receives it: the replica is
+/// frozen and cut from its master (whose writes would otherwise wait in the
+/// frozen replica's socket buffer and be applied at the thaw), the master
+/// is killed, and the replica takes the slot over (`CLUSTER FAILOVER
+/// TAKEOVER`). Returns what `during` returned and the new master's port.
+async fn lose_the_last_write<T>(cluster: &mut TestCluster, during: impl std::future::Future<Output = T>) -> (T, u16) {
+    let owner = owner_port(cluster);
     let master = cluster.ports().iter().position(|&p| p == owner).unwrap();
     let replica = cluster.add_replica(master);
-    // The node recorded the slot's master at start (the layout check), so
-    // the replica, synced after, knows which master set the epoch.
-    let task = submit(&a, "lost", json!({})).await;
-    // The replica has everything up to the claim.
+    // The replica has everything up to `during` (the node recorded the
+    // slot's master at start, with the layout check).
     let acked: i64 = query(owner, &["WAIT", "1", "5000"]).unwrap();
     assert_eq!(acked, 1, "the replica caught up");
-    // Frozen, and cut from its master (whose writes would otherwise wait in
-    // the frozen replica's socket buffer and be applied at the thaw).
     let thaw = cluster.node(replica).freeze(Duration::from_millis(1500));
     let cut: i64 = query(owner, &["CLIENT", "KILL", "TYPE", "replica"]).unwrap();
     assert_eq!(cut, 1, "the replication link is cut");
-    let got = claim(&a, "lost", &a.node_id, 1, 0).await;
-    assert_eq!(got[0]["id"], task.as_str());
-    let lost = token(&got[0]);
+    let out = during.await;
     cluster.kill(master);
     thaw.join().unwrap();
     let replica_port = cluster.ports()[replica];
@@ -513,6 +503,37 @@ async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_a
     })
     .await;
     assert!(promoted, "the replica took over the slot");
+    (out, replica_port)
+}
+
+/// The `redis.failover` events in the stream on the master at `port`.
+fn failover_events(port: u16) -> usize {
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        query(port, &["XRANGE", "{muster}:events", "-", "+"]).unwrap_or_default();
+    entries
+        .iter()
+        .filter(|(_, f)| f.iter().any(|(k, v)| k == "type" && v == "redis.failover"))
+        .count()
+}
+
+/// G1 across a Cluster-internal failover: the master of the namespace's
+/// slot hands out a token and dies before its replica received it; the
+/// replica takes over, and the same task claimed again gets a greater
+/// token, because the first call on the new master raises the epoch
+/// (`fence_epoch` in the prelude). Without the raise the new master's
+/// counter repeats the lost token. The raise is an event, as in the other
+/// modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_again() {
+    let mut cluster = TestCluster::start(3);
+    let a = cluster_node(&cluster, |_| {}).await;
+    let task = submit(&a, "lost", json!({})).await;
+    let (lost, new_master) = lose_the_last_write(&mut cluster, async {
+        let got = claim(&a, "lost", &a.node_id, 1, 0).await;
+        assert_eq!(got[0]["id"], task.as_str());
+        token(&got[0])
+    })
+    .await;
     // The claim was lost with the old master: the task is queued again.
     let again = wait_until(Duration::from_secs(20), || async {
         claim_retrying(&a, "lost").await.is_some()
@@ -526,16 +547,48 @@ async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_a
         "the token handed out after the failover ({now}) is above the lost one ({lost})"
     );
     assert_eq!(now >> 32, (lost >> 32) + 1, "one epoch up");
-    let failovers: Vec<String> = query(replica_port, &["XRANGE", "{muster}:events", "-", "+"]).map_or_else(
-        Vec::new,
-        |v: Vec<(String, Vec<(String, String)>)>| {
-            v.into_iter()
-                .filter(|(_, f)| f.iter().any(|(k, v)| k == "type" && v == "redis.failover"))
-                .map(|(id, _)| id)
-                .collect()
-        },
+    assert_eq!(failover_events(new_master), 1, "one redis.failover event");
+}
+
+/// G10 across the same failover: a lock's fencing token handed out by the
+/// old master and lost is never handed out again by the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_failover_never_repeats_a_lost_lock_token() {
+    let mut cluster = TestCluster::start(3);
+    let a = cluster_node(&cluster, |_| {}).await;
+    let acquire = |owner: &'static str| {
+        let a = &a;
+        async move {
+            a.post(
+                "/api/v1/locks/res/acquire",
+                json!({"owner": owner, "ttl_ms": 60_000, "wait_ms": 0}),
+            )
+            .await
+        }
+    };
+    let (lost, _) = lose_the_last_write(&mut cluster, async {
+        let (s, v) = acquire("first").await;
+        assert_eq!(s, 200, "{v}");
+        v["token"].as_u64().unwrap()
+    })
+    .await;
+    // The acquire was lost: the lock is free on the new master.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let now = loop {
+        let (s, v) = acquire("second").await;
+        if s == 200 {
+            break v["token"].as_u64().unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lock is acquirable on the new master: {s} {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        now > lost,
+        "the lock token after the failover ({now}) is above the lost one ({lost})"
     );
-    assert_eq!(failovers.len(), 1, "one redis.failover event");
 }
 
 /// One claim of one task of `queue` in the node's own name; `None` when
