@@ -132,13 +132,13 @@ impl Store {
             pipe.cmd("CLIENT").arg("ID");
         }
         pipe.cmd("SET")
-            .arg(self.inner.keys.ack_mark())
+            .arg(self.keys().ack_mark())
             .arg(1)
             .arg("PX")
             .arg(60_000)
             .ignore();
         pipe.cmd("WAIT").arg(replicas).arg(wait.as_millis() as u64);
-        let mut conn = pooled.link.conn.clone();
+        let mut conn = self.routed(pooled.link.clone()).conn;
         let limit = wait + self.inner.timeout;
         let res: redis::RedisResult<Vec<i64>> = tokio::select! {
             r = tokio::time::timeout(limit, pipe.query_async(&mut conn)) => match r {
@@ -194,7 +194,7 @@ impl Store {
     ) -> StoreResult<T> {
         let pooled = self.ack_pooled(scope).await?;
         let args = super::call::with_deadline(args, self.deadline()?);
-        let mut conn = pooled.link.conn.clone();
+        let mut conn = self.routed(pooled.link.clone()).conn;
         match self
             .timed_on(&pooled.link, lua.name(), lua.call::<T, _>(&mut conn, keys, &args))
             .await

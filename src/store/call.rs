@@ -18,12 +18,22 @@ impl Store {
             let relinked = self.inner.relinked.notified();
             let link = self.link();
             if !matches!(link.conn, Conn::Reconnecting) {
-                return link;
+                return self.routed(link);
             }
             if tokio::time::timeout_at(deadline, relinked).await.is_err() {
-                return link;
+                return self.routed(link);
             }
         }
+    }
+
+    /// `link` with its calls sent to this view's shard: in Cluster mode a
+    /// connection (shared, pooled or dedicated) sends every command to one
+    /// slot's master, and each view sends its calls to its own shard's.
+    pub(super) fn routed(&self, mut link: Link) -> Link {
+        if let Conn::Cluster(c, _) = link.conn {
+            link.conn = Conn::Cluster(c, home_route(self.keys()));
+        }
+        link
     }
 
     /// Installs a new shared connection (a switch, an invalidation or a
@@ -83,7 +93,7 @@ impl Store {
                     .await
                     .map_err(|_| StoreError::Unavailable("timed out".into()))
                     .and_then(|r| r.map_err(|e| classify(&e)))
-                    .map(|c| Conn::Cluster(c, home_route(&self.inner.keys)))
+                    .map(|c| Conn::Cluster(c, home_route(&self.inner.shard_keys[0])))
             } else {
                 let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
                 match client {
@@ -157,7 +167,7 @@ impl Store {
         self.follow_master_file().await;
         match self.open_own().await {
             Some(opened) => opened,
-            None => match self.link().conn {
+            None => match self.routed(self.link()).conn {
                 Conn::Down => Err(classify(&down_error())),
                 Conn::Reconnecting => Err(classify(&reconnecting_error())),
                 c => Ok(c),
@@ -174,7 +184,7 @@ impl Store {
                 .await
                 .map_err(|_| StoreError::Unavailable("timed out opening a cluster connection".into()))
                 .and_then(|r| r.map_err(|e| classify(&e)));
-            return Some(opened.map(|c| Conn::Cluster(c, home_route(&self.inner.keys))));
+            return Some(opened.map(|c| Conn::Cluster(c, home_route(self.keys()))));
         }
         let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone()?;
         let cfg = redis::AsyncConnectionConfig::new()
@@ -270,7 +280,7 @@ impl Store {
 
     /// Runs one typed script call (see [`ScriptCall`]).
     pub async fn run<C: ScriptCall>(&self, lua: &Lua, call: &C) -> StoreResult<C::Reply> {
-        self.eval(lua, &call.keys(&self.inner.keys), &call.args()).await
+        self.eval(lua, &call.keys(self.keys()), &call.args()).await
     }
 
     pub(super) async fn call<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd, read: bool) -> StoreResult<T> {

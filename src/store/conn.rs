@@ -186,6 +186,13 @@ impl Store {
 
     /// Connects to a Redis Cluster through its seed nodes.
     pub async fn connect_cluster(cfg: &RedisConfig) -> StoreResult<Store> {
+        Self::connect_cluster_sharded(cfg, super::layout::SHARDS).await
+    }
+
+    /// [`Store::connect_cluster`] for a namespace split into `shards`, each
+    /// reached through [`Store::shard`] (the node runs one shard in this
+    /// version; see `docs/sharding.md`).
+    pub async fn connect_cluster_sharded(cfg: &RedisConfig, shards: u32) -> StoreResult<Store> {
         let auth = ServerAuth::from_config(cfg);
         let seeds: Vec<String> = cfg.cluster.iter().map(|a| auth.url(a)).collect();
         let timeout = Duration::from_millis(cfg.timeout_ms);
@@ -207,14 +214,16 @@ impl Store {
             .await
             .map_err(|_| StoreError::Unavailable("timed out connecting to the Redis Cluster".into()))?
             .map_err(|e| StoreError::Unavailable(format!("cannot connect to the Redis Cluster: {e}")))?;
-        let store = Store::build(
+        let map = super::shards::ShardMap::new(&cfg.key_prefix, shards);
+        let store = Store::build_sharded(
             cfg,
             Mode::Cluster,
             cfg.cluster.join(","),
             None,
-            Conn::Cluster(conn, home_route(&Keys::new(&cfg.key_prefix))),
+            Conn::Cluster(conn, home_route(&Keys::tagged(map.tag(0)))),
             Some((client, blocking)),
             None,
+            shards,
         );
         store.check_server().await?;
         Ok(store)
@@ -243,8 +252,35 @@ impl Store {
         cluster: Option<(redis::cluster::ClusterClient, redis::cluster::ClusterClient)>,
         master_file: Option<PathBuf>,
     ) -> Store {
+        Self::build_sharded(
+            cfg,
+            mode,
+            address,
+            client,
+            conn,
+            cluster,
+            master_file,
+            super::layout::SHARDS,
+        )
+    }
+
+    /// [`Store::build`] for a namespace split into `shards`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn build_sharded(
+        cfg: &RedisConfig,
+        mode: Mode,
+        address: String,
+        client: Option<redis::Client>,
+        conn: Conn,
+        cluster: Option<(redis::cluster::ClusterClient, redis::cluster::ClusterClient)>,
+        master_file: Option<PathBuf>,
+        shards: u32,
+    ) -> Store {
         let (cluster_client, cluster_blocking) = cluster.unzip();
+        let map = super::shards::ShardMap::new(&cfg.key_prefix, shards);
+        let shard_keys = (0..map.len()).map(|i| Keys::tagged(map.tag(i))).collect();
         Store {
+            shard: 0,
             inner: Arc::new(Inner {
                 mode,
                 address: RwLock::new(address),
@@ -270,7 +306,8 @@ impl Store {
                 trouble: tokio::sync::Notify::new(),
                 epoch_script: RwLock::new(None),
                 known_epoch: AtomicU64::new(0),
-                keys: Keys::new(&cfg.key_prefix),
+                shards: map,
+                shard_keys,
                 timeout: Duration::from_millis(cfg.timeout_ms),
                 read_retries: cfg.read_retries,
                 healthy: AtomicBool::new(true),

@@ -20,6 +20,12 @@ impl Keys {
         }
     }
 
+    /// The keys of one shard, by its whole hash tag (`{muster#3.1}`, see
+    /// [`ShardMap`](super::shards::ShardMap)).
+    pub fn tagged(tag: &str) -> Self {
+        Keys { p: tag.to_string() }
+    }
+
     /// The hash-tagged prefix, `{muster}`.
     pub fn prefix(&self) -> &str {
         &self.p

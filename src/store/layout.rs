@@ -74,9 +74,10 @@ impl FromRedisValue for LayoutReply {
 /// the recorded one. Errs with the message a refused start prints.
 pub async fn check(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
     let lua = Lua::load("layout", include_str!("lua/layout.lua"), ctx);
+    let map = store.shards();
     let call = Layout {
-        shards: SHARDS,
-        placement: PLACEMENT,
+        shards: map.len() as u32,
+        placement: map.placement(),
     };
     let reply = store
         .run(&lua, &call)
@@ -87,13 +88,14 @@ pub async fn check(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
     }
     Err(format!(
         "the namespace {} is split into {} shards (placement `{}`, recorded in {}), but this node keeps a \
-         namespace in {SHARDS} shard: it would see only part of the data and the rest would go unserved. \
+         namespace in {} shard(s): it would see only part of the data and the rest would go unserved. \
          Start the version that wrote it, or use another redis.key_prefix; changing the number of shards \
          of a namespace that holds data is not supported (docs/sharding.md)",
         store.keys().prefix(),
         reply.shards,
         reply.placement,
         layout_key(store.keys()),
+        map.len(),
     ))
 }
 

@@ -120,7 +120,7 @@ impl Store {
             node: &node,
             addr,
         };
-        let keys = call.keys(&self.inner.keys);
+        let keys = call.keys(self.keys());
         let args = super::call::with_deadline(&call.args(), self.deadline()?);
         let reply: crate::failover::scripts::EpochReply = self
             .timed_on(&probe, lua.name(), lua.call(conn, &keys, &args))

@@ -151,7 +151,10 @@ struct Inner {
     epoch_script: RwLock<Option<(Lua, String)>>,
     /// The highest fencing epoch this node has seen.
     known_epoch: AtomicU64,
-    keys: Keys,
+    /// How the namespace is split, and each shard's keys (one shard, `{p}`,
+    /// in this version: see `docs/sharding.md`).
+    shards: shards::ShardMap,
+    shard_keys: Vec<Keys>,
     timeout: Duration,
     read_retries: u32,
     healthy: AtomicBool,
@@ -176,10 +179,13 @@ struct Link {
     cut: CancellationToken,
 }
 
-/// Cheap to clone; all clones share one connection.
+/// Cheap to clone; all clones share one connection. A store is a view of
+/// one shard of the namespace ([`Store::shard`]): its keys, and in Cluster
+/// mode the master its calls go to, are that shard's.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
+    shard: usize,
 }
 
 /// The oldest Redis that muster supports (functions as used here, `XADD
@@ -187,8 +193,26 @@ pub struct Store {
 const MIN_VERSION: (u32, u32) = (7, 0);
 
 impl Store {
+    /// The keys of this view's shard.
     pub fn keys(&self) -> &Keys {
-        &self.inner.keys
+        &self.inner.shard_keys[self.shard]
+    }
+    /// How the namespace is split into shards.
+    pub fn shards(&self) -> &shards::ShardMap {
+        &self.inner.shards
+    }
+    /// The same store, viewing shard `i` (modulo the number of shards): its
+    /// calls use that shard's keys and, in Cluster mode, go to the master of
+    /// that shard's slot. Shares the connection and everything else.
+    pub fn shard(&self, i: usize) -> Store {
+        Store {
+            inner: self.inner.clone(),
+            shard: i % self.inner.shard_keys.len(),
+        }
+    }
+    /// Which shard this view is of.
+    pub fn shard_index(&self) -> usize {
+        self.shard
     }
     pub fn mode(&self) -> Mode {
         self.inner.mode

@@ -626,3 +626,59 @@ async fn twelve_shards_spread_four_per_master() {
         .collect();
     assert_eq!(per_master, [4, 4, 4], "keys per master");
 }
+
+/// A store split into 12 shards (`Store::shard`): each view's scripts and
+/// keyless commands go to the master of its own shard's slot, and the
+/// scripts, which take their namespace from their first key, write only
+/// that shard's keys; four shards per master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_store_sends_each_shard_to_its_own_master() {
+    use muster::store::{Lua, ScriptCtx, Store};
+    let cluster = TestCluster::start(3);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config("", dir.path());
+    cfg.redis.url.clear();
+    cfg.redis.cluster = cluster.seeds();
+    let store = Store::connect_cluster_sharded(&cfg.redis, 12).await.unwrap();
+    assert_eq!(store.shards().len(), 12);
+    let ctx = ScriptCtx {
+        events_max_len: 1000,
+        cluster: true,
+    };
+    let probe = Lua::load(
+        "probe",
+        "redis.call('SET', P .. ':probe', ARGV[1])\nreturn redis.call('CLUSTER', 'MYID')",
+        &ctx,
+    );
+    let ids: Vec<String> = cluster
+        .ports()
+        .into_iter()
+        .map(|p| query(p, &["CLUSTER", "MYID"]).unwrap())
+        .collect();
+    for i in 0..12 {
+        let shard = store.shard(i);
+        assert_eq!(shard.shard_index(), i);
+        let key = format!("{}:probe", shard.keys().prefix());
+        let ran_on: String = shard
+            .eval(&probe, &[shard.keys().events()], &[i.to_string()])
+            .await
+            .unwrap();
+        let keyless: String = shard.query("myid", redis::cmd("CLUSTER").arg("MYID")).await.unwrap();
+        let owner = cluster
+            .ports()
+            .into_iter()
+            .position(|p| query::<i64>(p, &["EXISTS", &key]) == Some(1))
+            .unwrap_or_else(|| panic!("{key} is on no master"));
+        assert_eq!(ran_on, ids[owner], "shard {i}'s script ran on its slot's master");
+        assert_eq!(
+            keyless, ids[owner],
+            "shard {i}'s keyless command went to its slot's master"
+        );
+    }
+    let per_master: Vec<i64> = cluster
+        .ports()
+        .into_iter()
+        .map(|p| query(p, &["DBSIZE"]).unwrap())
+        .collect();
+    assert_eq!(per_master, [4, 4, 4], "one probe key per shard, four shards per master");
+}
