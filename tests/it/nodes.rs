@@ -253,6 +253,7 @@ async fn start_refused(redis: &TestRedis, prefix: &str) -> Option<String> {
     let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
     let mut cfg = redis.test_config(dir.path());
     cfg.redis.key_prefix = prefix.into();
+    redis.adopt(&mut cfg);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     match muster::start(cfg, listener).await {
         Ok(running) => {

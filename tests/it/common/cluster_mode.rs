@@ -5,13 +5,16 @@
 //! that lives as long as the process: its servers get `PR_SET_PDEATHSIG`, so
 //! they die with the process even though a static is never dropped. Each
 //! `TestRedis::start()` is a namespace on it: its own `redis.key_prefix`
-//! (`t<pid>_<n>`). The test's own Redis commands go through [`TestConn`],
-//! which writes `{muster}` as `{<prefix>}` in arguments and back in replies,
-//! limits `KEYS` and `DBSIZE` to the namespace, and sends commands without
-//! keys (`INFO`, `FUNCTION`, `TIME`, ...) to the master owning the prefix's
-//! slot. A test that needs a server of its own calls [`skip_on_cluster`].
+//! (`t<pid>_<n>`). The test's own Redis commands go through [`TestConn`]
+//! (see [`Rewrite`]): `{muster}` becomes `{<prefix>}` and any other hash
+//! tag `{x}` becomes `{<prefix>.x}` in arguments, and back in replies;
+//! `KEYS` and `DBSIZE` see only the namespace, and commands without keys
+//! (`INFO`, `FUNCTION LIST`, `TIME`, ...) go to the master owning the
+//! prefix's slot. A test that needs a server of its own calls
+//! [`skip_on_cluster`].
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
@@ -98,19 +101,14 @@ fn low_cluster_port() -> u16 {
 /// One test's namespace on the shared cluster.
 pub struct Namespace {
     pub prefix: String,
-    /// (`{name}`, `{<prefix>}`-style replacement) pairs for arguments; the
-    /// first is `{muster}`, more come from tests that set their own prefix.
-    renames: Mutex<Vec<(String, String)>>,
     conn: Mutex<Option<ClusterConnection>>,
 }
 
 impl Namespace {
     pub fn new() -> Namespace {
         static NEXT: AtomicU32 = AtomicU32::new(1);
-        let prefix = format!("t{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         Namespace {
-            renames: Mutex::new(vec![("muster".into(), prefix.clone())]),
-            prefix,
+            prefix: format!("t{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)),
             conn: Mutex::new(None),
         }
     }
@@ -129,19 +127,10 @@ impl Namespace {
         cfg
     }
 
-    /// After a test's tweak: a prefix of its own becomes `<prefix>.<its>`,
-    /// and `{its}` is rewritten as `{<prefix>.<its>}`.
+    /// After a test's tweak: `muster` is the namespace's prefix, a prefix of
+    /// the test's own `x` becomes `<prefix>.x` (as `{x}` in its commands).
     pub fn adopt(&self, cfg: &mut Config) {
-        let theirs = cfg.redis.key_prefix.clone();
-        if theirs == self.prefix || theirs.starts_with(&format!("{}.", self.prefix)) {
-            return;
-        }
-        let mine = format!("{}.{theirs}", self.prefix);
-        let mut r = self.renames.lock().unwrap();
-        if !r.iter().any(|(a, _)| *a == theirs) {
-            r.push((theirs, mine.clone()));
-        }
-        cfg.redis.key_prefix = mine;
+        cfg.redis.key_prefix = Rewrite(&self.prefix).forward_tag(&cfg.redis.key_prefix);
     }
 
     pub async fn conn(&self) -> redis::RedisResult<TestConn> {
@@ -156,14 +145,7 @@ impl Namespace {
                 c
             }
         };
-        let renames = self.renames.lock().unwrap().clone();
-        Ok(TestConn::Cluster(
-            c,
-            Rewrite {
-                prefix: self.prefix.clone(),
-                renames,
-            },
-        ))
+        Ok(TestConn::Cluster(c, self.prefix.clone()))
     }
 }
 
@@ -171,38 +153,68 @@ impl Namespace {
 #[derive(Clone)]
 pub enum TestConn {
     Single(MultiplexedConnection),
-    Cluster(ClusterConnection, Rewrite),
+    /// The cluster, and the namespace's prefix.
+    Cluster(ClusterConnection, String),
 }
 
-#[derive(Clone)]
-pub struct Rewrite {
-    prefix: String,
-    renames: Vec<(String, String)>,
-}
+/// What the test's commands and their replies go through in a namespace:
+/// every hash tag `{x}` in an argument becomes `{<prefix>}` for `x` =
+/// `muster` and `{<prefix>.x}` otherwise (`{x#i.k}` alike), and back in
+/// replies. Script bodies (`EVAL`, `SCRIPT LOAD`) only get `{muster}`
+/// rewritten (a Lua table `{x}` is no key), and `SCRIPT LOAD` answers the
+/// hash of the text as sent, which `EVALSHA` maps to the loaded one.
+struct Rewrite<'a>(&'a str);
 
-impl Rewrite {
-    fn args(&self, cmd: &Cmd) -> Vec<Vec<u8>> {
-        cmd.args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => b"0".to_vec(),
-            })
-            .map(|a| {
-                self.renames.iter().fold(a, |a, (from, to)| {
-                    let a = replace(&a, format!("{{{from}}}").as_bytes(), format!("{{{to}}}").as_bytes());
-                    replace(&a, format!("{{{from}#").as_bytes(), format!("{{{to}#").as_bytes())
-                })
-            })
-            .collect()
+/// Hashes of rewritten script bodies, by the hash of the test's text.
+static SCRIPT_HASHES: LazyLock<Mutex<HashMap<String, String>>> = LazyLock::new(Mutex::default);
+
+impl Rewrite<'_> {
+    fn forward_tag(&self, t: &str) -> String {
+        let p = self.0;
+        if t == "muster" {
+            p.to_string()
+        } else if t == p || t.starts_with(&format!("{p}.")) {
+            t.to_string()
+        } else {
+            format!("{p}.{t}")
+        }
+    }
+
+    fn back_tag(&self, t: &str) -> String {
+        let p = self.0;
+        if t == p {
+            "muster".to_string()
+        } else if let Some(rest) = t.strip_prefix(&format!("{p}.")) {
+            rest.to_string()
+        } else {
+            t.to_string()
+        }
+    }
+
+    /// Rewrites each `{tag}` or `{tag#` whose tag could be a key prefix.
+    fn tags(&self, b: &[u8], f: impl Fn(&str) -> String) -> Vec<u8> {
+        let ok = |c: &u8| c.is_ascii_alphanumeric() || b"._-:".contains(c);
+        let mut out = Vec::with_capacity(b.len() + 16);
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'{' {
+                let len = b[i + 1..].iter().take_while(|c| ok(c)).count();
+                let end = i + 1 + len;
+                if len > 0 && end < b.len() && (b[end] == b'}' || b[end] == b'#') {
+                    out.push(b'{');
+                    out.extend_from_slice(f(std::str::from_utf8(&b[i + 1..end]).unwrap()).as_bytes());
+                    i = end;
+                    continue;
+                }
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+        out
     }
 
     fn reply(&self, v: Value) -> Value {
-        let back = |b: Vec<u8>| {
-            self.renames.iter().fold(b, |b, (from, to)| {
-                let b = replace(&b, format!("{{{to}}}").as_bytes(), format!("{{{from}}}").as_bytes());
-                replace(&b, format!("{{{to}#").as_bytes(), format!("{{{from}#").as_bytes())
-            })
-        };
+        let back = |b: Vec<u8>| self.tags(&b, |t| self.back_tag(t));
         match v {
             Value::BulkString(b) => Value::BulkString(back(b)),
             Value::SimpleString(s) => Value::SimpleString(String::from_utf8_lossy(&back(s.into_bytes())).into()),
@@ -214,20 +226,59 @@ impl Rewrite {
     }
 
     /// `KEYS <pattern>` limited to the namespace: `{<prefix>}`, its shards
-    /// `{<prefix>#...}` and the prefixes of its own `{<prefix>.x}`.
+    /// `{<prefix>#...}` and the test's own prefixes `{<prefix>.x}`.
     fn keys_pattern(&self, pattern: &[u8]) -> Vec<u8> {
         if pattern.starts_with(b"{") {
             return pattern.to_vec();
         }
-        let mut p = format!("{{{}[}}#.]", self.prefix).into_bytes();
+        let mut p = format!("{{{}[}}#.]", self.0).into_bytes();
         p.extend_from_slice(pattern);
         p
     }
 
     async fn run(&self, c: &mut ClusterConnection, cmd: &Cmd) -> redis::RedisResult<Value> {
-        let mut args = self.args(cmd);
-        let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
-        let sub = args.get(1).map(|a| String::from_utf8_lossy(a).to_ascii_uppercase());
+        let raw: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => b"0".to_vec(),
+            })
+            .collect();
+        let name = String::from_utf8_lossy(&raw[0]).to_ascii_uppercase();
+        let sub = raw.get(1).map(|a| String::from_utf8_lossy(a).to_ascii_uppercase());
+        // Which argument is a script body: EVAL's and SCRIPT LOAD's get
+        // `{muster}` rewritten, FUNCTION LOAD's (muster's own) nothing.
+        let (body, function) = match (name.as_str(), sub.as_deref()) {
+            ("EVAL", _) => (Some(1), false),
+            ("SCRIPT", Some("LOAD")) => (Some(2), false),
+            ("FUNCTION", Some("LOAD")) => (None, true),
+            _ => (None, false),
+        };
+        let mut args: Vec<Vec<u8>> = raw
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                if function && i > 0 {
+                    a.clone()
+                } else if body == Some(i) {
+                    let theirs = String::from_utf8_lossy(a).into_owned();
+                    let ours = theirs.replace("{muster}", &format!("{{{}}}", self.0));
+                    let hash = |t: &str| redis::Script::new(t).get_hash().to_string();
+                    SCRIPT_HASHES.lock().unwrap().insert(hash(&theirs), hash(&ours));
+                    ours.into_bytes()
+                } else {
+                    self.tags(a, |t| self.forward_tag(t))
+                }
+            })
+            .collect();
+        if name == "EVALSHA"
+            && let Some(h) = SCRIPT_HASHES
+                .lock()
+                .unwrap()
+                .get(String::from_utf8_lossy(&args[1]).as_ref())
+        {
+            args[1] = h.clone().into_bytes();
+        }
         if name == "DBSIZE" {
             let keys = redis::cmd("KEYS")
                 .arg(self.keys_pattern(b"*"))
@@ -242,54 +293,34 @@ impl Rewrite {
         for a in &args {
             out.arg(a.as_slice());
         }
+        // Commands without keys go to the master owning the prefix's slot;
+        // loads go to every master (the default), as muster loads them.
         let keyless = matches!(
             name.as_str(),
-            "INFO"
-                | "FUNCTION"
-                | "SLOWLOG"
-                | "TIME"
-                | "SCAN"
-                | "PING"
-                | "CONFIG"
-                | "SCRIPT"
-                | "ACL"
-                | "CLIENT"
-                | "LATENCY"
-        ) || (name == "MEMORY" && sub.as_deref() != Some("USAGE"));
+            "INFO" | "SLOWLOG" | "TIME" | "SCAN" | "PING" | "CONFIG" | "ACL" | "CLIENT" | "LATENCY"
+        ) || (name == "FUNCTION" && !function)
+            || (name == "MEMORY" && sub.as_deref() != Some("USAGE"));
         let v = if keyless {
-            let slot = key_slot(&format!("{{{}}}", self.prefix));
+            let slot = key_slot(&format!("{{{}}}", self.0));
             let to = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
             c.route_command(out, RoutingInfo::SingleNode(to)).await?
         } else {
             c.req_packed_command(&out).await?
         };
+        if body == Some(2) {
+            // The hash of the text the test sent, as redis-rs checks.
+            let theirs = String::from_utf8_lossy(&raw[2]).into_owned();
+            return Ok(Value::BulkString(redis::Script::new(&theirs).get_hash().into()));
+        }
         Ok(self.reply(v))
     }
-}
-
-fn replace(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
-    if from.is_empty() || hay.len() < from.len() {
-        return hay.to_vec();
-    }
-    let mut out = Vec::with_capacity(hay.len());
-    let mut i = 0;
-    while i < hay.len() {
-        if hay[i..].starts_with(from) {
-            out.extend_from_slice(to);
-            i += from.len();
-        } else {
-            out.push(hay[i]);
-            i += 1;
-        }
-    }
-    out
 }
 
 impl ConnectionLike for TestConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             TestConn::Single(c) => c.req_packed_command(cmd),
-            TestConn::Cluster(c, rw) => Box::pin(async move { rw.run(c, cmd).await }),
+            TestConn::Cluster(c, p) => Box::pin(async move { Rewrite(p).run(c, cmd).await }),
         }
     }
 
@@ -302,10 +333,10 @@ impl ConnectionLike for TestConn {
         match self {
             TestConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             // Plain pipelines only (no MULTI): one command after the other.
-            TestConn::Cluster(c, rw) => Box::pin(async move {
+            TestConn::Cluster(c, p) => Box::pin(async move {
                 let mut out = Vec::new();
                 for cmd in pipeline.cmd_iter() {
-                    out.push(rw.run(c, cmd).await?);
+                    out.push(Rewrite(p).run(c, cmd).await?);
                 }
                 Ok(out)
             }),

@@ -76,6 +76,14 @@ impl TestRedis {
         }
     }
 
+    /// Cluster mode: moves a key prefix the test set itself into the test's
+    /// namespace (`muster` is the namespace's own). Does nothing otherwise.
+    pub fn adopt(&self, cfg: &mut Config) {
+        if let Some(ns) = &self.ns {
+            ns.adopt(cfg);
+        }
+    }
+
     /// Panics in cluster mode: `what` needs a server of the test's own.
     fn own_server(&self, what: &str) {
         assert!(
@@ -401,9 +409,7 @@ impl TestApp {
         let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
         let mut cfg = redis.test_config(dir.path());
         tweak(&mut cfg);
-        if let Some(ns) = &redis.ns {
-            ns.adopt(&mut cfg);
-        }
+        redis.adopt(&mut cfg);
         Self::start_config(cfg, dir).await
     }
 
