@@ -30,6 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
+use crate::common::skip_on_cluster;
 use crate::common::*;
 
 const WORKER_TTL_MS: u64 = 2000;
@@ -552,6 +553,9 @@ fn chaos_tasks(default: usize) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_nodes_workers_and_redis_fail_and_nothing_is_lost() {
+    if skip_on_cluster("runs the binary with a Redis URL, kills, restarts and stalls Redis") {
+        return;
+    }
     run_chaos(Plan {
         tasks: chaos_tasks(2000),
         workers: 6,
@@ -565,6 +569,9 @@ async fn chaos_nodes_workers_and_redis_fail_and_nothing_is_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "long soak: cargo test --release chaos_soak -- --ignored --nocapture"]
 async fn chaos_soak() {
+    if skip_on_cluster("runs the binary with a Redis URL, kills, restarts and stalls Redis") {
+        return;
+    }
     run_chaos(Plan {
         tasks: chaos_tasks(20_000),
         workers: 8,

@@ -26,7 +26,7 @@ struct FixedNode {
 impl FixedNode {
     async fn start(redis: &TestRedis, port: u16) -> FixedNode {
         let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
-        let cfg = test_config(&redis.url(), dir.path());
+        let cfg = redis.test_config(dir.path());
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
         let running = muster::start(cfg, listener).await.expect("node starts");
         FixedNode {

@@ -31,6 +31,7 @@ use muster::config::Config;
 use serde_json::{Value, json};
 
 use crate::common::ha::{TestReplicaSet, TestSentinels};
+use crate::common::skip_on_cluster;
 use crate::common::*;
 
 const USER: &str = "muster";
@@ -227,6 +228,9 @@ async fn round(fault: Fault, ack_replicas: u32) -> (usize, Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_tasks_survive_a_master_kill_and_a_partition() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     // ack_replicas = 1: nothing acknowledged is lost, whichever way the
     // master goes, over several rounds.
     for fault in [Fault::Kill, Fault::Partition, Fault::Kill] {
@@ -245,6 +249,9 @@ async fn acknowledged_tasks_survive_a_master_kill_and_a_partition() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_replicated_acks_the_same_faults_lose_tasks() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     // The control: ack_replicas = 0 under the same schedule loses
     // acknowledged tasks, so the test above can fail.
     for fault in [Fault::Kill, Fault::Partition] {
@@ -291,6 +298,9 @@ fn metric(text: &str, series: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let set = TestReplicaSet::start(1);
     // The replica must be online at the master before the first confirmed
     // submit, or WAIT counts 0 replicas and the 201 below is a shortfall.
@@ -505,6 +515,9 @@ async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
 /// and a frozen replica makes it a shortfall.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_waits_on_the_namespace_slot_master() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     use crate::common::ha::{TestCluster, info, query};
     let cluster = TestCluster::start(3);
     // The owner answers a read of the slot; the others answer MOVED.

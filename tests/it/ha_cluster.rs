@@ -14,6 +14,7 @@ use muster::config::Config;
 use serde_json::{Value, json};
 
 use crate::common::ha::{TestCluster, info, query};
+use crate::common::skip_on_cluster;
 use crate::common::*;
 use crate::tasks::{claim, join, submit, submit_many};
 
@@ -73,6 +74,9 @@ fn all_keys(cluster: &TestCluster) -> HashSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_tasks_claim_fence_and_complete() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let t0 = Instant::now();
     let cluster = TestCluster::start(3);
     let a = cluster_node(&cluster, |_| {}).await;
@@ -169,6 +173,9 @@ async fn cluster_tasks_claim_fence_and_complete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_orphan_recovered_after_node_death() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let t0 = Instant::now();
     let cluster = TestCluster::start(3);
     let mut a = cluster_node(&cluster, |_| {}).await;
@@ -229,6 +236,9 @@ async fn cluster_orphan_recovered_after_node_death() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_barrier_round_releases() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let t0 = Instant::now();
     let cluster = TestCluster::start(3);
     let nodes = Arc::new(vec![
@@ -284,6 +294,9 @@ async fn cluster_barrier_round_releases() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_events_replay() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let t0 = Instant::now();
     let cluster = TestCluster::start(3);
     let a = cluster_node(&cluster, |_| {}).await;
@@ -362,6 +375,9 @@ async fn cluster_events_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_keys_return_to_baseline() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let t0 = Instant::now();
     let cluster = TestCluster::start(3);
     let tweak = |c: &mut Config| {
@@ -525,6 +541,9 @@ fn failover_events(port: u16) -> usize {
 /// modes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_again() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let mut cluster = TestCluster::start(3);
     let a = cluster_node(&cluster, |_| {}).await;
     let task = submit(&a, "lost", json!({})).await;
@@ -554,6 +573,9 @@ async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_a
 /// old master and lost is never handed out again by the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_failover_never_repeats_a_lost_lock_token() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let mut cluster = TestCluster::start(3);
     let a = cluster_node(&cluster, |_| {}).await;
     let acquire = |owner: &'static str| {
@@ -608,6 +630,9 @@ async fn claim_retrying(app: &TestApp, queue: &str) -> Option<Value> {
 /// four on each of three masters (docs/sharding.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twelve_shards_spread_four_per_master() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     use muster::store::shards::{ShardMap, key_slot};
     let cluster = TestCluster::start(3);
     let map = ShardMap::new("muster", 12);
@@ -633,6 +658,9 @@ async fn twelve_shards_spread_four_per_master() {
 /// that shard's keys; four shards per master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_store_sends_each_shard_to_its_own_master() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     use muster::store::{Lua, ScriptCtx, Store};
     let cluster = TestCluster::start(3);
     let dir = tempfile::tempdir().unwrap();

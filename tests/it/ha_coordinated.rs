@@ -8,6 +8,7 @@ use muster::config::FailoverRole;
 use serde_json::{Value, json};
 
 use crate::common::ha::TestReplicaSet;
+use crate::common::skip_on_cluster;
 use crate::common::{TestApp, test_config, wait_until};
 
 const SECRET: &str = "a-shared-secret-for-tests";
@@ -74,6 +75,9 @@ async fn internal(app: &TestApp, kind: &str, body: Value, secret: &str) -> (u16,
 /// Prints the time from the master's death to the first write through muster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinated_failover_switches_when_all_confirm() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let mut set = TestReplicaSet::start(1);
     let (c, a, b) = ids("ok");
     let na = node(&set, &a, FailoverRole::Client, vec![]).await;
@@ -167,6 +171,9 @@ async fn coordinated_failover_switches_when_all_confirm() {
 /// and no node ever uses a different master from the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinated_no_switch_while_a_client_is_unreachable() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let mut set = TestReplicaSet::start(1);
     let (c, a, b) = ids("stop");
     let na = node(&set, &a, FailoverRole::Client, vec![]).await;
@@ -211,6 +218,9 @@ async fn coordinated_no_switch_while_a_client_is_unreachable() {
 /// Also: stale rounds and a wrong secret are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinator_killed_mid_round_leaves_no_split() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let mut set = TestReplicaSet::start(1);
     let (c, a, b) = ids("mid");
     let na = node(&set, &a, FailoverRole::Client, vec![]).await;
@@ -284,6 +294,9 @@ async fn coordinator_killed_mid_round_leaves_no_split() {
 /// the page renders, and the internal endpoints refuse (404).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_status_in_standalone_mode() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let redis = crate::common::TestRedis::start();
     let app = TestApp::start(&redis).await;
     let (s, st) = app.get("/api/v1/failover").await;

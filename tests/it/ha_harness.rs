@@ -5,9 +5,13 @@
 use std::time::{Duration, Instant};
 
 use crate::common::ha::{TestCluster, TestReplicaSet, TestSentinels};
+use crate::common::skip_on_cluster;
 
 #[test]
 fn replica_set_and_sentinels_start() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let mut set = TestReplicaSet::start(1);
     assert_eq!(set.role(set.ports()[0]), "master");
     assert_eq!(set.role(set.ports()[1]), "slave");
@@ -50,6 +54,9 @@ fn replica_set_and_sentinels_start() {
 
 #[test]
 fn cluster_starts() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let t = Instant::now();
     let cluster = TestCluster::start(3);
     eprintln!("cluster ready in {:?}", t.elapsed());

@@ -16,6 +16,7 @@ use muster::config::Config;
 use serde_json::{Value, json};
 
 use crate::common::ha::{TestReplicaSet, TestSentinels, query};
+use crate::common::skip_on_cluster;
 use crate::common::*;
 
 /// Deadline for the nodes to follow a failover, from the kill.
@@ -146,6 +147,9 @@ struct Log {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinel_failover_nodes_follow_and_tokens_increase() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let test_start = Instant::now();
     let mut set = TestReplicaSet::start(1);
     let sentinels = TestSentinels::start(&set, 3, "muster-s1");
@@ -423,6 +427,9 @@ async fn sentinel_failover_nodes_follow_and_tokens_increase() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_node_starts_against_current_master() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     let mut set = TestReplicaSet::start(1);
     let sentinels = TestSentinels::start(&set, 3, "muster-s2");
     let (old, new) = (set.addr(0), set.addr(1));
@@ -497,6 +504,9 @@ async fn sentinel_node_starts_against_current_master() {
 
 #[tokio::test]
 async fn sentinel_start_fails_clearly_when_no_sentinel_answers() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
     // Ports that were free a moment ago: connection refused.
     let addrs = vec![
         format!("127.0.0.1:{}", free_port()),

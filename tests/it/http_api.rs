@@ -80,7 +80,7 @@ async fn role_matrix() {
 async fn no_tokens_means_loopback_only() {
     let redis = TestRedis::start();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = test_config(&redis.url(), dir.path());
+    let cfg = redis.test_config(dir.path());
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
     let err = muster::start(cfg, listener).await.err().expect("refused");
     assert!(err.to_string().contains("no [auth] tokens"), "{err}");

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::common::skip_on_cluster;
 use crate::common::*;
 use crate::tasks::{claim, submit};
 
@@ -198,6 +199,9 @@ async fn the_timeout_monitor_fails_overdue_tasks_and_late_completes_get_409() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_stall_longer_than_the_ttl_orphans_nothing() {
+    if skip_on_cluster("stalls the Redis server with DEBUG SLEEP") {
+        return;
+    }
     let redis = TestRedis::start_with(&["--enable-debug-command", "yes"]);
     let a = TestApp::start(&redis).await;
     let ttl = 600u64;
@@ -253,6 +257,9 @@ async fn the_sweep_recovers_tasks_of_owners_missing_from_the_registry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_redis_stops_handing_out_work() {
+    if skip_on_cluster("a fault proxy in front of one Redis server") {
+        return;
+    }
     let redis = TestRedis::start();
     let proxy = FaultProxy::start(redis.port).await;
     let a = TestApp::start(&redis).await;
@@ -295,6 +302,9 @@ async fn a_node_cut_off_from_redis_stops_handing_out_work() {
 /// that ttl to heartbeat again, not just the node ttl: no false orphan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_outage_a_slow_heartbeating_worker_keeps_its_task() {
+    if skip_on_cluster("a fault proxy in front of one Redis server") {
+        return;
+    }
     let redis = TestRedis::start();
     let proxy = FaultProxy::start(redis.port).await;
     // The only node reaches Redis through the proxy: its cleaner stops too.

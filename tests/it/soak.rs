@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
+use crate::common::skip_on_cluster;
 use crate::common::{TestRedis, free_port, muster_bin, wait_until};
 
 const QUEUE: &str = "soak";
@@ -194,6 +195,9 @@ async fn post(http: &reqwest::Client, url: String, body: &Value) -> Option<(u16,
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "churn soak: MUSTER_SOAK_TASKS=1000000 cargo test --release --test it soak:: -- --ignored --nocapture"]
 async fn churn_soak_returns_to_baseline() {
+    if skip_on_cluster("runs the binary with a Redis URL; SCANs and measures the whole server") {
+        return;
+    }
     let total = soak_tasks();
     let t0 = Instant::now();
     let redis = TestRedis::start();

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::common::skip_on_cluster;
 use crate::common::*;
 use crate::tasks::{claim, submit};
 
@@ -37,6 +38,9 @@ fn count(events: &[(String, String, Value)], ty: &str, node: &str) -> usize {
 /// declare a worker that heartbeats on time dead and requeue its task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalls_shorter_or_longer_than_the_ttl_declare_nobody_dead() {
+    if skip_on_cluster("freezes the Redis server (SIGSTOP)") {
+        return;
+    }
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     let b = TestApp::start(&redis).await;
@@ -79,6 +83,9 @@ async fn stalls_shorter_or_longer_than_the_ttl_declare_nobody_dead() {
 /// node back to active (its next heartbeat counted as a new join).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_survives_a_stall_longer_than_the_ttl() {
+    if skip_on_cluster("freezes the Redis server (SIGSTOP)") {
+        return;
+    }
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     assert_eq!(heartbeat(&a, "w", 600).await, 200);
@@ -131,6 +138,9 @@ async fn a_drained_worker_that_died_and_returns_is_still_draining() {
 /// longer than that ttl, until its lease (given back) runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_ttl_worker_keeps_its_lock_and_double_barrier_place_across_a_stall() {
+    if skip_on_cluster("freezes the Redis server (SIGSTOP)") {
+        return;
+    }
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     let _b = TestApp::start(&redis).await;

@@ -436,12 +436,17 @@ impl TestCluster {
     /// `redis-cli --cluster create`, and returns once every node reports
     /// `cluster_state:ok` and knows all the others.
     pub fn start(masters: usize) -> TestCluster {
+        Self::start_with_ports(masters, free_cluster_port)
+    }
+
+    /// As [`TestCluster::start`], with data ports drawn by `pick`.
+    pub fn start_with_ports(masters: usize, pick: fn() -> u16) -> TestCluster {
         assert!(
             masters >= 3,
             "redis-cli --cluster create needs at least 3 masters, got {masters}"
         );
         let dir = tempfile::Builder::new().prefix("muster-cluster").tempdir().unwrap();
-        let nodes: Vec<TestRedis> = (0..masters).map(|_| Self::start_node(dir.path())).collect();
+        let nodes: Vec<TestRedis> = (0..masters).map(|_| Self::start_node(dir.path(), pick)).collect();
         let cluster = TestCluster { nodes, dir };
 
         let out_path = cluster.dir.path().join("redis-cli.out");
@@ -498,15 +503,16 @@ impl TestCluster {
         cluster
     }
 
-    fn start_node(shared: &Path) -> TestRedis {
+    fn start_node(shared: &Path, pick: fn() -> u16) -> TestRedis {
         for _ in 0..5 {
-            let port = free_cluster_port();
+            let port = pick();
             let conf = shared.join(format!("nodes-{port}.conf"));
             let _ = std::fs::remove_file(&conf);
             let mut r = TestRedis {
                 port,
                 dir: tempfile::Builder::new().prefix("muster-redis").tempdir().unwrap(),
                 child: None,
+                ns: None,
                 extra: [
                     "--cluster-enabled",
                     "yes",
@@ -554,7 +560,7 @@ impl TestCluster {
     /// then `CLUSTER REPLICATE <id>`) and returns its index once its link to
     /// the master is up.
     pub fn add_replica(&mut self, master: usize) -> usize {
-        let n = Self::start_node(self.dir.path());
+        let n = Self::start_node(self.dir.path(), free_cluster_port);
         let port = n.port;
         let master_port = self.nodes[master].port;
         let master_id: String = query(master_port, &["CLUSTER", "MYID"]).expect("CLUSTER MYID");

@@ -17,6 +17,8 @@ use muster::config::Config;
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod cluster_mode;
+pub use cluster_mode::skip_on_cluster;
 pub mod ha;
 pub mod keys;
 mod proxy;
@@ -40,11 +42,54 @@ pub struct TestRedis {
     pub dir: TempDir,
     child: Option<Child>,
     extra: Vec<String>,
+    /// Cluster mode: the test's namespace on the shared cluster (no server
+    /// of its own).
+    ns: Option<cluster_mode::Namespace>,
 }
 
 impl TestRedis {
     pub fn start() -> TestRedis {
+        if cluster_mode::enabled() {
+            let ns = cluster_mode::Namespace::new();
+            return TestRedis {
+                port: ns.port(),
+                dir: tempfile::Builder::new().prefix("muster-redis").tempdir().unwrap(),
+                child: None,
+                extra: Vec::new(),
+                ns: Some(ns),
+            };
+        }
         Self::start_with(&[])
+    }
+
+    /// Cluster mode: the test's key prefix (`None` on a server of its own).
+    pub fn cluster_prefix(&self) -> Option<&str> {
+        self.ns.as_ref().map(|n| n.prefix.as_str())
+    }
+
+    /// A node config for this Redis: its URL, or in cluster mode the shared
+    /// cluster's seeds and the test's key prefix.
+    pub fn test_config(&self, data_dir: &Path) -> Config {
+        match &self.ns {
+            None => test_config(&self.url(), data_dir),
+            Some(ns) => ns.test_config(data_dir),
+        }
+    }
+
+    /// Cluster mode: moves a key prefix the test set itself into the test's
+    /// namespace (`muster` is the namespace's own). Does nothing otherwise.
+    pub fn adopt(&self, cfg: &mut Config) {
+        if let Some(ns) = &self.ns {
+            ns.adopt(cfg);
+        }
+    }
+
+    /// Panics in cluster mode: `what` needs a server of the test's own.
+    fn own_server(&self, what: &str) {
+        assert!(
+            self.ns.is_none(),
+            "{what} needs a redis-server of the test's own: skip this test with skip_on_cluster"
+        );
     }
 
     /// Starts with extra `--name value` arguments (e.g. `["--appendonly", "yes"]`).
@@ -58,6 +103,7 @@ impl TestRedis {
                 dir,
                 child: None,
                 extra: extra.clone(),
+                ns: None,
             };
             if r.spawn() {
                 return r;
@@ -95,6 +141,16 @@ impl TestRedis {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+        if cluster_mode::spawning_shared() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl(2) only, between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd
             .spawn()
             .expect("redis-server must be installed (apt-get install -y redis-server)");
@@ -121,6 +177,7 @@ impl TestRedis {
     }
 
     pub fn url(&self) -> String {
+        self.own_server("a Redis URL");
         format!("redis://127.0.0.1:{}", self.port)
     }
 
@@ -134,6 +191,7 @@ impl TestRedis {
 
     /// Starts again on the same port and directory (AOF data, if enabled, survives).
     pub fn restart(&mut self) {
+        self.own_server("restart");
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.spawn() {
@@ -149,10 +207,18 @@ impl TestRedis {
     /// A connection for the test's own checks. On a busy machine a connect
     /// can time out: it is retried for up to 20 s, and a failure says what
     /// was waited for, so a test fails only for what it checks.
-    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+    pub async fn conn(&self) -> cluster_mode::TestConn {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            match self.client().get_multiplexed_async_connection().await {
+            let c = match &self.ns {
+                None => self
+                    .client()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map(cluster_mode::TestConn::Single),
+                Some(ns) => ns.conn().await,
+            };
+            match c {
                 Ok(c) => return c,
                 Err(e) if Instant::now() < deadline => {
                     eprintln!(
@@ -196,6 +262,7 @@ impl TestRedis {
     /// Stalls the server for `d` with `DEBUG SLEEP` (needs
     /// `--enable-debug-command yes`); returns at once, the stall runs on.
     pub fn stall(&self, d: Duration) {
+        self.own_server("DEBUG SLEEP");
         let mut child = Command::new("redis-cli")
             .args([
                 "-p",
@@ -340,8 +407,9 @@ impl TestApp {
 
     pub async fn start_with(redis: &TestRedis, tweak: impl FnOnce(&mut Config)) -> TestApp {
         let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
-        let mut cfg = test_config(&redis.url(), dir.path());
+        let mut cfg = redis.test_config(dir.path());
         tweak(&mut cfg);
+        redis.adopt(&mut cfg);
         Self::start_config(cfg, dir).await
     }
 

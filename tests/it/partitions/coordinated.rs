@@ -4,6 +4,7 @@
 //! (G10).
 
 use super::*;
+use crate::common::skip_on_cluster;
 
 /// `role` of the Redis on `ip` (`master`, `slave`), or "" if it does not answer.
 async fn redis_role(ip: Ipv4Addr) -> String {
@@ -257,12 +258,18 @@ async fn coordinated_client_cut_from_coordinator(test: &str, cut: Cut) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinated_client_cut_from_coordinator_never_two_masters() {
+    if skip_on_cluster("network namespaces and its own Redis servers") {
+        return;
+    }
     coordinated_client_cut_from_coordinator("coordinated_client_cut_from_coordinator_never_two_masters", Cut::All)
         .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinated_client_cut_during_invalidate_never_two_masters() {
+    if skip_on_cluster("network namespaces and its own Redis servers") {
+        return;
+    }
     coordinated_client_cut_from_coordinator(
         "coordinated_client_cut_during_invalidate_never_two_masters",
         Cut::Message("invalidate"),
@@ -272,6 +279,9 @@ async fn coordinated_client_cut_during_invalidate_never_two_masters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinated_client_cut_during_reconfigure_never_two_masters() {
+    if skip_on_cluster("network namespaces and its own Redis servers") {
+        return;
+    }
     coordinated_client_cut_from_coordinator(
         "coordinated_client_cut_during_reconfigure_never_two_masters",
         Cut::Message("reconfigure"),
@@ -281,6 +291,9 @@ async fn coordinated_client_cut_during_reconfigure_never_two_masters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinated_client_answers_lost_never_two_masters() {
+    if skip_on_cluster("network namespaces and its own Redis servers") {
+        return;
+    }
     coordinated_client_cut_from_coordinator("coordinated_client_answers_lost_never_two_masters", Cut::AnswersOnly)
         .await;
 }

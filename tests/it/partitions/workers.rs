@@ -1,6 +1,7 @@
 //! Workers behind asymmetric, flapping and lossy links: nothing lost, nothing done twice, no false death.
 
 use super::*;
+use crate::common::skip_on_cluster;
 
 /// What the workers of a run share: accepted completions (task, token) and
 /// every claim's outcome.
@@ -109,6 +110,9 @@ fn assert_exactly_once(evs: &[Event], all: &[String], completions: &[(String, u6
 /// token, and neither worker is ever taken for dead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asymmetric_and_flapping_worker_partitions_lose_and_double_nothing() {
+    if skip_on_cluster("network namespaces around one Redis server") {
+        return;
+    }
     const TEST: &str = "asymmetric_and_flapping_worker_partitions_lose_and_double_nothing";
     let Some(net) = Net::new_or_skip(TEST) else { return };
     let t0 = Instant::now();
@@ -209,6 +213,9 @@ async fn asymmetric_and_flapping_worker_partitions_lose_and_double_nothing() {
 /// Redis deadline (work or a 503, never a hang).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lossy_slow_link_to_redis_no_false_death_no_lost_task() {
+    if skip_on_cluster("network namespaces around one Redis server") {
+        return;
+    }
     const TEST: &str = "lossy_slow_link_to_redis_no_false_death_no_lost_task";
     let Some(net) = Net::new_or_skip(TEST) else { return };
     let t0 = Instant::now();

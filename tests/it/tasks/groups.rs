@@ -65,10 +65,8 @@ async fn g6_group_limits_hold_fifo_within_groups() {
     let sampler = {
         let stop = stop.clone();
         let violations = violations.clone();
-        let redis_port = redis.port;
+        let mut conn = redis.conn().await;
         tokio::spawn(async move {
-            let client = redis::Client::open(format!("redis://127.0.0.1:{redis_port}")).unwrap();
-            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
             let mut samples = 0;
             while !stop.load(Ordering::Relaxed) {
                 let script = redis::Script::new(
