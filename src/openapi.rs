@@ -261,6 +261,15 @@ fn complete_operation(path: &str, method: &str, op: &mut Value, cfg: &Config) {
     if has_params || has_body {
         add_problem(responses, 400, "A parameter or the body is invalid; `detail` names it");
     }
+    // Every request passes `http::limit_uri` first.
+    add_problem(
+        responses,
+        414,
+        &format!(
+            "The request target (path and query) is longer than {} bytes",
+            crate::http::MAX_URI_BYTES
+        ),
+    );
     if secured {
         add_problem(
             responses,
