@@ -710,3 +710,67 @@ async fn a_sharded_store_sends_each_shard_to_its_own_master() {
         .collect();
     assert_eq!(per_master, [4, 4, 4], "one probe key per shard, four shards per master");
 }
+
+/// The registry on a namespace split into 12 shards: a heartbeat, a drain
+/// and a leave reach every shard's copy (each shard's claims decide
+/// liveness from its own), and the answer is shard 0's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_registry_is_written_to_every_shard() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
+    use muster::nodes::{NodeKind, Nodes};
+    use muster::store::{ScriptCtx, Store};
+    let cluster = TestCluster::start(3);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config("", dir.path());
+    cfg.redis.url.clear();
+    cfg.redis.cluster = cluster.seeds();
+    let store = Store::connect_cluster_sharded(&cfg.redis, 12).await.unwrap();
+    store.time_ms().await.unwrap();
+    let ctx = ScriptCtx {
+        events_max_len: 1000,
+        cluster: true,
+    };
+    let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
+    let hb = nodes
+        .heartbeat("w1", NodeKind::Worker, 60_000, "", "", &Default::default())
+        .await
+        .unwrap();
+    assert!(hb.joined && hb.state == "active", "{hb:?}");
+    let field = |i: usize, f: &'static str| {
+        let s = store.shard(i);
+        async move {
+            let key = s.keys().node("w1");
+            s.query::<Option<String>>("t", redis::cmd("HGET").arg(key).arg(f))
+                .await
+                .unwrap()
+        }
+    };
+    for i in 0..12 {
+        let s = store.shard(i);
+        let score: Option<f64> = s
+            .query("t", redis::cmd("ZSCORE").arg(s.keys().nodes()).arg("w1"))
+            .await
+            .unwrap();
+        assert!(score.is_some_and(|e| e as i64 > hb.now), "shard {i}: registered");
+        assert_eq!(field(i, "state").await.as_deref(), Some("active"), "shard {i}");
+    }
+    assert!(nodes.drain("w1", "test").await.unwrap());
+    for i in 0..12 {
+        assert_eq!(
+            field(i, "state").await.as_deref(),
+            Some("draining"),
+            "shard {i}: drained"
+        );
+    }
+    nodes.leave_worker("w1").await.unwrap();
+    for i in 0..12 {
+        let s = store.shard(i);
+        let score: Option<f64> = s
+            .query("t", redis::cmd("ZSCORE").arg(s.keys().nodes()).arg("w1"))
+            .await
+            .unwrap();
+        assert_eq!(score, None, "shard {i}: left");
+    }
+}
