@@ -141,7 +141,16 @@ impl Store {
         }
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let (client, mgr) = open_single(&url, timeout).await?;
-        let store = Store::build(cfg, mode, redact(&url), Some(client), Conn::Single(mgr), None, None);
+        let store = Store::build(
+            cfg,
+            mode,
+            redact(&url),
+            Some(client),
+            Conn::Single(mgr),
+            None,
+            None,
+            super::layout::SHARDS,
+        );
         store.check_server().await?;
         Ok(store)
     }
@@ -169,6 +178,7 @@ impl Store {
             Conn::Single(mgr),
             None,
             master_file.map(|p| p.to_path_buf()),
+            super::layout::SHARDS,
         );
         let role = store.role().await?;
         if role != "master" {
@@ -215,7 +225,7 @@ impl Store {
             .map_err(|_| StoreError::Unavailable("timed out connecting to the Redis Cluster".into()))?
             .map_err(|e| StoreError::Unavailable(format!("cannot connect to the Redis Cluster: {e}")))?;
         let map = super::shards::ShardMap::new(&cfg.key_prefix, shards);
-        let store = Store::build_sharded(
+        let store = Store::build(
             cfg,
             Mode::Cluster,
             cfg.cluster.join(","),
@@ -240,33 +250,14 @@ impl Store {
             Conn::Down,
             None,
             Some(master_file.to_path_buf()),
-        )
-    }
-
-    pub(super) fn build(
-        cfg: &RedisConfig,
-        mode: Mode,
-        address: String,
-        client: Option<redis::Client>,
-        conn: Conn,
-        cluster: Option<(redis::cluster::ClusterClient, redis::cluster::ClusterClient)>,
-        master_file: Option<PathBuf>,
-    ) -> Store {
-        Self::build_sharded(
-            cfg,
-            mode,
-            address,
-            client,
-            conn,
-            cluster,
-            master_file,
             super::layout::SHARDS,
         )
     }
 
-    /// [`Store::build`] for a namespace split into `shards`.
+    /// The store of a namespace split into `shards` (this version's nodes
+    /// run [`layout::SHARDS`](super::layout::SHARDS)).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn build_sharded(
+    pub(super) fn build(
         cfg: &RedisConfig,
         mode: Mode,
         address: String,

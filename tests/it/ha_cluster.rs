@@ -652,6 +652,26 @@ async fn twelve_shards_spread_four_per_master() {
     assert_eq!(per_master, [4, 4, 4], "keys per master");
 }
 
+/// A store on `cluster` split into `shards` (the node runs one; these tests
+/// drive the store's shard views directly), with its clock read, and the
+/// script context of a Cluster node.
+async fn sharded_store(cluster: &TestCluster, shards: u32) -> (muster::store::Store, muster::store::ScriptCtx, Config) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config("", dir.path());
+    cfg.redis.url.clear();
+    cfg.redis.cluster = cluster.seeds();
+    let store = muster::store::Store::connect_cluster_sharded(&cfg.redis, shards)
+        .await
+        .unwrap();
+    assert_eq!(store.shards().len(), shards as usize);
+    store.time_ms().await.unwrap();
+    let ctx = muster::store::ScriptCtx {
+        events_max_len: 1000,
+        cluster: true,
+    };
+    (store, ctx, cfg)
+}
+
 /// A store split into 12 shards (`Store::shard`): each view's scripts and
 /// keyless commands go to the master of its own shard's slot, and the
 /// scripts, which take their namespace from their first key, write only
@@ -661,18 +681,9 @@ async fn a_sharded_store_sends_each_shard_to_its_own_master() {
     if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
         return;
     }
-    use muster::store::{Lua, ScriptCtx, Store};
+    use muster::store::Lua;
     let cluster = TestCluster::start(3);
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = test_config("", dir.path());
-    cfg.redis.url.clear();
-    cfg.redis.cluster = cluster.seeds();
-    let store = Store::connect_cluster_sharded(&cfg.redis, 12).await.unwrap();
-    assert_eq!(store.shards().len(), 12);
-    let ctx = ScriptCtx {
-        events_max_len: 1000,
-        cluster: true,
-    };
+    let (store, ctx, _) = sharded_store(&cluster, 12).await;
     let probe = Lua::load(
         "probe",
         "redis.call('SET', P .. ':probe', ARGV[1])\nreturn redis.call('CLUSTER', 'MYID')",
@@ -720,18 +731,8 @@ async fn a_sharded_registry_is_written_to_every_shard() {
         return;
     }
     use muster::nodes::{NodeKind, Nodes};
-    use muster::store::{ScriptCtx, Store};
     let cluster = TestCluster::start(3);
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = test_config("", dir.path());
-    cfg.redis.url.clear();
-    cfg.redis.cluster = cluster.seeds();
-    let store = Store::connect_cluster_sharded(&cfg.redis, 12).await.unwrap();
-    store.time_ms().await.unwrap();
-    let ctx = ScriptCtx {
-        events_max_len: 1000,
-        cluster: true,
-    };
+    let (store, ctx, cfg) = sharded_store(&cluster, 12).await;
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
     let hb = nodes
         .heartbeat("w1", NodeKind::Worker, 60_000, "", "", &Default::default())
