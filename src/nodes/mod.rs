@@ -24,7 +24,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::config::NodesConfig;
-use crate::store::{ScriptCtx, Store, StoreError, StoreResult};
+use crate::store::{ScriptCtx, Store, StoreError};
 use scripts::{DrainReply, HeartbeatOutcome, LeaveReply, Scripts};
 
 #[derive(Debug, thiserror::Error)]
@@ -182,22 +182,6 @@ impl Nodes {
         &self.cfg
     }
 
-    /// Runs a registry change on every shard of the namespace: claims and
-    /// recoveries in a shard decide liveness from that shard's copy of the
-    /// registry (`docs/sharding.md`). Shard 0's answer is the one returned;
-    /// the other shards are written after it, at once. One shard: one call.
-    async fn on_every_shard<R, Fut>(&self, call: impl Fn(Store) -> Fut) -> StoreResult<R>
-    where
-        Fut: std::future::Future<Output = StoreResult<R>>,
-    {
-        let first = call(self.store.shard(0)).await?;
-        let n = self.store.shards().len();
-        if n > 1 {
-            futures_util::future::try_join_all((1..n).map(|i| call(self.store.shard(i)))).await?;
-        }
-        Ok(first)
-    }
-
     /// Registers or refreshes `id` for `ttl_ms`.
     pub async fn heartbeat(
         &self,
@@ -219,12 +203,7 @@ impl Nodes {
             version,
             labels: &labels,
         };
-        let reply = self
-            .on_every_shard(|s| {
-                let call = &call;
-                async move { s.run(&self.scripts.heartbeat, call).await }
-            })
-            .await?;
+        let reply = self.store.run_on_every_shard(&self.scripts.heartbeat, &call).await?;
         // The script read Redis time before this reply arrived: a sample for
         // the node's estimate of Redis time (script deadlines, G12).
         self.store.observe_clock(reply.now, std::time::Instant::now());
@@ -246,23 +225,13 @@ impl Nodes {
             dead_retention_ms: self.cfg.dead_retention_ms,
             limit: 100,
         };
-        Ok(self
-            .on_every_shard(|s| {
-                let call = &call;
-                async move { s.run(&self.scripts.prune, call).await }
-            })
-            .await?)
+        Ok(self.store.run_on_every_shard(&self.scripts.prune, &call).await?)
     }
 
     /// Marks a live node draining. Returns false if it already was.
     pub async fn drain(&self, id: &str, actor: &str) -> Result<bool, NodesError> {
         let call = scripts::Drain { id, actor };
-        let reply = self
-            .on_every_shard(|s| {
-                let call = &call;
-                async move { s.run(&self.scripts.drain, call).await }
-            })
-            .await?;
+        let reply = self.store.run_on_every_shard(&self.scripts.drain, &call).await?;
         match reply {
             DrainReply::NotAlive => Err(NodesError::NotFound(id.into())),
             DrainReply::Marked => Ok(true),
@@ -283,12 +252,7 @@ impl Nodes {
 
     async fn leave_as(&self, id: &str, reason: &str, only: Option<NodeKind>) -> Result<(), NodesError> {
         let call = scripts::Leave { id, reason, only };
-        let reply = self
-            .on_every_shard(|s| {
-                let call = &call;
-                async move { s.run(&self.scripts.leave, call).await }
-            })
-            .await?;
+        let reply = self.store.run_on_every_shard(&self.scripts.leave, &call).await?;
         match reply {
             LeaveReply::NotFound => Err(NodesError::NotFound(id.into())),
             LeaveReply::OtherKind => Err(NodesError::NotAWorker(id.into())),

@@ -283,6 +283,20 @@ impl Store {
         self.eval(lua, &call.keys(self.keys()), &call.args()).await
     }
 
+    /// Runs one typed script call on every shard of the namespace (a change
+    /// each shard keeps a copy of, such as the node registry; see
+    /// `docs/sharding.md`). Shard 0's reply is the one returned; the other
+    /// shards run after it, at once. One shard: one call, as [`Store::run`].
+    pub async fn run_on_every_shard<C: ScriptCall>(&self, lua: &Lua, call: &C) -> StoreResult<C::Reply> {
+        let first = self.shard(0).run(lua, call).await?;
+        let n = self.shards().len();
+        if n > 1 {
+            futures_util::future::try_join_all((1..n).map(|i| async move { self.shard(i).run(lua, call).await }))
+                .await?;
+        }
+        Ok(first)
+    }
+
     pub(super) async fn call<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd, read: bool) -> StoreResult<T> {
         self.follow_master_file().await;
         self.call_here(op, cmd, read).await
