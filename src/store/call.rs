@@ -1,7 +1,7 @@
 //! The call path: the shared link and its cuts (G12), deadlines and the
 //! Redis clock, bounded retries, metrics, and error classification.
 
-use super::conn::{down_error, home_route, open_manager, reconnecting_error};
+use super::conn::{down_error, open_manager, reconnecting_error};
 use super::*;
 
 impl Store {
@@ -31,7 +31,7 @@ impl Store {
     /// slot's master, and each view sends its calls to its own shard's.
     pub(super) fn routed(&self, mut link: Link) -> Link {
         if let Conn::Cluster(c, _) = link.conn {
-            link.conn = Conn::Cluster(c, home_route(self.keys()));
+            link.conn = Conn::Cluster(c, self.inner.shard_routes[self.shard]);
         }
         link
     }
@@ -93,7 +93,7 @@ impl Store {
                     .await
                     .map_err(|_| StoreError::Unavailable("timed out".into()))
                     .and_then(|r| r.map_err(|e| classify(&e)))
-                    .map(|c| Conn::Cluster(c, home_route(&self.inner.shard_keys[0])))
+                    .map(|c| Conn::Cluster(c, self.inner.shard_routes[0]))
             } else {
                 let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
                 match client {
@@ -184,7 +184,7 @@ impl Store {
                 .await
                 .map_err(|_| StoreError::Unavailable("timed out opening a cluster connection".into()))
                 .and_then(|r| r.map_err(|e| classify(&e)));
-            return Some(opened.map(|c| Conn::Cluster(c, home_route(self.keys()))));
+            return Some(opened.map(|c| Conn::Cluster(c, self.inner.shard_routes[self.shard])));
         }
         let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone()?;
         let cfg = redis::AsyncConnectionConfig::new()

@@ -269,7 +269,8 @@ impl Store {
     ) -> Store {
         let (cluster_client, cluster_blocking) = cluster.unzip();
         let map = super::shards::ShardMap::new(&cfg.key_prefix, shards);
-        let shard_keys = (0..map.len()).map(|i| Keys::tagged(map.tag(i))).collect();
+        let shard_keys: Vec<Keys> = (0..map.len()).map(|i| Keys::tagged(map.tag(i))).collect();
+        let shard_routes = shard_keys.iter().map(home_route).collect();
         Store {
             shard: 0,
             inner: Arc::new(Inner {
@@ -299,6 +300,7 @@ impl Store {
                 known_epoch: AtomicU64::new(0),
                 shards: map,
                 shard_keys,
+                shard_routes,
                 timeout: Duration::from_millis(cfg.timeout_ms),
                 read_retries: cfg.read_retries,
                 healthy: AtomicBool::new(true),

@@ -155,6 +155,9 @@ struct Inner {
     /// in this version: see `docs/sharding.md`).
     shards: shards::ShardMap,
     shard_keys: Vec<Keys>,
+    /// Cluster mode: the route to each shard's slot, computed once (every
+    /// call is routed by it).
+    shard_routes: Vec<Route>,
     timeout: Duration,
     read_retries: u32,
     healthy: AtomicBool,
