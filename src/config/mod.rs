@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 mod sections;
 mod validate;
 
-pub use self::validate::{MAX_ACK_CONNECTIONS, MAX_ACK_REPLICAS, MAX_ACK_TIMEOUT_MS};
+pub use self::validate::{MAX_ACK_CONNECTIONS, MAX_ACK_REPLICAS, MAX_ACK_TIMEOUT_MS, MAX_SHARDS};
 
 pub use self::sections::{
     AuthConfig, BarriersConfig, EventsConfig, FailoverConfig, FailoverRole, LocksConfig, NodesConfig, OrphansConfig,
@@ -199,6 +199,9 @@ mod tests {
             ("ack_timeout_ms = 60001", "redis.ack_timeout_ms"),
             ("ack_connections = 0", "redis.ack_connections"),
             ("ack_connections = 257", "redis.ack_connections"),
+            ("shards = 0", "redis.shards"),
+            ("shards = 65", "redis.shards"),
+            ("shards = 2\nack_replicas = 1", "redis.ack_replicas"),
         ] {
             let e = Config::from_toml(&format!("{url}{bad}\n")).unwrap_err();
             assert!(e.0.contains(key), "{bad}: {}", e.0);

@@ -67,6 +67,10 @@ pub struct RedisConfig {
     pub url: String,
     /// Namespace of every key, used as a Cluster hash tag: `{muster}:...`.
     pub key_prefix: String,
+    /// How many hash tags the namespace's task data is split into, so a
+    /// Redis Cluster spreads it over its masters (`docs/sharding.md`). 1: one
+    /// tag, `{key_prefix}`, as always. Fixed for the life of a namespace.
+    pub shards: u32,
     /// Deadline of every Redis call.
     pub timeout_ms: u64,
     /// How many times a failed read is retried (with backoff) before the
@@ -114,6 +118,7 @@ impl Default for RedisConfig {
         Self {
             url: String::new(),
             key_prefix: "muster".into(),
+            shards: 1,
             timeout_ms: 2000,
             read_retries: 2,
             insecure_skip_tls_verify: false,

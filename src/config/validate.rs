@@ -9,6 +9,8 @@ pub const MAX_ACK_REPLICAS: u32 = 16;
 pub const MAX_ACK_TIMEOUT_MS: u64 = 60_000;
 /// Most dedicated connections for replicated writes.
 pub const MAX_ACK_CONNECTIONS: u32 = 256;
+/// The most shards a namespace can be split into (`redis.shards`).
+pub const MAX_SHARDS: u32 = 64;
 
 impl Config {
     /// Checks the values serde cannot: ranges and relations between keys.
@@ -61,6 +63,15 @@ impl Config {
             || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || "._-:".contains(c))
         {
             return err("redis.key_prefix", "use 1 to 64 characters from A-Z a-z 0-9 . _ - :");
+        }
+        if !(1..=MAX_SHARDS).contains(&self.redis.shards) {
+            return err(
+                "redis.shards",
+                &format!(
+                    "must be between 1 and {MAX_SHARDS}: the hash tags a namespace's tasks are split into \
+                     (a multiple of the Cluster's masters spreads them evenly; 1 keeps one tag)"
+                ),
+            );
         }
         if self.redis.timeout_ms == 0 {
             return err("redis.timeout_ms", "must be greater than 0");
@@ -254,6 +265,13 @@ impl Config {
             return err(
                 "redis.ack_timeout_ms",
                 &format!("must be between 1 and {MAX_ACK_TIMEOUT_MS} (WAIT's 0, wait forever, is not allowed)"),
+            );
+        }
+        if r.ack_replicas > 0 && r.shards > 1 {
+            return err(
+                "redis.ack_replicas",
+                "replicated acknowledgements do not yet work with redis.shards > 1 (WAIT would have to run \
+                 on each shard's master): set ack_replicas = 0 or shards = 1",
             );
         }
         if !(1..=MAX_ACK_CONNECTIONS).contains(&r.ack_connections) {

@@ -149,7 +149,7 @@ impl Store {
             Conn::Single(mgr),
             None,
             None,
-            super::layout::SHARDS,
+            cfg.shards,
         );
         store.check_server().await?;
         Ok(store)
@@ -178,7 +178,7 @@ impl Store {
             Conn::Single(mgr),
             None,
             master_file.map(|p| p.to_path_buf()),
-            super::layout::SHARDS,
+            cfg.shards,
         );
         let role = store.role().await?;
         if role != "master" {
@@ -196,7 +196,7 @@ impl Store {
 
     /// Connects to a Redis Cluster through its seed nodes.
     pub async fn connect_cluster(cfg: &RedisConfig) -> StoreResult<Store> {
-        Self::connect_cluster_sharded(cfg, super::layout::SHARDS).await
+        Self::connect_cluster_sharded(cfg, cfg.shards).await
     }
 
     /// [`Store::connect_cluster`] for a namespace split into `shards`, each
@@ -250,12 +250,11 @@ impl Store {
             Conn::Down,
             None,
             Some(master_file.to_path_buf()),
-            super::layout::SHARDS,
+            cfg.shards,
         )
     }
 
-    /// The store of a namespace split into `shards` (this version's nodes
-    /// run [`layout::SHARDS`](super::layout::SHARDS)).
+    /// The store of a namespace split into `shards` (`redis.shards`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn build(
         cfg: &RedisConfig,
@@ -269,7 +268,12 @@ impl Store {
     ) -> Store {
         let (cluster_client, cluster_blocking) = cluster.unzip();
         let map = super::shards::ShardMap::new(&cfg.key_prefix, shards);
-        let shard_keys: Vec<Keys> = (0..map.len()).map(|i| Keys::tagged(map.tag(i))).collect();
+        // The shards, then (split namespaces only) the namespace's own tag,
+        // `{prefix}`, where the layout record lives ([`Store::root`]).
+        let mut shard_keys: Vec<Keys> = (0..map.len()).map(|i| Keys::tagged(map.tag(i))).collect();
+        if map.len() > 1 {
+            shard_keys.push(Keys::tagged(&format!("{{{}}}", cfg.key_prefix)));
+        }
         let shard_routes = shard_keys.iter().map(home_route).collect();
         Store {
             shard: 0,

@@ -1,21 +1,17 @@
 //! The namespace's layout over hash slots, recorded in `{prefix}:layout` and
 //! checked by every node at start (`lua/layout.lua`).
 //!
-//! This version keeps a namespace in one hash tag, `{prefix}`: one shard. A
-//! namespace split over several tags (`docs/sharding.md`) would be read by a
-//! one-shard node as half empty, and the other way round, without a single
-//! error; so the first node records the layout, and a node whose layout
-//! differs refuses to start, saying what the namespace holds and what to do.
+//! A namespace is one hash tag, `{prefix}`, or split over `redis.shards`
+//! tags (`docs/sharding.md`). A namespace split one way would be read by a
+//! node configured another way as partly empty, without a single error; so
+//! the first node records the layout under `{prefix}` (whatever the split),
+//! and a node whose layout differs refuses to start, saying what the
+//! namespace holds and what to do.
 
 use redis::{FromRedisValue, ParsingError, Value};
 
 use super::reply::{Reader, decode_error};
 use super::{Code, Keys, Lua, ScriptCall, ScriptCtx, Store, StoreError};
-
-/// How many shards this version lays a namespace out in.
-pub const SHARDS: u32 = 1;
-/// The placement rule of a one-shard namespace: every name in `{prefix}`.
-pub const PLACEMENT: &str = "single";
 
 /// Hash: the namespace's layout (`shards`, `placement`, `since_ms`).
 pub fn layout_key(k: &Keys) -> String {
@@ -70,10 +66,12 @@ impl FromRedisValue for LayoutReply {
     }
 }
 
-/// Records this version's layout on a new namespace, or checks it against
-/// the recorded one. Errs with the message a refused start prints.
+/// Records the node's layout (`redis.shards`) on a new namespace, or checks
+/// it against the recorded one. Errs with the message a refused start
+/// prints.
 pub async fn check(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
     let lua = Lua::load("layout", include_str!("lua/layout.lua"), ctx);
+    let store = store.root();
     let map = store.shards();
     let call = Layout {
         shards: map.len() as u32,
@@ -87,10 +85,10 @@ pub async fn check(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "the namespace {} is split into {} shards (placement `{}`, recorded in {}), but this node keeps a \
-         namespace in {} shard(s): it would see only part of the data and the rest would go unserved. \
-         Start the version that wrote it, or use another redis.key_prefix; changing the number of shards \
-         of a namespace that holds data is not supported (docs/sharding.md)",
+        "the namespace {} is split into {} shard(s) (placement `{}`, recorded in {}), but this node has \
+         redis.shards = {}: it would see only part of the data and the rest would go unserved. \
+         Set redis.shards to the recorded count, or use another redis.key_prefix; changing the number \
+         of shards of a namespace that holds data is not supported (docs/sharding.md)",
         store.keys().prefix(),
         reply.shards,
         reply.placement,
@@ -113,12 +111,6 @@ mod tests {
             },
             include_str!("lua/layout.lua"),
         );
-    }
-
-    #[test]
-    fn the_layout_is_the_shard_maps() {
-        let map = crate::store::shards::ShardMap::new("muster", SHARDS);
-        assert_eq!((map.len(), map.placement()), (SHARDS as usize, PLACEMENT));
     }
 
     #[test]

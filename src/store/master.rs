@@ -114,19 +114,25 @@ impl Store {
             .unwrap_or_default();
         // Sent on `conn` itself (the new master, not yet in use), so not
         // through `Store::run`; the typed call still orders keys and args.
+        // Every shard has its own epoch and fence: each is raised, in shard
+        // order (one master holds them all outside Cluster mode).
         let call = crate::failover::scripts::Epoch {
             run_id: &run_id,
             min_epoch: self.known_epoch() + 1,
             node: &node,
             addr,
         };
-        let keys = call.keys(self.keys());
-        let args = super::call::with_deadline(&call.args(), self.deadline()?);
-        let reply: crate::failover::scripts::EpochReply = self
-            .timed_on(&probe, lua.name(), lua.call(conn, &keys, &args))
-            .await
-            .map_err(RetryableOr::into_error)?;
-        let (epoch, bumped) = (reply.epoch, reply.bumped);
+        let (mut epoch, mut bumped) = (0, false);
+        for i in 0..self.shards().len() {
+            let keys = call.keys(self.shard(i).keys());
+            let args = super::call::with_deadline(&call.args(), self.deadline()?);
+            let reply: crate::failover::scripts::EpochReply = self
+                .timed_on(&probe, lua.name(), lua.call(conn, &keys, &args))
+                .await
+                .map_err(RetryableOr::into_error)?;
+            epoch = epoch.max(reply.epoch);
+            bumped |= reply.bumped;
+        }
         self.saw_epoch(epoch);
         if bumped {
             metrics::counter!("muster_failover_switches_total").increment(1);

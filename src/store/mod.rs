@@ -151,12 +151,12 @@ struct Inner {
     epoch_script: RwLock<Option<(Lua, String)>>,
     /// The highest fencing epoch this node has seen.
     known_epoch: AtomicU64,
-    /// How the namespace is split, and each shard's keys (one shard, `{p}`,
-    /// in this version: see `docs/sharding.md`).
+    /// How the namespace is split (`redis.shards`, `docs/sharding.md`), and
+    /// each shard's keys, then the root's (`{p}`) when there are several.
     shards: shards::ShardMap,
     shard_keys: Vec<Keys>,
-    /// Cluster mode: the route to each shard's slot, computed once (every
-    /// call is routed by it).
+    /// Cluster mode: the route to each shard's slot (and the root's),
+    /// computed once (every call is routed by it).
     shard_routes: Vec<Route>,
     timeout: Duration,
     read_retries: u32,
@@ -210,7 +210,16 @@ impl Store {
     pub fn shard(&self, i: usize) -> Store {
         Store {
             inner: self.inner.clone(),
-            shard: i % self.inner.shard_keys.len(),
+            shard: i % self.inner.shards.len(),
+        }
+    }
+    /// The same store, viewing the namespace's own tag `{prefix}` (shard 0
+    /// when the namespace is one shard): where the layout record lives, so
+    /// a node finds it whatever the number of shards it was started with.
+    pub fn root(&self) -> Store {
+        Store {
+            inner: self.inner.clone(),
+            shard: self.inner.shard_keys.len() - 1,
         }
     }
     /// Which shard this view is of.

@@ -250,9 +250,16 @@ async fn a_worker_leaves_but_cannot_remove_a_node() {
 
 /// Starts a node on `redis` with `prefix`; the error text when it refuses.
 async fn start_refused(redis: &TestRedis, prefix: &str) -> Option<String> {
+    start_sharded(redis, prefix, 1).await
+}
+
+/// Starts and stops a node on namespace `prefix` split into `shards`: None,
+/// or why it refused to start.
+async fn start_sharded(redis: &TestRedis, prefix: &str, shards: u32) -> Option<String> {
     let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
     let mut cfg = redis.test_config(dir.path());
     cfg.redis.key_prefix = prefix.into();
+    cfg.redis.shards = shards;
     redis.adopt(&mut cfg);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     match muster::start(cfg, listener).await {
@@ -287,39 +294,20 @@ async fn a_namespace_laid_out_in_other_shards_is_refused_at_start() {
         .await;
     let e = start_refused(&redis, "muster").await.expect("refused");
     assert!(
-        e.contains("split into 12 shards") && e.contains("fnv1a32") && e.contains("redis.key_prefix"),
+        e.contains("split into 12 shard") && e.contains("fnv1a32") && e.contains("redis.key_prefix"),
         "{e}"
     );
     let rec: Vec<String> = redis.cmd(&["HMGET", &layout("muster"), "shards", "placement"]).await;
     assert_eq!(rec, ["12", "fnv1a32"], "the refusal changed nothing");
 
     // Data written before layouts were recorded is one shard: a node that
-    // would split it is refused (the script called as a sharded node would).
-    let ctx = muster::store::ScriptCtx {
-        events_max_len: 1000,
-        cluster: false,
-    };
-    let lua = muster::store::Lua::load("layout", include_str!("../../src/store/lua/layout.lua"), &ctx);
-    let mut c = redis.conn().await;
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(lua.library())
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let sharded = |prefix: &str| {
-        let p = format!("{{{prefix}}}");
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(lua.function()).arg(4).arg(format!("{p}:layout"));
-        cmd.arg(format!("{p}:queues"))
-            .arg(format!("{p}:nodes"))
-            .arg(format!("{p}:seq"));
-        cmd.arg("12").arg("fnv1a32").arg(i64::MAX.to_string());
-        cmd
-    };
+    // would split it is refused.
     redis.cmd::<()>(&["SET", "{old}:seq", "41"]).await;
-    let reply: (i64, String, String) = sharded("old").query_async(&mut c).await.unwrap();
-    assert_eq!(reply, (-9, "1".into(), "single".into()), "refused: E.WRONG_STATE");
+    let e = start_sharded(&redis, "old", 12).await.expect("refused");
+    assert!(
+        e.contains("split into 1 shard") && e.contains("redis.shards = 12"),
+        "{e}"
+    );
     assert_eq!(
         redis.cmd::<i64>(&["EXISTS", &layout("old")]).await,
         0,
@@ -328,12 +316,14 @@ async fn a_namespace_laid_out_in_other_shards_is_refused_at_start() {
     assert_eq!(start_refused(&redis, "old").await, None, "a one-shard node takes it");
     let rec: Vec<String> = redis.cmd(&["HMGET", &layout("old"), "shards", "placement"]).await;
     assert_eq!(rec, ["1", "single"]);
-    // An empty namespace takes the first layout that reaches it.
-    let reply: (i64, String, String) = sharded("new").query_async(&mut c).await.unwrap();
-    assert_eq!(reply, (0, "12".into(), "fnv1a32".into()));
-    assert!(
-        start_refused(&redis, "new")
-            .await
-            .is_some_and(|e| e.contains("split into 12 shards"))
-    );
+    // An empty namespace takes the first layout that reaches it, recorded
+    // under the namespace's own tag whatever the split.
+    assert_eq!(start_sharded(&redis, "new", 12).await, None);
+    let rec: Vec<String> = redis.cmd(&["HMGET", &layout("new"), "shards", "placement"]).await;
+    assert_eq!(rec, ["12", "fnv1a32-spread"]);
+    assert_eq!(start_sharded(&redis, "new", 12).await, None, "the same layout again");
+    for other in [1, 6] {
+        let e = start_sharded(&redis, "new", other).await.expect("refused");
+        assert!(e.contains("split into 12 shard"), "{e}");
+    }
 }
