@@ -125,17 +125,33 @@ impl Orphans {
         }
     }
 
-    /// One cleaner pass.
+    /// The shards of the namespace, one view each (one for one shard).
+    fn shards(&self) -> impl Iterator<Item = Store> + '_ {
+        (0..self.store.shards().len()).map(|i| self.store.shard(i))
+    }
+
+    /// One cleaner pass, in every shard (each decides by its own copy of
+    /// the registry, in the same script as the recovery: G3).
     pub async fn recover(&self) -> Result<Recovery, StoreError> {
         let call = Recover {
             ttl_ms: self.node_ttl_ms,
             limit: 1000,
             opts: self.recovery_opts(),
         };
-        self.store.run(&self.scripts.recover, &call).await
+        let mut all = Recovery::default();
+        for s in self.shards() {
+            let r = s.run(&self.scripts.recover, &call).await?;
+            all.requeued += r.requeued;
+            all.dead += r.dead;
+            all.cancelled += r.cancelled;
+            all.stale += r.stale;
+            all.grace_until = all.grace_until.max(r.grace_until);
+            all.dead_queues.extend(r.dead_queues);
+        }
+        Ok(all)
     }
 
-    /// One timeout pass.
+    /// One timeout pass, in every shard.
     pub async fn timeouts(&self) -> Result<Timeouts, StoreError> {
         let call = TimeoutsCall {
             ttl_ms: self.node_ttl_ms,
@@ -145,33 +161,65 @@ impl Orphans {
             dead_retention_ms: self.tasks.dead_retention_ms,
             actor: &self.node_id,
         };
-        self.store.run(&self.scripts.timeouts, &call).await
+        let mut all = Timeouts::default();
+        for s in self.shards() {
+            let t = s.run(&self.scripts.timeouts, &call).await?;
+            all.timed_out += t.timed_out;
+            all.retried += t.retried;
+            all.dead += t.dead;
+            all.grace_until = all.grace_until.max(t.grace_until);
+            all.timed_out_queues.extend(t.timed_out_queues);
+            all.dead_queues.extend(t.dead_queues);
+        }
+        Ok(all)
     }
 
-    /// The consistency sweep of one queue. Returns (recovered, removed).
-    pub async fn sweep(&self, queue: &str) -> Result<(i64, i64), StoreError> {
-        let call = Sweep {
-            queue,
-            ttl_ms: self.node_ttl_ms,
-            window: 2000,
-            opts: self.recovery_opts(),
-        };
-        let r = self.store.run(&self.scripts.sweep, &call).await?;
-        Ok((r.recovered, r.removed))
+    /// The consistency sweep of every queue of every shard. Returns each
+    /// queue that needed repairs, with (recovered, removed).
+    pub async fn sweep_all(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
+        let mut out = Vec::new();
+        for s in self.shards() {
+            let key = format!("{}:queues", s.keys().prefix());
+            let queues: Vec<String> = s.query("queues_names", redis::cmd("SMEMBERS").arg(key)).await?;
+            for q in queues {
+                let call = Sweep {
+                    queue: &q,
+                    ttl_ms: self.node_ttl_ms,
+                    window: 2000,
+                    opts: self.recovery_opts(),
+                };
+                let r = s.run(&self.scripts.sweep, &call).await?;
+                if r.recovered + r.removed > 0 {
+                    out.push((q, r.recovered, r.removed));
+                }
+            }
+        }
+        Ok(out)
     }
 
-    /// The most recent recoveries, newest first, and the totals per action.
+    /// The most recent recoveries, newest first, and the totals per action
+    /// (each shard keeps its own: merged by time, summed).
     pub async fn history(&self, limit: usize) -> Result<(Vec<OrphanRecord>, Vec<(String, u64)>), StoreError> {
-        let k = self.store.keys();
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZRANGE")
-            .arg(scripts::history_key(k))
-            .arg(0)
-            .arg(limit.saturating_sub(1))
-            .arg("REV");
-        pipe.cmd("HGETALL").arg(scripts::counts_key(k));
-        let (rows, counts): (Vec<String>, Vec<(String, u64)>) = self.store.pipe("orphans_history", &pipe).await?;
-        let records = rows.iter().filter_map(|r| serde_json::from_str(r).ok()).collect();
-        Ok((records, counts))
+        let mut records: Vec<OrphanRecord> = Vec::new();
+        let mut totals: std::collections::BTreeMap<String, u64> = Default::default();
+        for s in self.shards() {
+            let k = s.keys();
+            let mut pipe = redis::pipe();
+            pipe.cmd("ZRANGE")
+                .arg(scripts::history_key(k))
+                .arg(0)
+                .arg(limit.saturating_sub(1))
+                .arg("REV");
+            pipe.cmd("HGETALL").arg(scripts::counts_key(k));
+            let (rows, counts): (Vec<String>, Vec<(String, u64)>) = s.pipe("orphans_history", &pipe).await?;
+            records.extend(rows.iter().filter_map(|r| serde_json::from_str::<OrphanRecord>(r).ok()));
+            for (action, n) in counts {
+                *totals.entry(action).or_default() += n;
+            }
+        }
+        // Stable: one shard's records keep their order.
+        records.sort_by(|a, b| b.detected_at.cmp(&a.detected_at));
+        records.truncate(limit);
+        Ok((records, totals.into_iter().collect()))
     }
 }

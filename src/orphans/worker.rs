@@ -59,24 +59,13 @@ pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()>
                 Err(e) => tracing::debug!(error = %e, "timeout pass skipped"),
             }
             if pass.is_multiple_of(10) {
-                let queues: Result<Vec<String>, _> = orphans
-                    .store
-                    .query(
-                        "queues_names",
-                        redis::cmd("SMEMBERS").arg(format!("{}:queues", orphans.store.keys().prefix())),
-                    )
-                    .await;
-                for q in queues.unwrap_or_default() {
-                    match orphans.sweep(&q).await {
-                        Ok((recovered, removed)) if recovered + removed > 0 => {
+                match orphans.sweep_all().await {
+                    Ok(repaired) => {
+                        for (q, recovered, removed) in repaired {
                             tracing::info!(queue = %q, recovered, removed, "sweep repaired indexes");
                         }
-                        Ok(_) => {}
-                        Err(e) => {
-                            tracing::debug!(error = %e, "sweep skipped");
-                            break;
-                        }
                     }
+                    Err(e) => tracing::debug!(error = %e, "sweep skipped"),
                 }
             }
             orphans.passes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -118,24 +118,52 @@ impl Tasks {
         actor: &str,
     ) -> Result<BulkOutcome, TaskError> {
         let mut out = BulkOutcome::default();
-        while out.done < limit {
-            let call = DeadBulk {
-                queue,
-                action,
-                max: PAGE.min(limit - out.done),
-                actor,
-                max_queues: self.cfg.max_queues,
-            };
-            let r = self.store.run(&self.scripts.dead_bulk, &call).await?;
-            out.pages += 1;
-            out.done += r.done;
-            out.left = r.left;
-            out.refused = r.refused;
-            if r.done == 0 || r.left == 0 {
+        // Shard by shard (one shard: the whole set, oldest first).
+        for shard in 0..self.store.shards().len() {
+            let store = self.store.shard(shard);
+            let (mut left, mut refused) = (0, 0);
+            while out.done < limit {
+                let call = DeadBulk {
+                    queue,
+                    action,
+                    max: PAGE.min(limit - out.done),
+                    actor,
+                    max_queues: self.cfg.max_queues,
+                };
+                let r = store.run(&self.scripts.dead_bulk, &call).await?;
+                out.pages += 1;
+                out.done += r.done;
+                (left, refused) = (r.left, r.refused);
+                if r.done == 0 || r.left == 0 {
+                    break;
+                }
+            }
+            if out.done >= limit && shard + 1 < self.store.shards().len() {
+                // The shards not reached still hold theirs.
+                left += self.dead_left(shard + 1, queue).await?;
+            }
+            out.left += left;
+            out.refused += refused;
+            if out.done >= limit {
                 break;
             }
         }
         Ok(out)
+    }
+
+    /// The dead letters (of `queue`, or of all) in shards `from..`.
+    async fn dead_left(&self, from: usize, queue: Option<&str>) -> Result<u64, TaskError> {
+        let mut left = 0;
+        for shard in from..self.store.shards().len() {
+            let store = self.store.shard(shard);
+            let p = store.keys().prefix();
+            let key = match queue {
+                Some(q) => format!("{p}:q:{q}:dead"),
+                None => format!("{p}:dead"),
+            };
+            left += store.query::<u64>("dead_count", redis::cmd("ZCARD").arg(key)).await?;
+        }
+        Ok(left)
     }
 }
 

@@ -20,6 +20,7 @@ mod read;
 pub use read::Found;
 pub mod routes;
 mod scripts;
+mod shards;
 mod spec;
 mod wait;
 pub use wait::{NextAsk, NextTasks};
@@ -83,8 +84,9 @@ pub enum TaskError {
     )]
     RunAtTooFar { run_at: i64, now: i64 },
     #[error(
-        "`cursor` can be at most {MAX_QUEUED_CURSOR} for state=queued: the listing shows the first \
-         {MAX_QUEUED_CURSOR} queued tasks in claim order (`total` counts them all)"
+        "`cursor` can be at most {MAX_QUEUED_CURSOR} for state=queued (and for every listing of a namespace \
+         split into shards, which merges the shards' pages): the listing shows the first \
+         {MAX_QUEUED_CURSOR} tasks (`total` counts them all)"
     )]
     CursorTooDeep,
     #[error(
@@ -153,6 +155,8 @@ pub struct Tasks {
     shutdown: CancellationToken,
     /// Shared with the orphan cleaner, so both label the same queues alike.
     pub labels: Arc<QueueLabels>,
+    /// Split namespaces: which shards hold which queue's tasks (`shards`).
+    queue_shards: Mutex<shards::QueueShards>,
 }
 
 fn raw(json: &str) -> Box<RawValue> {
@@ -175,6 +179,7 @@ impl Tasks {
             bus,
             shutdown,
             labels: Arc::new(QueueLabels::default()),
+            queue_shards: Mutex::new(shards::QueueShards::default()),
         })
     }
 
@@ -186,19 +191,40 @@ impl Tasks {
         &self.store
     }
 
-    fn qkey(&self, queue: &str, suffix: &str) -> String {
-        format!("{}:q:{queue}:{suffix}", self.store.keys().prefix())
-    }
-
-    fn tkey(&self, id: &str) -> String {
-        format!("{}:task:{id}", self.store.keys().prefix())
-    }
-
-    /// Submits tasks to `queue` in one script; outcomes in order.
+    /// Submits tasks to `queue`, one script per shard the tasks go to (one
+    /// with one shard); outcomes in order. A task goes to its group's shard,
+    /// or its queue's ([`Tasks::home`]); with several shards a batch is
+    /// atomic per shard, not as a whole.
     pub async fn submit(&self, queue: &str, items: &[NewTask], node: &str) -> Result<Vec<Submitted>, TaskError> {
-        if items.is_empty() {
-            return Ok(Vec::new());
+        let mut parts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, t) in items.iter().enumerate() {
+            parts.entry(self.home(queue, &t.group)).or_default().push(i);
         }
+        let runs = parts
+            .into_iter()
+            .map(|(shard, at)| async move {
+                let part: Vec<&NewTask> = at.iter().map(|&i| &items[i]).collect();
+                let out = self.submit_in(shard, queue, &part, node).await?;
+                self.note_queue_in(queue, shard);
+                Ok::<_, TaskError>(at.into_iter().zip(out))
+            })
+            .collect::<Vec<_>>();
+        let mut out: Vec<Option<Submitted>> = (0..items.len()).map(|_| None).collect();
+        for (i, r) in futures_util::future::try_join_all(runs).await?.into_iter().flatten() {
+            out[i] = Some(r);
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Submits tasks that all belong in `shard`, in one script.
+    async fn submit_in(
+        &self,
+        shard: usize,
+        queue: &str,
+        items: &[&NewTask],
+        node: &str,
+    ) -> Result<Vec<Submitted>, TaskError> {
+        let store = self.store.shard(shard);
         let call = scripts::Enqueue {
             queue,
             idempotency_window_ms: self.cfg.idempotency_window_ms,
@@ -208,7 +234,7 @@ impl Tasks {
             items: items
                 .iter()
                 .map(|t| scripts::EnqueueItem {
-                    id: ulid::Ulid::generate().to_string(),
+                    id: store.shards().new_id(shard),
                     payload: &t.payload,
                     group: &t.group,
                     priority: t.priority,
@@ -223,7 +249,7 @@ impl Tasks {
                 })
                 .collect(),
         };
-        let reply = self.store.run(&self.scripts.enqueue, &call).await?;
+        let reply = store.run(&self.scripts.enqueue, &call).await?;
         let label = self.labels.label(queue);
         Ok(reply
             .0
@@ -253,27 +279,64 @@ impl Tasks {
             .collect())
     }
 
-    /// Claims up to `max` tasks of `queue` for `node`.
+    /// Claims up to `max` tasks of `queue` for `node`: from the queue's
+    /// shard, then (split namespaces) from the other shards that hold its
+    /// tasks, one script each, until `max` are claimed.
     pub async fn claim(&self, queue: &str, node: &str, max: u32) -> Result<ClaimResult, TaskError> {
-        let reply = self
-            .store
-            .run(&self.scripts.claim, &scripts::Claim { queue, node, max })
-            .await?;
-        self.claimed(queue, node, reply)
+        let shards = self.shards_of(queue).await?;
+        self.claim_in(&shards, queue, node, max).await
+    }
+
+    /// Claims from `shards` in order. The first shard's refusal (the node is
+    /// not alive or is draining there) is the answer; a later shard's
+    /// refusal only skips that shard.
+    async fn claim_in(&self, shards: &[usize], queue: &str, node: &str, max: u32) -> Result<ClaimResult, TaskError> {
+        let mut out: Option<ClaimResult> = None;
+        for &shard in shards {
+            let got = out.as_ref().map_or(0, |r| r.tasks.len() as u32);
+            if got >= max {
+                break;
+            }
+            let call = scripts::Claim {
+                queue,
+                node,
+                max: max - got,
+            };
+            let reply = self.store.shard(shard).run(&self.scripts.claim, &call).await?;
+            match (self.decode_claim(queue, node, reply), out.as_mut()) {
+                (Err(e), None) => return Err(e),
+                (Err(_), Some(_)) => {}
+                (Ok(r), None) => out = Some(r),
+                (Ok(r), Some(o)) => o.absorb(r),
+            }
+        }
+        let r = out.unwrap_or_default();
+        self.count_claim(queue, &r);
+        Ok(r)
     }
 
     /// Turns a claim reply into tasks, counting them (and empty claims).
     fn claimed(&self, queue: &str, node: &str, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
+        let r = self.decode_claim(queue, node, reply)?;
+        self.count_claim(queue, &r);
+        Ok(r)
+    }
+
+    fn count_claim(&self, queue: &str, r: &ClaimResult) {
+        if r.tasks.is_empty() {
+            metrics::counter!("muster_claims_empty_total").increment(1);
+        } else {
+            metrics::counter!("muster_tasks_claimed_total", "queue" => self.labels.label(queue))
+                .increment(r.tasks.len() as u64);
+        }
+    }
+
+    /// Turns a claim reply into tasks.
+    fn decode_claim(&self, queue: &str, node: &str, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
         match reply {
             ClaimReply::Refused(Code::NodeDraining) => Err(TaskError::NodeDraining(node.into())),
             ClaimReply::Refused(_) => Err(TaskError::NodeNotAlive(node.into())),
             ClaimReply::Claimed { tasks, next_due, more } => {
-                if tasks.is_empty() {
-                    metrics::counter!("muster_claims_empty_total").increment(1);
-                } else {
-                    metrics::counter!("muster_tasks_claimed_total", "queue" => self.labels.label(queue))
-                        .increment(tasks.len() as u64);
-                }
                 let tasks = tasks
                     .into_iter()
                     .map(|t| Claimed {
@@ -309,19 +372,43 @@ impl Tasks {
         items: &[(String, u64, String)],
         next: NextClaim,
     ) -> Result<(Vec<Result<Finished, TaskError>>, Option<NextClaimed>), TaskError> {
-        let call = scripts::Complete {
-            retention_ms: self.cfg.retention_ms,
-            next: scripts::Next {
-                max: if items.len() == 1 { next.max } else { 0 },
-                queue: next.queue.as_deref().unwrap_or(""),
-            },
-            items,
-        };
-        let reply = self.store.run(&self.scripts.complete, &call).await?;
+        let max = if items.len() == 1 { next.max } else { 0 };
+        // One script per shard the tasks are in (each id names its shard).
+        let mut parts: BTreeMap<usize, (Vec<usize>, Vec<(String, u64, String)>)> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let part = parts.entry(self.store.shards().home(&item.0)).or_default();
+            part.0.push(i);
+            part.1.push(item.clone());
+        }
+        let runs = parts.iter().map(|(&shard, (_, part))| {
+            let call = scripts::Complete {
+                retention_ms: self.cfg.retention_ms,
+                next: scripts::Next {
+                    max,
+                    queue: next.queue.as_deref().unwrap_or(""),
+                },
+                items: part,
+            };
+            async move { self.store.shard(shard).run(&self.scripts.complete, &call).await }
+        });
+        let replies = futures_util::future::try_join_all(runs).await?;
+        let mut each: Vec<Option<Completed>> = (0..items.len()).map(|_| None).collect();
+        let mut next_reply = None;
+        let mut tried = 0;
+        for ((&shard, (at, _)), reply) in parts.iter().zip(replies) {
+            for (&i, c) in at.iter().zip(reply.items) {
+                each[i] = Some(c);
+            }
+            if reply.next.is_some() {
+                next_reply = reply.next;
+                tried = shard;
+            }
+        }
         let mut out = Vec::with_capacity(items.len());
         let mut done: BTreeMap<String, u64> = BTreeMap::new();
         let mut claim_queue = next.queue.clone();
-        for ((id, _, _), c) in items.iter().zip(reply.items) {
+        for ((id, _, _), c) in items.iter().zip(each) {
+            let c = c.unwrap_or(Completed::NotFound);
             out.push(match c {
                 Completed::Succeeded { queue, attempt } => {
                     *done.entry(self.labels.label(&queue)).or_default() += 1;
@@ -340,7 +427,7 @@ impl Tasks {
         for (label, n) in done {
             metrics::counter!("muster_tasks_succeeded_total", "queue" => label).increment(n);
         }
-        let claimed = reply.next.map(|c| {
+        let claimed = next_reply.map(|c| {
             let queue = claim_queue.unwrap_or_default();
             NextClaimed {
                 result: self.claimed(&queue, &c.owner, c.claim),
@@ -348,7 +435,34 @@ impl Tasks {
                 queue,
             }
         });
-        Ok((out, claimed))
+        Ok((out, self.top_up(tried, max, claimed).await?))
+    }
+
+    /// Split namespaces: the next claim a complete or fail made in shard
+    /// `tried` (the finished task's), topped up to `max` from the queue's
+    /// other shards.
+    async fn top_up(
+        &self,
+        tried: usize,
+        max: u32,
+        next: Option<NextClaimed>,
+    ) -> Result<Option<NextClaimed>, TaskError> {
+        let Some(mut n) = next else { return Ok(None) };
+        if let (true, Ok(r)) = (self.sharded(), &mut n.result) {
+            let got = r.tasks.len() as u32;
+            if got < max {
+                let others: Vec<usize> = self
+                    .shards_of(&n.queue)
+                    .await?
+                    .into_iter()
+                    .filter(|&s| s != tried)
+                    .collect();
+                if let Ok(more) = self.claim_in(&others, &n.queue, &n.owner, max - got).await {
+                    r.absorb(more);
+                }
+            }
+        }
+        Ok(Some(n))
     }
 
     /// Reports a failed execution.
@@ -382,7 +496,8 @@ impl Tasks {
                 queue: next.queue.as_deref().unwrap_or(""),
             },
         };
-        match self.store.run(&self.scripts.fail, &call).await? {
+        let shard = self.store.shards().home(id);
+        match self.store.shard(shard).run(&self.scripts.fail, &call).await? {
             FailReply::NotFound => Err(TaskError::NotFound(id.into())),
             FailReply::Stale { state, attempt } => Err(stale(id, state, attempt as i64)),
             FailReply::Done {
@@ -410,7 +525,7 @@ impl Tasks {
                         attempt,
                         retry_at: run_at,
                     },
-                    claimed,
+                    self.top_up(shard, next.max, claimed).await?,
                 ))
             }
         }
@@ -430,7 +545,7 @@ impl Tasks {
             progress,
             fields,
         };
-        match self.store.run(&self.scripts.heartbeat, &call).await? {
+        match self.at(id).run(&self.scripts.heartbeat, &call).await? {
             HeartbeatReply::NotFound => Err(TaskError::NotFound(id.into())),
             HeartbeatReply::Stale { state } => Err(stale(id, state, 0)),
             HeartbeatReply::Ok { cancel_requested } => Ok(cancel_requested),
@@ -445,7 +560,7 @@ impl Tasks {
             retention_ms: self.cfg.retention_ms,
             actor,
         };
-        let r = self.store.run(&self.scripts.cancel, &call).await?;
+        let r = self.at(id).run(&self.scripts.cancel, &call).await?;
         match r.code {
             Err(Code::NotFound) => Err(TaskError::NotFound(id.into())),
             Err(_) => Err(TaskError::Conflict {
@@ -468,7 +583,7 @@ impl Tasks {
             actor,
             max_queues: self.cfg.max_queues,
         };
-        let r = self.store.run(&self.scripts.retry, &call).await?;
+        let r = self.at(id).run(&self.scripts.retry, &call).await?;
         match r.code {
             Err(Code::NotFound) => Err(TaskError::NotFound(id.into())),
             Err(Code::TooManyQueues) => Err(TaskError::TooManyQueues(self.cfg.max_queues)),
@@ -484,7 +599,7 @@ impl Tasks {
     /// Discards a finished task now.
     pub async fn delete(&self, id: &str, actor: &str) -> Result<(), TaskError> {
         let r = self
-            .store
+            .at(id)
             .run(&self.scripts.delete, &scripts::Delete { id, actor })
             .await?;
         match r.code {
@@ -498,15 +613,32 @@ impl Tasks {
         }
     }
 
-    /// Pauses or resumes a queue. Returns whether it changed.
+    /// Pauses or resumes a queue. Returns whether it changed. A split
+    /// namespace pauses the queue in every shard (a group's tasks of the
+    /// queue may be in any), the queue's own shard first: its answer is the
+    /// one returned, and only it emits the event.
     pub async fn set_paused(&self, queue: &str, paused: bool, actor: &str) -> Result<bool, TaskError> {
-        let call = scripts::Pause {
+        let home = self.home(queue, "");
+        let call = |emit| scripts::Pause {
             queue,
             paused,
             actor,
             max_queues: self.cfg.max_queues,
+            emit,
         };
-        match self.store.run(&self.scripts.pause, &call).await?.0 {
+        let first = self.store.shard(home).run(&self.scripts.pause, &call(true)).await?.0;
+        if first.is_ok() && self.sharded() {
+            let others = (0..self.store.shards().len()).filter(|&s| s != home).map(|s| {
+                let call = call(false);
+                async move { self.store.shard(s).run(&self.scripts.pause, &call).await }
+            });
+            for r in futures_util::future::try_join_all(others).await? {
+                if r.0.is_err() {
+                    return Err(TaskError::TooManyQueues(self.cfg.max_queues));
+                }
+            }
+        }
+        match first {
             Err(_) => Err(TaskError::TooManyQueues(self.cfg.max_queues)),
             Ok(changed) => Ok(changed == 1),
         }
@@ -520,44 +652,49 @@ impl Tasks {
             max_groups: self.cfg.max_groups,
             actor,
         };
-        let r = self.store.run(&self.scripts.set_group, &call).await?;
+        let r = self
+            .store
+            .shard(self.home("", group))
+            .run(&self.scripts.set_group, &call)
+            .await?;
         match r.code {
             Err(_) => Err(TaskError::TooManyGroups(self.cfg.max_groups)),
             Ok(_) => Ok(r.running),
         }
     }
 
-    /// One janitor pass: the cross-queue dead index, then every queue.
-    /// Returns the stats it saw per queue.
+    /// One janitor pass over every shard: the cross-queue dead index, then
+    /// every queue. Returns the stats it saw per queue, summed over the
+    /// shards (the latency, the last column, is the longest).
     pub async fn janitor_pass(&self) -> Result<Vec<(String, [i64; 8])>, TaskError> {
-        let k = self.store.keys();
-        // First and on its own, so it runs even when no queue is left.
-        let call = scripts::TrimDead {
-            dead_retention_ms: self.cfg.dead_retention_ms,
-        };
-        self.store.run(&self.scripts.trim_dead, &call).await?;
-        let names: Vec<String> = self
-            .store
-            .query(
-                "queues_names",
-                redis::cmd("SMEMBERS").arg(format!("{}:queues", k.prefix())),
-            )
-            .await?;
-        let mut out = Vec::with_capacity(names.len());
-        for q in &names {
-            let call = scripts::Janitor {
-                queue: q,
-                retention_ms: self.cfg.retention_ms,
+        let mut out: BTreeMap<String, [i64; 8]> = BTreeMap::new();
+        for shard in 0..self.store.shards().len() {
+            let store = self.store.shard(shard);
+            // First and on its own, so it runs even when no queue is left.
+            let call = scripts::TrimDead {
                 dead_retention_ms: self.cfg.dead_retention_ms,
             };
-            let r = self.store.run(&self.scripts.janitor, &call).await?;
-            let mut row = [0i64; 8];
-            for (slot, v) in row.iter_mut().zip(r) {
-                *slot = v;
+            store.run(&self.scripts.trim_dead, &call).await?;
+            let names: Vec<String> = store
+                .query(
+                    "queues_names",
+                    redis::cmd("SMEMBERS").arg(format!("{}:queues", store.keys().prefix())),
+                )
+                .await?;
+            for q in &names {
+                let call = scripts::Janitor {
+                    queue: q,
+                    retention_ms: self.cfg.retention_ms,
+                    dead_retention_ms: self.cfg.dead_retention_ms,
+                };
+                let r = store.run(&self.scripts.janitor, &call).await?;
+                let row = out.entry(q.clone()).or_default();
+                for (i, (slot, v)) in row.iter_mut().zip(r).enumerate() {
+                    *slot = if i == 7 { (*slot).max(v) } else { *slot + v };
+                }
             }
-            out.push((q.clone(), row));
         }
-        Ok(out)
+        Ok(out.into_iter().collect())
     }
 }
 

@@ -64,13 +64,25 @@ pub struct Claimed {
 }
 
 /// What a claim returned.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ClaimResult {
     pub tasks: Vec<Claimed>,
     /// When the earliest delayed task of the queue is due (Redis ms).
     pub next_due: Option<i64>,
     /// `max` tasks were claimed and more are ready: wake another waiter.
     pub more: bool,
+}
+
+impl ClaimResult {
+    /// Adds what a claim in another shard of the queue returned.
+    pub(crate) fn absorb(&mut self, other: ClaimResult) {
+        self.tasks.extend(other.tasks);
+        self.next_due = match (self.next_due, other.next_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.more |= other.more;
+    }
 }
 
 /// What a complete or fail claimed next: for whom, from which queue, and

@@ -2,6 +2,7 @@
 //! letters, queue and group statistics.
 
 use super::*;
+use crate::store::Keys;
 
 /// How [`Tasks::lookup`] found a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,23 +28,40 @@ impl Tasks {
         Ok(self.get_many(&[id.to_string()]).await?.into_iter().next().flatten())
     }
 
-    /// The id of the task holding `alias` (a valid name), if any.
+    /// The id of the task holding `alias` (a valid name), if any. An alias
+    /// is held in its task's shard: every shard is asked, at once.
     pub async fn alias_holder(&self, alias: &str) -> Result<Option<String>, TaskError> {
-        let key = format!("{}:alias:{alias}", self.store.keys().prefix());
-        Ok(self.store.query("alias_get", redis::cmd("GET").arg(key)).await?)
+        let found = self
+            .every_shard(|s| {
+                let key = format!("{}:alias:{alias}", s.keys().prefix());
+                async move { s.query::<Option<String>>("alias_get", redis::cmd("GET").arg(key)).await }
+            })
+            .await?;
+        Ok(found.into_iter().flatten().next())
     }
 
-    /// The task a search term names, in one pipelined round trip: a task id,
-    /// an alias (held while its task lives, kept through retention) or an
-    /// idempotency key (within its window), in that order. The term must
-    /// already be a valid name.
+    /// The task a search term names, in one pipelined round trip per shard
+    /// (at once): a task id, an alias (held while its task lives, kept
+    /// through retention) or an idempotency key (within its window), in that
+    /// order. The term must already be a valid name.
     pub async fn lookup(&self, term: &str) -> Result<Option<(String, Found)>, TaskError> {
-        let p0 = self.store.keys().prefix();
-        let mut p = redis::pipe();
-        p.cmd("EXISTS").arg(self.tkey(term));
-        p.cmd("GET").arg(format!("{p0}:alias:{term}"));
-        p.cmd("GET").arg(format!("{p0}:idem:{term}"));
-        let (exists, alias, idem): (bool, Option<String>, Option<String>) = self.store.pipe("task_lookup", &p).await?;
+        let id_shard = self.store.shards().home(term);
+        let found = self
+            .every_shard(|s| {
+                let p0 = s.keys().prefix().to_string();
+                let mut p = redis::pipe();
+                p.cmd("EXISTS").arg(tkey(&s, term));
+                p.cmd("GET").arg(format!("{p0}:alias:{term}"));
+                p.cmd("GET").arg(format!("{p0}:idem:{term}"));
+                async move {
+                    s.pipe::<(bool, Option<String>, Option<String>)>("task_lookup", &p)
+                        .await
+                }
+            })
+            .await?;
+        let exists = found[id_shard].0;
+        let alias = found.iter().find_map(|f| f.1.clone());
+        let idem = found.iter().find_map(|f| f.2.clone());
         Ok(if exists {
             Some((term.to_string(), Found::Id))
         } else if let Some(id) = alias {
@@ -53,36 +71,69 @@ impl Tasks {
         })
     }
 
-    /// Several tasks in one pipelined round trip, in order (None: gone).
+    /// Runs `read` on every shard's view at once; the answers in shard order.
+    async fn every_shard<T, F, Fut>(&self, read: F) -> Result<Vec<T>, StoreError>
+    where
+        F: Fn(Store) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        futures_util::future::try_join_all((0..self.store.shards().len()).map(|i| read(self.store.shard(i)))).await
+    }
+
+    /// Several tasks in one pipelined round trip per shard they are in (at
+    /// once), in order (None: gone).
     pub async fn get_many(&self, ids: &[String]) -> Result<Vec<Option<Task>>, TaskError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
+        let mut parts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, id) in ids.iter().enumerate() {
+            parts.entry(self.store.shards().home(id)).or_default().push(i);
         }
-        let mut p = redis::pipe();
-        for id in ids {
-            p.cmd("HGETALL").arg(self.tkey(id));
+        let reads = parts.into_iter().map(|(shard, at)| {
+            let s = self.store.shard(shard);
+            let mut p = redis::pipe();
+            for &i in &at {
+                p.cmd("HGETALL").arg(tkey(&s, &ids[i]));
+            }
+            async move {
+                let maps: Vec<BTreeMap<String, String>> = s.pipe("task_get", &p).await?;
+                Ok::<_, StoreError>(at.into_iter().zip(maps))
+            }
+        });
+        let mut out: Vec<Option<Task>> = (0..ids.len()).map(|_| None).collect();
+        for (i, m) in futures_util::future::try_join_all(reads).await?.into_iter().flatten() {
+            if !m.is_empty() {
+                out[i] = Some(task_from(&ids[i], &m));
+            }
         }
-        let maps: Vec<BTreeMap<String, String>> = self.store.pipe("task_get", &p).await?;
-        Ok(maps
-            .iter()
-            .zip(ids)
-            .map(|(m, id)| if m.is_empty() { None } else { Some(task_from(id, m)) })
-            .collect())
+        Ok(out)
     }
 
     /// Tasks of `queue` in `state`, a page at a time. Queued tasks are listed
     /// in claim order, down to [`MAX_QUEUED_CURSOR`]; the others newest first.
+    /// A split namespace lists the queue's shards one after the other for
+    /// queued tasks (claim order holds within a shard) and merges the others
+    /// by time; its pages of any state go down to [`MAX_QUEUED_CURSOR`].
     pub async fn list(&self, queue: &str, state: &str, limit: usize, cursor: usize) -> Result<TaskPage, TaskError> {
+        if cursor > MAX_QUEUED_CURSOR && (state == "queued" || self.sharded()) {
+            return Err(TaskError::CursorTooDeep);
+        }
+        let shards = self.shards_of(queue).await?;
         if state == "queued" {
-            if cursor > MAX_QUEUED_CURSOR {
-                return Err(TaskError::CursorTooDeep);
+            let one = shards.len() == 1;
+            let reads = shards.iter().map(|&shard| {
+                let call = scripts::ListQueued {
+                    queue,
+                    offset: if one { cursor } else { 0 },
+                    limit: if one { limit + 1 } else { cursor + limit + 1 },
+                };
+                async move { self.store.shard(shard).run(&self.scripts.list_queued, &call).await }
+            });
+            let mut total = 0;
+            let mut ids = Vec::new();
+            for ListQueuedReply { total: t, ids: i } in futures_util::future::try_join_all(reads).await? {
+                total += t;
+                ids.extend(i);
             }
-            let call = scripts::ListQueued {
-                queue,
-                offset: cursor,
-                limit: limit + 1,
-            };
-            let ListQueuedReply { total, mut ids } = self.store.run(&self.scripts.list_queued, &call).await?;
+            let mut ids: Vec<String> = ids.into_iter().skip(if one { 0 } else { cursor }).collect();
             let more = ids.len() > limit && cursor + limit <= MAX_QUEUED_CURSOR;
             ids.truncate(limit);
             let tasks = self.get_many(&ids).await?.into_iter().flatten().collect();
@@ -92,24 +143,71 @@ impl Tasks {
                 total,
             });
         }
-        let key = self.qkey(queue, state);
-        self.page(&key, state == "delayed", limit, cursor).await
+        let suffix = state.to_string();
+        self.page(
+            &shards,
+            |k| format!("{}:q:{queue}:{suffix}", k.prefix()),
+            state == "delayed",
+            limit,
+            cursor,
+        )
+        .await
     }
 
     /// Dead tasks of every queue, newest first.
     pub async fn dead(&self, limit: usize, cursor: usize) -> Result<TaskPage, TaskError> {
-        let key = format!("{}:dead", self.store.keys().prefix());
-        self.page(&key, false, limit, cursor).await
+        if cursor > MAX_QUEUED_CURSOR && self.sharded() {
+            return Err(TaskError::CursorTooDeep);
+        }
+        let shards: Vec<usize> = (0..self.store.shards().len()).collect();
+        self.page(&shards, |k| format!("{}:dead", k.prefix()), false, limit, cursor)
+            .await
     }
 
-    async fn page(&self, key: &str, ascending: bool, limit: usize, cursor: usize) -> Result<TaskPage, TaskError> {
-        let mut p = redis::pipe();
-        p.cmd("ZCARD").arg(key);
-        p.cmd("ZRANGE").arg(key).arg(cursor).arg(cursor + limit);
-        if !ascending {
-            p.arg("REV");
+    /// A page of the sorted set `key` names in each of `shards`, merged by
+    /// score (ties: shard order).
+    async fn page(
+        &self,
+        shards: &[usize],
+        key: impl Fn(&Keys) -> String,
+        ascending: bool,
+        limit: usize,
+        cursor: usize,
+    ) -> Result<TaskPage, TaskError> {
+        let one = shards.len() == 1;
+        let reads = shards.iter().map(|&shard| {
+            let s = self.store.shard(shard);
+            let key = key(s.keys());
+            let mut p = redis::pipe();
+            p.cmd("ZCARD").arg(&key);
+            p.cmd("ZRANGE")
+                .arg(&key)
+                .arg(if one { cursor } else { 0 })
+                .arg(cursor + limit);
+            if !ascending {
+                p.arg("REV");
+            }
+            p.arg("WITHSCORES");
+            async move { s.pipe::<(u64, Vec<(String, f64)>)>("task_list", &p).await }
+        });
+        let mut total = 0;
+        let mut rows = Vec::new();
+        for (t, r) in futures_util::future::try_join_all(reads).await? {
+            total += t;
+            rows.extend(r);
         }
-        let (total, mut ids): (u64, Vec<String>) = self.store.pipe("task_list", &p).await?;
+        if !one {
+            // Stable: equal scores keep shard order.
+            rows.sort_by(|a, b| {
+                let o = a.1.total_cmp(&b.1);
+                if ascending { o } else { o.reverse() }
+            });
+        }
+        let mut ids: Vec<String> = rows
+            .into_iter()
+            .skip(if one { 0 } else { cursor })
+            .map(|(id, _)| id)
+            .collect();
         let more = ids.len() > limit;
         ids.truncate(limit);
         let tasks = self.get_many(&ids).await?.into_iter().flatten().collect();
@@ -120,88 +218,127 @@ impl Tasks {
         })
     }
 
-    /// Every known queue with its counts, in two pipelined round trips.
+    /// Every known queue (in any shard) with its counts.
     pub async fn queues(&self) -> Result<Vec<QueueStats>, TaskError> {
-        let k = self.store.keys();
-        let mut names: Vec<String> = self
-            .store
-            .query(
-                "queues_list",
-                redis::cmd("SMEMBERS").arg(format!("{}:queues", k.prefix())),
-            )
-            .await?;
+        let mut names: Vec<String> = self.queue_names_by_shard().await?.into_iter().flatten().collect();
         names.sort();
+        names.dedup();
         self.stats_for(&names).await
     }
 
-    /// Counts of the named queues, read atomically.
+    /// Counts of the named queues, read atomically in each shard (one
+    /// script per shard, at once) and summed; a queue is paused when its
+    /// own shard says so, and its latency is the longest of its shards'.
     pub async fn stats_for(&self, names: &[String]) -> Result<Vec<QueueStats>, TaskError> {
         if names.is_empty() {
             return Ok(Vec::new());
         }
+        let call = scripts::Counts { queues: names };
         let rows = self
-            .store
-            .run(&self.scripts.counts, &scripts::Counts { queues: names })
+            .every_shard(|s| {
+                let call = &call;
+                async move { s.run(&self.scripts.counts, call).await }
+            })
             .await?;
         Ok(names
             .iter()
-            .zip(rows.0)
-            .map(|(q, c)| QueueStats {
-                name: q.clone(),
-                queued: c.queued,
-                delayed: c.delayed,
-                running: c.running,
-                dead: c.dead,
-                succeeded: c.succeeded,
-                cancelled: c.cancelled,
-                finished_last_minute: c.finished_last_minute,
-                paused: c.paused,
-                latency_ms: c.latency_ms,
+            .enumerate()
+            .map(|(i, q)| {
+                let home = self.home(q, "");
+                let mut st = QueueStats {
+                    name: q.clone(),
+                    ..QueueStats::default()
+                };
+                for (shard, r) in rows.iter().enumerate() {
+                    let Some(c) = r.0.get(i) else { continue };
+                    st.queued += c.queued;
+                    st.delayed += c.delayed;
+                    st.running += c.running;
+                    st.dead += c.dead;
+                    st.succeeded += c.succeeded;
+                    st.cancelled += c.cancelled;
+                    st.finished_last_minute += c.finished_last_minute;
+                    st.latency_ms = st.latency_ms.max(c.latency_ms);
+                    if shard == home {
+                        st.paused = c.paused;
+                    }
+                }
+                st
             })
             .collect())
     }
 
     /// Groups that have queued tasks in `queue` or a configured limit, with
-    /// their slots in use.
+    /// their slots in use (each read in the group's shard).
     pub async fn groups(&self, queue: Option<&str>) -> Result<Vec<GroupInfo>, TaskError> {
-        let k = self.store.keys();
-        let limits: BTreeMap<String, String> = self
-            .store
-            .query(
-                "group_limits",
-                redis::cmd("HGETALL").arg(format!("{}:group_limits", k.prefix())),
-            )
+        let q = queue.unwrap_or("-");
+        let named = self
+            .every_shard(|s| {
+                let p0 = s.keys().prefix().to_string();
+                let mut p = redis::pipe();
+                p.cmd("HGETALL").arg(format!("{p0}:group_limits"));
+                p.cmd("SMEMBERS").arg(format!("{p0}:q:{q}:groups"));
+                async move {
+                    s.pipe::<(BTreeMap<String, String>, Vec<String>)>("group_limits", &p)
+                        .await
+                }
+            })
             .await?;
-        let mut names: Vec<String> = limits.keys().cloned().collect();
-        if let Some(q) = queue {
-            let queued: Vec<String> = self
-                .store
-                .query("queue_groups", redis::cmd("SMEMBERS").arg(self.qkey(q, "groups")))
-                .await?;
-            names.extend(queued);
+        let mut limits: BTreeMap<String, String> = BTreeMap::new();
+        let mut names: Vec<String> = Vec::new();
+        for (l, queued) in named {
+            names.extend(l.keys().cloned());
+            limits.extend(l);
+            if queue.is_some() {
+                names.extend(queued);
+            }
         }
         names.sort();
         names.dedup();
         if names.is_empty() {
             return Ok(Vec::new());
         }
-        let mut p = redis::pipe();
-        for g in &names {
-            p.cmd("SCARD").arg(format!("{}:group:{g}:running", k.prefix()));
-            p.cmd("ZCARD").arg(self.qkey(queue.unwrap_or("-"), &format!("g:{g}")));
+        let mut parts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, g) in names.iter().enumerate() {
+            parts.entry(self.home("", g)).or_default().push(i);
         }
-        let counts: Vec<u64> = self.store.pipe("group_counts", &p).await?;
+        let reads = parts.into_iter().map(|(shard, at)| {
+            let s = self.store.shard(shard);
+            let p0 = s.keys().prefix().to_string();
+            let mut p = redis::pipe();
+            for &i in &at {
+                let g = &names[i];
+                p.cmd("SCARD").arg(format!("{p0}:group:{g}:running"));
+                p.cmd("ZCARD").arg(format!("{p0}:q:{q}:g:{g}"));
+            }
+            async move {
+                let counts: Vec<u64> = s.pipe("group_counts", &p).await?;
+                Ok::<_, StoreError>(
+                    at.into_iter()
+                        .zip(counts.chunks(2).map(|c| (c[0], c[1])).collect::<Vec<_>>()),
+                )
+            }
+        });
+        let mut counts = vec![(0, 0); names.len()];
+        for (i, c) in futures_util::future::try_join_all(reads).await?.into_iter().flatten() {
+            counts[i] = c;
+        }
         Ok(names
             .into_iter()
-            .zip(counts.chunks(2))
-            .map(|(name, c)| GroupInfo {
+            .zip(counts)
+            .map(|(name, (running, queued))| GroupInfo {
                 limit: limits.get(&name).and_then(|l| l.parse().ok()),
-                running: c[0],
-                queued: c[1],
+                running,
+                queued,
                 name,
             })
             .collect())
     }
+}
+
+/// The key of task `id` in the shard `s` views.
+fn tkey(s: &Store, id: &str) -> String {
+    format!("{}:task:{id}", s.keys().prefix())
 }
 
 fn opt(s: Option<&String>) -> Option<String> {

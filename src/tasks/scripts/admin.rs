@@ -79,6 +79,9 @@ pub(crate) struct Pause<'a> {
     pub paused: bool,
     pub actor: &'a str,
     pub max_queues: u32,
+    /// Whether a change emits its event (a split namespace pauses a queue
+    /// in every shard and tells once, from the queue's own).
+    pub emit: bool,
 }
 
 /// `1` changed, `0` already so, or a refusal.
@@ -101,6 +104,7 @@ impl ScriptCall for Pause<'_> {
             if self.paused { "1" } else { "0" }.into(),
             self.actor.to_string(),
             self.max_queues.to_string(),
+            if self.emit { "1" } else { "0" }.into(),
         ]
     }
 }
