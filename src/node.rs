@@ -312,7 +312,7 @@ async fn build_services(
     node_id: &str,
     store: Store,
     embedded: Option<Arc<EmbeddedRedis>>,
-) -> Result<(AppState, Option<String>), StartError> {
+) -> Result<(AppState, Option<events::Cursor>), StartError> {
     let node_id = node_id.to_string();
     let mode = store.mode();
     let ctx = ScriptCtx {
@@ -334,7 +334,7 @@ async fn build_services(
         store::layout::check(&store, &ctx).await.map_err(StartError::Config)?;
     }
     // The bus keeps client_buffer events: how far any subscriber may fall behind.
-    let bus = events::Bus::new(cfg.events.client_buffer as usize);
+    let bus = events::Bus::new(cfg.events.client_buffer as usize, store.shards().len());
     // Cancelled when the node starts stopping: long polls answer at once.
     let shutdown = CancellationToken::new();
     let park = longpoll::Park {
@@ -379,7 +379,7 @@ async fn build_services(
     // Without a master yet (coordinated mode, waiting for the coordinator)
     // the tailer finds its starting point once it connects.
     let tail_from = if store.has_master() {
-        Some(events::tailer::last_id(&store).await?)
+        Some(events::tailer::last_cursor(&store).await?)
     } else {
         None
     };
@@ -469,7 +469,7 @@ async fn reconcile_schedules(state: &AppState) -> bool {
 fn spawn_loops(
     state: &AppState,
     me: nodes::worker::Identity,
-    tail_from: Option<String>,
+    tail_from: Option<events::Cursor>,
     reconciled: bool,
     cancel: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
-use super::{Event, StreamId, read_after};
+use super::{Cursor, Event, StreamId, read_after};
 use crate::app::AppState;
 
 /// Seconds of throughput history.
@@ -236,9 +236,9 @@ pub struct Live {
     /// The newest stream id when the last reconciliation started reading:
     /// events up to it are already in the counts it read, so applying them
     /// again (they wait in the channel meanwhile) would count them twice.
-    reconciled_upto: std::sync::Mutex<Option<StreamId>>,
+    reconciled_upto: std::sync::Mutex<Option<Cursor>>,
     /// The same for the last recount of the throughput.
-    recounted_upto: std::sync::Mutex<Option<StreamId>>,
+    recounted_upto: std::sync::Mutex<Option<Cursor>>,
 }
 
 impl Live {
@@ -255,10 +255,12 @@ impl Live {
         if self.drop_events.load(Ordering::Relaxed) {
             return;
         }
-        let id = StreamId::parse(&ev.id);
-        let upto = |m: &std::sync::Mutex<Option<StreamId>>| {
-            let upto = *m.lock().unwrap_or_else(|p| p.into_inner());
-            matches!((upto, id), (Some(u), Some(id)) if id <= u)
+        if ev.mirrored() {
+            return;
+        }
+        let upto = |m: &std::sync::Mutex<Option<Cursor>>| {
+            let upto = m.lock().unwrap_or_else(|p| p.into_inner());
+            matches!((upto.as_ref(), ev.sid), (Some(u), Some(id)) if u.covers(ev.shard, id))
         };
         let (counted, recounted) = (upto(&self.reconciled_upto), upto(&self.recounted_upto));
         self.snap
@@ -270,7 +272,7 @@ impl Live {
     /// Rebuilds the view from Redis; recounts the throughput of the last
     /// `recount_ms` from the stream (0: keeps the counted throughput).
     pub async fn reconcile(&self, s: &AppState, recount_ms: i64) -> Result<(), crate::error::ApiError> {
-        let mark = crate::events::tailer::last_id(&s.store).await?;
+        let mark = crate::events::tailer::last_cursor(&s.store).await?;
         let nodes = s.nodes.list().await?;
         let queues = s.tasks.queues().await?;
         let (_, orphan_counts) = s.orphans.history(0).await?;
@@ -278,9 +280,9 @@ impl Live {
         // Recount finished tasks per second over the recent window from the stream.
         let from = now - recount_ms;
         let mut recent: BTreeMap<i64, [u32; 3]> = BTreeMap::new();
-        let mut after = StreamId(from.max(0) as u64, 0);
+        let mut after = Cursor::at(s.store.shards().len(), StreamId(from.max(0) as u64, 0));
         'scan: for _ in 0..if recount_ms > 0 { 100 } else { 0 } {
-            let page = read_after(&s.store, after, 1000).await?;
+            let page = read_after(&s.store, &after, 1000).await?;
             let n = page.len();
             for ev in &page {
                 // [finished, failed, dead], as `apply` counts them.
@@ -293,17 +295,17 @@ impl Live {
                 for &i in slots {
                     recent.entry(ev.ts / 1000).or_default()[i] += 1;
                 }
-                if let Some(id) = StreamId::parse(&ev.id) {
-                    after = id;
+                if let Some(id) = ev.sid {
+                    after.advance(ev.shard, id);
                 }
             }
             if n < 1000 {
                 break 'scan;
             }
         }
-        *self.reconciled_upto.lock().unwrap_or_else(|p| p.into_inner()) = StreamId::parse(&mark);
+        *self.reconciled_upto.lock().unwrap_or_else(|p| p.into_inner()) = Some(mark.clone());
         if recount_ms > 0 {
-            *self.recounted_upto.lock().unwrap_or_else(|p| p.into_inner()) = StreamId::parse(&mark);
+            *self.recounted_upto.lock().unwrap_or_else(|p| p.into_inner()) = Some(mark);
         }
         let mut snap = self.snap.write().unwrap_or_else(|p| p.into_inner());
         snap.nodes = nodes

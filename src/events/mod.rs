@@ -1,14 +1,21 @@
-//! The cluster event stream (`{prefix}:events`) as seen by this node.
+//! The cluster event stream (`{prefix}:events`, one per shard) as seen by
+//! this node.
 //!
 //! Invariants:
 //! - Events are written only by state-change scripts, in the same atomic
 //!   step as the change (the outbox, G9); nothing here writes to the stream.
-//! - One tailer per node reads the stream with `XREAD BLOCK` from the last id
-//!   it delivered; after a Redis error it reconnects with backoff and resumes
-//!   from that id, so a blip leaves no gap.
+//! - One tailer per node and shard reads the shard's stream with `XREAD
+//!   BLOCK` from the last id it delivered; after a Redis error it reconnects
+//!   with backoff and resumes from that id, so a blip leaves no gap.
+//! - An event's `id` is a [`Cursor`]: the position in every shard's stream
+//!   once this event is read (one stream id for one shard), so resuming
+//!   from it continues every shard with no hole and no duplicate. The
+//!   registry's events, written to every shard (`nodes`), are delivered
+//!   from shard 0's stream alone ([`Event::mirrored`]).
 //! - Local consumers (claim wake-ups, WebSocket clients, caches) receive each
 //!   event through bounded channels and can never slow the tailer down.
 
+mod cursor;
 pub mod live;
 pub mod routes;
 mod stream;
@@ -17,7 +24,8 @@ pub mod tailer;
 mod wakers;
 pub mod ws;
 
-pub use stream::{EventPage, Retained, SINCE_AHEAD_MS, check_since, read_after, replay, retained};
+pub use cursor::Cursor;
+pub use stream::{EventPage, Retained, SINCE_AHEAD_MS, check_since, read_after, replay, retained, retained_all};
 pub use wakers::{QueueWaiter, Wakers};
 
 use std::collections::BTreeMap;
@@ -100,10 +108,15 @@ pub fn topic_prefixes() -> Vec<String> {
 /// One event, parsed once and serialized once for every consumer.
 #[derive(Debug, Clone)]
 pub struct Event {
-    /// The stream id, `<ms>-<seq>`.
+    /// The stream id, `<ms>-<seq>`, in its shard's stream.
     pub id: String,
-    /// The same, parsed (for ordering).
+    /// The same, parsed (for ordering within the shard).
     pub sid: Option<StreamId>,
+    /// The shard whose stream holds it.
+    pub shard: usize,
+    /// A split namespace: the position in every shard once this event is
+    /// read, which clients see as its `id` (None: the stream id is it).
+    pub cursor: Option<String>,
     pub kind: String,
     /// Redis time, ms.
     pub ts: i64,
@@ -140,6 +153,8 @@ impl Event {
         }
         Event {
             sid: StreamId::parse(&id),
+            shard: 0,
+            cursor: None,
             id,
             kind,
             ts,
@@ -151,12 +166,29 @@ impl Event {
         }
     }
 
+    /// The same event, read from `shard`'s stream.
+    pub fn in_shard(mut self, shard: usize) -> Event {
+        self.shard = shard;
+        self
+    }
+
+    /// A copy of an event every shard writes (the registry's, see `nodes`)
+    /// read from a shard other than 0: delivered once, from shard 0.
+    pub fn mirrored(&self) -> bool {
+        self.shard != 0 && self.kind.starts_with("node.")
+    }
+
+    /// What a client resumes from: the cursor, or for one shard the id.
+    pub fn resume_id(&self) -> &str {
+        self.cursor.as_deref().unwrap_or(&self.id)
+    }
+
     /// The event as JSON: `{"id", "type", "ts", "node", <subjects>, "data"}`.
     pub fn json(&self) -> Arc<str> {
         self.json
             .get_or_init(|| {
                 let mut obj = Map::new();
-                obj.insert("id".into(), Value::String(self.id.clone()));
+                obj.insert("id".into(), Value::String(self.resume_id().to_string()));
                 obj.insert("type".into(), Value::String(self.kind.clone()));
                 obj.insert("ts".into(), Value::from(self.ts));
                 obj.insert("node".into(), Value::String(self.node.clone()));
@@ -187,19 +219,29 @@ impl Event {
 pub struct Bus {
     tx: broadcast::Sender<Arc<Event>>,
     pub wakers: Wakers,
-    /// The stream id up to which the tailer has published (set before each
-    /// send): a receiver subscribed before reading it gets every event after it.
-    mark: Mutex<Option<StreamId>>,
+    /// How many shards (streams) the tailers read.
+    shards: usize,
+    /// The position up to which the tailers have published (moved before
+    /// each send): a receiver subscribed before reading it gets every event
+    /// after it.
+    mark: Mutex<Option<Cursor>>,
 }
 
 impl Bus {
-    pub fn new(capacity: usize) -> Arc<Bus> {
+    /// A bus for the events of `shards` streams.
+    pub fn new(capacity: usize, shards: usize) -> Arc<Bus> {
         let (tx, _) = broadcast::channel(capacity);
         Arc::new(Bus {
             tx,
             wakers: Wakers::default(),
+            shards: shards.max(1),
             mark: Mutex::new(None),
         })
+    }
+
+    /// How many shards (streams) the events come from.
+    pub fn shards(&self) -> usize {
+        self.shards
     }
 
     /// A receiver of every event from now on. A receiver that falls more than
@@ -208,23 +250,35 @@ impl Bus {
         self.tx.subscribe()
     }
 
-    pub fn publish(&self, ev: Arc<Event>) {
+    /// Publishes an event a tailer read. With several shards the event is
+    /// given the cursor it moves the mark to, and sent while the mark is
+    /// held, so the cursors on the channel only grow.
+    pub fn publish(&self, mut ev: Event) {
+        let mut m = self.mark.lock().unwrap_or_else(|p| p.into_inner());
+        let mark = m.get_or_insert_with(|| Cursor::at(self.shards, StreamId(0, 0)));
         if let Some(id) = ev.sid {
-            self.set_mark(id);
+            mark.advance(ev.shard, id);
         }
+        if self.shards > 1 {
+            ev.cursor = Some(mark.to_string());
+        }
+        let ev = Arc::new(ev);
         self.wakers.on_event(&ev);
         let _ = self.tx.send(ev);
     }
 
-    /// Records that the tailer starts after `id` (nothing up to it will be published).
-    pub fn set_mark(&self, id: StreamId) {
+    /// Records that the tailers start after `at` (nothing up to it will be
+    /// published).
+    pub fn set_mark(&self, at: &Cursor) {
         let mut m = self.mark.lock().unwrap_or_else(|p| p.into_inner());
-        *m = (*m).max(Some(id));
+        m.get_or_insert_with(|| Cursor::at(self.shards, StreamId(0, 0)))
+            .merge(at);
     }
 
-    /// The id up to which events were published (None before the tailer started).
-    pub fn mark(&self) -> Option<StreamId> {
-        *self.mark.lock().unwrap_or_else(|p| p.into_inner())
+    /// The position up to which events were published (None before the
+    /// tailers started).
+    pub fn mark(&self) -> Option<Cursor> {
+        self.mark.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -309,6 +363,9 @@ impl Filter {
     }
 
     pub fn matches(&self, ev: &Event) -> bool {
+        if ev.mirrored() {
+            return false;
+        }
         if let Some(q) = &self.queue
             && ev.subject("queue") != Some(q.as_str())
         {

@@ -10,7 +10,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::live::Snapshot;
-use super::{EventPage, Filter, Retained, StreamId, check_since, replay, retained};
+use super::stream::{check_cursor, retained_all};
+use super::{Cursor, EventPage, Filter, Retained, replay};
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result};
@@ -32,29 +33,35 @@ pub struct WsParams {
     /// Only events of this queue.
     pub queue: Option<String>,
     /// Resume after this event: the `id` of the last event received, passed
-    /// back as it came (an opaque cursor, today the stream id); `0` replays
-    /// all that is retained. Refused (400) when it lies more than 5 s past both the
-    /// stream's newest id and Redis time.
+    /// back as it came (an opaque cursor: one stream id, or with
+    /// `redis.shards` > 1 one per shard joined by commas); `0` replays all
+    /// that is retained. Refused (400) when it lies more than 5 s past both
+    /// the stream's newest id and Redis time.
     pub since: Option<String>,
     /// Bearer token, for clients that cannot set headers (browsers).
     pub token: Option<String>,
 }
 
-fn parse_since(since: Option<&str>) -> Result<Option<StreamId>> {
+fn parse_since(since: Option<&str>, shards: usize) -> Result<Option<Cursor>> {
     match since {
         None | Some("") => Ok(None),
-        Some(s) => StreamId::parse(s).map(Some).ok_or_else(|| {
-            ApiError::bad_request(
-                "`since` must be a stream id such as 1795388490502-0 (the `id` of the last event you saw)",
-            )
+        Some(s) => Cursor::parse(s, shards).map(Some).ok_or_else(|| {
+            ApiError::bad_request(if shards == 1 {
+                "`since` must be a stream id such as 1795388490502-0 (the `id` of the last event you saw)".to_string()
+            } else {
+                format!(
+                    "`since` must be the `id` of the last event you saw: {shards} stream ids joined by commas \
+                     (one per shard) such as 1795388490502-0,1795388490511-2,..., or one stream id for every shard"
+                )
+            })
         }),
     }
 }
 
-/// Refuses a `since` past the stream's newest id and Redis time (see
-/// [`check_since`]), which would hide every new event from the caller.
-fn refuse_future_since(since: StreamId, info: &Retained, now_ms: i64) -> Result<()> {
-    check_since(since, info, now_ms).map_err(ApiError::BadRequest)
+/// Refuses a `since` past a stream's newest id and Redis time (see
+/// [`check_cursor`]), which would hide every new event from the caller.
+fn refuse_future_since(since: &Cursor, info: &[Retained], now_ms: i64) -> Result<()> {
+    check_cursor(since, info, now_ms).map_err(ApiError::BadRequest)
 }
 
 /// The cluster event feed over a WebSocket. Each text message is one event
@@ -73,9 +80,9 @@ async fn events_ws(
     ws: WebSocketUpgrade,
 ) -> Result<Response> {
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
-    let since = parse_since(p.since.as_deref())?;
-    if let Some(since) = since {
-        let info = retained(&s.store).await?;
+    let since = parse_since(p.since.as_deref(), s.store.shards().len())?;
+    if let Some(since) = &since {
+        let info = retained_all(&s.store).await?;
         refuse_future_since(since, &info, s.store.time_ms().await?)?;
     }
     let permit = s.ws_slots.clone().try_acquire_owned().map_err(|_| {
@@ -96,9 +103,10 @@ async fn events_ws(
 #[into_params(parameter_in = Query)]
 pub struct ReplayParams {
     /// Events after this one: the `id` of the last event received or the
-    /// page's `next`, passed back as it came (an opaque cursor, today the
-    /// stream id); default: the last `limit` events. Refused (400) when it lies more than 5 s past both the stream's
-    /// newest id and Redis time.
+    /// page's `next`, passed back as it came (an opaque cursor: one stream
+    /// id, or with `redis.shards` > 1 one per shard joined by commas);
+    /// default: the last `limit` events. Refused (400) when it lies more
+    /// than 5 s past both the stream's newest id and Redis time.
     pub since: Option<String>,
     /// 1 to 1000; default 100.
     pub limit: Option<usize>,
@@ -118,12 +126,12 @@ async fn list_events(
     let limit = p.limit.unwrap_or(100);
     crate::validate::in_range("limit", limit, &crate::validate::LONG_PAGE_LIMIT)?;
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
-    let since = parse_since(p.since.as_deref())?;
-    let info = retained(&s.store).await?;
-    if let Some(since) = since {
+    let since = parse_since(p.since.as_deref(), s.store.shards().len())?;
+    let info = retained_all(&s.store).await?;
+    if let Some(since) = &since {
         refuse_future_since(since, &info, s.store.time_ms().await?)?;
     }
-    Ok(Json(replay(&s.store, since, limit, &filter, info).await?))
+    Ok(Json(replay(&s.store, since, limit, &filter, &info).await?))
 }
 
 /// This node's cached live view (what the dashboard shows): node states,

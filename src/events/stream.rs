@@ -1,17 +1,39 @@
-//! Reading the stream itself: what it retains, resume points, pages after
-//! an id, and the replay the HTTP feed and the dashboard serve.
+//! Reading the streams themselves (one per shard): what they retain, resume
+//! points, pages after a cursor, and the replay the HTTP feed and the
+//! dashboard serve.
 
 use serde::Serialize;
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
-use super::{Event, Filter, StreamId, tailer};
+use super::{Cursor, Event, Filter, StreamId, tailer};
 use crate::store::{Store, StoreError};
 
 /// How far past both Redis time and the stream's newest id a `since` may
 /// be: room for Redis clocks that differ a little across a failover, while
 /// a cursor that would hide every event for longer than this is refused.
 pub const SINCE_AHEAD_MS: u64 = 5_000;
+
+/// Checks a resume point against every shard's stream (see [`check_since`]).
+pub fn check_cursor(since: &Cursor, info: &[Retained], now_ms: i64) -> Result<(), String> {
+    info.iter()
+        .enumerate()
+        .try_for_each(|(shard, r)| check_since(since.get(shard), r, now_ms))
+}
+
+/// Whether entries after `since` may have been lost in any shard.
+pub fn lost_after(since: &Cursor, info: &[Retained]) -> bool {
+    info.iter().enumerate().any(|(shard, r)| r.lost_after(since.get(shard)))
+}
+
+/// The oldest entry each shard still holds, as a cursor (`0-0` for an
+/// empty shard); None when every stream is empty.
+pub fn oldest(info: &[Retained]) -> Option<String> {
+    if info.iter().all(|r| r.first.is_none()) {
+        return None;
+    }
+    Some(Cursor::from_ids(info.iter().map(|r| r.first.unwrap_or(StreamId(0, 0))).collect()).to_string())
+}
 
 /// Checks a resume point against the stream: an id later than the newest
 /// entry and than Redis time (`now_ms`) by more than [`SINCE_AHEAD_MS`] would
@@ -62,7 +84,16 @@ impl Retained {
     }
 }
 
-/// Reads `XINFO STREAM` (an absent stream retains nothing and lost nothing).
+/// What every shard's stream retains, in shard order.
+pub async fn retained_all(store: &Store) -> Result<Vec<Retained>, StoreError> {
+    futures_util::future::try_join_all(
+        (0..store.shards().len()).map(|i| async move { retained(&store.shard(i)).await }),
+    )
+    .await
+}
+
+/// Reads `XINFO STREAM` of the view's shard (an absent stream retains
+/// nothing and lost nothing).
 pub async fn retained(store: &Store) -> Result<Retained, StoreError> {
     let info: redis::Value = match store
         .query(
@@ -130,8 +161,37 @@ pub async fn retained(store: &Store) -> Result<Retained, StoreError> {
     Ok(out)
 }
 
-/// Up to `count` entries after `after` (exclusive), oldest first.
-pub async fn read_after(store: &Store, after: StreamId, count: usize) -> Result<Vec<Event>, StoreError> {
+/// Up to `count` entries after `after` (exclusive in every shard), oldest
+/// first, each with its cursor (split namespaces). The shards' pages are
+/// merged by stream id (ties: shard order); what is returned is a prefix of
+/// every shard's entries after its position, so no entry is skipped.
+pub async fn read_after(store: &Store, after: &Cursor, count: usize) -> Result<Vec<Event>, StoreError> {
+    let n = store.shards().len();
+    let pages = futures_util::future::try_join_all((0..n).map(|i| {
+        let from = after.get(i);
+        async move { read_shard_after(&store.shard(i), from, count).await }
+    }))
+    .await?;
+    if n == 1 {
+        return Ok(pages.into_iter().flatten().collect());
+    }
+    let mut all: Vec<Event> = pages.into_iter().flatten().collect();
+    all.sort_by_key(|e| (e.sid.unwrap_or(StreamId(0, 0)), e.shard));
+    all.truncate(count);
+    let mut at = after.clone();
+    // Every shard named, even one a short cursor left out.
+    at.advance(n - 1, at.get(n - 1));
+    for ev in &mut all {
+        if let Some(id) = ev.sid {
+            at.advance(ev.shard, id);
+        }
+        ev.cursor = Some(at.to_string());
+    }
+    Ok(all)
+}
+
+/// Up to `count` entries of one shard's stream after `after`, oldest first.
+async fn read_shard_after(store: &Store, after: StreamId, count: usize) -> Result<Vec<Event>, StoreError> {
     if after == StreamId::MAX {
         return Ok(Vec::new());
     }
@@ -146,9 +206,10 @@ pub async fn read_after(store: &Store, after: StreamId, count: usize) -> Result<
                 .arg(count),
         )
         .await?;
+    let shard = store.shard_index();
     Ok(rows
         .into_iter()
-        .map(|(id, fields)| Event::from_fields(id, fields))
+        .map(|(id, fields)| Event::from_fields(id, fields).in_shard(shard))
         .collect())
 }
 
@@ -166,51 +227,48 @@ pub struct EventPage {
 }
 
 /// Reads matching events after `since` (or the latest ones), scanning at most
-/// ten pages of the stream.
+/// ten pages of the streams.
 pub async fn replay(
     store: &Store,
-    since: Option<StreamId>,
+    since: Option<Cursor>,
     limit: usize,
     filter: &Filter,
-    info: Retained,
+    info: &[Retained],
 ) -> Result<EventPage, StoreError> {
     let mut events = Vec::new();
-    let mut next = since;
-    let gap = since.is_some_and(|s| info.lost_after(s));
-    let start = match since {
-        Some(id) => id,
-        None => {
-            // The latest `limit` matching events: walk back from the end.
-            let rows = read_latest(store, limit * 10).await?;
-            let mut evs: Vec<super::Event> = rows
-                .into_iter()
-                .map(|(id, f)| Event::from_fields(id, f))
-                .filter(|e| filter.matches(e))
-                .take(limit)
-                .collect();
-            evs.reverse();
-            let next = evs.last().map(|e| e.id.clone());
-            let events = evs
-                .iter()
-                .filter_map(|e| RawValue::from_string(e.json().to_string()).ok())
-                .collect();
-            return Ok(EventPage {
-                events,
-                next,
-                gap: false,
-                oldest: info.first.map(|f| f.to_string()),
-            });
-        }
+    let gap = since.as_ref().is_some_and(|s| lost_after(s, info));
+    let Some(start) = since else {
+        // The latest `limit` matching events: walk back from the end.
+        let evs = latest(store, limit * 10).await?;
+        let mut evs: Vec<Event> = evs
+            .into_iter()
+            .rev()
+            .filter(|e| filter.matches(e))
+            .take(limit)
+            .collect();
+        evs.reverse();
+        let next = evs.last().map(|e| e.resume_id().to_string());
+        let events = evs
+            .iter()
+            .filter_map(|e| RawValue::from_string(e.json().to_string()).ok())
+            .collect();
+        return Ok(EventPage {
+            events,
+            next,
+            gap: false,
+            oldest: oldest(info),
+        });
     };
+    let mut next = start.to_string();
     let mut after = start;
     for _ in 0..10 {
-        let page = read_after(store, after, limit.max(100)).await?;
+        let page = read_after(store, &after, limit.max(100)).await?;
         let n = page.len();
         for ev in page {
-            if let Some(id) = StreamId::parse(&ev.id) {
-                after = id;
-                next = Some(id);
+            if let Some(id) = ev.sid {
+                after.advance(ev.shard, id);
             }
+            next = ev.resume_id().to_string();
             if filter.matches(&ev) {
                 if let Ok(raw) = RawValue::from_string(ev.json().to_string()) {
                     events.push(raw);
@@ -226,13 +284,73 @@ pub async fn replay(
     }
     Ok(EventPage {
         events,
-        next: next.map(|n| n.to_string()),
+        next: Some(next),
         gap,
-        oldest: info.first.map(|f| f.to_string()),
+        oldest: oldest(info),
     })
 }
 
-/// The newest `count` entries, newest first.
+/// Up to `count` of the newest entries, oldest first, each with its
+/// cursor. With several shards: the newest `count` of each shard merged by
+/// stream id, cut after the oldest entry of any shard that had more (so
+/// every event's cursor has read each shard up to an id it saw, or the
+/// shard's whole stream).
+pub(super) async fn latest(store: &Store, count: usize) -> Result<Vec<Event>, StoreError> {
+    let n = store.shards().len();
+    let pages = futures_util::future::try_join_all((0..n).map(|i| async move {
+        let s = store.shard(i);
+        let rows = read_latest(&s, count).await?;
+        Ok::<_, StoreError>(
+            rows.into_iter()
+                .rev()
+                .map(|(id, f)| Event::from_fields(id, f).in_shard(i))
+                .collect::<Vec<_>>(),
+        )
+    }))
+    .await?;
+    if n == 1 {
+        return Ok(pages.into_iter().flatten().collect());
+    }
+    // Entries at or before the oldest one read of a shard that has older
+    // ones are dropped: their cursors would not know that shard's position.
+    let floor = pages
+        .iter()
+        .filter(|p| p.len() >= count)
+        .filter_map(|p| p.first().and_then(|e| e.sid))
+        .max();
+    // Each shard starts just before its oldest entry read.
+    let mut at = Cursor::from_ids(
+        pages
+            .iter()
+            .map(|p| p.first().and_then(|e| e.sid).map_or(StreamId(0, 0), before))
+            .collect(),
+    );
+    let mut all: Vec<Event> = pages.into_iter().flatten().collect();
+    all.sort_by_key(|e| (e.sid.unwrap_or(StreamId(0, 0)), e.shard));
+    let mut out = Vec::with_capacity(all.len());
+    for mut ev in all {
+        if let Some(id) = ev.sid {
+            at.advance(ev.shard, id);
+            if floor.is_some_and(|f| id <= f) {
+                continue;
+            }
+        }
+        ev.cursor = Some(at.to_string());
+        out.push(ev);
+    }
+    Ok(out)
+}
+
+/// The stream id just before `id`.
+fn before(id: StreamId) -> StreamId {
+    match id {
+        StreamId(0, 0) => id,
+        StreamId(ms, 0) => StreamId(ms - 1, u64::MAX),
+        StreamId(ms, seq) => StreamId(ms, seq - 1),
+    }
+}
+
+/// The newest `count` entries of the view's shard, newest first.
 pub(super) async fn read_latest(store: &Store, count: usize) -> Result<Vec<tailer::Entry>, StoreError> {
     store
         .query(

@@ -1,4 +1,4 @@
-//! The node's one reader of the event stream.
+//! The node's readers of the event streams: one per shard.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{Bus, Event};
+use super::{Bus, Cursor, Event, StreamId};
 use crate::store::{Store, StoreError, classify};
 
 /// A stream entry as XREAD/XRANGE return it.
@@ -21,29 +21,58 @@ const BATCH: usize = 1000;
 /// cost of at most this much delay for the events that arrive meanwhile.
 const LINGER: Duration = Duration::from_millis(1);
 
-/// The id of the newest entry, or `0-0` for an empty stream.
-pub async fn last_id(store: &Store) -> Result<String, StoreError> {
+/// The id of the view's shard's newest entry, or `0-0` for an empty stream.
+pub async fn last_id(store: &Store) -> Result<StreamId, StoreError> {
     Ok(super::stream::read_latest(store, 1)
         .await?
         .into_iter()
         .next()
-        .map(|(id, _)| id)
-        .unwrap_or_else(|| "0-0".into()))
+        .and_then(|(id, _)| StreamId::parse(&id))
+        .unwrap_or(StreamId(0, 0)))
 }
 
-/// Tails the stream from `start` (exclusive; `None`: from the newest entry
-/// once Redis is reachable) until `cancel`, publishing every entry on `bus`
-/// in stream order. A master switch (the store's generation changes) makes
-/// it reconnect to the new master and resume from the same id.
-pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<String>, cancel: CancellationToken) -> JoinHandle<()> {
+/// The newest entry of every shard's stream: where new events start.
+pub async fn last_cursor(store: &Store) -> Result<Cursor, StoreError> {
+    let ids = futures_util::future::try_join_all(
+        (0..store.shards().len()).map(|i| async move { last_id(&store.shard(i)).await }),
+    )
+    .await?;
+    Ok(Cursor::from_ids(ids))
+}
+
+/// Tails every shard's stream from `start` (exclusive; `None`: from the
+/// newest entries once Redis is reachable) until `cancel`, publishing every
+/// entry on `bus` in each stream's order.
+pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<Cursor>, cancel: CancellationToken) -> JoinHandle<()> {
+    if let Some(at) = &start {
+        bus.set_mark(at);
+    }
+    let tails: Vec<JoinHandle<()>> = (0..store.shards().len())
+        .map(|i| {
+            let from = start.as_ref().map(|c| c.get(i));
+            spawn_shard(store.shard(i), bus.clone(), from, cancel.clone())
+        })
+        .collect();
+    tokio::spawn(async move {
+        for t in tails {
+            let _ = t.await;
+        }
+    })
+}
+
+/// Tails one shard's stream (the view's) from `start`. A master switch (the
+/// store's generation changes) makes it reconnect to the new master and
+/// resume from the same id.
+fn spawn_shard(store: Store, bus: Arc<Bus>, start: Option<StreamId>, cancel: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
         let key = store.keys().events();
+        let shard = store.shard_index();
         let mut backoff = Duration::from_millis(50);
         let mut last = match start {
-            Some(s) => s,
+            Some(s) => s.to_string(),
             None => loop {
                 match last_id(&store).await {
-                    Ok(id) => break id,
+                    Ok(id) => break id.to_string(),
                     Err(_) => {
                         tokio::select! {
                             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -53,8 +82,10 @@ pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<String>, cancel: Cancell
                 }
             },
         };
-        if let Some(id) = super::StreamId::parse(&last) {
-            bus.set_mark(id);
+        if let Some(id) = StreamId::parse(&last) {
+            let mut at = Cursor::default();
+            at.advance(shard, id);
+            bus.set_mark(&at);
         }
         'reconnect: loop {
             let generation = store.generation();
@@ -103,7 +134,7 @@ pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<String>, cancel: Cancell
                                 n += 1;
                                 last = id.clone();
                                 metrics::counter!("muster_events_read_total").increment(1);
-                                bus.publish(Arc::new(Event::from_fields(id, fields)));
+                                bus.publish(Event::from_fields(id, fields).in_shard(shard));
                             }
                         }
                         if n > 0 && n < BATCH {

@@ -3,7 +3,8 @@
 //! Invariants:
 //! - No hole and no duplicate at the replay/live seam: the client subscribes
 //!   to the node's event bus *before* replaying from Redis, and every event
-//!   with an id at or below the last one handled is skipped.
+//!   at or below the position handled in its shard is skipped (positions
+//!   are kept per shard: [`Cursor`]).
 //! - A client may be at most `events.client_buffer` events behind the node's
 //!   bus (the bus's ring holds that many), and a write to it may take at
 //!   most `events.send_timeout_ms`. A client that breaks either bound is
@@ -29,7 +30,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, broadcast};
 
-use super::{Event, Filter, StreamId, read_after, retained};
+use super::{Cursor, Event, Filter, StreamId, read_after};
 use crate::app::AppState;
 
 const REPLAY_PAGE: usize = 500;
@@ -44,10 +45,10 @@ const LAGGED_WITHIN: Duration = Duration::from_secs(5);
 struct Out {
     sink: SplitSink<WebSocket, Message>,
     within: Duration,
-    /// The id up to which the stream was handled for this client: every
-    /// event up to it that matches the filter was queued to the socket, so
-    /// precedes any later `lagged` message on the wire.
-    upto: Option<StreamId>,
+    /// The position up to which the streams were handled for this client:
+    /// every event up to it that matches the filter was queued to the
+    /// socket, so precedes any later `lagged` message on the wire.
+    upto: Option<Cursor>,
     relayed: metrics::Counter,
     lag: metrics::Histogram,
 }
@@ -71,9 +72,12 @@ impl Out {
         Ok(())
     }
 
-    /// Records that every event up to `id` was handled (queued or filtered out).
-    fn handled(&mut self, id: Option<StreamId>) {
-        self.upto = self.upto.max(id);
+    /// Records that every event of its shard up to `ev` was handled (queued
+    /// or filtered out).
+    fn handled(&mut self, ev: &Event) {
+        if let Some(id) = ev.sid {
+            self.upto.get_or_insert_with(Cursor::default).advance(ev.shard, id);
+        }
     }
 
     /// Writes what is queued; false when the client did not take it in time.
@@ -108,7 +112,7 @@ pub async fn serve(
     socket: WebSocket,
     s: AppState,
     filter: Filter,
-    since: Option<StreamId>,
+    since: Option<Cursor>,
     permit: OwnedSemaphorePermit,
 ) {
     metrics::gauge!("muster_ws_clients").increment(1.0);
@@ -118,10 +122,10 @@ pub async fn serve(
     // Where a `lagged` before any event was handled sends the client back
     // to: its `since`, or for a live-only client the bus's mark (every event
     // after it reaches `rx`); the stream's end if the tailer has none yet.
-    let start = match since.or_else(|| s.bus.mark()) {
-        Some(id) => Some(id),
-        None => match super::tailer::last_id(&s.store).await {
-            Ok(id) => StreamId::parse(&id),
+    let start = match since.clone().or_else(|| s.bus.mark()) {
+        Some(at) => Some(at),
+        None => match super::tailer::last_cursor(&s.store).await {
+            Ok(at) => Some(at),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the event stream for a new subscriber");
                 None
@@ -159,7 +163,11 @@ pub async fn serve(
         End::Lagged => {
             metrics::counter!("muster_ws_lagged_total").increment(1);
             // Only when even the stream's end could not be read: from the start.
-            let last = out.upto.unwrap_or(StreamId(0, 0)).to_string();
+            let last = out
+                .upto
+                .clone()
+                .unwrap_or_else(|| Cursor::at(s.store.shards().len(), StreamId(0, 0)))
+                .to_string();
             // The `lagged` message goes out behind everything already
             // queued, which a client that was slow takes a while to read: it
             // gets at least LAGGED_WITHIN for that (the permit is held
@@ -201,15 +209,15 @@ async fn session(
     out: &mut Out,
     rx: &mut broadcast::Receiver<Arc<Event>>,
     filter: &Filter,
-    since: Option<StreamId>,
+    since: Option<Cursor>,
     last_heard: &Mutex<Instant>,
     gone_rx: &mut tokio::sync::oneshot::Receiver<()>,
 ) -> End {
-    let mut last: Option<StreamId> = since;
+    let mut last: Option<Cursor> = since.clone();
     if let Some(since) = since {
-        match retained(&s.store).await {
-            Ok(r) if r.lost_after(since) => {
-                let oldest = r.first.map(|f| f.to_string()).unwrap_or_default();
+        match super::stream::retained_all(&s.store).await {
+            Ok(r) if super::stream::lost_after(&since, &r) => {
+                let oldest = super::stream::oldest(&r).unwrap_or_default();
                 if !out
                     .send_text(json!({"type": "gap", "since": since.to_string(), "oldest": oldest}).to_string())
                     .await
@@ -225,7 +233,7 @@ async fn session(
         }
         // Replay what the stream retains after `since`, a page at a time.
         loop {
-            let page = match read_after(&s.store, last.unwrap_or(since), REPLAY_PAGE).await {
+            let page = match read_after(&s.store, last.as_ref().unwrap_or(&since), REPLAY_PAGE).await {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(error = %e, "replay failed");
@@ -239,8 +247,10 @@ async fn session(
                 {
                     return end;
                 }
-                last = ev.sid.or(last);
-                out.handled(ev.sid);
+                if let Some(id) = ev.sid {
+                    last.get_or_insert_with(Cursor::default).advance(ev.shard, id);
+                }
+                out.handled(ev);
             }
             if !out.flush().await {
                 return End::Lagged;
@@ -273,19 +283,21 @@ async fn session(
                 }
                 let mut queued = false;
                 for ev in &batch {
-                    if let (Some(id), Some(l)) = (ev.sid, last)
-                        && id <= l
+                    if let (Some(id), Some(l)) = (ev.sid, &last)
+                        && l.covers(ev.shard, id)
                     {
                         continue;
                     }
-                    last = ev.sid.or(last);
+                    if let Some(id) = ev.sid {
+                        last.get_or_insert_with(Cursor::default).advance(ev.shard, id);
+                    }
                     if filter.matches(ev) {
                         if let Err(end) = out.feed(ev).await {
                             return end;
                         }
                         queued = true;
                     }
-                    out.handled(ev.sid);
+                    out.handled(ev);
                 }
                 if queued && !out.flush().await {
                     return End::Lagged;

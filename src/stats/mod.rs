@@ -35,7 +35,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::events::{Event, StreamId, read_after};
+use crate::events::{Cursor, Event, read_after};
 use crate::store::{Lua, ScriptCtx, Store, StoreResult};
 
 /// How often a node merges what it counted into Redis.
@@ -96,7 +96,7 @@ struct Recent {
     flushed: BTreeMap<i64, BTreeMap<String, Cell>>,
     /// The newest event counted: older ones (a bus that delivers what a
     /// recount already read) are skipped.
-    counted_upto: Option<StreamId>,
+    counted_upto: Option<Cursor>,
 }
 
 impl Recent {
@@ -117,10 +117,21 @@ impl Recent {
 
     fn count(&mut self, ev: &Event) {
         if let Some(id) = ev.sid {
-            if self.counted_upto.is_some_and(|upto| id <= upto) {
-                return;
+            match &mut self.counted_upto {
+                Some(upto) if upto.covers(ev.shard, id) => return,
+                Some(upto) => upto.advance(ev.shard, id),
+                // The first: every shard where this event's cursor has it
+                // (the shards' positions when it was published).
+                None => {
+                    let mut upto = ev
+                        .cursor
+                        .as_deref()
+                        .and_then(|c| Cursor::parse(c, c.split(',').count()))
+                        .unwrap_or_default();
+                    upto.advance(ev.shard, id);
+                    self.counted_upto = Some(upto);
+                }
             }
-            self.counted_upto = Some(id);
         }
         let field: fn(&mut Cell) -> &mut u64 = match ev.kind.as_str() {
             "task.succeeded" => |c| &mut c.succeeded,
@@ -257,17 +268,17 @@ impl Stats {
     /// counts them (after the bus lagged: the events it dropped for this
     /// receiver are still in the stream). Returns how many were read.
     pub async fn recount(&self) -> StoreResult<usize> {
-        let Some(mut after) = self.recent().counted_upto else {
+        let Some(mut after) = self.recent().counted_upto.clone() else {
             return Ok(0);
         };
         let mut read = 0;
         while read < RECOUNT_MAX {
-            let page = read_after(&self.store, after, 1000).await?;
+            let page = read_after(&self.store, &after, 1000).await?;
             let mut recent = self.recent();
             for ev in &page {
                 recent.count(ev);
                 if let Some(id) = ev.sid {
-                    after = id;
+                    after.advance(ev.shard, id);
                 }
             }
             read += page.len();

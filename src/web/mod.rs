@@ -314,11 +314,11 @@ async fn events_page(
     };
     // The page's live updates resume right after what it shows: after its
     // newest event, or after the stream's end as read before the replay.
-    let end = crate::events::tailer::last_id(&s.store).await?;
-    let info = crate::events::retained(&s.store).await?;
-    let replay = crate::events::replay(&s.store, None, 100, &filter, info).await?;
+    let end = crate::events::tailer::last_cursor(&s.store).await?;
+    let info = crate::events::retained_all(&s.store).await?;
+    let replay = crate::events::replay(&s.store, None, 100, &filter, &info).await?;
     page.oldest = replay.oldest.clone();
-    page.since = Some(replay.next.clone().unwrap_or(end));
+    page.since = Some(replay.next.clone().unwrap_or_else(|| end.to_string()));
     for raw in replay.events.iter().rev() {
         let v: serde_json::Value = serde_json::from_str(raw.get()).unwrap_or_default();
         let mut subjects = Vec::new();

@@ -12,9 +12,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use crate::common::*;
 use crate::tasks::{join, submit, submit_many};
 
-type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+pub type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-async fn ws(app: &TestApp, query: &str) -> Ws {
+pub async fn ws(app: &TestApp, query: &str) -> Ws {
     try_ws(app, query, None).await.expect("connects")
 }
 
@@ -49,7 +49,7 @@ async fn slow_ws(app: &TestApp, query: &str) -> Ws {
 }
 
 /// The next text message as JSON, within `within`.
-async fn next(ws: &mut Ws, within: Duration) -> Option<Value> {
+pub async fn next(ws: &mut Ws, within: Duration) -> Option<Value> {
     let deadline = Instant::now() + within;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -62,7 +62,7 @@ async fn next(ws: &mut Ws, within: Duration) -> Option<Value> {
 }
 
 /// Collects messages until `n` arrived or `within` passed.
-async fn collect(ws: &mut Ws, n: usize, within: Duration) -> Vec<Value> {
+pub async fn collect(ws: &mut Ws, n: usize, within: Duration) -> Vec<Value> {
     let deadline = Instant::now() + within;
     let mut out = Vec::new();
     while out.len() < n {

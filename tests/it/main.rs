@@ -30,6 +30,7 @@ mod orphans;
 mod partitions;
 mod schedules;
 mod scripts;
+mod sharding;
 mod soak;
 mod stalls;
 mod stats;

@@ -387,7 +387,18 @@ pub fn test_config(redis_url: &str, data_dir: &Path) -> Config {
     cfg.orphans.interval_ms = 100;
     cfg.tasks.janitor_interval_ms = 200;
     cfg.events.reconcile_ms = 500;
+    cfg.redis.shards = test_shards();
     cfg
+}
+
+/// The shards every test node splits its namespace into:
+/// `MUSTER_TEST_SHARDS` (default 1), so the whole suite runs on split
+/// namespaces too (issue 14).
+pub fn test_shards() -> u32 {
+    std::env::var("MUSTER_TEST_SHARDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
 }
 
 /// An in-process muster node on `127.0.0.1:0`; shut down on drop.

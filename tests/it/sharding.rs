@@ -1,0 +1,418 @@
+//! A namespace split into shards (`redis.shards`, issue 14), on one
+//! redis-server so the tests can read each shard's keys: where tasks live,
+//! claims across a queue's shards, group limits across queues in different
+//! shards (G6), recovery in every shard (G3), and the event cursor that
+//! resumes every shard with no hole and no duplicate (G9).
+//!
+//! The same properties on a Redis Cluster are the whole suite run with
+//! `MUSTER_TEST_SHARDS=12 MUSTER_TEST_CLUSTER=1` (see `docs/contributing.md`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use muster::store::shards::ShardMap;
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::events::{collect, ws};
+use crate::tasks::{claim, join, submit};
+
+const SHARDS: u32 = 4;
+
+fn map() -> ShardMap {
+    ShardMap::new("muster", SHARDS)
+}
+
+async fn node(redis: &TestRedis) -> TestApp {
+    TestApp::start_with(redis, |c| c.redis.shards = SHARDS).await
+}
+
+/// A queue (or group) name for each shard: `<stem><n>`, the first whose home
+/// is that shard.
+fn names_per_shard(stem: &str) -> Vec<String> {
+    let m = map();
+    (0..SHARDS as usize)
+        .map(|shard| {
+            (0..)
+                .map(|n| format!("{stem}{n}"))
+                .find(|q| m.home(q) == shard)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The shard whose tag holds `key`'s task hash, if any.
+async fn shard_of_task(redis: &TestRedis, id: &str) -> Vec<usize> {
+    let m = map();
+    let mut found = Vec::new();
+    for shard in 0..SHARDS as usize {
+        let key = format!("{}:task:{id}", m.tag(shard));
+        if redis.cmd::<i64>(&["EXISTS", &key]).await == 1 {
+            found.push(shard);
+        }
+    }
+    found
+}
+
+/// Tasks are stored in their queue's shard, or their group's when they name
+/// one, and their ids name that shard; every call by id, claims across a
+/// queue's shards, and the merged reads find them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_live_in_their_home_shard_and_every_call_finds_them() {
+    if skip_on_cluster("reads each shard's keys on a server of its own") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = node(&redis).await;
+    let m = map();
+    join(&a, "w").await;
+    let queues = names_per_shard("q");
+    let groups = names_per_shard("g");
+    let mut ids: BTreeMap<String, (String, usize)> = BTreeMap::new();
+    for (qs, q) in queues.iter().enumerate() {
+        for i in 0..3 {
+            let id = submit(&a, q, json!({"payload": i})).await;
+            ids.insert(id, (q.clone(), qs));
+        }
+        // A task naming the group of the next shard goes to that shard.
+        let gs = (qs + 1) % SHARDS as usize;
+        let id = submit(&a, q, json!({"payload": "g", "group": groups[gs]})).await;
+        ids.insert(id, (q.clone(), gs));
+    }
+    for (id, (_, shard)) in &ids {
+        assert_eq!(m.home(id), *shard, "the id {id} names its shard");
+        assert_eq!(
+            shard_of_task(&redis, id).await,
+            vec![*shard],
+            "{id} stored in its shard alone"
+        );
+    }
+    // Every shard holds work: the namespace really is split.
+    let per_shard: BTreeSet<usize> = ids.values().map(|v| v.1).collect();
+    assert_eq!(per_shard.len(), SHARDS as usize);
+
+    // Merged reads: the queue list and counts, one task, a page.
+    let (_, q) = a.get("/api/v1/queues").await;
+    let listed: BTreeMap<String, u64> = q["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| (q["name"].as_str().unwrap().to_string(), q["queued"].as_u64().unwrap()))
+        .collect();
+    for q in &queues {
+        assert_eq!(
+            listed.get(q),
+            Some(&4),
+            "{q}: 3 of its own and 1 in a group's shard: {listed:?}"
+        );
+    }
+    let (_, page) = a
+        .get(&format!("/api/v1/queues/{}/tasks?state=queued&limit=2", queues[0]))
+        .await;
+    assert_eq!(page["total"], 4, "{page}");
+    let (_, page2) = a
+        .get(&format!(
+            "/api/v1/queues/{}/tasks?state=queued&limit=10&cursor=2",
+            queues[0]
+        ))
+        .await;
+    let mut seen: Vec<String> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(page2["tasks"].as_array().unwrap())
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    seen.sort();
+    let mut want: Vec<String> = ids
+        .iter()
+        .filter(|(_, v)| v.0 == queues[0])
+        .map(|(id, _)| id.clone())
+        .collect();
+    want.sort();
+    assert_eq!(seen, want, "two pages list the queue's four tasks once each");
+
+    // Claims take the queue's tasks from every shard that holds them.
+    let mut claimed = Vec::new();
+    for q in &queues {
+        let got = claim(&a, q, "w", 10, 0).await;
+        assert_eq!(got.len(), 4, "{q}: {got:?}");
+        claimed.extend(got);
+    }
+    // Complete most in one batch across shards, fail one, then read them.
+    let (failed, done) = claimed.split_first().unwrap();
+    let items: Vec<Value> = done
+        .iter()
+        .map(|t| json!({"id": t["id"], "token": t["token"]}))
+        .collect();
+    let (s, b) = a.post("/api/v1/tasks/complete", Value::Array(items)).await;
+    assert_eq!(s, 200, "{b}");
+    let results = b["results"].as_array().unwrap();
+    assert_eq!(results.len(), done.len());
+    for (r, t) in results.iter().zip(done) {
+        assert_eq!((&r["id"], r["status"].as_str()), (&t["id"], Some("completed")), "{b}");
+    }
+    let fid = failed["id"].as_str().unwrap();
+    let (s, b) = a
+        .post(
+            &format!("/api/v1/tasks/{fid}/fail"),
+            json!({"token": failed["token"], "error": "boom", "retry": false}),
+        )
+        .await;
+    assert_eq!((s, b["state"].as_str()), (200, Some("dead")), "{b}");
+    for t in done {
+        let (_, got) = a.get(&format!("/api/v1/tasks/{}", t["id"].as_str().unwrap())).await;
+        assert_eq!(got["state"], "succeeded", "{got}");
+    }
+    let (_, dead) = a.get("/api/v1/dead").await;
+    assert_eq!(dead["total"], 1, "{dead}");
+    assert_eq!(dead["tasks"][0]["id"], fid);
+}
+
+/// G6 across shards: a group's tasks are stored in the group's shard
+/// whatever their queue, so its limit is one atomic check even for queues
+/// that live in different shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_limit_holds_across_queues_in_different_shards() {
+    if skip_on_cluster("reads each shard's keys on a server of its own") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = node(&redis).await;
+    let b = node(&redis).await;
+    join(&a, "w").await;
+    let queues = names_per_shard("lq");
+    let (s, r) = a.put("/api/v1/groups/shared", json!({"limit": 2})).await;
+    assert_eq!(s, 200, "{r}");
+    for q in &queues {
+        for i in 0..3 {
+            submit(&a, q, json!({"payload": i, "group": "shared"})).await;
+        }
+    }
+    // Claims from every queue through both nodes: two run at a time.
+    let mut running: Vec<Value> = Vec::new();
+    let mut finished = 0;
+    while finished < 3 * queues.len() {
+        for (i, q) in queues.iter().enumerate() {
+            let app = if i % 2 == 0 { &a } else { &b };
+            running.extend(claim(app, q, "w", 5, 0).await);
+            assert!(
+                running.len() <= 2,
+                "the group limit of 2 held: {} running",
+                running.len()
+            );
+        }
+        assert_eq!(running.len(), 2, "the group stays busy while it has work");
+        let t = running.remove(0);
+        let (s, r) = a
+            .post(
+                &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
+                json!({"token": t["token"]}),
+            )
+            .await;
+        assert_eq!(s, 200, "{r}");
+        finished += 1;
+        if finished + running.len() == 3 * queues.len() {
+            break;
+        }
+    }
+    let (_, g) = a.get("/api/v1/groups").await;
+    let shared = g["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "shared")
+        .cloned();
+    assert_eq!(shared.unwrap()["limit"], 2, "{g}");
+}
+
+/// G3 in every shard: a worker that stops heartbeating loses the tasks it
+/// held in every shard, each requeued by the cleaner of its shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_tasks_are_recovered_in_every_shard() {
+    if skip_on_cluster("reads each shard's keys on a server of its own") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = node(&redis).await;
+    let queues = names_per_shard("rq");
+    let (s, b) = a.put("/api/v1/nodes/short/heartbeat", json!({"ttl_ms": 500})).await;
+    assert_eq!(s, 200, "{b}");
+    let mut held = Vec::new();
+    for q in &queues {
+        submit(&a, q, json!({"payload": 1})).await;
+        let got = claim(&a, q, "short", 1, 0).await;
+        assert_eq!(got.len(), 1);
+        held.push(got[0]["id"].as_str().unwrap().to_string());
+    }
+    let shards: BTreeSet<usize> = held.iter().map(|id| map().home(id)).collect();
+    assert_eq!(shards.len(), SHARDS as usize, "one held task per shard");
+    // The worker goes silent; every shard's copy of it expires.
+    let requeued = wait_until(Duration::from_secs(15), || async {
+        let mut all = true;
+        for id in &held {
+            let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
+            all &= t["state"] == "queued" && t["attempts"] == 1;
+        }
+        all
+    })
+    .await;
+    assert!(requeued, "every shard's cleaner requeued its task");
+    let (_, o) = a.get("/api/v1/orphans").await;
+    assert_eq!(o["recovered"].as_array().map(Vec::len), Some(SHARDS as usize), "{o}");
+    assert_eq!(o["counts"]["requeued"], SHARDS, "{o}");
+}
+
+/// G9 across shards: an event's id is a cursor of one stream id per shard;
+/// paging with it, or resuming a WebSocket from any event's id, continues
+/// every shard with no hole and no duplicate, and the registry's events,
+/// written to every shard, are delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_cursor_resumes_every_shard_with_no_hole_and_no_duplicate() {
+    if skip_on_cluster("reads each shard's keys on a server of its own") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = node(&redis).await;
+    let queues = names_per_shard("eq");
+    let mut ids = Vec::new();
+    for round in 0..5 {
+        for q in &queues {
+            ids.push(submit(&a, q, json!({"payload": round})).await);
+        }
+    }
+    // Paged over HTTP, 7 at a time, from the start.
+    let mut since = "0".to_string();
+    let mut paged = Vec::new();
+    for _ in 0..20 {
+        let (s, p) = a
+            .get(&format!("/api/v1/events?since={since}&limit=7&topics=task.enqueued"))
+            .await;
+        assert_eq!(s, 200, "{p}");
+        let evs = p["events"].as_array().unwrap();
+        for e in evs {
+            let id = e["id"].as_str().unwrap();
+            assert_eq!(id.split(',').count(), SHARDS as usize, "a cursor per shard: {id}");
+            paged.push(e["task"].as_str().unwrap().to_string());
+        }
+        since = p["next"].as_str().unwrap().to_string();
+        if evs.is_empty() {
+            break;
+        }
+    }
+    let mut sorted = paged.clone();
+    sorted.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(sorted, want, "every task's event once");
+
+    // The node joined once, though every shard's stream says so.
+    let (_, joined) = a.get("/api/v1/events?since=0&topics=node.joined").await;
+    let mine: Vec<&Value> = joined["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["node"] == a.node_id.as_str())
+        .collect();
+    assert_eq!(mine.len(), 1, "{joined}");
+
+    // A WebSocket resumed from the 7th event's id gets the rest, then the
+    // new ones live, each once.
+    let (_, first) = a.get("/api/v1/events?since=0&limit=7&topics=task.enqueued").await;
+    let cursor = first["events"][6]["id"].as_str().unwrap().to_string();
+    let mut sub = ws(&a, &format!("topics=task.enqueued&since={cursor}")).await;
+    let replayed = collect(&mut sub, ids.len() - 7, Duration::from_secs(10)).await;
+    let mut more = Vec::new();
+    for q in &queues {
+        more.push(submit(&a, q, json!({"payload": "live"})).await);
+    }
+    let live = collect(&mut sub, more.len(), Duration::from_secs(10)).await;
+    let got: Vec<String> = replayed
+        .iter()
+        .chain(&live)
+        .map(|e| e["task"].as_str().unwrap().to_string())
+        .collect();
+    let first7: BTreeSet<String> = first["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["task"].as_str().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = ids.iter().filter(|id| !first7.contains(*id)).cloned().collect();
+    want.extend(more);
+    let mut got_sorted = got.clone();
+    got_sorted.sort();
+    want.sort();
+    assert_eq!(got_sorted, want, "the rest and the new ones, each once");
+    assert!(
+        collect(&mut sub, 1, Duration::from_millis(500)).await.is_empty(),
+        "nothing more"
+    );
+    // A cursor of the wrong length is refused, naming the form.
+    let (s, e) = a.get("/api/v1/events?since=1-0,2-0").await;
+    assert_eq!(s, 400, "{e}");
+    assert!(e["detail"].as_str().unwrap().contains("one per shard"), "{e}");
+}
+
+/// G4 across shards: after a mixed workload every shard's keys return to
+/// the baseline once retention passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shards_keys_return_to_baseline_after_retention() {
+    if skip_on_cluster("counts the keys of a server of its own") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| {
+        c.redis.shards = SHARDS;
+        c.tasks.retention_ms = 1000;
+        c.tasks.dead_retention_ms = 1000;
+        c.tasks.idempotency_window_ms = 1000;
+    })
+    .await;
+    join(&a, "w").await;
+    let queues = names_per_shard("kq");
+    // Warm up: each shard's counters exist from its first task on.
+    for q in &queues {
+        let id = submit(&a, q, json!({})).await;
+        let t = claim(&a, q, "w", 1, 0).await;
+        a.post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
+            .await;
+    }
+    let settled = wait_until(Duration::from_secs(10), || async {
+        let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
+        !keys.iter().any(|k| k.contains(":q:") || k.contains(":task:"))
+    })
+    .await;
+    assert!(settled, "the warm-up tasks are gone");
+    let baseline = redis.key_baseline().await;
+    for (i, q) in queues.iter().enumerate() {
+        for n in 0..20 {
+            submit(&a, q, crate::tasks::mixed_task(i * 100 + n)).await;
+        }
+    }
+    for q in &queues {
+        loop {
+            let got = claim(&a, q, "w", 50, 0).await;
+            if got.is_empty() {
+                break;
+            }
+            for (n, t) in got.iter().enumerate() {
+                let id = t["id"].as_str().unwrap();
+                let (s, b) = if n % 4 == 0 {
+                    a.post(
+                        &format!("/api/v1/tasks/{id}/fail"),
+                        json!({"token": t["token"], "error": "x", "retry": false}),
+                    )
+                    .await
+                } else {
+                    a.post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t["token"]}))
+                        .await
+                };
+                assert_eq!(s, 200, "{b}");
+            }
+        }
+    }
+    redis
+        .assert_back_to_baseline(&baseline, Duration::from_secs(20), |_| false)
+        .await;
+}
