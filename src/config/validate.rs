@@ -357,7 +357,7 @@ impl Config {
         }
         let mut seen = std::collections::HashSet::new();
         for (i, item) in c.items.iter().enumerate() {
-            if let Err(e) = crate::schedules::check(item, &self.tasks) {
+            if let Err(e) = crate::schedules::check(item, &self.tasks, self.redis.shards) {
                 return Err(ConfigError(format!(
                     "invalid value for key `schedules.items[{i}]`: {e}"
                 )));

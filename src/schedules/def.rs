@@ -122,7 +122,7 @@ pub struct Checked {
 /// Checks a definition: the id, expression, time zone, queue, deadline and
 /// task template. Errors are 400s that say what is wrong (413 for a payload
 /// over `tasks.max_payload_bytes`).
-pub fn check(def: &ScheduleDef, tasks: &TasksConfig) -> Result<Checked, ApiError> {
+pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: u32) -> Result<Checked, ApiError> {
     crate::validate::name("id", &def.id)?;
     let timing = Timing::parse(&def.expression, &def.timezone).map_err(ApiError::BadRequest)?;
     // A pattern such as "0 0 30 2 *" parses but never matches.
@@ -159,9 +159,35 @@ pub fn check(def: &ScheduleDef, tasks: &TasksConfig) -> Result<Checked, ApiError
         ApiError::BadRequest(m) => ApiError::BadRequest(format!("in `task`: {m}")),
         other => other,
     })?;
+    same_shard(&def.id, &task.group, shards)?;
     Ok(Checked {
         def: def.clone(),
         timing,
         task,
     })
+}
+
+/// A split namespace keeps a schedule in the shard of its id and fires its
+/// task in the same script, so the task lives there too; a task that names
+/// a group must live in the group's shard (its limit is one atomic check
+/// there). Refuses an id and a group in different shards, suggesting an id
+/// that fits.
+fn same_shard(id: &str, group: &str, shards: u32) -> Result<(), ApiError> {
+    use crate::store::shards::fnv1a32;
+    let n = shards.max(1);
+    let home = |s: &str| fnv1a32(s) % n;
+    if n == 1 || group.is_empty() || home(id) == home(group) {
+        return Ok(());
+    }
+    let fit = (1..10_000)
+        .map(|k| format!("{id}-{k}"))
+        .find(|c| c.len() <= 128 && home(c) == home(group));
+    Err(ApiError::bad_request(format!(
+        "with redis.shards = {n} a schedule lives in the shard of its id and fires its task there, but the \
+         task names the group `{group}`, whose tasks live in shard {}, and the id `{id}` is in shard {}: \
+         use an id in the group's shard{}, or no group (docs/sharding.md)",
+        home(group),
+        home(id),
+        fit.map(|f| format!(" such as `{f}`")).unwrap_or_default(),
+    )))
 }

@@ -204,7 +204,7 @@ impl Schedules {
 
     /// Checks a definition against this node's task limits.
     pub fn check(&self, def: &ScheduleDef) -> Result<Checked, ApiError> {
-        check(def, &self.tasks)
+        check(def, &self.tasks, self.store.shards().len() as u32)
     }
 
     /// Whether this node's config.toml defines `id`.
@@ -212,16 +212,15 @@ impl Schedules {
         self.config_ids.contains(id)
     }
 
-    fn key(&self, id: &str) -> String {
-        scripts::schedule_key(self.store.keys(), id)
+    /// The view of the shard schedule `id` lives in (the shard of its id).
+    fn at(&self, id: &str) -> Store {
+        self.store.shard(self.store.shards().home(id))
     }
 
-    fn history_key(&self, id: &str) -> String {
-        scripts::history_key(self.store.keys(), id)
-    }
-
-    fn set_key(&self) -> String {
-        scripts::schedules_key(self.store.keys())
+    /// A task id drawn into schedule `id`'s shard, where it fires.
+    fn task_id(&self, id: &str) -> String {
+        let map = self.store.shards();
+        map.new_id(map.home(id))
     }
 
     /// Writes a checked definition with `upsert.lua`.
@@ -263,7 +262,7 @@ impl Schedules {
             config_hash,
             fields,
         };
-        self.store.run(&self.scripts.upsert, &call).await
+        self.at(&d.id).run(&self.scripts.upsert, &call).await
     }
 
     /// Creates a schedule; refused if the id exists.
@@ -335,7 +334,7 @@ impl Schedules {
             return Err(ScheduleError::InThisConfig(id.into()));
         }
         let call = scripts::Delete { id, actor, force };
-        match self.store.run(&self.scripts.delete, &call).await? {
+        match self.at(id).run(&self.scripts.delete, &call).await? {
             DeleteReply::Deleted => Ok(()),
             DeleteReply::NotFound => Err(ScheduleError::NotFound(id.into())),
             DeleteReply::FromConfig => Err(ScheduleError::FromConfig(id.into())),
@@ -347,7 +346,7 @@ impl Schedules {
     /// changed.
     pub async fn set_enabled(&self, id: &str, enabled: bool, actor: &str) -> Result<bool, ScheduleError> {
         let call = scripts::SetEnabled { id, enabled, actor };
-        match self.store.run(&self.scripts.set_enabled, &call).await? {
+        match self.at(id).run(&self.scripts.set_enabled, &call).await? {
             SetEnabledReply::NotFound => Err(ScheduleError::NotFound(id.into())),
             reply => {
                 self.changed.notify_one();
@@ -360,7 +359,7 @@ impl Schedules {
     /// idempotency key (validated): a trigger with a key seen within
     /// `tasks.idempotency_window_ms` returns that trigger's task and fires nothing.
     pub async fn trigger(&self, id: &str, actor: &str, key: Option<&str>) -> Result<Triggered, ScheduleError> {
-        let task_id = ulid::Ulid::generate().to_string();
+        let task_id = self.task_id(id);
         let call = scripts::Trigger {
             id,
             actor,
@@ -372,7 +371,7 @@ impl Schedules {
             retention_ms: self.tasks.retention_ms,
             key,
         };
-        match self.store.run(&self.scripts.trigger, &call).await? {
+        match self.at(id).run(&self.scripts.trigger, &call).await? {
             TriggerReply::Fired {
                 task,
                 occurrence,
@@ -430,12 +429,9 @@ impl Schedules {
             max_queues: self.tasks.max_queues,
             retention_ms: self.tasks.retention_ms,
             after,
-            occurrences: occurrences
-                .iter()
-                .map(|t| (*t, ulid::Ulid::generate().to_string()))
-                .collect(),
+            occurrences: occurrences.iter().map(|t| (*t, self.task_id(id))).collect(),
         };
-        let res = self.store.run(&self.scripts.fire, &call).await?;
+        let res = self.at(id).run(&self.scripts.fire, &call).await?;
         for (result, n) in [
             ("fired", res.fired),
             ("skipped_overlap", res.skipped),
@@ -448,50 +444,68 @@ impl Schedules {
         Ok(res)
     }
 
-    /// The ids of every schedule, sorted.
+    /// The ids of every schedule (of every shard), sorted.
     pub async fn ids(&self) -> Result<Vec<String>, StoreError> {
-        let mut ids: Vec<String> = self
-            .store
-            .query("schedule_ids", redis::cmd("SMEMBERS").arg(self.set_key()))
-            .await?;
+        let mut ids = Vec::new();
+        for i in 0..self.store.shards().len() {
+            let s = self.store.shard(i);
+            let key = scripts::schedules_key(s.keys());
+            let part: Vec<String> = s.query("schedule_ids", redis::cmd("SMEMBERS").arg(key)).await?;
+            ids.extend(part);
+        }
         ids.sort();
         Ok(ids)
     }
 
-    /// Every schedule (without history), in two pipelined round trips.
+    /// Every schedule (without history): two pipelined round trips per
+    /// shard.
     pub async fn list(&self) -> Result<Vec<Schedule>, StoreError> {
-        let ids = self.ids().await?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut p = redis::pipe();
-        p.cmd("TIME");
-        for id in &ids {
-            p.cmd("HGETALL").arg(self.key(id));
-        }
-        let replies: Vec<Value> = self.store.pipe("schedule_list", &p).await?;
-        let now = redis_ms(replies.first());
-        let mut out = Vec::with_capacity(ids.len());
-        for (id, v) in ids.iter().zip(replies.into_iter().skip(1)) {
-            let m: BTreeMap<String, String> =
-                redis::from_redis_value(v).map_err(|e| StoreError::Decode(e.to_string()))?;
-            if !m.is_empty() {
-                out.push(schedule_from(id, &m, now, Vec::new()));
+        let mut out = Vec::new();
+        for i in 0..self.store.shards().len() {
+            let s = self.store.shard(i);
+            let mut ids: Vec<String> = s
+                .query(
+                    "schedule_ids",
+                    redis::cmd("SMEMBERS").arg(scripts::schedules_key(s.keys())),
+                )
+                .await?;
+            if ids.is_empty() {
+                continue;
+            }
+            ids.sort();
+            let mut p = redis::pipe();
+            p.cmd("TIME");
+            for id in &ids {
+                p.cmd("HGETALL").arg(scripts::schedule_key(s.keys(), id));
+            }
+            let replies: Vec<Value> = s.pipe("schedule_list", &p).await?;
+            let now = redis_ms(replies.first());
+            for (id, v) in ids.iter().zip(replies.into_iter().skip(1)) {
+                let m: BTreeMap<String, String> =
+                    redis::from_redis_value(v).map_err(|e| StoreError::Decode(e.to_string()))?;
+                if !m.is_empty() {
+                    out.push(schedule_from(id, &m, now, Vec::new()));
+                }
             }
         }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
     }
 
     /// One schedule with up to `history` history entries, or None.
     pub async fn get(&self, id: &str, history: usize) -> Result<Option<Schedule>, StoreError> {
+        let store = self.at(id);
         let mut p = redis::pipe();
         p.cmd("TIME");
-        p.cmd("HGETALL").arg(self.key(id));
+        p.cmd("HGETALL").arg(scripts::schedule_key(store.keys(), id));
         // LRANGE 0 -1 would be the whole list: ask for none as an empty range.
         let (start, stop) = if history == 0 { (1, 0) } else { (0, history as i64 - 1) };
-        p.cmd("LRANGE").arg(self.history_key(id)).arg(start).arg(stop);
+        p.cmd("LRANGE")
+            .arg(scripts::history_key(store.keys(), id))
+            .arg(start)
+            .arg(stop);
         let ((s, us), m, rows): ((i64, i64), BTreeMap<String, String>, Vec<String>) =
-            self.store.pipe("schedule_get", &p).await?;
+            store.pipe("schedule_get", &p).await?;
         if m.is_empty() {
             return Ok(None);
         }

@@ -239,7 +239,7 @@ mod tests {
             starting_deadline_ms: None,
             backfill: false,
         };
-        let e = check(&def, &TasksConfig::default()).unwrap_err().to_string();
+        let e = check(&def, &TasksConfig::default(), 1).unwrap_err().to_string();
         assert!(e.contains("never matches"), "{e}");
     }
 

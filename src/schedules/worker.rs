@@ -69,30 +69,55 @@ impl TimingCache {
     }
 }
 
+/// What a pass reads of a schedule: version, enabled, cursor, expression,
+/// time zone.
+type Row = (Option<u64>, Option<String>, Option<i64>, Option<String>, Option<String>);
+
 impl Schedules {
+    /// Every schedule's id and [`Row`]: one set and one pipeline per shard.
+    async fn scan(&self) -> Result<Vec<(String, Row)>, StoreError> {
+        let mut out = Vec::new();
+        for i in 0..self.store.shards().len() {
+            let s = self.store.shard(i);
+            let mut ids: Vec<String> = s
+                .query(
+                    "schedule_ids",
+                    redis::cmd("SMEMBERS").arg(super::scripts::schedules_key(s.keys())),
+                )
+                .await?;
+            if ids.is_empty() {
+                continue;
+            }
+            ids.sort();
+            let mut p = redis::pipe();
+            for id in &ids {
+                p.cmd("HMGET")
+                    .arg(super::scripts::schedule_key(s.keys(), id))
+                    .arg("version")
+                    .arg("enabled")
+                    .arg("cursor")
+                    .arg("expr")
+                    .arg("tz");
+            }
+            let rows: Vec<Row> = s.pipe("schedule_scan", &p).await?;
+            out.extend(ids.into_iter().zip(rows));
+        }
+        Ok(out)
+    }
+
     /// One scheduler pass over every schedule. Returns how long to sleep
     /// before the next pass.
     pub async fn pass(&self, cache: &mut TimingCache) -> Result<Duration, StoreError> {
         let cap = Duration::from_millis(self.cfg.interval_ms);
-        let ids = self.ids().await?;
+        let rows = self.scan().await?;
+        let ids: Vec<String> = rows.iter().map(|(id, _)| id.clone()).collect();
         cache.retain(&ids);
         if ids.is_empty() {
             return Ok(cap);
         }
-        let mut p = redis::pipe();
-        for id in &ids {
-            p.cmd("HMGET")
-                .arg(self.key(id))
-                .arg("version")
-                .arg("enabled")
-                .arg("cursor")
-                .arg("expr")
-                .arg("tz");
-        }
-        type Row = (Option<u64>, Option<String>, Option<i64>, Option<String>, Option<String>);
-        let rows: Vec<Row> = self.store.pipe("schedule_scan", &p).await?;
         let mut wake = cap;
-        for (id, (version, enabled, cursor, expr, tz)) in ids.iter().zip(rows) {
+        for (id, (version, enabled, cursor, expr, tz)) in rows {
+            let id = &id;
             let (Some(version), Some(mut cursor), Some(expr), Some(tz)) = (version, cursor, expr, tz) else {
                 continue;
             };

@@ -24,6 +24,7 @@ use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
 use crate::error::ApiError;
+use crate::store::shards::ShardMap;
 use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::TaskSpec;
 use scripts::{CancelReply, CreateReply, Scripts};
@@ -169,8 +170,9 @@ pub struct Workflows {
 }
 
 /// Validates a workflow: sizes, names, task options, unique keys, known
-/// dependencies, and no cycle (the error names one).
-pub fn plan(w: &NewWorkflow, cfg: &TasksConfig) -> Result<Plan, ApiError> {
+/// dependencies, and no cycle (the error names one); places it in a shard
+/// of `shards` (see [`shard_of`]) and draws its ids there.
+pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Plan, ApiError> {
     if w.tasks.is_empty() || w.tasks.len() > MAX_TASKS {
         return Err(ApiError::bad_request(format!(
             "`tasks` must hold 1 to {MAX_TASKS} tasks"
@@ -221,7 +223,8 @@ pub fn plan(w: &NewWorkflow, cfg: &TasksConfig) -> Result<Plan, ApiError> {
         let names: Vec<&str> = cycle.iter().map(|&i| w.tasks[i].key.as_str()).collect();
         return Err(ApiError::bad_request(format!("cycle: {}", names.join(" -> "))));
     }
-    let id = ulid::Ulid::generate().to_string();
+    let shard = shard_of(w, shards)?;
+    let id = shards.new_id(shard);
     let mut keys = Vec::with_capacity(w.tasks.len());
     for (i, t) in w.tasks.iter().enumerate() {
         let spec = TaskSpec {
@@ -243,7 +246,7 @@ pub fn plan(w: &NewWorkflow, cfg: &TasksConfig) -> Result<Plan, ApiError> {
             other => other,
         })?;
         let json = serde_json::json!({
-            "id": ulid::Ulid::generate().to_string(),
+            "id": shards.new_id(shard),
             "queue": t.queue,
             "deps": t.depends_on,
             "t": {
@@ -266,6 +269,39 @@ pub fn plan(w: &NewWorkflow, cfg: &TasksConfig) -> Result<Plan, ApiError> {
         policy: w.failure_policy,
         idempotency_key: w.idempotency_key.clone().unwrap_or_default(),
     })
+}
+
+/// The shard a workflow lives in, with all its tasks (so the hook that
+/// advances it runs in the same script as each task's last transition): the
+/// shard of the groups its steps name, which must all be in one shard (a
+/// group's tasks live in its shard, for its limit to be one atomic check);
+/// else the shard of its idempotency key, so a replay finds it; else any.
+fn shard_of(w: &NewWorkflow, shards: &ShardMap) -> Result<usize, ApiError> {
+    let mut homes: BTreeMap<usize, &str> = BTreeMap::new();
+    for t in &w.tasks {
+        if let Some(g) = t.group.as_deref().filter(|g| !g.is_empty()) {
+            homes.entry(shards.home(g)).or_insert(g);
+        }
+    }
+    match homes.len() {
+        0 => Ok(match &w.idempotency_key {
+            Some(k) => shards.home(k),
+            None => rand::random::<u32>() as usize % shards.len(),
+        }),
+        1 => Ok(*homes.keys().next().unwrap_or(&0)),
+        _ => {
+            let named: Vec<String> = homes
+                .iter()
+                .map(|(shard, g)| format!("`{g}` (shard {shard})"))
+                .collect();
+            Err(ApiError::bad_request(format!(
+                "the steps name concurrency groups in different shards of this namespace ({}): a workflow's \
+                 tasks live in one shard, and a group's tasks in the group's; use groups of one shard \
+                 (redis.shards, docs/sharding.md)",
+                named.join(", ")
+            )))
+        }
+    }
 }
 
 /// A cycle in the dependency graph (`deps[i]` = what i depends on), as a path
@@ -314,8 +350,9 @@ impl Workflows {
         })
     }
 
-    fn key(&self, id: &str, part: Option<&str>) -> String {
-        scripts::workflow_key(self.store.keys(), id, part)
+    /// The view of the shard workflow `id` lives in (its id names it).
+    fn at(&self, id: &str) -> Store {
+        self.store.shard(self.store.shards().home(id))
     }
 
     /// Starts a workflow; returns its id and whether it is new.
@@ -331,7 +368,7 @@ impl Workflows {
             dead_retention_ms: self.tasks.dead_retention_ms,
             keys: &plan.keys,
         };
-        match self.store.run(&self.scripts.create, &call).await? {
+        match self.at(&plan.id).run(&self.scripts.create, &call).await? {
             CreateReply::Created { id } => Ok((id, true)),
             CreateReply::Replayed { id } => Ok((id, false)),
             CreateReply::TooManyQueues => Err(WorkflowError::TooManyQueues(self.tasks.max_queues)),
@@ -340,7 +377,7 @@ impl Workflows {
 
     pub async fn cancel(&self, id: &str, actor: &str) -> Result<(), WorkflowError> {
         let call = scripts::Cancel { id, actor };
-        match self.store.run(&self.scripts.cancel, &call).await? {
+        match self.at(id).run(&self.scripts.cancel, &call).await? {
             CancelReply::Cancelled => Ok(()),
             CancelReply::Finished { state } => Err(WorkflowError::Finished(id.into(), state)),
             CancelReply::NotFound => Err(WorkflowError::NotFound(id.into())),
@@ -349,15 +386,17 @@ impl Workflows {
 
     /// One workflow with every task's state (two pipelined round trips).
     pub async fn get(&self, id: &str) -> Result<Workflow, WorkflowError> {
+        let store = self.at(id);
+        let key = |part| scripts::workflow_key(store.keys(), id, part);
         let mut p = redis::pipe();
-        p.cmd("HGETALL").arg(self.key(id, None));
-        p.cmd("HGETALL").arg(self.key(id, Some("spec")));
-        p.cmd("HGETALL").arg(self.key(id, Some("st")));
+        p.cmd("HGETALL").arg(key(None));
+        p.cmd("HGETALL").arg(key(Some("spec")));
+        p.cmd("HGETALL").arg(key(Some("st")));
         let (h, spec, st): (
             BTreeMap<String, String>,
             BTreeMap<String, String>,
             BTreeMap<String, String>,
-        ) = self.store.pipe("workflow_get", &p).await?;
+        ) = store.pipe("workflow_get", &p).await?;
         if h.is_empty() {
             return Err(WorkflowError::NotFound(id.into()));
         }
@@ -385,10 +424,10 @@ impl Workflows {
             let mut p = redis::pipe();
             for &i in &dispatched {
                 p.cmd("HGET")
-                    .arg(format!("{}:task:{}", self.store.keys().prefix(), nodes[i].task_id))
+                    .arg(format!("{}:task:{}", store.keys().prefix(), nodes[i].task_id))
                     .arg("state");
             }
-            let states: Vec<Option<String>> = self.store.pipe("workflow_task_states", &p).await?;
+            let states: Vec<Option<String>> = store.pipe("workflow_task_states", &p).await?;
             for (&i, s) in dispatched.iter().zip(states) {
                 nodes[i].task_state = s;
             }
@@ -406,43 +445,59 @@ impl Workflows {
     }
 
     /// Workflows, newest first, optionally of one state; a page at a time.
+    /// Each shard keeps an index of its own; with several they are merged by
+    /// creation time.
     pub async fn list(
         &self,
         state: Option<&str>,
         limit: usize,
         cursor: usize,
     ) -> Result<(Vec<WorkflowSummary>, Option<usize>), WorkflowError> {
-        let key = scripts::workflows_key(self.store.keys());
+        let n = self.store.shards().len();
         let mut out = Vec::new();
         let mut at = cursor;
         // Scan at most ten pages of the index to fill one page of a state.
         for _ in 0..10 {
-            let ids: Vec<String> = self
-                .store
-                .query(
-                    "workflows_ids",
-                    redis::cmd("ZRANGE")
-                        .arg(&key)
-                        .arg(at)
-                        .arg(at + limit * 2 - 1)
-                        .arg("REV"),
-                )
-                .await?;
+            let window = limit * 2;
+            // With several shards each is read from its start down to the
+            // page's end, and the merge skips what earlier pages showed.
+            let reads = (0..n).map(|i| {
+                let s = self.store.shard(i);
+                let key = scripts::workflows_key(s.keys());
+                let (from, to) = if n == 1 {
+                    (at, at + window - 1)
+                } else {
+                    (0, at + window - 1)
+                };
+                async move {
+                    let ids: Vec<(String, f64)> = s
+                        .query(
+                            "workflows_ids",
+                            redis::cmd("ZRANGE")
+                                .arg(&key)
+                                .arg(from)
+                                .arg(to)
+                                .arg("REV")
+                                .arg("WITHSCORES"),
+                        )
+                        .await?;
+                    Ok::<_, StoreError>(ids.into_iter().map(move |(id, score)| (id, score, i)))
+                }
+            });
+            let mut ids: Vec<(String, f64, usize)> = futures_util::future::try_join_all(reads)
+                .await?
+                .into_iter()
+                .flatten()
+                .collect();
+            if n > 1 {
+                ids.sort_by(|a, b| b.1.total_cmp(&a.1));
+                ids = ids.into_iter().skip(at).take(window).collect();
+            }
             if ids.is_empty() {
                 return Ok((out, None));
             }
-            let mut p = redis::pipe();
-            for id in &ids {
-                p.cmd("HMGET")
-                    .arg(self.key(id, None))
-                    .arg("state")
-                    .arg("created_at")
-                    .arg("finished_at")
-                    .arg("n")
-                    .arg("open");
-            }
-            let rows: Vec<Vec<Option<String>>> = self.store.pipe("workflows_rows", &p).await?;
-            for (id, row) in ids.iter().zip(rows) {
+            let rows = self.summaries(&ids).await?;
+            for ((id, _, _), row) in ids.iter().zip(rows) {
                 at += 1;
                 let Some(st) = row.first().cloned().flatten() else {
                     continue;
@@ -467,14 +522,48 @@ impl Workflows {
         Ok((out, Some(at)))
     }
 
+    /// The summary fields of each (id, _, shard), in order: one pipelined
+    /// round trip per shard, at once.
+    async fn summaries(&self, ids: &[(String, f64, usize)]) -> Result<Vec<Vec<Option<String>>>, StoreError> {
+        let mut parts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, (_, _, shard)) in ids.iter().enumerate() {
+            parts.entry(*shard).or_default().push(i);
+        }
+        let reads = parts.into_iter().map(|(shard, at)| {
+            let s = self.store.shard(shard);
+            let mut p = redis::pipe();
+            for &i in &at {
+                p.cmd("HMGET")
+                    .arg(scripts::workflow_key(s.keys(), &ids[i].0, None))
+                    .arg("state")
+                    .arg("created_at")
+                    .arg("finished_at")
+                    .arg("n")
+                    .arg("open");
+            }
+            async move {
+                let rows: Vec<Vec<Option<String>>> = s.pipe("workflows_rows", &p).await?;
+                Ok::<_, StoreError>(at.into_iter().zip(rows))
+            }
+        });
+        let mut out = vec![Vec::new(); ids.len()];
+        for (i, row) in futures_util::future::try_join_all(reads).await?.into_iter().flatten() {
+            out[i] = row;
+        }
+        Ok(out)
+    }
+
     /// Trims the indexes of workflows past retention.
     pub async fn janitor(&self) -> Result<i64, WorkflowError> {
         let call = scripts::Janitor {
             retention_ms: self.tasks.retention_ms,
             limit: 1000,
         };
-        let reply = self.store.run(&self.scripts.janitor, &call).await?;
-        Ok(reply.forgotten as i64)
+        let mut forgotten = 0;
+        for i in 0..self.store.shards().len() {
+            forgotten += self.store.shard(i).run(&self.scripts.janitor, &call).await?.forgotten as i64;
+        }
+        Ok(forgotten)
     }
 }
 
@@ -506,6 +595,7 @@ mod tests {
                 failure_policy: FailurePolicy::FailFast,
             },
             &TasksConfig::default(),
+            &ShardMap::new("muster", 1),
         )
     }
 

@@ -60,7 +60,7 @@ async fn create_workflow(
             _ => w.idempotency_key = Some(h.to_string()),
         }
     }
-    let plan = plan(&w, s.tasks.config())?;
+    let plan = plan(&w, s.tasks.config(), s.store.shards())?;
     let (id, new) = s.workflows.create(&plan, &s.node_id).await?;
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(CreatedWorkflow { id, replayed: !new })).into_response())

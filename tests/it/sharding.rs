@@ -416,3 +416,108 @@ async fn every_shards_keys_return_to_baseline_after_retention() {
         .assert_back_to_baseline(&baseline, Duration::from_secs(20), |_| false)
         .await;
 }
+
+/// A workflow lives in one shard with all its tasks, whatever their queues'
+/// shards, so the hook that dispatches its successors runs in the same
+/// script as each task's last transition; steps naming groups in two shards
+/// are refused, naming them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_runs_in_one_shard_across_queues_of_every_shard() {
+    if skip_on_cluster("reads each shard's keys on a server of its own") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = node(&redis).await;
+    join(&a, "w").await;
+    let q = names_per_shard("wq");
+    let body = json!({"tasks": [
+        {"key": "a", "queue": q[0]},
+        {"key": "b", "queue": q[1], "depends_on": ["a"]},
+        {"key": "c", "queue": q[2], "depends_on": ["a"]},
+        {"key": "d", "queue": q[3], "depends_on": ["b", "c"]}
+    ]});
+    let (s, w) = a.post("/api/v1/workflows", body).await;
+    assert_eq!(s, 201, "{w}");
+    let wid = w["id"].as_str().unwrap().to_string();
+    let home = map().home(&wid);
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let mut round = Vec::new();
+        for queue in &q {
+            for t in claim(&a, queue, "w", 5, 0).await {
+                let id = t["id"].as_str().unwrap();
+                assert_eq!(shard_of_task(&redis, id).await, vec![home], "in the workflow's shard");
+                round.push(t["payload"].clone());
+                let (s, r) = a
+                    .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t["token"]}))
+                    .await;
+                assert_eq!(s, 200, "{r}");
+                order.push(queue.clone());
+            }
+        }
+        if order.len() == 4 {
+            break;
+        }
+    }
+    assert_eq!(order.len(), 4, "every step ran once: {order:?}");
+    assert_eq!((&order[0], &order[3]), (&q[0], &q[3]), "in dependency order");
+    let done = wait_until(Duration::from_secs(5), || async {
+        a.get(&format!("/api/v1/workflows/{wid}")).await.1["state"] == "succeeded"
+    })
+    .await;
+    assert!(done);
+    let (_, list) = a.get("/api/v1/workflows").await;
+    assert!(list.to_string().contains(&wid), "{list}");
+
+    let g = names_per_shard("wg");
+    let (s, e) = a
+        .post(
+            "/api/v1/workflows",
+            json!({"tasks": [
+                {"key": "a", "queue": "x", "group": g[0]},
+                {"key": "b", "queue": "x", "group": g[1]}
+            ]}),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+    let detail = e["detail"].as_str().unwrap();
+    assert!(detail.contains(&g[0]) && detail.contains(&g[1]), "{e}");
+}
+
+/// A schedule fires in the shard of its id; one whose task names a group
+/// in another shard is refused with an id that fits, which then works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_with_a_group_lives_in_the_groups_shard() {
+    if skip_on_cluster("reads each shard's keys on a server of its own") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = node(&redis).await;
+    join(&a, "w").await;
+    let m = map();
+    let group = "sg";
+    let id = (0..)
+        .map(|n| format!("s{n}"))
+        .find(|i| m.home(i) != m.home(group))
+        .unwrap();
+    let body = json!({"expression": "0 0 1 1 *", "queue": "sq", "task": {"group": group}});
+    let (s, e) = a.put(&format!("/api/v1/schedules/{id}"), body.clone()).await;
+    assert_eq!(s, 400, "{e}");
+    let detail = e["detail"].as_str().unwrap();
+    let fit = detail
+        .split('`')
+        .find(|w| w.starts_with(&format!("{id}-")))
+        .expect(detail);
+    assert_eq!(m.home(fit), m.home(group), "{detail}");
+    let (s, b) = a.put(&format!("/api/v1/schedules/{fit}"), body).await;
+    assert_eq!(s, 201, "{b}");
+    let (s, t) = a.post(&format!("/api/v1/schedules/{fit}/trigger"), json!({})).await;
+    assert_eq!(s, 201, "{t}");
+    let task = t["task"].as_str().unwrap();
+    assert_eq!(shard_of_task(&redis, task).await, vec![m.home(group)]);
+    let got = claim(&a, "sq", "w", 1, 2000).await;
+    assert_eq!(got.len(), 1, "claimed from the schedule's shard");
+    assert_eq!(got[0]["id"], task);
+    let (_, list) = a.get("/api/v1/schedules").await;
+    assert!(list.to_string().contains(fit), "{list}");
+}
