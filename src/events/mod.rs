@@ -225,7 +225,15 @@ pub struct Bus {
     /// each send): a receiver subscribed before reading it gets every event
     /// after it.
     mark: Mutex<Option<Cursor>>,
+    /// Split namespaces: the shards events showed each queue in since the
+    /// task service last took them (a bit per shard), so its claims look
+    /// there at once (see `tasks::shards`). Bounded: cleared past
+    /// [`MAX_SEEN_QUEUES`] (the task service's own reads catch up).
+    seen: Mutex<std::collections::HashMap<String, u64>>,
 }
+
+/// The most queues [`Bus::take_seen_queues`] holds between two takes.
+const MAX_SEEN_QUEUES: usize = 10_000;
 
 impl Bus {
     /// A bus for the events of `shards` streams.
@@ -236,6 +244,7 @@ impl Bus {
             wakers: Wakers::default(),
             shards: shards.max(1),
             mark: Mutex::new(None),
+            seen: Mutex::new(Default::default()),
         })
     }
 
@@ -261,10 +270,22 @@ impl Bus {
         }
         if self.shards > 1 {
             ev.cursor = Some(mark.to_string());
+            if let Some(q) = ev.subject("queue").filter(|_| !ev.mirrored()) {
+                let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+                if seen.len() >= MAX_SEEN_QUEUES {
+                    seen.clear();
+                }
+                *seen.entry(q.to_string()).or_default() |= 1 << (ev.shard % 64);
+            }
         }
         let ev = Arc::new(ev);
         self.wakers.on_event(&ev);
         let _ = self.tx.send(ev);
+    }
+
+    /// The shards events showed each queue in since the last take.
+    pub fn take_seen_queues(&self) -> std::collections::HashMap<String, u64> {
+        std::mem::take(&mut *self.seen.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Records that the tailers start after `at` (nothing up to it will be

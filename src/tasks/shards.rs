@@ -7,8 +7,9 @@
 //! call that names a task goes straight to its shard. A queue's tasks are
 //! therefore in the queue's shard and in the shards of the groups its tasks
 //! name; a claim tries the queue's shard first, then those others, which it
-//! learns from each shard's set of queues (read at most once a second, and
-//! kept up to date by this node's own submits). With one shard every
+//! learns from each shard's set of queues (read at most once a second),
+//! this node's own submits, and the events (an event of a queue from a
+//! shard's stream: that shard holds its tasks). With one shard every
 //! function here is the identity: shard 0, one call.
 
 use std::collections::HashMap;
@@ -81,8 +82,12 @@ impl Tasks {
                 mask: fresh,
             };
         }
+        let seen = self.bus.take_seen_queues();
         let mask = {
-            let known = self.queue_shards.lock().unwrap_or_else(|p| p.into_inner());
+            let mut known = self.queue_shards.lock().unwrap_or_else(|p| p.into_inner());
+            for (q, bits) in seen {
+                *known.mask.entry(q).or_default() |= bits;
+            }
             known.mask.get(queue).copied().unwrap_or(0)
         };
         let mut out = vec![home];
@@ -114,11 +119,5 @@ impl Tasks {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_mask_has_a_bit_for_every_shard() {
-        // `redis.shards` is bounded so that every shard has a bit.
-        assert!(crate::config::MAX_SHARDS <= u64::BITS);
-    }
-}
+// `redis.shards` is bounded so that every shard has a bit in a mask.
+const _: () = assert!(crate::config::MAX_SHARDS <= u64::BITS);
