@@ -218,7 +218,7 @@ impl Orphans {
             }
         }
         // Stable: one shard's records keep their order.
-        records.sort_by(|a, b| b.detected_at.cmp(&a.detected_at));
+        records.sort_by_key(|r| std::cmp::Reverse(r.detected_at));
         records.truncate(limit);
         Ok((records, totals.into_iter().collect()))
     }

@@ -374,7 +374,9 @@ impl Tasks {
     ) -> Result<(Vec<Result<Finished, TaskError>>, Option<NextClaimed>), TaskError> {
         let max = if items.len() == 1 { next.max } else { 0 };
         // One script per shard the tasks are in (each id names its shard).
-        let mut parts: BTreeMap<usize, (Vec<usize>, Vec<(String, u64, String)>)> = BTreeMap::new();
+        // Per shard: the items' places in `items`, and the items.
+        type Part = (Vec<usize>, Vec<(String, u64, String)>);
+        let mut parts: BTreeMap<usize, Part> = BTreeMap::new();
         for (i, item) in items.iter().enumerate() {
             let part = parts.entry(self.store.shards().home(&item.0)).or_default();
             part.0.push(i);
