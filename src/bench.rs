@@ -31,6 +31,9 @@ pub struct BenchOptions {
     pub batch: usize,
     pub producers: usize,
     pub queue: String,
+    /// Spread the tasks over this many queues (`<queue>-0` …): a namespace
+    /// split into shards spreads queues, not the tasks of one queue.
+    pub queues: usize,
     /// Redis to read stats from and run redis-benchmark against; default: the
     /// node's own (from `GET /api/v1/redis`).
     pub redis_url: Option<String>,
@@ -291,6 +294,11 @@ async fn phase(
     opts: &BenchOptions,
     rate: Option<f64>,
 ) -> anyhow::Result<PhaseResult> {
+    let queues: Arc<Vec<String>> = Arc::new(if opts.queues <= 1 {
+        vec![queue.to_string()]
+    } else {
+        (0..opts.queues).map(|i| format!("{queue}-{i}")).collect()
+    });
     let completed = Arc::new(AtomicU64::new(0));
     let submitted = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicBool::new(false));
@@ -304,15 +312,19 @@ async fn phase(
         let client = client.clone();
         let submitted = submitted.clone();
         let failed = failed.clone();
-        let queue = queue.to_string();
+        let queues = queues.clone();
         let payload = payload.clone();
         let batch = opts.batch;
         let count = per_producer.min(n.saturating_sub(p * per_producer));
         let producers = opts.producers.max(1) as f64;
         handles.push(tokio::spawn(async move {
             let mut sent = 0;
+            let mut round = p;
             while sent < count {
                 let k = batch.min(count - sent);
+                // Each request to the next queue in turn.
+                let queue = &queues[round % queues.len()];
+                round += 1;
                 if let Some(r) = rate {
                     let due = start + Duration::from_secs_f64((sent as f64) / (r / producers));
                     tokio::time::sleep_until(due.into()).await;
@@ -344,6 +356,7 @@ async fn phase(
     let long_poll = rate.is_none();
     let use_next = opts.batch == 1 && opts.claim_next;
     if opts.via_worker {
+        anyhow::ensure!(queues.len() == 1, "--via worker drains one queue: leave --queues at 1");
         handles.push(tokio::spawn(drain_with_workers(
             client.api.clone(),
             queue.to_string(),
@@ -360,14 +373,20 @@ async fn phase(
         let failed = failed.clone();
         let claim_ms = claim_ms.clone();
         let finished_at = finished_at.clone();
-        let queue = queue.to_string();
+        let queues = queues.clone();
         let batch = opts.batch;
         handles.push(tokio::spawn(async move {
             let node = format!("bench-w{w}");
+            // Each claim from the next queue in turn, starting at the
+            // worker's own.
+            let mut turn = w;
+            let mut queue = queues[turn % queues.len()].clone();
             let mut local = Vec::new();
             let mut held: Vec<Value> = Vec::new();
             while completed.load(Ordering::Relaxed) < n as u64 && !failed.load(Ordering::Relaxed) {
                 if held.is_empty() {
+                    queue = queues[turn % queues.len()].clone();
+                    turn += 1;
                     let t = Instant::now();
                     let wait = if long_poll { 200 } else { 0 };
                     let res = client

@@ -203,6 +203,10 @@ struct BenchArgs {
     /// Queue to use (a -warm and a -half queue are used too).
     #[arg(long, default_value = "bench")]
     queue: String,
+    /// Spread the tasks over this many queues (`<queue>-0` …), as a
+    /// namespace split into shards needs (redis.shards).
+    #[arg(long, default_value_t = 1)]
+    queues: usize,
     /// Redis for INFO and redis-benchmark; default: the node's own.
     #[arg(long)]
     redis_url: Option<String>,
@@ -442,8 +446,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
 }
 
 async fn bench(a: BenchArgs) -> ExitCode {
-    if a.tasks == 0 || a.workers == 0 || !(1..=1000).contains(&a.batch) {
-        eprintln!("muster bench: --tasks and --workers must be positive and --batch between 1 and 1000");
+    if a.tasks == 0 || a.workers == 0 || !(1..=1000).contains(&a.batch) || !(1..=1000).contains(&a.queues) {
+        eprintln!("muster bench: --tasks and --workers must be positive, --batch and --queues between 1 and 1000");
         return ExitCode::from(2);
     }
     let opts = muster::bench::BenchOptions {
@@ -454,6 +458,7 @@ async fn bench(a: BenchArgs) -> ExitCode {
         batch: a.batch,
         producers: a.producers,
         queue: a.queue,
+        queues: a.queues,
         redis_url: a.redis_url,
         skip_half_load: a.no_half_load,
         skip_baseline: a.no_baseline,
