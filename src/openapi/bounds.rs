@@ -31,8 +31,6 @@ pub(super) fn query_bounds(path: &str, name: &str) -> Option<Value> {
             range(&v::LONG_PAGE_LIMIT)
         }
         ("/api/v1/schedules/{id}", "history") => range(&v::SCHEDULE_HISTORY),
-        // Empty is the same as absent.
-        (_, "since") => json!({"pattern": "^([0-9]{1,19}(-[0-9]{1,19})?)?$"}),
         (_, "queue") => json!({"maxLength": v::NAME_MAX_LEN, "pattern": v::name_pattern(v::NAME_MAX_LEN)}),
         (_, "Idempotency-Key") => {
             json!({"minLength": 1, "maxLength": v::OPAQUE_KEY_MAX_LEN, "pattern": v::opaque_key_pattern()})
@@ -41,12 +39,30 @@ pub(super) fn query_bounds(path: &str, name: &str) -> Option<Value> {
     })
 }
 
-pub(super) fn bound_parameter(path: &str, _method: &str, p: &mut Value, _cfg: &Config) {
+/// The pattern of an event cursor (`since`) of a namespace split into
+/// `shards`: one stream id, or one per shard joined by commas; empty is the
+/// same as absent.
+pub(super) fn since_pattern(shards: u32) -> String {
+    let id = "[0-9]{1,19}(-[0-9]{1,19})?";
+    if shards <= 1 {
+        format!("^({id})?$")
+    } else {
+        format!("^({id}(,{id}){{{}}}|{id})?$", shards - 1)
+    }
+}
+
+pub(super) fn bound_parameter(path: &str, _method: &str, p: &mut Value, cfg: &Config) {
     let Some(p) = p.as_object_mut() else { return };
     let name = p.get("name").and_then(Value::as_str).unwrap_or("").to_string();
     match p.get("in").and_then(Value::as_str) {
         Some("path") => {
             p.insert("schema".into(), path_schema(path, &name));
+        }
+        Some("query") if name == "since" => {
+            merge(
+                p.entry("schema").or_insert_with(|| json!({})),
+                json!({"pattern": since_pattern(cfg.redis.shards)}),
+            );
         }
         Some("query" | "header") => {
             if let Some(bounds) = query_bounds(path, &name) {
@@ -236,5 +252,17 @@ pub(super) fn bound_schemas(schemas: &mut Map<String, Value>, cfg: &Config) {
                 "properties": {"delay_ms": {"type": "integer"}, "run_at": {"type": "integer"}},
             }),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::since_pattern;
+
+    #[test]
+    fn the_since_pattern_is_a_cursor_of_the_namespaces_shards() {
+        let id = "[0-9]{1,19}(-[0-9]{1,19})?";
+        assert_eq!(since_pattern(1), format!("^({id})?$"), "one stream id, as always");
+        assert_eq!(since_pattern(3), format!("^({id}(,{id}){{2}}|{id})?$"));
     }
 }
