@@ -24,6 +24,9 @@ pub mod keys;
 mod proxy;
 pub use proxy::FaultProxy;
 pub mod netns;
+pub mod sharded;
+#[allow(unused_imports)]
+pub use sharded::{name_tag, shard_tag, shard_tags, sharded, skip_when_sharded, task_tag};
 pub mod venv;
 
 /// A free TCP port on loopback (bound and released; the caller retries if
@@ -298,10 +301,38 @@ impl TestRedis {
     }
 
     /// Every event in the stream, as (type, node, fields), read in pages; the
-    /// stream id is in the `_id` field.
+    /// stream id is in the `_id` field. A split namespace's streams are read
+    /// one after the other, merged by stream id (`_shard` says whose), and
+    /// the registry's events, which every shard writes, kept from shard 0
+    /// alone, as the nodes deliver them.
     pub async fn events(&self, prefix: &str) -> Vec<(String, String, Value)> {
+        let tags = shard_tags(prefix);
+        if tags.len() == 1 {
+            return self.stream_events(&format!("{{{prefix}}}:events")).await;
+        }
+        let mut all = Vec::new();
+        for (i, tag) in tags.iter().enumerate() {
+            for (ty, node, mut f) in self.stream_events(&format!("{tag}:events")).await {
+                if i > 0 && ty.starts_with("node.") {
+                    continue;
+                }
+                f["_shard"] = Value::from(i);
+                all.push((ty, node, f));
+            }
+        }
+        let id = |f: &Value| {
+            let s = f["_id"].as_str().unwrap_or("0-0");
+            let (ms, seq) = s.split_once('-').unwrap_or((s, "0"));
+            (ms.parse::<u64>().unwrap_or(0), seq.parse::<u64>().unwrap_or(0))
+        };
+        all.sort_by_key(|(_, _, f)| (id(f), f["_shard"].as_u64()));
+        all
+    }
+
+    /// Every entry of one stream `key`, as [`TestRedis::events`] gives them.
+    async fn stream_events(&self, key: &str) -> Vec<(String, String, Value)> {
         let mut c = self.conn().await;
-        let key = format!("{{{prefix}}}:events");
+        let key = key.to_string();
         let mut out = Vec::new();
         let mut start = "-".to_string();
         let mut retry_until = Instant::now() + Duration::from_secs(20);

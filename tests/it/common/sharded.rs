@@ -1,0 +1,55 @@
+//! Split namespaces (`MUSTER_TEST_SHARDS=N`, issue 14): where a test finds
+//! a key of a namespace split into shards.
+//!
+//! With one shard every key is `{muster}:...`, as the tests write them.
+//! Split, a key carries its shard's tag (`{muster#<i>.<k>}`, see
+//! `store/shards.rs`): a task's is its id's shard, a queue's keys may be in
+//! several shards, locks, barriers and elections are in shard 0, and the
+//! layout record stays under `{muster}`.
+
+use muster::store::shards::ShardMap;
+
+use super::test_shards;
+
+/// The shard map of namespace `prefix` as the test's nodes split it.
+pub fn shard_map(prefix: &str) -> ShardMap {
+    ShardMap::new(prefix, test_shards())
+}
+
+/// Shard `i`'s tag of namespace `prefix` (`{muster}` with one shard).
+pub fn shard_tag(prefix: &str, i: usize) -> String {
+    shard_map(prefix).tag(i).to_string()
+}
+
+/// Every shard's tag of namespace `prefix`, in shard order.
+pub fn shard_tags(prefix: &str) -> Vec<String> {
+    let m = shard_map(prefix);
+    (0..m.len()).map(|i| m.tag(i).to_string()).collect()
+}
+
+/// The tag of the shard that holds task `id` (its id names it).
+pub fn task_tag(prefix: &str, id: &str) -> String {
+    let m = shard_map(prefix);
+    m.tag(m.home(id)).to_string()
+}
+
+/// The tag of the shard a name (queue, group, schedule id) belongs to.
+pub fn name_tag(prefix: &str, name: &str) -> String {
+    let m = shard_map(prefix);
+    m.tag(m.home(name)).to_string()
+}
+
+/// Whether the nodes split their namespace (`MUSTER_TEST_SHARDS` > 1).
+pub fn sharded() -> bool {
+    test_shards() > 1
+}
+
+/// True, after printing why, when the namespace is split and the test's
+/// subject is by design not available then (the caller returns).
+pub fn skip_when_sharded(reason: &str) -> bool {
+    if sharded() {
+        eprintln!("skipped with MUSTER_TEST_SHARDS={}: {reason}", test_shards());
+        return true;
+    }
+    false
+}
