@@ -316,7 +316,9 @@ async fn build_services(
     let node_id = node_id.to_string();
     let mode = store.mode();
     let ctx = ScriptCtx {
-        events_max_len: cfg.events.max_len,
+        // The bound is the namespace's: split evenly between its shards'
+        // streams.
+        events_max_len: cfg.events.max_len.div_ceil(store.shards().len() as u64),
         cluster: mode == Mode::Cluster,
     };
     if matches!(mode, Mode::Sentinel | Mode::Coordinated) {

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
-use super::{Cursor, Event, StreamId, read_after};
+use super::{Cursor, Event, StreamId};
 use crate::app::AppState;
 
 /// Seconds of throughput history.
@@ -281,10 +281,12 @@ impl Live {
         let from = now - recount_ms;
         let mut recent: BTreeMap<i64, [u32; 3]> = BTreeMap::new();
         let mut after = Cursor::at(s.store.shards().len(), StreamId(from.max(0) as u64, 0));
-        'scan: for _ in 0..if recount_ms > 0 { 100 } else { 0 } {
-            let page = read_after(&s.store, &after, 1000).await?;
-            let n = page.len();
-            for ev in &page {
+        if recount_ms > 0 {
+            // At most 100 000 events, as many as a full window holds.
+            super::stream::scan_after(&s.store, &mut after, 1000, 100_000, |ev| {
+                if ev.mirrored() {
+                    return;
+                }
                 // [finished, failed, dead], as `apply` counts them.
                 let slots: &[usize] = match ev.kind.as_str() {
                     "task.succeeded" => &[0],
@@ -295,13 +297,8 @@ impl Live {
                 for &i in slots {
                     recent.entry(ev.ts / 1000).or_default()[i] += 1;
                 }
-                if let Some(id) = ev.sid {
-                    after.advance(ev.shard, id);
-                }
-            }
-            if n < 1000 {
-                break 'scan;
-            }
+            })
+            .await?;
         }
         *self.reconciled_upto.lock().unwrap_or_else(|p| p.into_inner()) = Some(mark.clone());
         if recount_ms > 0 {

@@ -25,7 +25,9 @@ mod wakers;
 pub mod ws;
 
 pub use cursor::Cursor;
-pub use stream::{EventPage, Retained, SINCE_AHEAD_MS, check_since, read_after, replay, retained, retained_all};
+pub use stream::{
+    EventPage, Retained, SINCE_AHEAD_MS, check_since, read_after, replay, retained, retained_all, scan_after,
+};
 pub use wakers::{QueueWaiter, Wakers};
 
 use std::collections::BTreeMap;

@@ -190,6 +190,41 @@ pub async fn read_after(store: &Store, after: &Cursor, count: usize) -> Result<V
     Ok(all)
 }
 
+/// Reads every shard's entries after `at` (moving it along), each shard in
+/// its own order, `count` at a time per shard, and hands each entry to
+/// `each`, until every shard is read to its end or `max` entries were read.
+/// For readers that count events and need no order across shards; a merge
+/// ([`read_after`]) would read up to N times what it returns. Returns how
+/// many entries were read.
+pub async fn scan_after(
+    store: &Store,
+    at: &mut Cursor,
+    count: usize,
+    max: usize,
+    mut each: impl FnMut(&Event),
+) -> Result<usize, StoreError> {
+    let n = store.shards().len();
+    let mut done = vec![false; n];
+    let mut read = 0;
+    while read < max && done.iter().any(|d| !d) {
+        for (shard, finished) in done.iter_mut().enumerate() {
+            if *finished {
+                continue;
+            }
+            let page = read_shard_after(&store.shard(shard), at.get(shard), count).await?;
+            *finished = page.len() < count;
+            read += page.len();
+            for ev in &page {
+                if let Some(id) = ev.sid {
+                    at.advance(shard, id);
+                }
+                each(ev);
+            }
+        }
+    }
+    Ok(read)
+}
+
 /// Up to `count` entries of one shard's stream after `after`, oldest first.
 async fn read_shard_after(store: &Store, after: StreamId, count: usize) -> Result<Vec<Event>, StoreError> {
     if after == StreamId::MAX {

@@ -19,7 +19,10 @@ const BATCH: usize = 1000;
 /// of a millisecond instead of one or two, which bounds this node's reads
 /// to about a thousand a second (each a round trip Redis pays for), at the
 /// cost of at most this much delay for the events that arrive meanwhile.
+/// With N shards each of the node's N tailers lingers N times as long (at
+/// most [`MAX_LINGER`]), so the node's reads stay about a thousand a second.
 const LINGER: Duration = Duration::from_millis(1);
+const MAX_LINGER: Duration = Duration::from_millis(16);
 
 /// The id of the view's shard's newest entry, or `0-0` for an empty stream.
 pub async fn last_id(store: &Store) -> Result<StreamId, StoreError> {
@@ -67,6 +70,7 @@ fn spawn_shard(store: Store, bus: Arc<Bus>, start: Option<StreamId>, cancel: Can
     tokio::spawn(async move {
         let key = store.keys().events();
         let shard = store.shard_index();
+        let linger = (LINGER * store.shards().len() as u32).min(MAX_LINGER);
         let mut backoff = Duration::from_millis(50);
         let mut last = match start {
             Some(s) => s.to_string(),
@@ -139,7 +143,7 @@ fn spawn_shard(store: Store, bus: Arc<Bus>, start: Option<StreamId>, cancel: Can
                         }
                         if n > 0 && n < BATCH {
                             tokio::select! {
-                                _ = tokio::time::sleep(LINGER) => {}
+                                _ = tokio::time::sleep(linger) => {}
                                 _ = cancel.cancelled() => return,
                             }
                         }

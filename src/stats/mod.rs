@@ -35,7 +35,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::events::{Cursor, Event, read_after};
+use crate::events::{Cursor, Event};
 use crate::store::{Lua, ScriptCtx, Store, StoreResult};
 
 /// How often a node merges what it counted into Redis.
@@ -271,21 +271,10 @@ impl Stats {
         let Some(mut after) = self.recent().counted_upto.clone() else {
             return Ok(0);
         };
-        let mut read = 0;
-        while read < RECOUNT_MAX {
-            let page = read_after(&self.store, &after, 1000).await?;
-            let mut recent = self.recent();
-            for ev in &page {
-                recent.count(ev);
-                if let Some(id) = ev.sid {
-                    after.advance(ev.shard, id);
-                }
-            }
-            read += page.len();
-            if page.len() < 1000 {
-                break;
-            }
-        }
+        let read = crate::events::scan_after(&self.store, &mut after, 1000, RECOUNT_MAX, |ev| {
+            self.recent().count(ev);
+        })
+        .await?;
         Ok(read)
     }
 
