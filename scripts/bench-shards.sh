@@ -54,7 +54,7 @@ done
 redis_cpu() { redis-cli -p "$1" info cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.3f", s}'; }
 node_ticks() { local t=0; for p in "${pids[@]}"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
 declare -A before cpu
-for p in "${ports[@]}"; do before[$p]=$(redis_cpu "$p"); done
+for p in "${ports[@]}"; do before[$p]=$(redis_cpu "$p"); redis-cli -p "$p" config resetstat >/dev/null; done
 ticks0=$(node_ticks)
 start=$(date +%s.%N)
 benches=()
@@ -87,6 +87,12 @@ for port in "${nodes[@]}"; do
   total_rate=$((total_rate + r))
 done
 echo "all benches: $total_rate tasks/s (sum of peaks)"
+if [ -n "${PROFILE:-}" ]; then
+  for p in "${ports[@]}"; do
+    echo "master $p, the commands that took the most time:"
+    redis-cli -p "$p" info commandstats | grep -v '^#' | tr -d '\r' | sort -t= -k3 -n -r | head -8 | sed 's/^/  /'
+  done
+fi
 sha=$(redis-cli -p 21001 script load "return 1")
 redis-benchmark -p 21001 -n 200000 -c 50 -P 1 -q evalsha "$sha" 0 2>&1 | tr '\r' '\n' | tail -1 |
   sed 's/^/redis-benchmark on one master: /'

@@ -381,6 +381,10 @@ async fn phase(
             // worker's own.
             let mut turn = w;
             let mut queue = queues[turn % queues.len()].clone();
+            // Empty claims in a row: a worker long-polls a queue only after
+            // a whole turn found every queue empty, so it does not wait on
+            // one queue while others have work.
+            let mut empty = 0;
             let mut local = Vec::new();
             let mut held: Vec<Value> = Vec::new();
             while completed.load(Ordering::Relaxed) < n as u64 && !failed.load(Ordering::Relaxed) {
@@ -388,7 +392,7 @@ async fn phase(
                     queue = queues[turn % queues.len()].clone();
                     turn += 1;
                     let t = Instant::now();
-                    let wait = if long_poll { 200 } else { 0 };
+                    let wait = if long_poll && empty >= queues.len() - 1 { 200 } else { 0 };
                     let res = client
                         .post(
                             &format!("/api/v1/queues/{queue}/claim"),
@@ -397,8 +401,12 @@ async fn phase(
                         .await;
                     local.push(t.elapsed().as_secs_f64() * 1000.0);
                     match res {
-                        Ok((200, body)) => held = body["tasks"].as_array().cloned().unwrap_or_default(),
+                        Ok((200, body)) => {
+                            held = body["tasks"].as_array().cloned().unwrap_or_default();
+                            empty = 0;
+                        }
                         Ok((204, _)) => {
+                            empty += 1;
                             if !long_poll {
                                 tokio::time::sleep(Duration::from_millis(1)).await;
                             }
