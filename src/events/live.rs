@@ -367,12 +367,20 @@ pub fn spawn(s: AppState, cancel: CancellationToken) -> JoinHandle<()> {
         // The first reconciliation fills the whole throughput window; after
         // that the events count it, unless this view fell behind the bus.
         let mut recount = (WINDOW_SECS as i64) * 1000;
+        // A recount after a lag reads the stream while events keep coming;
+        // on a node too busy to keep up, recounting at every lag would feed
+        // the lag. At most one per ten reconciliation periods: meanwhile the
+        // throughput shown may miss what the node skipped.
+        let mut recounted_at: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 ev = rx.recv() => match ev {
                     Ok(ev) => s.live.apply(&ev),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        recount = recount.max((s.cfg.events.reconcile_ms as i64) * 3);
+                        if recounted_at.is_none_or(|t| t.elapsed() >= every * 10) {
+                            recount = recount.max((s.cfg.events.reconcile_ms as i64) * 3);
+                            recounted_at = Some(std::time::Instant::now());
+                        }
                         tick.reset_immediately();
                     }
                     Err(_) => return,

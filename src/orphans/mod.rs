@@ -200,9 +200,7 @@ impl Orphans {
     /// The most recent recoveries, newest first, and the totals per action
     /// (each shard keeps its own: merged by time, summed).
     pub async fn history(&self, limit: usize) -> Result<(Vec<OrphanRecord>, Vec<(String, u64)>), StoreError> {
-        let mut records: Vec<OrphanRecord> = Vec::new();
-        let mut totals: std::collections::BTreeMap<String, u64> = Default::default();
-        for s in self.shards() {
+        let reads = self.shards().map(|s| async move {
             let k = s.keys();
             let mut pipe = redis::pipe();
             pipe.cmd("ZRANGE")
@@ -211,7 +209,12 @@ impl Orphans {
                 .arg(limit.saturating_sub(1))
                 .arg("REV");
             pipe.cmd("HGETALL").arg(scripts::counts_key(k));
-            let (rows, counts): (Vec<String>, Vec<(String, u64)>) = s.pipe("orphans_history", &pipe).await?;
+            s.pipe::<(Vec<String>, Vec<(String, u64)>)>("orphans_history", &pipe)
+                .await
+        });
+        let mut records: Vec<OrphanRecord> = Vec::new();
+        let mut totals: std::collections::BTreeMap<String, u64> = Default::default();
+        for (rows, counts) in futures_util::future::try_join_all(reads).await? {
             records.extend(rows.iter().filter_map(|r| serde_json::from_str::<OrphanRecord>(r).ok()));
             for (action, n) in counts {
                 *totals.entry(action).or_default() += n;
