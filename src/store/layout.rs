@@ -82,7 +82,7 @@ pub async fn check(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
         .await
         .map_err(|e: StoreError| format!("cannot read the namespace's layout ({}): {e}", layout_key(store.keys())))?;
     if reply.matches {
-        return Ok(());
+        return record_masters(&store, ctx).await;
     }
     Err(format!(
         "the namespace {} is split into {} shard(s) (placement `{}`, recorded in {}), but this node has \
@@ -97,10 +97,46 @@ pub async fn check(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
     ))
 }
 
+/// `fence.lua`: records a shard's master (Cluster mode).
+pub(crate) struct Fence;
+
+impl ScriptCall for Fence {
+    type Reply = i64;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![format!("{}:epoch:master", k.prefix())]
+    }
+    fn args(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// On a Redis Cluster, records the master of every shard of a split
+/// namespace (one shard: done by the layout script), so that a failover
+/// before a shard's first token call raises its epoch too.
+async fn record_masters(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
+    let n = store.shards().len();
+    if !ctx.cluster || n == 1 {
+        return Ok(());
+    }
+    let lua = Lua::load("fence", include_str!("lua/fence.lua"), ctx);
+    for i in 0..n {
+        let s = store.shard(i);
+        s.run(&lua, &Fence)
+            .await
+            .map_err(|e| format!("cannot record the master of shard {i} ({}): {e}", s.keys().prefix()))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::reply::testing::{arr, check, int, s};
+
+    #[test]
+    fn the_fence_call_matches_its_header() {
+        check(&Fence, include_str!("lua/fence.lua"));
+    }
 
     #[test]
     fn the_call_matches_the_header() {

@@ -18,10 +18,11 @@
 -- it differs: nothing changed. Emits nothing, except redis.failover when a Redis
 -- Cluster failed over since the last fenced call (fence_epoch).
 --
--- On a Redis Cluster it also records the master the namespace's tokens come from
--- (fence_epoch in the prelude), so that a failover before the first claim raises
--- the epoch too.
-if CLUSTER then fence_epoch() end
+-- On a Redis Cluster, for a namespace of one shard, it also records the master
+-- the namespace's tokens come from (fence_epoch in the prelude), so that a
+-- failover before the first claim raises the epoch too; a split namespace does so
+-- in each shard (fence.lua).
+if CLUSTER and ARGV[1] == '1' then fence_epoch() end
 local recorded = redis.call('HMGET', KEYS[1], 'shards', 'placement')
 local shards, placement = recorded[1], recorded[2]
 if not shards then
