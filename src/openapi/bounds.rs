@@ -58,6 +58,18 @@ pub(super) fn bound_parameter(path: &str, _method: &str, p: &mut Value, cfg: &Co
         Some("path") => {
             p.insert("schema".into(), path_schema(path, &name));
         }
+        Some("query")
+            if name == "cursor"
+                && cfg.redis.shards > 1
+                && matches!(path, "/api/v1/queues/{queue}/tasks" | "/api/v1/dead") =>
+        {
+            // A split namespace's listings merge every shard's page from its
+            // start, so every state pages down to the queued listing's bound.
+            merge(
+                p.entry("schema").or_insert_with(|| json!({})),
+                json!({"type": "integer", "minimum": 0, "maximum": crate::tasks::MAX_QUEUED_CURSOR}),
+            );
+        }
         Some("query") if name == "since" => {
             merge(
                 p.entry("schema").or_insert_with(|| json!({})),
