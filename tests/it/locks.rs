@@ -15,6 +15,12 @@ use serde_json::{Value, json};
 
 use crate::common::*;
 
+/// Key `rest` of the namespace's shard 0, where locks and elections live
+/// (`{muster}:<rest>` with one shard, `{muster#0.k}:<rest>` when split).
+fn k0(rest: &str) -> String {
+    format!("{}:{rest}", shard_tag("muster", 0))
+}
+
 async fn acquire(app: &TestApp, name: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> (u16, Value) {
     app.post(
         &format!("/api/v1/locks/{name}/acquire"),
@@ -125,8 +131,8 @@ async fn waiters_are_served_in_fifo_order() {
     }
     assert_eq!(waiters(&b, "fifo").await, names.to_vec());
     // The line lapses on its own if every waiter vanished.
-    for k in ["{muster}:lock:fifo:q", "{muster}:lock:fifo:qx"] {
-        let ttl: i64 = redis.cmd(&["PTTL", k]).await;
+    for k in [k0("lock:fifo:q"), k0("lock:fifo:qx")] {
+        let ttl: i64 = redis.cmd(&["PTTL", &k]).await;
         assert!(ttl > 0, "{k} has no TTL");
     }
     assert_eq!(release(&a, "fifo", &held["token"]).await, 204);
@@ -172,10 +178,8 @@ async fn an_abandoned_waiter_does_not_block_the_line() {
     // lapsing waiter_ttl after its last poll.
     let (secs, micros): (i64, i64) = redis.cmd(&["TIME"]).await;
     let lapse = (secs * 1000 + micros / 1000 + 600).to_string();
-    redis.cmd::<i64>(&["ZADD", "{muster}:lock:line:q", "1", "ghost"]).await;
-    redis
-        .cmd::<i64>(&["ZADD", "{muster}:lock:line:qx", &lapse, "ghost"])
-        .await;
+    redis.cmd::<i64>(&["ZADD", &k0("lock:line:q"), "1", "ghost"]).await;
+    redis.cmd::<i64>(&["ZADD", &k0("lock:line:qx"), &lapse, "ghost"]).await;
     let a2 = a.clone();
     let live = tokio::spawn(async move { acquire(&a2, "line", "live", 30_000, 20_000).await });
     let queued = wait_until(Duration::from_secs(5), || async {
@@ -235,7 +239,7 @@ async fn a_dead_holders_lock_is_reacquired_after_its_ttl() {
     })
     .await;
     assert!(gone);
-    let left: i64 = redis.cmd(&["EXISTS", "{muster}:lock:idle"]).await;
+    let left: i64 = redis.cmd(&["EXISTS", &k0("lock:idle")]).await;
     assert_eq!(left, 0);
 }
 
