@@ -15,6 +15,12 @@ use serde_json::{Value, json};
 
 use crate::common::*;
 
+/// Key `rest` of the namespace's shard 0, where barriers live
+/// (`{muster}:<rest>` with one shard, `{muster#0.k}:<rest>` when split).
+fn k0(rest: &str) -> String {
+    format!("{}:{rest}", shard_tag("muster", 0))
+}
+
 async fn configure(app: &TestApp, name: &str, parts: &[String], max_missing: u32, timeout_ms: u64) {
     let (s, body) = app
         .put(
@@ -178,7 +184,7 @@ async fn a_round_nobody_calls_about_is_decided_at_its_deadline() {
     let (_, v) = arrive(&a, "quiet", "r1", "z", 0).await;
     assert_eq!((v["may_run"].clone(), v["late"].clone()), (json!(false), json!(true)));
     // The deadline index holds open rounds only.
-    let open: i64 = redis.cmd(&["ZCARD", "{muster}:barriers:deadlines"]).await;
+    let open: i64 = redis.cmd(&["ZCARD", &k0("barriers:deadlines")]).await;
     assert_eq!(open, 0);
 }
 
@@ -297,7 +303,7 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
     let kept = r["rounds"].as_array().unwrap();
     assert_eq!(kept.len(), 5, "rounds_kept rounds once all are decided");
     assert_eq!(kept[0]["round"], "r19", "newest first");
-    let round_keys: Vec<String> = redis.cmd(&["KEYS", "{muster}:barrier:bounded:r:*"]).await;
+    let round_keys: Vec<String> = redis.cmd(&["KEYS", &k0("barrier:bounded:r:*")]).await;
     assert_eq!(round_keys.len(), 5, "{round_keys:?}");
     // A hold and a DoubleBarrier, then everything goes away.
     a.post("/api/v1/barriers/h/hold", json!({"ttl_ms": 500})).await;
@@ -309,18 +315,20 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
     // Every key left has a TTL, or is bounded: the stream (MAXLEN), the
     // barrier's config and the set of names (max_barriers), the
     // DoubleBarrier index (trimmed by idle time and swept by the loop).
-    let bounded = [
-        "{muster}:events",
-        "{muster}:barriers",
-        "{muster}:barrier:bounded",
-        "{muster}:dbarriers",
-    ];
-    let unbounded = redis.keys_without_ttl(&baseline, |k| bounded.contains(&k)).await;
+    // Barriers are in shard 0; every shard has its event stream and the
+    // node registry.
+    let tags = shard_tags("muster");
+    let is_events = |k: &str| tags.iter().any(|t| k == format!("{t}:events"));
+    let is_node = |k: &str| tags.iter().any(|t| k.starts_with(&format!("{t}:nodes:")));
+    let bounded = [k0("barriers"), k0("barrier:bounded"), k0("dbarriers")];
+    let unbounded = redis
+        .keys_without_ttl(&baseline, |k| is_events(k) || bounded.iter().any(|b| b == k))
+        .await;
     assert!(unbounded.is_empty(), "keys without a TTL: {unbounded:?}");
     // Decided rounds (and their index) expire after round_retention_ms on their own.
     let expired = wait_until(Duration::from_secs(5), || async {
         redis
-            .cmd::<Vec<String>>(&["KEYS", "{muster}:barrier:bounded:r*"])
+            .cmd::<Vec<String>>(&["KEYS", &k0("barrier:bounded:r*")])
             .await
             .is_empty()
     })
@@ -328,9 +336,7 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
     assert!(expired, "rounds and their index expire");
     assert_eq!(a.delete("/api/v1/barriers/bounded").await.0, 204);
     redis
-        .assert_back_to_baseline(&baseline, Duration::from_secs(10), |k| {
-            k == "{muster}:events" || k.starts_with("{muster}:nodes:")
-        })
+        .assert_back_to_baseline(&baseline, Duration::from_secs(10), |k| is_events(k) || is_node(k))
         .await;
 }
 
