@@ -5,6 +5,8 @@
 //! tests drive the same REST calls as the standalone ones and check that
 //! claims are fenced, orphans are recovered, barriers release, events replay
 //! and keys return to their baseline, with every key on that one master.
+//! With `MUSTER_TEST_SHARDS=N` the namespace is split: each shard's keys are
+//! on the master of its own tag's slot (locks and barriers in shard 0's).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -45,31 +47,69 @@ fn keys_by_node(cluster: &TestCluster) -> BTreeMap<u16, HashSet<String>> {
         .collect()
 }
 
-/// The port of the master that owns the `{muster}` slot.
-fn owner_port(cluster: &TestCluster) -> u16 {
-    let slot: i64 = query(cluster.ports()[0], &["CLUSTER", "KEYSLOT", "{muster}"]).unwrap();
+/// The port of the master that owns the slot of hash tag `tag` (a shard's,
+/// or `{muster}` itself).
+fn owner_port_of(cluster: &TestCluster, tag: &str) -> u16 {
+    let slot: i64 = query(cluster.ports()[0], &["CLUSTER", "KEYSLOT", tag]).unwrap();
     cluster
         .ports()
         .into_iter()
         .find(|&p| {
             let n: i64 = query(p, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).unwrap_or(0);
             // COUNTKEYSINSLOT answers 0 on non-owners; the owner holds the
-            // nodes registry as soon as a node has started.
+            // nodes registry (written to every shard) as soon as a node has
+            // started.
             n > 0
         })
-        .expect("one master holds the {muster} slot")
+        .unwrap_or_else(|| panic!("one master holds the {tag} slot"))
 }
 
-/// All keys of the cluster, asserting that they all live on one master and
-/// carry the `{muster}` hash tag.
+/// The port of the master of shard 0's slot (the `{muster}` slot with one
+/// shard): where locks, barriers and elections live.
+fn owner_port(cluster: &TestCluster) -> u16 {
+    owner_port_of(cluster, &shard_tag("muster", 0))
+}
+
+/// The hash tag a key starts with (`{muster}`, `{muster#2.k}`).
+fn tag_of(k: &str) -> &str {
+    k.split_once('}').map_or("", |(t, _)| &k[..=t.len()])
+}
+
+/// All keys of the cluster, asserting that each shard's keys live on one
+/// master and carry its hash tag: with one shard every key is `{muster}`'s,
+/// on one master; split, only the layout record (and the epoch its check
+/// records) stays under `{muster}`.
 fn all_keys(cluster: &TestCluster) -> HashSet<String> {
     let by_node = keys_by_node(cluster);
-    let holders: Vec<u16> = by_node.iter().filter(|(_, k)| !k.is_empty()).map(|(p, _)| *p).collect();
-    assert!(holders.len() <= 1, "keys on several masters: {by_node:?}");
-    let keys: HashSet<String> = by_node.into_values().flatten().collect();
-    let stray: Vec<&String> = keys.iter().filter(|k| !k.starts_with("{muster}:")).collect();
-    assert!(stray.is_empty(), "keys without the hash tag: {stray:?}");
-    keys
+    let tags = shard_tags("muster");
+    let mut holder: BTreeMap<String, u16> = BTreeMap::new();
+    for (&p, keys) in &by_node {
+        for k in keys {
+            let t = tag_of(k);
+            // Split, `{muster}` keeps the layout record and the epoch keys
+            // its check at start writes (layout.lua's fence_epoch).
+            let root = ["{muster}:layout", "{muster}:epoch", "{muster}:epoch:master"];
+            let known = tags.iter().any(|x| x == t) || root.contains(&k.as_str());
+            assert!(known, "a key without a shard's hash tag: {k}");
+            let at = *holder.entry(t.to_string()).or_insert(p);
+            assert_eq!(at, p, "keys of {t} on several masters: {by_node:?}");
+        }
+    }
+    if !sharded() {
+        let holders: Vec<u16> = by_node.iter().filter(|(_, k)| !k.is_empty()).map(|(p, _)| *p).collect();
+        assert!(holders.len() <= 1, "keys on several masters: {by_node:?}");
+    }
+    by_node.into_values().flatten().collect()
+}
+
+/// The PTTL of `k` on whichever master owns its slot (the others answer
+/// MOVED).
+fn pttl(cluster: &TestCluster, k: &str) -> i64 {
+    cluster
+        .ports()
+        .into_iter()
+        .find_map(|p| query::<i64>(p, &["PTTL", k]))
+        .unwrap_or_else(|| panic!("no master answers PTTL {k}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -358,18 +398,40 @@ async fn cluster_events_replay() {
         };
         assert_eq!(e["node"], want, "{e}");
     }
-    // Stream ids increase.
+    // Stream ids increase. Split, an id is a cursor (one stream id per
+    // shard, joined by commas): the queue's tasks and their events are in
+    // its shard, whose part increases, and no part goes back.
     let sids: Vec<&str> = events.iter().map(|e| e["id"].as_str().unwrap()).collect();
-    let parse = |s: &str| {
-        let (ms, seq) = s.split_once('-').unwrap();
-        (ms.parse::<u64>().unwrap(), seq.parse::<u64>().unwrap())
+    let home = crate::common::sharded::shard_map("muster").home("ev");
+    let parse = |s: &str| -> Vec<(u64, u64)> {
+        let parts: Vec<(u64, u64)> = s
+            .split(',')
+            .map(|p| {
+                let (ms, seq) = p.split_once('-').unwrap();
+                (ms.parse::<u64>().unwrap(), seq.parse::<u64>().unwrap())
+            })
+            .collect();
+        assert_eq!(parts.len(), shard_tags("muster").len(), "one part per shard: {s}");
+        parts
     };
-    assert!(sids.windows(2).all(|w| parse(w[0]) < parse(w[1])), "{sids:?}");
-    // The latest page without `since` ends with the last success.
+    assert!(
+        sids.windows(2).all(|w| {
+            let (x, y) = (parse(w[0]), parse(w[1]));
+            x[home] < y[home] && x.iter().zip(&y).all(|(a, b)| a <= b)
+        }),
+        "{sids:?}"
+    );
+    // The latest page without `since` ends with the last success (the
+    // queue's shard's part: the other shards' parts say where the page's
+    // read of them stopped).
     let (_, page) = a.get("/api/v1/events?topics=task.succeeded&limit=3").await;
     let evs = page["events"].as_array().unwrap();
     assert_eq!(evs.len(), 3);
-    assert_eq!(evs[2]["id"], events.last().unwrap()["id"]);
+    let last = events.last().unwrap()["id"].as_str().unwrap();
+    assert_eq!(parse(evs[2]["id"].as_str().unwrap())[home], parse(last)[home]);
+    if !sharded() {
+        assert_eq!(evs[2]["id"], last);
+    }
     eprintln!("cluster_events_replay: {:?}", t0.elapsed());
 }
 
@@ -407,12 +469,13 @@ async fn cluster_keys_return_to_baseline() {
     let baseline = all_keys(&cluster);
     let owner = owner_port(&cluster);
     eprintln!(
-        "baseline: {} keys, all on the master at port {owner} (of {:?})",
+        "baseline: {} keys, shard 0's on the master at port {owner} (of {:?})",
         baseline.len(),
         cluster.ports()
     );
     // The node's Redis summary describes the master that holds muster's
-    // keys, not whichever master a keyless command happens to reach.
+    // keys (shard 0's when split), not whichever master a keyless command
+    // happens to reach.
     for i in 0..9 {
         let app = if i % 2 == 0 { &a } else { &b };
         // Short-lived bookkeeping keys may come and go between two reads:
@@ -469,17 +532,49 @@ async fn cluster_keys_return_to_baseline() {
     let during = all_keys(&cluster);
     eprintln!("after the workload: {} keys", during.len());
     assert!(during.len() > baseline.len());
+    // A shard's counters (one key each), first written in the shards the
+    // workload's groups put tasks in: split, the warm-up reached only the
+    // shard of its queue.
+    let counter = |k: &str| {
+        let t = tag_of(k);
+        sharded()
+            && [
+                format!("{t}:seq"),
+                format!("{t}:fence"),
+                format!("{t}:epoch"),
+                format!("{t}:epoch:master"),
+            ]
+            .iter()
+            .any(|c| c == k)
+    };
     // Every new key has a TTL or is a bounded index.
+    let mut unbounded = Vec::new();
     for k in during.difference(&baseline) {
-        let ttl: i64 = query(owner, &["PTTL", k]).unwrap();
-        let bounded = k.starts_with("{muster}:q:leak:") || k == "{muster}:dead" || k == "{muster}:queues";
+        let ttl = pttl(&cluster, k);
+        // A split namespace has these in every shard holding tasks of them.
+        let t = tag_of(k);
+        let bounded = k.starts_with(&format!("{t}:q:leak:"))
+            || *k == format!("{t}:dead")
+            || *k == format!("{t}:queues")
+            || counter(k);
         // -2: it expired between the listing and this check.
-        assert!(ttl != -1 || bounded, "{k} has no TTL ({ttl})");
+        if ttl == -1 && !bounded {
+            unbounded.push(k.clone());
+        }
     }
-    // After retention (1 s) and the idempotency window (1.5 s): back to baseline.
-    let back = wait_until(Duration::from_secs(10), || async { all_keys(&cluster) == baseline }).await;
+    assert!(unbounded.is_empty(), "keys without a TTL: {unbounded:?}");
+    // After retention (1 s) and the idempotency window (1.5 s): back to
+    // baseline (and the new shards' counters).
+    let settled = |now: &HashSet<String>| {
+        now.iter().all(|k| baseline.contains(k) || counter(k)) && baseline.iter().all(|k| now.contains(k))
+    };
+    let back = wait_until(Duration::from_secs(10), || async { settled(&all_keys(&cluster)) }).await;
     let now = all_keys(&cluster);
-    let extra: Vec<_> = now.difference(&baseline).take(10).collect();
+    let extra: Vec<_> = now
+        .iter()
+        .filter(|k| !baseline.contains(*k) && !counter(k))
+        .take(10)
+        .collect();
     let missing: Vec<_> = baseline.difference(&now).take(10).collect();
     assert!(
         back,
@@ -490,14 +585,18 @@ async fn cluster_keys_return_to_baseline() {
     eprintln!("back to {} keys after {:?}", now.len(), t0.elapsed());
 }
 
-/// The master of the `{muster}` slot, given a replica, hands something out
-/// in `during` and dies before the replica receives it: the replica is
+/// The master of the slot of hash tag `tag` (`{muster}` with one shard),
+/// given a replica, hands something out in `during` and dies before the replica receives it: the replica is
 /// frozen and cut from its master (whose writes would otherwise wait in the
 /// frozen replica's socket buffer and be applied at the thaw), the master
 /// is killed, and the replica takes the slot over (`CLUSTER FAILOVER
 /// TAKEOVER`). Returns what `during` returned and the new master's port.
-async fn lose_the_last_write<T>(cluster: &mut TestCluster, during: impl std::future::Future<Output = T>) -> (T, u16) {
-    let owner = owner_port(cluster);
+async fn lose_the_last_write<T>(
+    cluster: &mut TestCluster,
+    tag: &str,
+    during: impl std::future::Future<Output = T>,
+) -> (T, u16) {
+    let owner = owner_port_of(cluster, tag);
     let master = cluster.ports().iter().position(|&p| p == owner).unwrap();
     let replica = cluster.add_replica(master);
     // The replica has everything up to `during` (the node recorded the
@@ -522,10 +621,11 @@ async fn lose_the_last_write<T>(cluster: &mut TestCluster, during: impl std::fut
     (out, replica_port)
 }
 
-/// The `redis.failover` events in the stream on the master at `port`.
-fn failover_events(port: u16) -> usize {
+/// The `redis.failover` events in the stream of the shard of hash tag `tag`
+/// on the master at `port`.
+fn failover_events(port: u16, tag: &str) -> usize {
     let entries: Vec<(String, Vec<(String, String)>)> =
-        query(port, &["XRANGE", "{muster}:events", "-", "+"]).unwrap_or_default();
+        query(port, &["XRANGE", &format!("{tag}:events"), "-", "+"]).unwrap_or_default();
     entries
         .iter()
         .filter(|(_, f)| f.iter().any(|(k, v)| k == "type" && v == "redis.failover"))
@@ -547,7 +647,9 @@ async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_a
     let mut cluster = TestCluster::start(3);
     let a = cluster_node(&cluster, |_| {}).await;
     let task = submit(&a, "lost", json!({})).await;
-    let (lost, new_master) = lose_the_last_write(&mut cluster, async {
+    // The master of the task's shard (its id names it) loses the claim.
+    let tag = task_tag("muster", &task);
+    let (lost, new_master) = lose_the_last_write(&mut cluster, &tag, async {
         let got = claim(&a, "lost", &a.node_id, 1, 0).await;
         assert_eq!(got[0]["id"], task.as_str());
         token(&got[0])
@@ -566,7 +668,7 @@ async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_a
         "the token handed out after the failover ({now}) is above the lost one ({lost})"
     );
     assert_eq!(now >> 32, (lost >> 32) + 1, "one epoch up");
-    assert_eq!(failover_events(new_master), 1, "one redis.failover event");
+    assert_eq!(failover_events(new_master, &tag), 1, "one redis.failover event");
 }
 
 /// G10 across the same failover: a lock's fencing token handed out by the
@@ -588,7 +690,8 @@ async fn cluster_failover_never_repeats_a_lost_lock_token() {
             .await
         }
     };
-    let (lost, _) = lose_the_last_write(&mut cluster, async {
+    // Locks live in shard 0: its master loses the acquire.
+    let (lost, _) = lose_the_last_write(&mut cluster, &shard_tag("muster", 0), async {
         let (s, v) = acquire("first").await;
         assert_eq!(s, 200, "{v}");
         v["token"].as_u64().unwrap()
