@@ -26,7 +26,10 @@ pub use proxy::FaultProxy;
 pub mod netns;
 pub mod sharded;
 #[allow(unused_imports)]
-pub use sharded::{name_tag, shard_tag, shard_tags, sharded, skip_when_sharded, task_tag};
+pub use sharded::{
+    name_in_shard, name_like, name_tag, names_per_shard, shard_keys, shard_tag, shard_tags, sharded, skip_when_sharded,
+    task_tag,
+};
 pub mod venv;
 
 /// A free TCP port on loopback (bound and released; the caller retries if

@@ -53,3 +53,34 @@ pub fn skip_when_sharded(reason: &str) -> bool {
     }
     false
 }
+
+/// A name in shard `shard` of namespace `prefix`: `stem` itself when it is
+/// there (always with one shard), else the first `<stem><n>` that is.
+pub fn name_in_shard(prefix: &str, stem: &str, shard: usize) -> String {
+    let m = shard_map(prefix);
+    if m.home(stem) == shard {
+        return stem.to_string();
+    }
+    (0..)
+        .map(|n| format!("{stem}{n}"))
+        .find(|q| m.home(q) == shard)
+        .expect("some name falls in every shard")
+}
+
+/// A name in the same shard as `like` (see [`name_in_shard`]): for a
+/// property that holds by design only within a shard when split.
+pub fn name_like(prefix: &str, stem: &str, like: &str) -> String {
+    name_in_shard(prefix, stem, shard_map(prefix).home(like))
+}
+
+/// One name per shard, in shard order (`[stem]` with one shard).
+pub fn names_per_shard(prefix: &str, stem: &str) -> Vec<String> {
+    (0..shard_map(prefix).len())
+        .map(|i| name_in_shard(prefix, stem, i))
+        .collect()
+}
+
+/// Every shard's name of key `suffix` (`{tag}:<suffix>`), in shard order.
+pub fn shard_keys(prefix: &str, suffix: &str) -> Vec<String> {
+    shard_tags(prefix).iter().map(|t| format!("{t}:{suffix}")).collect()
+}

@@ -41,22 +41,30 @@ async fn script_outcomes_map_to_http() {
     let id = submit(&a, "q1", json!({})).await;
     assert_eq!(a.delete(&format!("/api/v1/tasks/{id}")).await.0, 409);
     assert_eq!(a.post(&format!("/api/v1/tasks/{id}/retry"), Value::Null).await.0, 409);
-    // too many queues (max 2): q1 exists, q2 fits, q3 does not
-    submit(&a, "q2", json!({})).await;
-    let (s, b) = a.post("/api/v1/queues/q3/tasks", json!({})).await;
+    // too many queues (max 2): q1 exists, q2 fits, q3 does not (the limit is
+    // per shard when split: q2 and q3 in q1's shard)
+    let (q2, q3) = (name_like("muster", "q2", "q1"), name_like("muster", "q3", "q1"));
+    submit(&a, &q2, json!({})).await;
+    let (s, b) = a.post(&format!("/api/v1/queues/{q3}/tasks"), json!({})).await;
     assert_eq!(s, 409, "{b}");
     assert!(b["detail"].as_str().unwrap().contains("max_queues"));
-    let (_, b) = a.post("/api/v1/queues/q3/tasks/batch", json!({"tasks": [{}]})).await;
+    let (_, b) = a
+        .post(&format!("/api/v1/queues/{q3}/tasks/batch"), json!({"tasks": [{}]}))
+        .await;
     assert_eq!(b["results"][0]["code"], 409);
-    assert_eq!(a.post("/api/v1/queues/q3/pause", Value::Null).await.0, 409);
-    // too many groups (max 1)
+    assert_eq!(a.post(&format!("/api/v1/queues/{q3}/pause"), Value::Null).await.0, 409);
+    // too many groups (max 1; per shard when split, so two in one's shard)
     assert_eq!(a.put("/api/v1/groups/one", json!({"limit": 1})).await.0, 200);
     assert_eq!(
         a.put("/api/v1/groups/one", json!({"limit": 2})).await.0,
         200,
         "updating is fine"
     );
-    assert_eq!(a.put("/api/v1/groups/two", json!({"limit": 1})).await.0, 409);
+    let two = name_like("muster", "two", "one");
+    assert_eq!(
+        a.put(&format!("/api/v1/groups/{two}"), json!({"limit": 1})).await.0,
+        409
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,14 +187,17 @@ async fn g4_keys_return_to_baseline_after_retention() {
     .await;
     join(&a, "w").await;
     a.put("/api/v1/groups/gg", json!({"limit": 5})).await;
-    // Warm up: the counters and the event stream exist from the first task on.
-    let warm = submit(&a, "warm", json!({})).await;
-    let t = claim(&a, "warm", "w", 1, 0).await;
-    a.post(
-        &format!("/api/v1/tasks/{warm}/complete"),
-        json!({"token": t[0]["token"]}),
-    )
-    .await;
+    // Warm up: the counters and the event stream exist from the first task
+    // on (each shard's from its first task when split: one queue per shard).
+    for q in names_per_shard("muster", "warm") {
+        let warm = submit(&a, &q, json!({})).await;
+        let t = claim(&a, &q, "w", 1, 0).await;
+        a.post(
+            &format!("/api/v1/tasks/{warm}/complete"),
+            json!({"token": t[0]["token"]}),
+        )
+        .await;
+    }
     let settled = wait_until(Duration::from_secs(10), || async {
         let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
         !keys.iter().any(|k| k.contains(":q:warm") || k.contains(":task:"))
@@ -233,7 +244,9 @@ async fn g4_keys_return_to_baseline_after_retention() {
             continue;
         }
         let ttl: i64 = redis.cmd(&["PTTL", k]).await;
-        let bounded_index = k.starts_with("{muster}:q:leak:") || k == "{muster}:dead" || k == "{muster}:queues";
+        let bounded_index = shard_tags("muster").iter().any(|t| {
+            k.starts_with(&format!("{t}:q:leak:")) || *k == format!("{t}:dead") || *k == format!("{t}:queues")
+        });
         if ttl == -1 && !bounded_index {
             let dump: HashMap<String, String> = redis.cmd(&["HGETALL", k]).await;
             let id = k.rsplit(':').next().unwrap();

@@ -51,14 +51,10 @@ fn assert_problem(got: &(u16, String, Value), words: &[&str], what: &str) {
 /// Keys of task state in the namespace (tasks, queues, idempotency keys, aliases).
 async fn task_keys(redis: &TestRedis) -> Vec<String> {
     let mut keys: Vec<String> = Vec::new();
-    for pat in [
-        "{muster}:task:*",
-        "{muster}:q:*",
-        "{muster}:idem:*",
-        "{muster}:alias:*",
-        "{muster}:queues",
-    ] {
-        keys.extend(redis.cmd::<Vec<String>>(&["KEYS", pat]).await);
+    for tag in shard_tags("muster") {
+        for pat in ["task:*", "q:*", "idem:*", "alias:*", "queues"] {
+            keys.extend(redis.cmd::<Vec<String>>(&["KEYS", &format!("{tag}:{pat}")]).await);
+        }
     }
     keys
 }
@@ -282,8 +278,9 @@ async fn a_replay_is_answered_even_when_its_queue_could_not_be_created_now() {
     })
     .await;
     assert!(forgotten, "q1 is forgotten");
-    // ...and another queue takes the only place.
-    submit(&a, "q2", json!({})).await;
+    // ...and another queue takes the only place (max_queues is per shard
+    // when split: q2 in q1's shard).
+    submit(&a, &name_like("muster", "q2", "q1"), json!({})).await;
     // The key is still within its window: the same task, not a 409.
     let (s, b) = a.post("/api/v1/queues/q1/tasks", json!({"idempotency_key": "K"})).await;
     assert_eq!((s, &b["id"], &b["replayed"]), (200, &first["id"], &json!(true)), "{b}");
@@ -324,8 +321,12 @@ async fn the_dead_index_is_trimmed_when_no_queue_is_left() {
         )
         .await;
     assert_eq!(s, 201, "{w}");
-    submit(&a, "other", json!({})).await;
-    for q in ["wa", "other"] {
+    // max_queues is per shard when split: "other" in the workflow's shard
+    // (its id names it), so that wb finds no room there.
+    let wid = w["id"].as_str().unwrap();
+    let other = name_in_shard("muster", "other", crate::common::sharded::shard_map("muster").home(wid));
+    submit(&a, &other, json!({})).await;
+    for q in ["wa", other.as_str()] {
         let got = claim(&a, q, "w", 1, 0).await;
         let id = got[0]["id"].as_str().unwrap();
         let (s, _) = a
@@ -340,13 +341,19 @@ async fn the_dead_index_is_trimmed_when_no_queue_is_left() {
     assert_eq!(dead["total"], 1, "{dead}");
     // Every queue is forgotten after retention; the dead index still empties.
     let no_queues = wait_until(Duration::from_secs(10), || async {
-        let n: i64 = redis.cmd(&["SCARD", "{muster}:queues"]).await;
+        let mut n = 0;
+        for k in shard_keys("muster", "queues") {
+            n += redis.cmd::<i64>(&["SCARD", &k]).await;
+        }
         n == 0
     })
     .await;
     assert!(no_queues, "the finished queues are forgotten");
     let trimmed = wait_until(Duration::from_secs(10), || async {
-        let n: i64 = redis.cmd(&["ZCARD", "{muster}:dead"]).await;
+        let mut n = 0;
+        for k in shard_keys("muster", "dead") {
+            n += redis.cmd::<i64>(&["ZCARD", &k]).await;
+        }
         n == 0
     })
     .await;
@@ -361,10 +368,12 @@ async fn the_queued_listing_merges_groups_in_claim_order_down_to_its_depth_bound
     let a = TestApp::start(&redis).await;
     // 10 100 tasks: plain and in five groups, some with a higher priority.
     let n = 10_100;
+    // Claim order holds within a shard when split: groups in deep's.
+    let groups: Vec<String> = (0..5).map(|g| name_like("muster", &format!("g{g}"), "deep")).collect();
     let spec = |i: usize| {
         let mut t = json!({"payload": i, "priority": if i.is_multiple_of(3) { 5 } else { 0 }});
         if i % 6 < 5 {
-            t["group"] = json!(format!("g{}", i % 6));
+            t["group"] = json!(groups[i % 6]);
         }
         t
     };
@@ -418,7 +427,8 @@ async fn the_queued_listing_merges_groups_in_claim_order_down_to_its_depth_bound
     assert_problem(&got, &["`cursor`", "at most 10000", "state=queued"], deep);
     let got = send_typed(a.request(Method::GET, "/queues/deep?state=queued&cursor=1000000")).await;
     assert_eq!(got.0, 400, "the dashboard page is bounded too: {}", got.2);
-    // Other states page at any depth (one sorted set each).
+    // Other states page at any depth (one sorted set each); when split, every
+    // state pages down to the same bound (each page reads every shard).
     let (s, _) = a.get("/api/v1/queues/deep/tasks?state=dead&cursor=1000000").await;
-    assert_eq!(s, 200);
+    assert_eq!(s, if sharded() { 400 } else { 200 });
 }

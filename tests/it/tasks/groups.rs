@@ -2,23 +2,34 @@
 
 use super::*;
 
+/// The groups of the tasks in running sets KEYS (every shard's, when split),
+/// each task's hash looked up under the shard tags ARGV (its id's shard).
+const GROUPS_RUNNING: &str = r"local out = {}
+  for i = 1, #KEYS do
+    for _, id in ipairs(redis.call('ZRANGE', KEYS[i], 0, -1)) do
+      for _, tag in ipairs(ARGV) do
+        local g = redis.call('HGET', tag .. ':task:' .. id, 'group')
+        if g then
+          if g ~= '' then out[#out + 1] = g end
+          break
+        end
+      end
+    end
+  end
+  return out";
+
 /// Running tasks per group, read atomically (one script), from the tasks'
 /// own state: the ground truth the limit must hold for.
 async fn running_per_group(redis: &TestRedis, queues: &[&str]) -> HashMap<String, i64> {
-    let script = redis::Script::new(
-        r"local out = {}
-          for i = 1, #KEYS do
-            local ids = redis.call('ZRANGE', KEYS[i], 0, -1)
-            for _, id in ipairs(ids) do
-              local g = redis.call('HGET', '{muster}:task:' .. id, 'group')
-              if g and g ~= '' then out[#out + 1] = g end
-            end
-          end
-          return out",
-    );
+    let script = redis::Script::new(GROUPS_RUNNING);
     let mut inv = script.prepare_invoke();
     for q in queues {
-        inv.key(format!("{{muster}}:q:{q}:running"));
+        for k in shard_keys("muster", &format!("q:{q}:running")) {
+            inv.key(k);
+        }
+    }
+    for t in shard_tags("muster") {
+        inv.arg(t);
     }
     let mut conn = redis.conn().await;
     let groups: Vec<String> = inv.invoke_async(&mut conn).await.unwrap();
@@ -69,22 +80,17 @@ async fn g6_group_limits_hold_fifo_within_groups() {
         tokio::spawn(async move {
             let mut samples = 0;
             while !stop.load(Ordering::Relaxed) {
-                let script = redis::Script::new(
-                    r"local out = {}
-                      for i = 1, #KEYS do
-                        for _, id in ipairs(redis.call('ZRANGE', KEYS[i], 0, -1)) do
-                          local g = redis.call('HGET', '{muster}:task:' .. id, 'group')
-                          if g and g ~= '' then out[#out + 1] = g end
-                        end
-                      end
-                      return out",
-                );
-                let groups: Vec<String> = script
-                    .key("{muster}:q:ga6:running")
-                    .key("{muster}:q:gb6:running")
-                    .invoke_async(&mut conn)
-                    .await
-                    .unwrap();
+                let script = redis::Script::new(GROUPS_RUNNING);
+                let mut inv = script.prepare_invoke();
+                for q in ["ga6", "gb6"] {
+                    for k in shard_keys("muster", &format!("q:{q}:running")) {
+                        inv.key(k);
+                    }
+                }
+                for t in shard_tags("muster") {
+                    inv.arg(t);
+                }
+                let groups: Vec<String> = inv.invoke_async(&mut conn).await.unwrap();
                 let mut m: HashMap<&str, u32> = HashMap::new();
                 for g in &groups {
                     *m.entry(g.as_str()).or_insert(0) += 1;
@@ -182,11 +188,13 @@ async fn g6_a_full_group_does_not_block_others() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     join(&a, "w").await;
-    a.put("/api/v1/groups/slow", json!({"limit": 1})).await;
-    let s1 = submit(&a, "hol", json!({"group": "slow", "priority": 10})).await;
-    let _s2 = submit(&a, "hol", json!({"group": "slow", "priority": 10})).await;
-    let _s3 = submit(&a, "hol", json!({"group": "slow", "priority": 10})).await;
-    let other = submit(&a, "hol", json!({"group": "fast"})).await;
+    // Claim order holds within a shard when split: both groups in hol's.
+    let (slow, fast) = (name_like("muster", "slow", "hol"), name_like("muster", "fast", "hol"));
+    a.put(&format!("/api/v1/groups/{slow}"), json!({"limit": 1})).await;
+    let s1 = submit(&a, "hol", json!({"group": slow, "priority": 10})).await;
+    let _s2 = submit(&a, "hol", json!({"group": slow, "priority": 10})).await;
+    let _s3 = submit(&a, "hol", json!({"group": slow, "priority": 10})).await;
+    let other = submit(&a, "hol", json!({"group": fast})).await;
     let plain = submit(&a, "hol", json!({})).await;
     let got = claim(&a, "hol", "w", 10, 0).await;
     let ids: Vec<&str> = got.iter().map(|t| t["id"].as_str().unwrap()).collect();
@@ -197,18 +205,18 @@ async fn g6_a_full_group_does_not_block_others() {
     );
     // The group page shows the slot in use and the queued ones.
     let (_, q) = a.get("/api/v1/queues/hol").await;
-    let slow = q["groups"]
+    let page = q["groups"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|g| g["name"] == "slow")
+        .find(|g| g["name"] == slow.as_str())
         .unwrap()
         .clone();
-    assert_eq!(slow["running"], 1);
-    assert_eq!(slow["queued"], 2);
-    assert_eq!(slow["limit"], 1);
+    assert_eq!(page["running"], 1);
+    assert_eq!(page["queued"], 2);
+    assert_eq!(page["limit"], 1);
     // Raising the limit lets the next one start at once.
-    a.put("/api/v1/groups/slow", json!({"limit": 2})).await;
+    a.put(&format!("/api/v1/groups/{slow}"), json!({"limit": 2})).await;
     assert_eq!(claim(&a, "hol", "w", 10, 0).await.len(), 1);
     // Completing one frees a slot.
     let t = &got[0];
@@ -216,9 +224,9 @@ async fn g6_a_full_group_does_not_block_others() {
         .await;
     assert_eq!(claim(&a, "hol", "w", 10, 0).await.len(), 1);
     // Removing the limit: nothing left anyway.
-    let (s, _) = a.put("/api/v1/groups/slow", json!({"limit": null})).await;
+    let (s, _) = a.put(&format!("/api/v1/groups/{slow}"), json!({"limit": null})).await;
     assert_eq!(s, 200);
-    let (s, _) = a.put("/api/v1/groups/slow", json!({"limit": 0})).await;
+    let (s, _) = a.put(&format!("/api/v1/groups/{slow}"), json!({"limit": 0})).await;
     assert_eq!(s, 400);
 }
 
