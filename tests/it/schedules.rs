@@ -69,7 +69,7 @@ async fn stop(app: &TestApp, id: &str) -> i64 {
 /// Moves a schedule's cursor to `cursor` and enables it: the state that all
 /// nodes being down since `cursor` leaves behind.
 async fn rewind(redis: &TestRedis, id: &str, cursor: i64) {
-    let key = format!("{{muster}}:schedule:{id}");
+    let key = format!("{}:schedule:{id}", name_tag("muster", id));
     let _: i64 = redis
         .cmd(&["HSET", &key, "cursor", &cursor.to_string(), "enabled", "1"])
         .await;
@@ -551,9 +551,17 @@ async fn g7_overlap_replace_cancels_the_previous_task_and_stales_its_token() {
     }
     // Everything the running task held is released: its worker's index and its
     // group slot, so a replacement runs in the group of one at once.
-    let held: i64 = redis.cmd(&["SISMEMBER", "{muster}:node:w:tasks", &old]).await;
+    let held: i64 = redis
+        .cmd(&["SISMEMBER", &format!("{}:node:w:tasks", task_tag("muster", &old)), &old])
+        .await;
     assert_eq!(held, 0, "still in the worker's index");
-    let slot: i64 = redis.cmd(&["SISMEMBER", "{muster}:group:one:running", &old]).await;
+    let slot: i64 = redis
+        .cmd(&[
+            "SISMEMBER",
+            &format!("{}:group:one:running", name_tag("muster", "one")),
+            &old,
+        ])
+        .await;
     assert_eq!(slot, 0, "still holds its group slot");
     let next = claim(&a, "fresh", "w", 1, 0).await;
     assert_eq!(next.len(), 1, "a replacement is claimable in the group of one");

@@ -243,15 +243,18 @@ async fn g4_schedule_keys_return_to_baseline() {
     })
     .await;
     join(&a, "w").await;
-    // Warm up: the counters and the event stream exist from the first task on.
-    let (st, _) = a.post("/api/v1/queues/warm/tasks", json!({})).await;
-    assert_eq!(st, 201);
-    let t = claim(&a, "warm", "w", 1, 0).await;
-    a.post(
-        &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
-        json!({"token": t[0]["token"]}),
-    )
-    .await;
+    // Warm up: the counters and the event stream exist from the first task
+    // on (each shard's from its first task when split: one queue per shard).
+    for q in names_per_shard("muster", "warm") {
+        let (st, _) = a.post(&format!("/api/v1/queues/{q}/tasks"), json!({})).await;
+        assert_eq!(st, 201);
+        let t = claim(&a, &q, "w", 1, 0).await;
+        a.post(
+            &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
+            json!({"token": t[0]["token"]}),
+        )
+        .await;
+    }
     let settled = wait_until(Duration::from_secs(10), || async {
         let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
         !keys.iter().any(|k| k.contains(":q:warm") || k.contains(":task:"))
@@ -262,9 +265,10 @@ async fn g4_schedule_keys_return_to_baseline() {
     create(&a, every_second("leak", "leak")).await;
     until_fired(&a, "leak", 8, Duration::from_secs(20)).await;
     // While it runs: the history is bounded and the records expire.
-    let hist: i64 = redis.cmd(&["LLEN", "{muster}:schedule:leak:history"]).await;
+    let tag = name_tag("muster", "leak");
+    let hist: i64 = redis.cmd(&["LLEN", &format!("{tag}:schedule:leak:history")]).await;
     assert!(hist <= 5, "history of {hist}");
-    let records: Vec<String> = redis.cmd(&["KEYS", "{muster}:schedule:leak:fire:*"]).await;
+    let records: Vec<String> = redis.cmd(&["KEYS", &format!("{tag}:schedule:leak:fire:*")]).await;
     assert!(records.len() <= 3, "records outlive their TTL: {records:?}");
     for r in &records {
         let ttl: i64 = redis.cmd(&["PTTL", r]).await;
@@ -322,11 +326,11 @@ async fn fire_script_outcomes_and_limits() {
     // the tasks' idempotency keys. Each step hides the other two.
     let records: Vec<String> = occ
         .iter()
-        .map(|t| format!("{{muster}}:schedule:direct:fire:{t}"))
+        .map(|t| format!("{}:schedule:direct:fire:{t}", name_tag("muster", "direct")))
         .collect();
     let idem: Vec<String> = occ
         .iter()
-        .map(|t| format!("{{muster}}:idem:schedule:direct:{t}"))
+        .map(|t| format!("{}:idem:schedule:direct:{t}", name_tag("muster", "direct")))
         .collect();
     let hide = |keys: Vec<String>| {
         let redis = &redis;
@@ -381,19 +385,24 @@ async fn fire_script_outcomes_and_limits() {
     assert_eq!(fired(&a, "direct").await, 2);
 
     // Limits: schedules (upsert -3) and queues (trigger -5, fire: missed).
-    let mut other = every_second("other", "other");
+    // Both limits are per shard when split: "other" and "third" in direct's.
+    let (oid, third) = (
+        name_like("muster", "other", "direct"),
+        name_like("muster", "third", "direct"),
+    );
+    let mut other = every_second(&oid, &oid);
     other["enabled"] = json!(false);
     let v2 = create(&a, other).await["version"].as_u64().unwrap();
-    let (st, b) = a.post("/api/v1/schedules", every_second("third", "direct")).await;
+    let (st, b) = a.post("/api/v1/schedules", every_second(&third, "direct")).await;
     assert_eq!(st, 409, "{b}");
     assert!(b["detail"].as_str().unwrap().contains("schedules.max_schedules"));
-    let (st, b) = a.post("/api/v1/schedules/other/trigger", json!({})).await;
+    let (st, b) = a.post(&format!("/api/v1/schedules/{oid}/trigger"), json!({})).await;
     assert_eq!(st, 409, "{b}");
     assert!(b["detail"].as_str().unwrap().contains("tasks.max_queues"));
-    rewind(&redis, "other", t1 - 1000).await;
-    let r = s.fire("other", v2, &occ, Some(t1 + 2000)).await.unwrap();
+    rewind(&redis, &oid, t1 - 1000).await;
+    let r = s.fire(&oid, v2, &occ, Some(t1 + 2000)).await.unwrap();
     assert_eq!((r.code, r.fired, r.missed), (1, 0, 2));
-    let h = &get(&a, "other").await["history"][0];
+    let h = &get(&a, &oid).await["history"][0];
     assert_eq!(
         (h["result"].as_str(), h["reason"].as_str()),
         (Some("missed"), Some("too_many_queues"))
