@@ -234,21 +234,23 @@ async fn the_sweep_recovers_tasks_of_owners_missing_from_the_registry() {
     let id = submit(&a, "sw", json!({})).await;
     claim(&a, "sw", "ghost", 1, 0).await;
     // Someone deletes the worker's registration and index by hand.
-    let _: () = redis.cmd(&["ZREM", "{muster}:nodes", "ghost"]).await;
-    let _: () = redis
-        .cmd(&["DEL", "{muster}:node:ghost", "{muster}:node:ghost:tasks"])
-        .await;
-    // And leaves a dangling entry in the ready set.
-    let _: () = redis
-        .cmd(&["ZADD", "{muster}:q:sw:ready", "1", "01ARZ3NDEKTSV4RRFFQ69G5FAV"])
-        .await;
+    // (The registry is in every shard when split.)
+    for tag in shard_tags("muster") {
+        let _: () = redis.cmd(&["ZREM", &format!("{tag}:nodes"), "ghost"]).await;
+        let _: () = redis
+            .cmd(&["DEL", &format!("{tag}:node:ghost"), &format!("{tag}:node:ghost:tasks")])
+            .await;
+    }
+    // And leaves a dangling entry in the ready set (in sw's shard, with its task).
+    let ready = format!("{}:q:sw:ready", name_tag("muster", "sw"));
+    let _: () = redis.cmd(&["ZADD", &ready, "1", "01ARZ3NDEKTSV4RRFFQ69G5FAV"]).await;
     let fixed = wait_until(Duration::from_secs(5), || async {
         a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "queued"
     })
     .await;
     assert!(fixed, "the sweep (every tenth pass) recovered it");
     let gone = wait_until(Duration::from_secs(3), || async {
-        let n: i64 = redis.cmd(&["ZCARD", "{muster}:q:sw:ready"]).await;
+        let n: i64 = redis.cmd(&["ZCARD", &ready]).await;
         n == 1
     })
     .await;

@@ -27,8 +27,8 @@ pub mod netns;
 pub mod sharded;
 #[allow(unused_imports)]
 pub use sharded::{
-    name_in_shard, name_like, name_tag, names_per_shard, shard_keys, shard_tag, shard_tags, sharded, skip_when_sharded,
-    task_tag,
+    name_in_shard, name_like, name_tag, names_per_shard, shard_keys, shard_map, shard_tag, shard_tags, sharded,
+    skip_when_sharded, task_tag,
 };
 pub mod venv;
 

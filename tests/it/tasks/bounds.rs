@@ -324,7 +324,7 @@ async fn the_dead_index_is_trimmed_when_no_queue_is_left() {
     // max_queues is per shard when split: "other" in the workflow's shard
     // (its id names it), so that wb finds no room there.
     let wid = w["id"].as_str().unwrap();
-    let other = name_in_shard("muster", "other", crate::common::sharded::shard_map("muster").home(wid));
+    let other = name_in_shard("muster", "other", shard_map("muster").home(wid));
     submit(&a, &other, json!({})).await;
     for q in ["wa", other.as_str()] {
         let got = claim(&a, q, "w", 1, 0).await;
