@@ -135,12 +135,22 @@ async fn namespaces_on_one_server_share_each_library_and_keep_to_their_keys() {
     let keys = redis.keys().await;
     let outside: Vec<&String> = keys
         .iter()
-        .filter(|k| !k.starts_with("{alpha}:") && !k.starts_with("{beta}:"))
+        .filter(|k| {
+            !["alpha", "beta"].iter().any(|p| {
+                k.starts_with(&format!("{{{p}}}:")) || shard_tags(p).iter().any(|t| k.starts_with(&format!("{t}:")))
+            })
+        })
         .collect();
     assert!(outside.is_empty(), "{outside:?}");
-    for p in ["{alpha}", "{beta}"] {
-        for suffix in [":alias:same-alias", ":layout", ":nodes", ":events", ":fence"] {
-            assert!(keys.contains(&format!("{p}{suffix}")), "{p}{suffix} in {keys:?}");
+    for p in ["alpha", "beta"] {
+        // When split: the layout stays under {p}, the alias is in its task's
+        // shard (group g's), the others in one shard or every shard.
+        let alias = format!("{}:alias:same-alias", name_tag(p, "g"));
+        assert!(keys.contains(&alias), "{alias} in {keys:?}");
+        assert!(keys.contains(&format!("{{{p}}}:layout")), "{{{p}}}:layout in {keys:?}");
+        for suffix in [":nodes", ":events", ":fence"] {
+            let found = shard_tags(p).iter().any(|t| keys.contains(&format!("{t}{suffix}")));
+            assert!(found, "{p}'s {suffix} in {keys:?}");
         }
     }
     drop((a, b));
