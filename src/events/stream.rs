@@ -16,9 +16,16 @@ pub const SINCE_AHEAD_MS: u64 = 5_000;
 
 /// Checks a resume point against every shard's stream (see [`check_since`]).
 pub fn check_cursor(since: &Cursor, info: &[Retained], now_ms: i64) -> Result<(), String> {
-    info.iter()
-        .enumerate()
-        .try_for_each(|(shard, r)| check_since(since.get(shard), r, now_ms))
+    // Measured against the newest event of any shard, which the message names.
+    let mut newest = info.first().copied().unwrap_or(Retained {
+        first: None,
+        max_deleted: StreamId(0, 0),
+        length: 0,
+        entries_added: 0,
+        last: StreamId(0, 0),
+    });
+    newest.last = info.iter().map(|r| r.last).max().unwrap_or(StreamId(0, 0));
+    (0..info.len().max(1)).try_for_each(|shard| check_since(since.get(shard), &newest, now_ms))
 }
 
 /// Whether entries after `since` may have been lost in any shard.
