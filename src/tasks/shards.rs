@@ -55,8 +55,9 @@ impl Tasks {
     }
 
     /// Notes that `shard` holds tasks of `queue` (this node just put some
-    /// there), so claims look there before the next read.
-    pub(super) fn note_queue_in(&self, queue: &str, shard: usize) {
+    /// there: a submit, a workflow, a schedule), so claims look there before
+    /// the next read.
+    pub fn note_queue_in(&self, queue: &str, shard: usize) {
         if self.sharded() {
             let mut known = self.queue_shards.lock().unwrap_or_else(|p| p.into_inner());
             *known.mask.entry(queue.to_string()).or_default() |= 1 << shard;

@@ -62,6 +62,10 @@ async fn create_workflow(
     }
     let plan = plan(&w, s.tasks.config(), s.store.shards())?;
     let (id, new) = s.workflows.create(&plan, &s.node_id).await?;
+    // This node's claims look in the workflow's shard at once.
+    for q in w.tasks.iter().map(|t| t.queue.as_str()) {
+        s.tasks.note_queue_in(q, s.store.shards().home(&id));
+    }
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(CreatedWorkflow { id, replayed: !new })).into_response())
 }
