@@ -56,9 +56,15 @@ async fn lock_run_holds_renews_and_stops_the_command_when_lost() {
     let mut child = lock_run(&a, &["cronjob", "--ttl", "600ms"], &["sh", "-c", &script])
         .spawn()
         .unwrap();
-    let started = wait_until(Duration::from_secs(5), || async { pid_file.exists() }).await;
+    // The shell creates the file before it writes the pid: wait for the pid.
+    let read_pid = || {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+    };
+    let started = wait_until(Duration::from_secs(5), || async { read_pid().is_some() }).await;
     assert!(started);
-    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let pid: u32 = read_pid().unwrap();
     assert!(process_alive(pid));
     assert_eq!(a.delete("/api/v1/locks/cronjob").await.0, 204);
     let t = Instant::now();
