@@ -316,9 +316,10 @@ async fn build_services(
     let node_id = node_id.to_string();
     let mode = store.mode();
     let ctx = ScriptCtx {
-        // The bound is the namespace's: split evenly between its shards'
-        // streams.
-        events_max_len: cfg.events.max_len.div_ceil(store.shards().len() as u64),
+        // Per shard's stream: a namespace's events are rarely spread evenly
+        // (one busy queue is one shard), and splitting the bound would
+        // shorten the resume window of the busy shard.
+        events_max_len: cfg.events.max_len,
         cluster: mode == Mode::Cluster,
     };
     if matches!(mode, Mode::Sentinel | Mode::Coordinated) {
