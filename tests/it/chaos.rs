@@ -480,15 +480,11 @@ async fn run_chaos(plan: Plan) {
     );
 
     // ---- G4: after retention nothing of the workload is left. ----
-    // A split namespace's keys are judged under `{muster}` (see key_leaks).
-    let one = |k: &str| match k.strip_prefix("{muster#").and_then(|r| r.split_once('}')) {
-        Some((_, rest)) => format!("{{muster}}{rest}"),
-        None => k.to_string(),
-    };
+    // A split namespace's keys are judged under `{muster}` (keys::one).
     let left_over = |keys: &BTreeMap<String, i64>| -> Vec<String> {
         keys.iter()
             .filter(|(k, _)| {
-                let k = &one(k);
+                let k = &keys::one(k);
                 k.starts_with("{muster}:task:")
                     || k.starts_with("{muster}:idem:")
                     || k.starts_with("{muster}:alias:")

@@ -58,19 +58,22 @@ pub(super) async fn all_keys(redis: &TestRedis) -> BTreeMap<String, i64> {
     keys.into_iter().zip(ttls).filter(|(_, t)| *t != -2).collect()
 }
 
+/// A key of a split namespace (MUSTER_TEST_SHARDS), which carries its
+/// shard's tag, as the same key under `{muster}` (a singleton is then one
+/// per shard, still bounded).
+pub(super) fn one(k: &str) -> String {
+    match k.strip_prefix("{muster#").and_then(|r| r.split_once('}')) {
+        Some((_, rest)) => format!("{{muster}}{rest}"),
+        None => k.to_string(),
+    }
+}
+
 /// What of the key space is not accounted for after the workload: keys
 /// outside `{muster}:`, keys that were not there at the baseline and are
 /// neither a singleton nor a live node's registry entry, and keys without a
 /// TTL that are not in [`SINGLETONS`]. Empty when the key space is clean.
 pub(super) fn key_leaks(baseline: &BTreeMap<String, i64>, now: &BTreeMap<String, i64>, live: &[String]) -> Vec<String> {
     let live_keys: Vec<String> = live.iter().map(|id| format!("{{muster}}:node:{id}")).collect();
-    // A split namespace (MUSTER_TEST_SHARDS) has each key under its shard's
-    // tag: judged as the same key under `{muster}` (a singleton is then one
-    // per shard, still bounded).
-    let one = |k: &str| match k.strip_prefix("{muster#").and_then(|r| r.split_once('}')) {
-        Some((_, rest)) => format!("{{muster}}{rest}"),
-        None => k.to_string(),
-    };
     let baseline: BTreeMap<String, i64> = baseline.iter().map(|(k, t)| (one(k), *t)).collect();
     let mut leaks = Vec::new();
     for (k, ttl) in now {
