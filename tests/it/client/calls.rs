@@ -72,8 +72,10 @@ async fn log_every_command(redis: &TestRedis) {
     redis.cmd::<()>(&["SLOWLOG", "RESET"]).await;
 }
 
-/// Calls of a script function (`task_claim_<hash>`, ...) logged by Redis's
-/// slow log, which logs every command once its threshold is 0.
+/// Calls of a script function (`task_claim_<hash>`, ...) on this test's
+/// namespace (its first key is `{muster...}`: on the shared cluster other
+/// tests' calls are logged too), logged by Redis's slow log, which logs
+/// every command once its threshold is 0.
 async fn fcalls(redis: &TestRedis, function_prefix: &str) -> usize {
     let log: Vec<redis::Value> = redis.cmd(&["SLOWLOG", "GET", "-1"]).await;
     log.iter()
@@ -88,7 +90,7 @@ async fn fcalls(redis: &TestRedis, function_prefix: &str) -> usize {
                 Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
                 _ => String::new(),
             };
-            arg(0).eq_ignore_ascii_case("fcall") && arg(1).starts_with(function_prefix)
+            arg(0).eq_ignore_ascii_case("fcall") && arg(1).starts_with(function_prefix) && arg(3).starts_with("{muster")
         })
         .count()
 }

@@ -9,8 +9,10 @@
 //! (see [`Rewrite`]): `{muster}` becomes `{<prefix>}` and any other hash
 //! tag `{x}` becomes `{<prefix>.x}` in arguments, and back in replies;
 //! `KEYS` and `DBSIZE` see only the namespace, and commands without keys
-//! (`INFO`, `FUNCTION LIST`, `TIME`, ...) go to the master owning the
-//! prefix's slot. A test that needs a server of its own calls
+//! (`INFO`, `FUNCTION LIST`, `TIME`, ...) go to the master owning shard 0's
+//! slot (the prefix's with one shard). With `MUSTER_TEST_SHARDS` a shard
+//! tag `{muster#i.k}` maps to shard `i` of the namespace, and the slow log
+//! is read and set on every master. A test that needs a server of its own calls
 //! [`skip_on_cluster`].
 
 use std::cell::Cell;
@@ -20,13 +22,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
 
 use muster::config::Config;
-use muster::store::shards::key_slot;
+use muster::store::shards::{ShardMap, key_slot};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::ha::TestCluster;
+use super::sharded::shard_map;
 
 /// Whether the suite runs on the shared cluster.
 pub fn enabled() -> bool {
@@ -165,6 +170,15 @@ pub enum TestConn {
 /// hash of the text as sent, which `EVALSHA` maps to the loaded one.
 struct Rewrite<'a>(&'a str);
 
+/// Shard `i`'s tag of namespace `prefix`, the maps cached by prefix (a
+/// reply of `KEYS` maps every key back).
+fn shard_tag(prefix: &str, i: usize) -> String {
+    static MAPS: LazyLock<Mutex<HashMap<String, ShardMap>>> = LazyLock::new(Mutex::default);
+    let mut maps = MAPS.lock().unwrap();
+    let map = maps.entry(prefix.to_string()).or_insert_with(|| shard_map(prefix));
+    map.tag(i).to_string()
+}
+
 /// Hashes of rewritten script bodies, by the hash of the test's text.
 static SCRIPT_HASHES: LazyLock<Mutex<HashMap<String, String>>> = LazyLock::new(Mutex::default);
 
@@ -191,7 +205,9 @@ impl Rewrite<'_> {
         }
     }
 
-    /// Rewrites each `{tag}` or `{tag#` whose tag could be a key prefix.
+    /// Rewrites each `{tag}` whose tag could be a key prefix, and each shard
+    /// tag `{tag#i.k}` into shard `i` of the rewritten prefix: `k` depends
+    /// on the prefix (`store/shards.rs`), so a shard maps by its index.
     fn tags(&self, b: &[u8], f: impl Fn(&str) -> String) -> Vec<u8> {
         let ok = |c: &u8| c.is_ascii_alphanumeric() || b"._-:".contains(c);
         let mut out = Vec::with_capacity(b.len() + 16);
@@ -200,11 +216,22 @@ impl Rewrite<'_> {
             if b[i] == b'{' {
                 let len = b[i + 1..].iter().take_while(|c| ok(c)).count();
                 let end = i + 1 + len;
-                if len > 0 && end < b.len() && (b[end] == b'}' || b[end] == b'#') {
+                if len > 0 && end < b.len() && b[end] == b'}' {
                     out.push(b'{');
                     out.extend_from_slice(f(std::str::from_utf8(&b[i + 1..end]).unwrap()).as_bytes());
                     i = end;
                     continue;
+                }
+                if len > 0 && end < b.len() && b[end] == b'#' {
+                    let digits = b[end + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+                    let idx = std::str::from_utf8(&b[end + 1..end + 1 + digits]).unwrap();
+                    let close = b[end..].iter().position(|&c| c == b'}').map(|c| end + c);
+                    if let (Ok(shard), Some(close)) = (idx.parse::<usize>(), close) {
+                        let prefix = f(std::str::from_utf8(&b[i + 1..end]).unwrap());
+                        out.extend_from_slice(shard_tag(&prefix, shard).as_bytes());
+                        i = close + 1;
+                        continue;
+                    }
                 }
             }
             out.push(b[i]);
@@ -293,15 +320,30 @@ impl Rewrite<'_> {
         for a in &args {
             out.arg(a.as_slice());
         }
-        // Commands without keys go to the master owning the prefix's slot;
+        // Commands without keys go to the master owning shard 0's slot (the
+        // prefix's with one shard: the stats, the sessions, the master a
+        // node's Redis summary describes);
         // loads go to every master (the default), as muster loads them.
         let keyless = matches!(
             name.as_str(),
             "INFO" | "SLOWLOG" | "TIME" | "SCAN" | "PING" | "CONFIG" | "ACL" | "CLIENT" | "LATENCY"
         ) || (name == "FUNCTION" && !function)
             || (name == "MEMORY" && sub.as_deref() != Some("USAGE"));
-        let v = if keyless {
-            let slot = key_slot(&format!("{{{}}}", self.0));
+        // Split namespaces are on every master: the slow log and its
+        // settings are read and set on each (the log entries of every
+        // master, combined; a test filters its own by their keys).
+        let everywhere =
+            super::test_shards() > 1 && (name == "SLOWLOG" || (name == "CONFIG" && sub.as_deref() == Some("SET")));
+        let v = if everywhere {
+            let policy = if sub.as_deref() == Some("GET") {
+                ResponsePolicy::CombineArrays
+            } else {
+                ResponsePolicy::AllSucceeded
+            };
+            let to = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(policy)));
+            c.route_command(out, to).await?
+        } else if keyless {
+            let slot = key_slot(&shard_tag(self.0, 0));
             let to = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
             c.route_command(out, RoutingInfo::SingleNode(to)).await?
         } else {
