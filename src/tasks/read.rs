@@ -29,7 +29,10 @@ impl Tasks {
     }
 
     /// The id of the task holding `alias` (a valid name), if any. An alias
-    /// is held in its task's shard: every shard is asked, at once.
+    /// is held in its task's shard: every shard is asked, at once. When
+    /// several hold it (a finished task keeps it through retention while a
+    /// new one in another shard takes it), the newest task wins: ids are
+    /// ULIDs, ordered by when they were drawn.
     pub async fn alias_holder(&self, alias: &str) -> Result<Option<String>, TaskError> {
         let found = self
             .every_shard(|s| {
@@ -37,13 +40,14 @@ impl Tasks {
                 async move { s.query::<Option<String>>("alias_get", redis::cmd("GET").arg(key)).await }
             })
             .await?;
-        Ok(found.into_iter().flatten().next())
+        Ok(found.into_iter().flatten().max())
     }
 
     /// The task a search term names, in one pipelined round trip per shard
     /// (at once): a task id, an alias (held while its task lives, kept
     /// through retention) or an idempotency key (within its window), in that
-    /// order. The term must already be a valid name.
+    /// order; the newest task when several shards hold the alias or the key
+    /// (see [`Tasks::alias_holder`]). The term must already be a valid name.
     pub async fn lookup(&self, term: &str) -> Result<Option<(String, Found)>, TaskError> {
         let id_shard = self.store.shards().home(term);
         let found = self
@@ -60,8 +64,8 @@ impl Tasks {
             })
             .await?;
         let exists = found[id_shard].0;
-        let alias = found.iter().find_map(|f| f.1.clone());
-        let idem = found.iter().find_map(|f| f.2.clone());
+        let alias = found.iter().filter_map(|f| f.1.clone()).max();
+        let idem = found.iter().filter_map(|f| f.2.clone()).max();
         Ok(if exists {
             Some((term.to_string(), Found::Id))
         } else if let Some(id) = alias {
