@@ -517,11 +517,14 @@ async fn g7_overlap_replace_cancels_the_previous_task_and_stales_its_token() {
     })
     .await;
     join(&a, "w").await;
-    // A group of one: the replacement can only run if the old task's slot is freed.
-    a.put("/api/v1/groups/one", json!({"limit": 1})).await;
+    // A group of one: the replacement can only run if the old task's slot is
+    // freed. (Split, a schedule's group must share its shard: `one` itself
+    // with one shard.)
+    let one = name_like("muster", "one", "fresh");
+    a.put(&format!("/api/v1/groups/{one}"), json!({"limit": 1})).await;
     let mut def = every_second("fresh", "fresh");
     def["overlap"] = json!("replace");
-    def["task"] = json!({"payload": {"kind": "refresh"}, "group": "one"});
+    def["task"] = json!({"payload": {"kind": "refresh"}, "group": one});
     def["enabled"] = json!(false);
     create(&a, def).await;
     let (st, _) = a.post("/api/v1/schedules/fresh/trigger", json!({})).await;
@@ -558,7 +561,7 @@ async fn g7_overlap_replace_cancels_the_previous_task_and_stales_its_token() {
     let slot: i64 = redis
         .cmd(&[
             "SISMEMBER",
-            &format!("{}:group:one:running", name_tag("muster", "one")),
+            &format!("{}:group:{one}:running", name_tag("muster", &one)),
             &old,
         ])
         .await;

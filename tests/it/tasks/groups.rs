@@ -18,23 +18,30 @@ const GROUPS_RUNNING: &str = r"local out = {}
   end
   return out";
 
-/// Running tasks per group, read atomically (one script), from the tasks'
-/// own state: the ground truth the limit must hold for.
-async fn running_per_group(redis: &TestRedis, queues: &[&str]) -> HashMap<String, i64> {
+/// The groups of the running tasks of `queues`, read from the tasks' own
+/// state: one script per shard, each atomic. A group's tasks all live in
+/// the group's shard, so each group's count is one atomic read (and a
+/// Redis Cluster refuses one script over several shards' slots).
+async fn running_groups(conn: &mut cluster_mode::TestConn, queues: &[&str]) -> Vec<String> {
     let script = redis::Script::new(GROUPS_RUNNING);
-    let mut inv = script.prepare_invoke();
-    for q in queues {
-        for k in shard_keys("muster", &format!("q:{q}:running")) {
-            inv.key(k);
+    let mut out = Vec::new();
+    for tag in shard_tags("muster") {
+        let mut inv = script.prepare_invoke();
+        for q in queues {
+            inv.key(format!("{tag}:q:{q}:running"));
         }
+        inv.arg(&tag);
+        out.extend(inv.invoke_async::<Vec<String>>(conn).await.unwrap());
     }
-    for t in shard_tags("muster") {
-        inv.arg(t);
-    }
+    out
+}
+
+/// Running tasks per group, read from the tasks' own state (see
+/// [`running_groups`]): the ground truth the limit must hold for.
+async fn running_per_group(redis: &TestRedis, queues: &[&str]) -> HashMap<String, i64> {
     let mut conn = redis.conn().await;
-    let groups: Vec<String> = inv.invoke_async(&mut conn).await.unwrap();
     let mut m = HashMap::new();
-    for g in groups {
+    for g in running_groups(&mut conn, queues).await {
         *m.entry(g).or_insert(0) += 1;
     }
     m
@@ -80,17 +87,7 @@ async fn g6_group_limits_hold_fifo_within_groups() {
         tokio::spawn(async move {
             let mut samples = 0;
             while !stop.load(Ordering::Relaxed) {
-                let script = redis::Script::new(GROUPS_RUNNING);
-                let mut inv = script.prepare_invoke();
-                for q in ["ga6", "gb6"] {
-                    for k in shard_keys("muster", &format!("q:{q}:running")) {
-                        inv.key(k);
-                    }
-                }
-                for t in shard_tags("muster") {
-                    inv.arg(t);
-                }
-                let groups: Vec<String> = inv.invoke_async(&mut conn).await.unwrap();
+                let groups = running_groups(&mut conn, &["ga6", "gb6"]).await;
                 let mut m: HashMap<&str, u32> = HashMap::new();
                 for g in &groups {
                     *m.entry(g.as_str()).or_insert(0) += 1;
