@@ -13,7 +13,7 @@ impl Barriers {
             ttl_ms,
             me: &self.node_id,
         };
-        match self.store.run(&self.scripts.hold, &call).await? {
+        match self.at(name).run(&self.scripts.hold, &call).await? {
             HoldReply::HeldByOther { holder } => Err(BarrierError::HeldByOther {
                 barrier: name.into(),
                 holder,
@@ -43,7 +43,7 @@ impl Barriers {
             actor,
             me: &self.node_id,
         };
-        Ok(self.store.run(&self.scripts.lift, &call).await?.0)
+        Ok(self.at(name).run(&self.scripts.lift, &call).await?.0)
     }
 
     /// The hold of `name` as of now, and the milliseconds until it lifts
@@ -55,17 +55,25 @@ impl Barriers {
     /// The holds of `names` as of now, each with the milliseconds until it
     /// lifts itself (0 when not held), in one round trip.
     async fn holds_named(&self, names: &[String]) -> Result<Vec<(Hold, i64)>, BarrierError> {
+        self.store
+            .by_home(names, |s, names| async move { Self::holds_in(&s, &names).await })
+            .await
+    }
+
+    /// [`Barriers::holds_named`] of barriers all in the shard of `s`.
+    async fn holds_in(s: &Store, names: &[String]) -> Result<Vec<(Hold, i64)>, BarrierError> {
         let mut p = redis::pipe();
         p.cmd("TIME");
         for n in names {
+            let key = scripts::hold_key(s.keys(), n);
             p.cmd("HMGET")
-                .arg(self.k_hold(n))
+                .arg(&key)
                 .arg("holder")
                 .arg("held_at")
                 .cmd("PTTL")
-                .arg(self.k_hold(n));
+                .arg(&key);
         }
-        let rows: Vec<Value> = self.store.pipe("barrier_hold_get", &p).await?;
+        let rows: Vec<Value> = s.pipe("barrier_hold_get", &p).await?;
         let (secs, micros): (i64, i64) = redis::from_redis_value_ref(at(&rows, 0)).unwrap_or((0, 0));
         let now = secs * 1000 + micros / 1000;
         Ok(names
@@ -89,25 +97,30 @@ impl Barriers {
     }
 
     /// Every barrier held now (etcd-style), configured or not, by name: at
-    /// most 1000 (those lifting themselves last), in two round trips.
+    /// most 1000 per shard (those lifting themselves last), in two round
+    /// trips (per shard, the shards at once).
     pub async fn holds(&self) -> Result<Vec<Hold>, BarrierError> {
-        let mut p = redis::pipe();
-        p.cmd("TIME")
-            .cmd("ZRANGE")
-            .arg(self.k_holds())
-            .arg(0)
-            .arg(999)
-            .arg("REV")
-            .arg("WITHSCORES");
-        let ((secs, micros), index): ((i64, i64), Vec<(String, f64)>) =
-            self.store.pipe("barrier_holds_list", &p).await?;
-        let now = secs * 1000 + micros / 1000;
-        // Entries past their expiry are holds that lifted themselves.
-        let mut names: Vec<String> = index
-            .into_iter()
-            .filter(|(_, expires)| *expires as i64 > now)
-            .map(|(n, _)| n)
-            .collect();
+        let reads = self.store.every_shard().map(|s| async move {
+            let mut p = redis::pipe();
+            p.cmd("TIME")
+                .cmd("ZRANGE")
+                .arg(scripts::holds_key(s.keys()))
+                .arg(0)
+                .arg(999)
+                .arg("REV")
+                .arg("WITHSCORES");
+            let ((secs, micros), index): ((i64, i64), Vec<(String, f64)>) = s.pipe("barrier_holds_list", &p).await?;
+            let now = secs * 1000 + micros / 1000;
+            // Entries past their expiry are holds that lifted themselves.
+            Ok::<Vec<String>, BarrierError>(
+                index
+                    .into_iter()
+                    .filter(|(_, expires)| *expires as i64 > now)
+                    .map(|(n, _)| n)
+                    .collect(),
+            )
+        });
+        let mut names = futures_util::future::try_join_all(reads).await?.concat();
         if names.is_empty() {
             return Ok(Vec::new());
         }
@@ -131,7 +144,7 @@ impl Barriers {
             idle_ttl_ms: self.cfg.idle_ttl_ms,
             me: &self.node_id,
         };
-        match self.store.run(&self.scripts.enter, &call).await? {
+        match self.at(name).run(&self.scripts.enter, &call).await? {
             EnterReply::TooMany { state } => Err(BarrierError::TooManyEntrants {
                 name: name.into(),
                 count: state.count,
@@ -158,7 +171,7 @@ impl Barriers {
             node_ttl_ms: self.node_ttl_ms,
             me: &self.node_id,
         };
-        let reply = self.store.run(&self.scripts.leave, &call).await?;
+        let reply = self.at(name).run(&self.scripts.leave, &call).await?;
         Ok(Left {
             left_now: reply.left_now,
             entrants: reply.entrants,
@@ -175,12 +188,26 @@ impl Barriers {
         if names.is_empty() {
             return Ok(Vec::new());
         }
+        self.store
+            .by_home(
+                names,
+                |s, names| async move { Self::double_barriers_in(&s, &names).await },
+            )
+            .await
+    }
+
+    /// [`Barriers::double_barriers_named`] all in the shard of `s`.
+    async fn double_barriers_in(s: &Store, names: &[String]) -> Result<Vec<DoubleBarrier>, BarrierError> {
         let mut p = redis::pipe();
         for n in names {
-            p.cmd("HGETALL").arg(self.k_db(n));
-            p.cmd("ZRANGE").arg(self.k_db_in(n)).arg(0).arg(-1).arg("WITHSCORES");
+            p.cmd("HGETALL").arg(scripts::db_key(s.keys(), n));
+            p.cmd("ZRANGE")
+                .arg(scripts::db_in_key(s.keys(), n))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES");
         }
-        let rows: Vec<Value> = self.store.pipe("dbarrier_get", &p).await?;
+        let rows: Vec<Value> = s.pipe("dbarrier_get", &p).await?;
         let mut out = Vec::with_capacity(names.len());
         for (name, c) in names.iter().zip(rows.chunks(2)) {
             let h: BTreeMap<String, String> = redis::from_redis_value_ref(at(c, 0)).unwrap_or_default();
@@ -203,13 +230,12 @@ impl Barriers {
 
     /// Every DoubleBarrier with activity within `barriers.idle_ttl_ms`.
     pub async fn double_barriers(&self) -> Result<Vec<DoubleBarrier>, BarrierError> {
-        let mut names: Vec<String> = self
-            .store
-            .query(
-                "dbarriers_list",
-                redis::cmd("ZRANGE").arg(self.k_db_index()).arg(0).arg(999),
-            )
-            .await?;
+        let reads = self.store.every_shard().map(|s| async move {
+            let mut index = redis::cmd("ZRANGE");
+            index.arg(scripts::db_index_key(s.keys())).arg(0).arg(999);
+            s.query::<Vec<String>>("dbarriers_list", &index).await
+        });
+        let mut names = futures_util::future::try_join_all(reads).await?.concat();
         names.sort();
         let all = self.double_barriers_named(&names).await?;
         Ok(all.into_iter().filter(|d| !d.entrants.is_empty()).collect())
@@ -223,6 +249,12 @@ impl Barriers {
             me: &self.node_id,
             limit: 1000,
         };
-        Ok(self.store.run(&self.scripts.db_sweep, &call).await?.evicted)
+        let call = &call;
+        let sweeps = self
+            .store
+            .every_shard()
+            .map(|s| async move { s.run(&self.scripts.db_sweep, call).await });
+        let done = futures_util::future::try_join_all(sweeps).await?;
+        Ok(done.iter().map(|d| d.evicted).sum())
     }
 }

@@ -112,32 +112,10 @@ impl Barriers {
         &self.store
     }
 
-    fn k_index(&self) -> String {
-        scripts::index_key(self.store.keys())
-    }
-    fn k_config(&self, b: &str) -> String {
-        scripts::config_key(self.store.keys(), b)
-    }
-    fn k_rounds(&self, b: &str) -> String {
-        scripts::rounds_key(self.store.keys(), b)
-    }
-    fn k_round(&self, b: &str, r: &str) -> String {
-        scripts::round_key(self.store.keys(), b, r)
-    }
-    fn k_hold(&self, b: &str) -> String {
-        scripts::hold_key(self.store.keys(), b)
-    }
-    fn k_holds(&self) -> String {
-        scripts::holds_key(self.store.keys())
-    }
-    fn k_db(&self, b: &str) -> String {
-        scripts::db_key(self.store.keys(), b)
-    }
-    fn k_db_in(&self, b: &str) -> String {
-        scripts::db_in_key(self.store.keys(), b)
-    }
-    fn k_db_index(&self) -> String {
-        scripts::db_index_key(self.store.keys())
+    /// The view of the shard barrier `name` lives in (with its rounds,
+    /// its hold and its DoubleBarrier).
+    fn at(&self, name: &str) -> Store {
+        self.store.home_of(name)
     }
 
     /// Creates or updates a barrier (validated by the caller). Returns whether
@@ -159,7 +137,7 @@ impl Barriers {
             max_barriers: self.cfg.max_barriers,
             me: &self.node_id,
         };
-        match self.store.run(&self.scripts.configure, &call).await? {
+        match self.at(name).run(&self.scripts.configure, &call).await? {
             ConfigureReply::Done { created } => Ok(created),
             ConfigureReply::TooMany => Err(BarrierError::TooMany(self.cfg.max_barriers)),
         }
@@ -173,7 +151,7 @@ impl Barriers {
             actor,
             me: &self.node_id,
         };
-        if !self.store.run(&self.scripts.delete, &call).await?.0 {
+        if !self.at(name).run(&self.scripts.delete, &call).await?.0 {
             return Err(BarrierError::NotFound(name.into()));
         }
         Ok(())
@@ -188,11 +166,16 @@ impl Barriers {
         if names.is_empty() {
             return Ok(Vec::new());
         }
-        let mut p = redis::pipe();
-        for n in names {
-            p.cmd("HGETALL").arg(self.k_config(n));
-        }
-        let maps: Vec<BTreeMap<String, String>> = self.store.pipe("barrier_get", &p).await?;
+        let maps = self
+            .store
+            .by_home(names, |s, names| async move {
+                let mut p = redis::pipe();
+                for n in &names {
+                    p.cmd("HGETALL").arg(scripts::config_key(s.keys(), n));
+                }
+                Ok::<Vec<BTreeMap<String, String>>, BarrierError>(s.pipe("barrier_get", &p).await?)
+            })
+            .await?;
         Ok(names
             .iter()
             .zip(maps)
@@ -212,10 +195,14 @@ impl Barriers {
 
     /// Every configured barrier, by name.
     pub async fn list(&self) -> Result<Vec<BarrierConfigView>, BarrierError> {
-        let mut names: Vec<String> = self
-            .store
-            .query("barriers_list", redis::cmd("SMEMBERS").arg(self.k_index()))
-            .await?;
+        let reads = self.store.every_shard().map(|s| async move {
+            s.query::<Vec<String>>(
+                "barriers_list",
+                redis::cmd("SMEMBERS").arg(scripts::index_key(s.keys())),
+            )
+            .await
+        });
+        let mut names = futures_util::future::try_join_all(reads).await?.concat();
         names.sort();
         Ok(self.get_many(&names).await?.into_iter().flatten().collect())
     }
@@ -231,7 +218,7 @@ impl Barriers {
             rounds_kept: self.cfg.rounds_kept,
             max_open_rounds: self.cfg.max_open_rounds,
         };
-        let (decided_now, now, fields) = match self.store.run(&self.scripts.arrive, &call).await? {
+        let (decided_now, now, fields) = match self.at(name).run(&self.scripts.arrive, &call).await? {
             ArriveReply::Arrived { decided, now, fields } => (decided, now, fields),
             ArriveReply::NotFound => return Err(BarrierError::NotFound(name.into())),
             ArriveReply::TooManyOpenRounds => {
@@ -265,8 +252,11 @@ impl Barriers {
     /// One round and the Redis time of the read, in one round trip.
     pub async fn round(&self, name: &str, round: &str) -> Result<Option<(Round, i64)>, BarrierError> {
         let mut p = redis::pipe();
-        p.cmd("TIME").cmd("HGETALL").arg(self.k_round(name, round));
-        let ((secs, micros), m): ((i64, i64), BTreeMap<String, String>) = self.store.pipe("barrier_round", &p).await?;
+        let s = self.at(name);
+        p.cmd("TIME")
+            .cmd("HGETALL")
+            .arg(scripts::round_key(s.keys(), name, round));
+        let ((secs, micros), m): ((i64, i64), BTreeMap<String, String>) = s.pipe("barrier_round", &p).await?;
         Ok(round_from(name, round, &m).map(|r| (r, secs * 1000 + micros / 1000)))
     }
 
@@ -317,12 +307,12 @@ impl Barriers {
 
     /// The latest `limit` rounds of a barrier, newest first.
     pub async fn rounds(&self, name: &str, limit: usize) -> Result<Vec<Round>, BarrierError> {
-        let ids: Vec<String> = self
-            .store
+        let s = self.at(name);
+        let ids: Vec<String> = s
             .query(
                 "barrier_rounds",
                 redis::cmd("ZRANGE")
-                    .arg(self.k_rounds(name))
+                    .arg(scripts::rounds_key(s.keys(), name))
                     .arg(0)
                     .arg(limit.saturating_sub(1))
                     .arg("REV"),
@@ -333,9 +323,9 @@ impl Barriers {
         }
         let mut p = redis::pipe();
         for r in &ids {
-            p.cmd("HGETALL").arg(self.k_round(name, r));
+            p.cmd("HGETALL").arg(scripts::round_key(s.keys(), name, r));
         }
-        let maps: Vec<BTreeMap<String, String>> = self.store.pipe("barrier_rounds_get", &p).await?;
+        let maps: Vec<BTreeMap<String, String>> = s.pipe("barrier_rounds_get", &p).await?;
         Ok(ids
             .iter()
             .zip(maps)
@@ -343,28 +333,40 @@ impl Barriers {
             .collect())
     }
 
-    /// The newest round of each barrier, in two pipelined round trips.
+    /// The newest round of each barrier, in two pipelined round trips (per
+    /// shard, the shards at once).
     pub async fn latest_rounds(&self, names: &[String]) -> Result<Vec<Option<Round>>, BarrierError> {
         if names.is_empty() {
             return Ok(Vec::new());
         }
+        self.store
+            .by_home(names, |s, names| async move { Self::latest_in(&s, &names).await })
+            .await
+    }
+
+    /// [`Barriers::latest_rounds`] of barriers all in the shard of `s`.
+    async fn latest_in(s: &Store, names: &[String]) -> Result<Vec<Option<Round>>, BarrierError> {
         let mut p = redis::pipe();
         for n in names {
-            p.cmd("ZRANGE").arg(self.k_rounds(n)).arg(0).arg(0).arg("REV");
+            p.cmd("ZRANGE")
+                .arg(scripts::rounds_key(s.keys(), n))
+                .arg(0)
+                .arg(0)
+                .arg("REV");
         }
-        let ids: Vec<Vec<String>> = self.store.pipe("barrier_latest", &p).await?;
+        let ids: Vec<Vec<String>> = s.pipe("barrier_latest", &p).await?;
         let mut p = redis::pipe();
         let mut wanted = Vec::new();
         for (n, r) in names.iter().zip(&ids) {
             if let Some(r) = r.first() {
-                p.cmd("HGETALL").arg(self.k_round(n, r));
+                p.cmd("HGETALL").arg(scripts::round_key(s.keys(), n, r));
                 wanted.push((n, r));
             }
         }
         if wanted.is_empty() {
             return Ok(vec![None; names.len()]);
         }
-        let maps: Vec<BTreeMap<String, String>> = self.store.pipe("barrier_latest_get", &p).await?;
+        let maps: Vec<BTreeMap<String, String>> = s.pipe("barrier_latest_get", &p).await?;
         let found: BTreeMap<&String, Round> = wanted
             .into_iter()
             .zip(maps)
@@ -376,6 +378,23 @@ impl Barriers {
     /// Decides rounds past their deadline (the background loop). Returns
     /// (released, aborted) decided by this node.
     pub async fn decide_due(&self) -> Result<(i64, i64), BarrierError> {
+        let passes = self
+            .store
+            .every_shard()
+            .map(|s| async move { self.decide_due_in(&s).await });
+        let done = futures_util::future::try_join_all(passes).await?;
+        let (released, aborted) = done.iter().fold((0, 0), |(r, a), d| (r + d.0, a + d.1));
+        if released > 0 {
+            metrics::counter!("muster_barrier_rounds_total", "verdict" => "released").increment(released as u64);
+        }
+        if aborted > 0 {
+            metrics::counter!("muster_barrier_rounds_total", "verdict" => "aborted").increment(aborted as u64);
+        }
+        Ok((released, aborted))
+    }
+
+    /// [`Barriers::decide_due`] in the shard of `s`: at most ten batches.
+    async fn decide_due_in(&self, s: &Store) -> Result<(i64, i64), BarrierError> {
         let (mut released, mut aborted) = (0, 0);
         for _ in 0..10 {
             let call = scripts::DecideDue {
@@ -384,18 +403,12 @@ impl Barriers {
                 limit: 100,
                 rounds_kept: self.cfg.rounds_kept,
             };
-            let d = self.store.run(&self.scripts.decide_due, &call).await?;
+            let d = s.run(&self.scripts.decide_due, &call).await?;
             released += d.released;
             aborted += d.aborted;
             if !d.more {
                 break;
             }
-        }
-        if released > 0 {
-            metrics::counter!("muster_barrier_rounds_total", "verdict" => "released").increment(released as u64);
-        }
-        if aborted > 0 {
-            metrics::counter!("muster_barrier_rounds_total", "verdict" => "aborted").increment(aborted as u64);
         }
         Ok((released, aborted))
     }

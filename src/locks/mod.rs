@@ -4,8 +4,8 @@
 //! - A lock has at most one holder at a time: every grant, renew and release
 //!   is one script that checks the lease by Redis time (G11).
 //! - Fencing tokens are strictly increasing per lock (in fact across every
-//!   lock of the namespace): one counter, `INCR`ed in the acquire script, with
-//!   the failover epoch in the high bits as for task tokens (G1). A resource
+//!   lock of its shard): one counter per shard, `INCR`ed in the acquire
+//!   script, with the failover epoch in the high bits as for task tokens (G1). A resource
 //!   that remembers the highest token it saw can refuse a holder whose lease
 //!   lapsed. Renew and release with a stale token get 409 and change nothing.
 //! - Waiters are served in FIFO order: a sorted set of waiting owners; each
@@ -21,6 +21,10 @@
 //!   loop (`expire.lua`) emits the expiries even when nobody calls.
 //! - G4: lease keys carry a TTL (lease + one minute), queues the waiter TTL;
 //!   the two indexes hold live leases only; the counters are single keys.
+//! - A split namespace (`redis.shards`, `docs/sharding.md`): a lock or an
+//!   election lives in the shard of its name, with its queue, its index
+//!   entry and its shard's counter; listings and the lease loop visit every
+//!   shard.
 
 pub mod cli;
 pub mod routes;
@@ -208,23 +212,24 @@ impl Locks {
         &self.cfg
     }
 
-    fn k_lock(&self, l: &str) -> String {
-        scripts::lock_key(self.store.keys(), l)
+    /// The view of the shard lock or election `name` lives in.
+    fn at(&self, name: &str) -> Store {
+        self.store.home_of(name)
     }
-    fn k_queue(&self, l: &str) -> String {
-        scripts::queue_key(self.store.keys(), l)
-    }
-    fn k_queue_exp(&self, l: &str) -> String {
-        scripts::queue_exp_key(self.store.keys(), l)
-    }
-    fn k_locks(&self) -> String {
-        scripts::locks_key(self.store.keys())
-    }
-    fn k_election(&self, e: &str) -> String {
-        scripts::election_key(self.store.keys(), e)
-    }
-    fn k_elections(&self) -> String {
-        scripts::elections_key(self.store.keys())
+
+    /// The names in index `key` of every shard (at most 1000 each), sorted.
+    async fn indexed(
+        &self,
+        op: &'static str,
+        key: fn(&crate::store::Keys) -> String,
+    ) -> Result<Vec<String>, LockError> {
+        let reads = self.store.every_shard().map(|s| async move {
+            s.query::<Vec<String>>(op, redis::cmd("ZRANGE").arg(key(s.keys())).arg(0).arg(999))
+                .await
+        });
+        let mut names: Vec<String> = futures_util::future::try_join_all(reads).await?.concat();
+        names.sort();
+        Ok(names)
     }
 
     /// One acquire attempt (see `acquire.lua`). `queue`: keep a place in
@@ -247,7 +252,7 @@ impl Locks {
             node_ttl_ms: self.node_ttl_ms,
             me: &self.node_id,
         };
-        match self.store.run(&self.scripts.acquire, &call).await? {
+        match self.at(name).run(&self.scripts.acquire, &call).await? {
             AcquireReply::NodeNotAlive => Err(LockError::NodeNotAlive(node.unwrap_or("").into())),
             AcquireReply::Granted {
                 token,
@@ -277,7 +282,7 @@ impl Locks {
             owner,
             me: &self.node_id,
         };
-        self.store.run(&self.scripts.dequeue, &call).await?;
+        self.at(name).run(&self.scripts.dequeue, &call).await?;
         Ok(())
     }
 
@@ -290,7 +295,7 @@ impl Locks {
             node_ttl_ms: self.node_ttl_ms,
             me: &self.node_id,
         };
-        match self.store.run(&self.scripts.renew, &call).await? {
+        match self.at(name).run(&self.scripts.renew, &call).await? {
             RenewReply::Renewed { expires_at } => Ok(expires_at),
             RenewReply::Lapsed => Err(LockError::Lapsed { name: name.into() }),
             RenewReply::Stale { holder, token: current } => Err(LockError::Stale {
@@ -311,7 +316,7 @@ impl Locks {
             node_ttl_ms: self.node_ttl_ms,
             me: &self.node_id,
         };
-        match self.store.run(&self.scripts.release, &call).await? {
+        match self.at(name).run(&self.scripts.release, &call).await? {
             ReleaseReply::Released => {
                 metrics::counter!("muster_locks_released_total").increment(1);
                 Ok(())
@@ -332,18 +337,29 @@ impl Locks {
     }
 
     async fn get_many(&self, names: &[String]) -> Result<Vec<LockInfo>, LockError> {
+        self.store
+            .by_home(names, |s, names| async move { Self::get_in(&s, &names).await })
+            .await
+    }
+
+    /// Locks `names`, all in the shard of `s`: one pipeline with its `TIME`.
+    async fn get_in(s: &Store, names: &[String]) -> Result<Vec<LockInfo>, LockError> {
+        let k = s.keys();
         let mut p = redis::pipe();
         p.cmd("TIME");
         for n in names {
-            p.cmd("HGETALL").arg(self.k_lock(n));
-            p.cmd("ZRANGEBYSCORE").arg(self.k_queue(n)).arg("-inf").arg("+inf");
+            p.cmd("HGETALL").arg(scripts::lock_key(k, n));
+            p.cmd("ZRANGEBYSCORE")
+                .arg(scripts::queue_key(k, n))
+                .arg("-inf")
+                .arg("+inf");
             p.cmd("ZRANGE")
-                .arg(self.k_queue_exp(n))
+                .arg(scripts::queue_exp_key(k, n))
                 .arg(0)
                 .arg(-1)
                 .arg("WITHSCORES");
         }
-        let rows: Vec<Value> = self.store.pipe("lock_get", &p).await?;
+        let rows: Vec<Value> = s.pipe("lock_get", &p).await?;
         let (secs, micros): (i64, i64) = redis::from_redis_value_ref(at(&rows, 0)).unwrap_or((0, 0));
         let now = secs * 1000 + micros / 1000;
         let mut out = Vec::with_capacity(names.len());
@@ -372,11 +388,7 @@ impl Locks {
 
     /// Every held lock, by name.
     pub async fn list(&self) -> Result<Vec<LockInfo>, LockError> {
-        let mut names: Vec<String> = self
-            .store
-            .query("locks_list", redis::cmd("ZRANGE").arg(self.k_locks()).arg(0).arg(999))
-            .await?;
-        names.sort();
+        let names = self.indexed("locks_list", scripts::locks_key).await?;
         if names.is_empty() {
             return Ok(Vec::new());
         }
@@ -390,8 +402,13 @@ impl Locks {
             node_ttl_ms: self.node_ttl_ms,
             me: &self.node_id,
         };
-        let n = self.store.run(&self.scripts.expire, &call).await?;
-        Ok((n.locks, n.elections))
+        let call = &call;
+        let passes = self
+            .store
+            .every_shard()
+            .map(|s| async move { s.run(&self.scripts.expire, call).await });
+        let done = futures_util::future::try_join_all(passes).await?;
+        Ok(done.iter().fold((0, 0), |(l, e), n| (l + n.locks, e + n.elections)))
     }
 
     /// A leadership from its stored fields ('' and 0 when nobody leads).
@@ -423,7 +440,7 @@ impl Locks {
             value: value.unwrap_or(""),
             me: &self.node_id,
         };
-        let reply = self.store.run(&self.scripts.campaign, &call).await?;
+        let reply = self.at(name).run(&self.scripts.campaign, &call).await?;
         if reply.outcome == Campaigned::Elected {
             metrics::counter!("muster_elections_won_total").increment(1);
         }
@@ -441,7 +458,7 @@ impl Locks {
             epoch,
             me: &self.node_id,
         };
-        match self.store.run(&self.scripts.resign, &call).await? {
+        match self.at(name).run(&self.scripts.resign, &call).await? {
             ResignReply::Resigned { epoch } => Ok(epoch),
             ResignReply::NotLeader { leader, epoch: current } => Err(LockError::NotLeader {
                 name: name.into(),
@@ -459,18 +476,25 @@ impl Locks {
     }
 
     async fn leaders_named(&self, names: &[String]) -> Result<Vec<Leadership>, LockError> {
+        self.store
+            .by_home(names, |s, names| async move { Self::leaders_in(&s, &names).await })
+            .await
+    }
+
+    /// Elections `names`, all in the shard of `s`: one pipeline with its `TIME`.
+    async fn leaders_in(s: &Store, names: &[String]) -> Result<Vec<Leadership>, LockError> {
         let mut p = redis::pipe();
         p.cmd("TIME");
         for n in names {
             p.cmd("HMGET")
-                .arg(self.k_election(n))
+                .arg(scripts::election_key(s.keys(), n))
                 .arg("leader")
                 .arg("epoch")
                 .arg("expires_at")
                 .arg("value")
                 .arg("elected_at");
         }
-        let rows: Vec<Value> = self.store.pipe("election_get", &p).await?;
+        let rows: Vec<Value> = s.pipe("election_get", &p).await?;
         let (secs, micros): (i64, i64) = redis::from_redis_value_ref(at(&rows, 0)).unwrap_or((0, 0));
         let now = secs * 1000 + micros / 1000;
         Ok(names
@@ -507,14 +531,7 @@ impl Locks {
 
     /// Every election with a leader, by name.
     pub async fn elections(&self) -> Result<Vec<Leadership>, LockError> {
-        let mut names: Vec<String> = self
-            .store
-            .query(
-                "elections_list",
-                redis::cmd("ZRANGE").arg(self.k_elections()).arg(0).arg(999),
-            )
-            .await?;
-        names.sort();
+        let names = self.indexed("elections_list", scripts::elections_key).await?;
         if names.is_empty() {
             return Ok(Vec::new());
         }

@@ -226,6 +226,43 @@ impl Store {
     pub fn shard_index(&self) -> usize {
         self.shard
     }
+    /// The view of the shard that name `name` (a lock, an election, a
+    /// barrier, a schedule) belongs to.
+    pub fn home_of(&self, name: &str) -> Store {
+        self.shard(self.inner.shards.home(name))
+    }
+    /// Every shard's view, in shard order.
+    pub fn every_shard(&self) -> impl Iterator<Item = Store> + '_ {
+        (0..self.inner.shards.len()).map(|i| self.shard(i))
+    }
+    /// Reads `names` with `read`, one call per shard they belong to (all at
+    /// once, each given its shard's view and its names), and answers in the
+    /// order of `names`: `read` answers one item per name given.
+    pub async fn by_home<T, E, F, Fut>(&self, names: &[String], read: F) -> Result<Vec<T>, E>
+    where
+        F: Fn(Store, Vec<String>) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<T>, E>>,
+    {
+        let mut groups: std::collections::BTreeMap<usize, Vec<(usize, String)>> = Default::default();
+        for (i, n) in names.iter().enumerate() {
+            groups
+                .entry(self.inner.shards.home(n))
+                .or_default()
+                .push((i, n.clone()));
+        }
+        let reads = groups.into_iter().map(|(shard, group)| {
+            let (order, names): (Vec<usize>, Vec<String>) = group.into_iter().unzip();
+            let read = read(self.shard(shard), names);
+            async move { Ok::<_, E>(order.into_iter().zip(read.await?)) }
+        });
+        let mut out: Vec<(usize, T)> = futures_util::future::try_join_all(reads)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        out.sort_by_key(|(i, _)| *i);
+        Ok(out.into_iter().map(|(_, t)| t).collect())
+    }
     pub fn mode(&self) -> Mode {
         self.inner.mode
     }

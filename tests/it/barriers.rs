@@ -15,10 +15,10 @@ use serde_json::{Value, json};
 
 use crate::common::*;
 
-/// Key `rest` of the namespace's shard 0, where barriers live
-/// (`{muster}:<rest>` with one shard, `{muster#0.k}:<rest>` when split).
-fn k0(rest: &str) -> String {
-    format!("{}:{rest}", shard_tag("muster", 0))
+/// Key `rest` of the shard barrier `name` lives in (`{muster}:<rest>` with
+/// one shard, `{muster#i.k}:<rest>` when split: the shard of its name).
+fn kn(name: &str, rest: &str) -> String {
+    format!("{}:{rest}", name_tag("muster", name))
 }
 
 async fn configure(app: &TestApp, name: &str, parts: &[String], max_missing: u32, timeout_ms: u64) {
@@ -184,7 +184,7 @@ async fn a_round_nobody_calls_about_is_decided_at_its_deadline() {
     let (_, v) = arrive(&a, "quiet", "r1", "z", 0).await;
     assert_eq!((v["may_run"].clone(), v["late"].clone()), (json!(false), json!(true)));
     // The deadline index holds open rounds only.
-    let open: i64 = redis.cmd(&["ZCARD", &k0("barriers:deadlines")]).await;
+    let open: i64 = redis.cmd(&["ZCARD", &kn("quiet", "barriers:deadlines")]).await;
     assert_eq!(open, 0);
 }
 
@@ -303,7 +303,7 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
     let kept = r["rounds"].as_array().unwrap();
     assert_eq!(kept.len(), 5, "rounds_kept rounds once all are decided");
     assert_eq!(kept[0]["round"], "r19", "newest first");
-    let round_keys: Vec<String> = redis.cmd(&["KEYS", &k0("barrier:bounded:r:*")]).await;
+    let round_keys: Vec<String> = redis.cmd(&["KEYS", &kn("bounded", "barrier:bounded:r:*")]).await;
     assert_eq!(round_keys.len(), 5, "{round_keys:?}");
     // A hold and a DoubleBarrier, then everything goes away.
     a.post("/api/v1/barriers/h/hold", json!({"ttl_ms": 500})).await;
@@ -315,12 +315,17 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
     // Every key left has a TTL, or is bounded: the stream (MAXLEN), the
     // barrier's config and the set of names (max_barriers), the
     // DoubleBarrier index (trimmed by idle time and swept by the loop).
-    // Barriers are in shard 0; every shard has its event stream and the
-    // node registry.
+    // Barriers are in the shards of their names (each with its indexes);
+    // every shard has its event stream and the node registry.
     let tags = shard_tags("muster");
     let is_events = |k: &str| tags.iter().any(|t| k == format!("{t}:events"));
     let is_node = |k: &str| tags.iter().any(|t| k.starts_with(&format!("{t}:nodes:")));
-    let bounded = [k0("barriers"), k0("barrier:bounded"), k0("dbarriers")];
+    let bounded = [
+        shard_keys("muster", "barriers"),
+        shard_keys("muster", "dbarriers"),
+        vec![kn("bounded", "barrier:bounded")],
+    ]
+    .concat();
     let unbounded = redis
         .keys_without_ttl(&baseline, |k| is_events(k) || bounded.iter().any(|b| b == k))
         .await;
@@ -328,7 +333,7 @@ async fn rounds_are_bounded_and_keys_return_to_baseline() {
     // Decided rounds (and their index) expire after round_retention_ms on their own.
     let expired = wait_until(Duration::from_secs(5), || async {
         redis
-            .cmd::<Vec<String>>(&["KEYS", &k0("barrier:bounded:r*")])
+            .cmd::<Vec<String>>(&["KEYS", &kn("bounded", "barrier:bounded:r*")])
             .await
             .is_empty()
     })
@@ -363,10 +368,12 @@ async fn script_outcomes_map_to_http() {
     // delete.lua's 0: deleting a barrier that is neither configured nor held.
     assert_eq!(a.delete("/api/v1/barriers/nope").await.0, 404);
     configure(&a, "only", &strings(&["x", "y"]), 0, 60_000).await;
-    // E.TOO_MANY (max_barriers): a second barrier; updating the first is fine.
+    // E.TOO_MANY (max_barriers): a second barrier; updating the first is
+    // fine. (Split, the bound counts per shard: the second is in the first's.)
+    let second = name_like("muster", "second", "only");
     let (s, v) = a
         .put(
-            "/api/v1/barriers/second",
+            &format!("/api/v1/barriers/{second}"),
             json!({"participants": ["x"], "max_missing": 0, "timeout_ms": 1000}),
         )
         .await;

@@ -6,7 +6,8 @@
 //! claims are fenced, orphans are recovered, barriers release, events replay
 //! and keys return to their baseline, with every key on that one master.
 //! With `MUSTER_TEST_SHARDS=N` the namespace is split: each shard's keys are
-//! on the master of its own tag's slot (locks and barriers in shard 0's).
+//! on the master of its own tag's slot (a lock's or a barrier's in the
+//! shard of its name).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -65,7 +66,7 @@ fn owner_port_of(cluster: &TestCluster, tag: &str) -> u16 {
 }
 
 /// The port of the master of shard 0's slot (the `{muster}` slot with one
-/// shard): where locks, barriers and elections live.
+/// shard): the one a node's Redis summary describes.
 fn owner_port(cluster: &TestCluster) -> u16 {
     owner_port_of(cluster, &shard_tag("muster", 0))
 }
@@ -690,8 +691,9 @@ async fn cluster_failover_never_repeats_a_lost_lock_token() {
             .await
         }
     };
-    // Locks live in shard 0: its master loses the acquire.
-    let (lost, _) = lose_the_last_write(&mut cluster, &shard_tag("muster", 0), async {
+    // A lock lives in the shard of its name: that shard's master loses the
+    // acquire.
+    let (lost, _) = lose_the_last_write(&mut cluster, &name_tag("muster", "res"), async {
         let (s, v) = acquire("first").await;
         assert_eq!(s, 200, "{v}");
         v["token"].as_u64().unwrap()

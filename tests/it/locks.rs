@@ -15,10 +15,10 @@ use serde_json::{Value, json};
 
 use crate::common::*;
 
-/// Key `rest` of the namespace's shard 0, where locks and elections live
-/// (`{muster}:<rest>` with one shard, `{muster#0.k}:<rest>` when split).
-fn k0(rest: &str) -> String {
-    format!("{}:{rest}", shard_tag("muster", 0))
+/// Key `rest` of the shard lock or election `name` lives in (`{muster}:<rest>`
+/// with one shard, `{muster#i.k}:<rest>` when split: the shard of its name).
+fn kn(name: &str, rest: &str) -> String {
+    format!("{}:{rest}", name_tag("muster", name))
 }
 
 async fn acquire(app: &TestApp, name: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> (u16, Value) {
@@ -51,9 +51,12 @@ async fn tokens_strictly_increase_and_stale_tokens_are_refused() {
     let a = TestApp::start(&redis).await;
     let b = TestApp::start(&redis).await;
     let mut last = 0u64;
+    // Tokens grow across every lock of a shard (one counter per shard): a
+    // second lock in the shard of `res` (`other` itself with one shard).
+    let other = name_like("muster", "other", "res");
     for i in 0..20 {
         let app = if i % 2 == 0 { &a } else { &b };
-        let name = if i % 3 == 0 { "other" } else { "res" };
+        let name = if i % 3 == 0 { other.as_str() } else { "res" };
         let (s, v) = acquire(app, name, &format!("o{i}"), 5000, 0).await;
         assert_eq!(s, 200, "{v}");
         let token = v["token"].as_u64().unwrap();
@@ -131,7 +134,7 @@ async fn waiters_are_served_in_fifo_order() {
     }
     assert_eq!(waiters(&b, "fifo").await, names.to_vec());
     // The line lapses on its own if every waiter vanished.
-    for k in [k0("lock:fifo:q"), k0("lock:fifo:qx")] {
+    for k in [kn("fifo", "lock:fifo:q"), kn("fifo", "lock:fifo:qx")] {
         let ttl: i64 = redis.cmd(&["PTTL", &k]).await;
         assert!(ttl > 0, "{k} has no TTL");
     }
@@ -178,8 +181,12 @@ async fn an_abandoned_waiter_does_not_block_the_line() {
     // lapsing waiter_ttl after its last poll.
     let (secs, micros): (i64, i64) = redis.cmd(&["TIME"]).await;
     let lapse = (secs * 1000 + micros / 1000 + 600).to_string();
-    redis.cmd::<i64>(&["ZADD", &k0("lock:line:q"), "1", "ghost"]).await;
-    redis.cmd::<i64>(&["ZADD", &k0("lock:line:qx"), &lapse, "ghost"]).await;
+    redis
+        .cmd::<i64>(&["ZADD", &kn("line", "lock:line:q"), "1", "ghost"])
+        .await;
+    redis
+        .cmd::<i64>(&["ZADD", &kn("line", "lock:line:qx"), &lapse, "ghost"])
+        .await;
     let a2 = a.clone();
     let live = tokio::spawn(async move { acquire(&a2, "line", "live", 30_000, 20_000).await });
     let queued = wait_until(Duration::from_secs(5), || async {
@@ -239,7 +246,7 @@ async fn a_dead_holders_lock_is_reacquired_after_its_ttl() {
     })
     .await;
     assert!(gone);
-    let left: i64 = redis.cmd(&["EXISTS", &k0("lock:idle")]).await;
+    let left: i64 = redis.cmd(&["EXISTS", &kn("idle", "lock:idle")]).await;
     assert_eq!(left, 0);
 }
 

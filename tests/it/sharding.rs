@@ -1,8 +1,9 @@
 //! A namespace split into shards (`redis.shards`, issue 14), on one
 //! redis-server so the tests can read each shard's keys: where tasks live,
 //! claims across a queue's shards, group limits across queues in different
-//! shards (G6), recovery in every shard (G3), and the event cursor that
-//! resumes every shard with no hole and no duplicate (G9).
+//! shards (G6), recovery in every shard (G3), the event cursor that
+//! resumes every shard with no hole and no duplicate (G9), and locks,
+//! elections and barriers in the shards of their names.
 //!
 //! The same properties on a Redis Cluster are the whole suite run with
 //! `MUSTER_TEST_SHARDS=12 MUSTER_TEST_CLUSTER=1` (see `docs/contributing.md`).
@@ -520,4 +521,96 @@ async fn a_schedule_with_a_group_lives_in_the_groups_shard() {
     assert_eq!(got[0]["id"], task);
     let (_, list) = a.get("/api/v1/schedules").await;
     assert!(list.to_string().contains(fit), "{list}");
+}
+
+/// Locks, elections and barriers live in the shards of their names: each
+/// name's keys are in its shard alone, the listings merge every shard, and
+/// the lease and deadline loops end leases and decide rounds in every shard
+/// (nobody calls about them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_elections_and_barriers_live_in_the_shards_of_their_names() {
+    if skip_on_cluster("reads each shard's keys on a server of its own") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = node(&redis).await;
+    let m = map();
+    let names = names_per_shard("res");
+    let parts = json!(["x", "y"]);
+    for n in &names {
+        let (s, v) = a
+            .post(
+                &format!("/api/v1/locks/{n}/acquire"),
+                json!({"owner": "o", "ttl_ms": 400, "wait_ms": 0}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let (s, v) = a
+            .post(
+                &format!("/api/v1/elections/{n}/campaign"),
+                json!({"candidate": "c", "ttl_ms": 60_000}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let body = json!({"participants": parts, "max_missing": 0, "timeout_ms": 400});
+        let (s, v) = a.put(&format!("/api/v1/barriers/{n}"), body).await;
+        assert_eq!(s, 201, "{v}");
+        let (s, v) = a
+            .post(
+                &format!("/api/v1/barriers/{n}/rounds/r1/arrive"),
+                json!({"node": "x", "wait_ms": 0}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    // Each name's keys are in its own shard, and only there.
+    for (home, n) in names.iter().enumerate() {
+        for shard in 0..SHARDS as usize {
+            for key in [format!("lock:{n}"), format!("election:{n}"), format!("barrier:{n}")] {
+                let key = format!("{}:{key}", m.tag(shard));
+                let exists: i64 = redis.cmd(&["EXISTS", &key]).await;
+                assert_eq!(exists == 1, shard == home, "{key} (the home of {n} is shard {home})");
+            }
+        }
+    }
+    // The listings merge every shard.
+    let listed = |v: &Value, field: &str, name: &str| -> BTreeSet<String> {
+        v[field]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e[name].as_str().unwrap().to_string())
+            .collect()
+    };
+    let all: BTreeSet<String> = names.iter().cloned().collect();
+    let (_, v) = a.get("/api/v1/elections").await;
+    assert_eq!(listed(&v, "elections", "name"), all, "{v}");
+    let (_, v) = a.get("/api/v1/barriers").await;
+    assert_eq!(listed(&v, "barriers", "name"), all, "{v}");
+    let (_, v) = a.get("/api/v1/locks").await;
+    assert_eq!(listed(&v, "locks", "name"), all, "{v}");
+    // The loops: every lease lapses and every round is aborted at its
+    // deadline (y never arrives), in every shard.
+    let done = wait_until(Duration::from_secs(10), || async {
+        let (_, locks) = a.get("/api/v1/locks").await;
+        let mut decided = true;
+        for n in &names {
+            let (_, r) = a.get(&format!("/api/v1/barriers/{n}/rounds/r1")).await;
+            decided &= r["verdict"] == "aborted";
+        }
+        decided && locks["locks"].as_array().unwrap().is_empty()
+    })
+    .await;
+    assert!(done, "every shard's leases lapse and rounds are decided by the loops");
+    // One lock.expired per lock, in the stream of the lock's own shard.
+    for (home, n) in names.iter().enumerate() {
+        let stream = format!("{}:events", m.tag(home));
+        let rows: Vec<(String, Vec<(String, String)>)> = redis.cmd(&["XRANGE", &stream, "-", "+"]).await;
+        let expired = rows
+            .iter()
+            .filter(|(_, f)| f.iter().any(|(k, v)| k == "type" && v == "lock.expired"))
+            .filter(|(_, f)| f.iter().any(|(_, v)| v == n))
+            .count();
+        assert_eq!(expired, 1, "lock.expired of {n} in shard {home}: {rows:?}");
+    }
 }

@@ -149,8 +149,8 @@ async fn deciding_a_round_never_deletes_it() {
     assert_eq!((s, v["verdict"].clone()), (200, json!("released")), "{v}");
     assert_eq!(a.get("/api/v1/barriers/small/rounds/r2").await.0, 200);
     assert_eq!(a.get("/api/v1/barriers/small/rounds/r1").await.0, 404);
-    let keys: Vec<String> = redis.cmd(&["KEYS", &k0("barrier:small:r:*")]).await;
-    assert_eq!(keys, [k0("barrier:small:r:r2")]);
+    let keys: Vec<String> = redis.cmd(&["KEYS", &kn("small", "barrier:small:r:*")]).await;
+    assert_eq!(keys, [kn("small", "barrier:small:r:r2")]);
     let (_, list) = a.get("/api/v1/barriers/small/rounds").await;
     assert_eq!(list["rounds"].as_array().unwrap().len(), 1, "{list}");
 }
@@ -201,9 +201,12 @@ async fn open_rounds_are_bounded_per_barrier() {
     // whose round is decided or gone are dropped first.
     assert_eq!(arrive(&a, "capped", "o2", "y", 0).await.1["verdict"], "released");
     redis
-        .cmd::<i64>(&["ZADD", &k0("barrier:capped:open"), "1", "ghost"])
+        .cmd::<i64>(&["ZADD", &kn("capped", "barrier:capped:open"), "1", "ghost"])
         .await;
-    assert_eq!(redis.cmd::<i64>(&["ZCARD", &k0("barrier:capped:open")]).await, 2);
+    assert_eq!(
+        redis.cmd::<i64>(&["ZCARD", &kn("capped", "barrier:capped:open")]).await,
+        2
+    );
     let (s, v) = arrive(&a, "capped", "o4", "x", 0).await;
     assert_eq!((s, v["verdict"].clone()), (200, json!("pending")), "{v}");
     let (s, v) = arrive(&a, "capped", "o5", "x", 0).await;

@@ -4,7 +4,8 @@
 //! With one shard every key is `{muster}:...`, as the tests write them.
 //! Split, a key carries its shard's tag (`{muster#<i>.<k>}`, see
 //! `store/shards.rs`): a task's is its id's shard, a queue's keys may be in
-//! several shards, locks, barriers and elections are in shard 0, and the
+//! several shards, locks, barriers and elections are in the shards of their
+//! names, the dashboard's sessions and the stats history in shard 0, and the
 //! layout record stays under `{muster}`.
 
 use muster::store::shards::ShardMap;

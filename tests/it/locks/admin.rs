@@ -238,10 +238,15 @@ async fn lock_and_election_keys_return_to_baseline() {
         t.await.unwrap();
     }
     // Counters are single keys; everything else lapses.
-    // Locks and elections are in shard 0; every shard has its event stream
-    // and the node registry.
-    let counters = [k0("locks:fence"), k0("elections:epoch")];
-    let bounded = [k0("locks"), k0("elections")];
+    // Locks and elections are in the shards of their names (each with its
+    // counters and indexes); every shard has its event stream and the node
+    // registry.
+    let counters = [
+        shard_keys("muster", "locks:fence"),
+        shard_keys("muster", "elections:epoch"),
+    ]
+    .concat();
+    let bounded = [shard_keys("muster", "locks"), shard_keys("muster", "elections")].concat();
     let tags = shard_tags("muster");
     let is_events = |k: &str| tags.iter().any(|t| k == format!("{t}:events"));
     let is_node = |k: &str| tags.iter().any(|t| k.starts_with(&format!("{t}:nodes:")));
@@ -268,8 +273,8 @@ async fn an_acquire_after_thousands_of_lapsed_waiters_succeeds() {
     let n = 9000;
     // The queue layout of locks/lua/lib.lua: P:lock:<l>:q owner -> order,
     // P:lock:<l>:qx owner -> when its place lapses (here long past).
-    let mut q = vec!["ZADD".to_string(), k0("lock:crowd:q")];
-    let mut qx = vec!["ZADD".to_string(), k0("lock:crowd:qx")];
+    let mut q = vec!["ZADD".to_string(), kn("crowd", "lock:crowd:q")];
+    let mut qx = vec!["ZADD".to_string(), kn("crowd", "lock:crowd:qx")];
     for i in 0..n {
         q.extend([i.to_string(), format!("ghost{i}")]);
         qx.extend(["1".to_string(), format!("ghost{i}")]);
@@ -281,7 +286,7 @@ async fn an_acquire_after_thousands_of_lapsed_waiters_succeeds() {
     let (s, v) = acquire(&a, "crowd", "fresh", 5000, 0).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["owner"], "fresh");
-    for k in [k0("lock:crowd:q"), k0("lock:crowd:qx")] {
+    for k in [kn("crowd", "lock:crowd:q"), kn("crowd", "lock:crowd:qx")] {
         assert_eq!(redis.cmd::<i64>(&["ZCARD", &k]).await, 0, "{k}");
     }
 }
@@ -299,7 +304,7 @@ async fn script_outcomes_map_to_http() {
     // E.LAPSED: the lease lapsed by Redis time before the expiry loop saw it
     // (its index entry still says later).
     let (_, held) = acquire(&a, "l", "o", 60_000, 0).await;
-    let _: i64 = redis.cmd(&["HSET", &k0("lock:l"), "expires_at", "1"]).await;
+    let _: i64 = redis.cmd(&["HSET", &kn("l", "lock:l"), "expires_at", "1"]).await;
     let (s, v) = a
         .post("/api/v1/locks/l/renew", json!({"token": held["token"], "ttl_ms": 5000}))
         .await;
