@@ -21,7 +21,9 @@ pub enum BarrierError {
         round: String,
         node: String,
     },
-    #[error("the cluster already has the maximum of {0} barriers (barriers.max_barriers)")]
+    #[error(
+        "the cluster already has the maximum of {0} barriers (barriers.max_barriers, counted per shard when redis.shards > 1): delete one or raise the limit"
+    )]
     TooMany(u32),
     #[error(
         "barrier `{barrier}` already has {max} undecided rounds (barriers.max_open_rounds): arrive at an open round, or wait until one is decided"

@@ -80,7 +80,9 @@ pub enum ScheduleError {
     )]
     FromConfig(String),
     /// 409
-    #[error("the cluster already has the maximum of {0} schedules (schedules.max_schedules)")]
+    #[error(
+        "the cluster already has the maximum of {0} schedules (schedules.max_schedules, counted per shard when redis.shards > 1): delete one or raise the limit"
+    )]
     TooMany(u32),
     /// 409
     #[error(
