@@ -446,35 +446,35 @@ impl Schedules {
         Ok(res)
     }
 
+    /// Each shard's view with the ids of its schedules (sorted), every
+    /// shard read at once; shards without schedules are left out.
+    async fn ids_by_shard(&self) -> Result<Vec<(Store, Vec<String>)>, StoreError> {
+        let reads = self.store.every_shard().map(|s| async move {
+            let key = scripts::schedules_key(s.keys());
+            let mut ids: Vec<String> = s.query("schedule_ids", redis::cmd("SMEMBERS").arg(key)).await?;
+            ids.sort();
+            Ok::<_, StoreError>((s, ids))
+        });
+        let shards = futures_util::future::try_join_all(reads).await?;
+        Ok(shards.into_iter().filter(|(_, ids)| !ids.is_empty()).collect())
+    }
+
     /// The ids of every schedule (of every shard), sorted.
     pub async fn ids(&self) -> Result<Vec<String>, StoreError> {
-        let mut ids = Vec::new();
-        for i in 0..self.store.shards().len() {
-            let s = self.store.shard(i);
-            let key = scripts::schedules_key(s.keys());
-            let part: Vec<String> = s.query("schedule_ids", redis::cmd("SMEMBERS").arg(key)).await?;
-            ids.extend(part);
-        }
+        let mut ids: Vec<String> = self
+            .ids_by_shard()
+            .await?
+            .into_iter()
+            .flat_map(|(_, ids)| ids)
+            .collect();
         ids.sort();
         Ok(ids)
     }
 
     /// Every schedule (without history): two pipelined round trips per
-    /// shard.
+    /// shard, the shards at once.
     pub async fn list(&self) -> Result<Vec<Schedule>, StoreError> {
-        let mut out = Vec::new();
-        for i in 0..self.store.shards().len() {
-            let s = self.store.shard(i);
-            let mut ids: Vec<String> = s
-                .query(
-                    "schedule_ids",
-                    redis::cmd("SMEMBERS").arg(scripts::schedules_key(s.keys())),
-                )
-                .await?;
-            if ids.is_empty() {
-                continue;
-            }
-            ids.sort();
+        let reads = self.ids_by_shard().await?.into_iter().map(|(s, ids)| async move {
             let mut p = redis::pipe();
             p.cmd("TIME");
             for id in &ids {
@@ -482,6 +482,7 @@ impl Schedules {
             }
             let replies: Vec<Value> = s.pipe("schedule_list", &p).await?;
             let now = redis_ms(replies.first());
+            let mut out = Vec::with_capacity(ids.len());
             for (id, v) in ids.iter().zip(replies.into_iter().skip(1)) {
                 let m: BTreeMap<String, String> =
                     redis::from_redis_value(v).map_err(|e| StoreError::Decode(e.to_string()))?;
@@ -489,7 +490,9 @@ impl Schedules {
                     out.push(schedule_from(id, &m, now, Vec::new()));
                 }
             }
-        }
+            Ok::<_, StoreError>(out)
+        });
+        let mut out = futures_util::future::try_join_all(reads).await?.concat();
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
     }

@@ -74,21 +74,10 @@ impl TimingCache {
 type Row = (Option<u64>, Option<String>, Option<i64>, Option<String>, Option<String>);
 
 impl Schedules {
-    /// Every schedule's id and [`Row`]: one set and one pipeline per shard.
+    /// Every schedule's id and [`Row`]: one set and one pipeline per shard,
+    /// the shards at once.
     async fn scan(&self) -> Result<Vec<(String, Row)>, StoreError> {
-        let mut out = Vec::new();
-        for i in 0..self.store.shards().len() {
-            let s = self.store.shard(i);
-            let mut ids: Vec<String> = s
-                .query(
-                    "schedule_ids",
-                    redis::cmd("SMEMBERS").arg(super::scripts::schedules_key(s.keys())),
-                )
-                .await?;
-            if ids.is_empty() {
-                continue;
-            }
-            ids.sort();
+        let reads = self.ids_by_shard().await?.into_iter().map(|(s, ids)| async move {
             let mut p = redis::pipe();
             for id in &ids {
                 p.cmd("HMGET")
@@ -100,9 +89,9 @@ impl Schedules {
                     .arg("tz");
             }
             let rows: Vec<Row> = s.pipe("schedule_scan", &p).await?;
-            out.extend(ids.into_iter().zip(rows));
-        }
-        Ok(out)
+            Ok::<_, StoreError>(ids.into_iter().zip(rows).collect::<Vec<_>>())
+        });
+        Ok(futures_util::future::try_join_all(reads).await?.concat())
     }
 
     /// One scheduler pass over every schedule. Returns how long to sleep
