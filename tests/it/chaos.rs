@@ -38,6 +38,9 @@ const CLEANER_MS: u64 = 200;
 const QUEUE: &str = "chaos";
 
 struct Plan {
+    /// Kill, restart and stall Redis too (not on the shared cluster, whose
+    /// failovers are `ha_cluster`'s, on clusters of their own).
+    redis_faults: bool,
     tasks: usize,
     workers: usize,
     node_kill_every: Duration,
@@ -53,16 +56,12 @@ struct NodeProc {
 }
 
 impl NodeProc {
-    fn spawn(&mut self, redis_url: &str) {
+    /// Starts the node; `redis` names its Redis (`--redis-url <url>`, or
+    /// `--config <file>` naming the shared cluster).
+    fn spawn(&mut self, redis: &[String]) {
         let child = Command::new(muster_bin())
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{}", self.port),
-                "--node-id",
-                &self.id,
-                "--redis-url",
-                redis_url,
-            ])
+            .args(["--listen", &format!("127.0.0.1:{}", self.port), "--node-id", &self.id])
+            .args(redis)
             .arg("--data-dir")
             .arg(&self.dir)
             .current_dir(&self.dir)
@@ -150,16 +149,35 @@ impl Shared {
 
 async fn run_chaos(plan: Plan) {
     let started = Instant::now();
-    let mut redis = TestRedis::start_with(&[
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--enable-debug-command",
-        "yes",
-    ]);
-    let redis_url = redis.url();
+    let mut redis = if plan.redis_faults {
+        TestRedis::start_with(&[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--enable-debug-command",
+            "yes",
+        ])
+    } else {
+        TestRedis::start()
+    };
     let root = tempfile::Builder::new().prefix("muster-chaos").tempdir().unwrap();
+    let redis_url = match redis.cluster_prefix() {
+        None => vec!["--redis-url".to_string(), redis.url()],
+        Some(_) => {
+            // The shared cluster's seeds and the test's namespace.
+            let cfg = redis.test_config(root.path());
+            let file = root.path().join("redis.toml");
+            let seeds: Vec<String> = cfg.redis.cluster.iter().map(|s| format!("{s:?}")).collect();
+            let toml = format!(
+                "[redis]\ncluster = [{}]\nkey_prefix = {:?}\n",
+                seeds.join(", "),
+                cfg.redis.key_prefix
+            );
+            std::fs::write(&file, toml).unwrap();
+            vec!["--config".to_string(), file.display().to_string()]
+        }
+    };
     let mut nodes: Vec<NodeProc> = (0..3)
         .map(|i| {
             let dir = root.path().join(format!("n{i}"));
@@ -254,8 +272,9 @@ async fn run_chaos(plan: Plan) {
     // The controller.
     let mut last_node_kill = Instant::now();
     let mut last_worker_kill = Instant::now();
-    let mut restarted_redis = false;
-    let mut stalled_redis = false;
+    // (Done from the start when the plan has no Redis faults.)
+    let mut restarted_redis = !plan.redis_faults;
+    let mut stalled_redis = !plan.redis_faults;
     let mut node_restarts = 0;
     let mut seed = 99u64;
     let mut rnd = move |n: usize| {
@@ -558,10 +577,11 @@ fn chaos_tasks(default: usize) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_nodes_workers_and_redis_fail_and_nothing_is_lost() {
-    if skip_on_cluster("runs the binary with a Redis URL, kills, restarts and stalls Redis") {
+    if skip_on_cluster("kills, restarts and stalls Redis (chaos_on_the_shared_cluster runs there)") {
         return;
     }
     run_chaos(Plan {
+        redis_faults: true,
         tasks: chaos_tasks(2000),
         workers: 6,
         node_kill_every: Duration::from_millis(2500),
@@ -574,15 +594,38 @@ async fn chaos_nodes_workers_and_redis_fail_and_nothing_is_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "long soak: cargo test --release chaos_soak -- --ignored --nocapture"]
 async fn chaos_soak() {
-    if skip_on_cluster("runs the binary with a Redis URL, kills, restarts and stalls Redis") {
+    if skip_on_cluster("kills, restarts and stalls Redis") {
         return;
     }
     run_chaos(Plan {
+        redis_faults: true,
         tasks: chaos_tasks(20_000),
         workers: 8,
         node_kill_every: Duration::from_millis(2000),
         worker_kill_every: Duration::from_millis(700),
         deadline: Duration::from_secs(1800),
+    })
+    .await;
+}
+
+/// The chaos run on the shared cluster (`MUSTER_TEST_CLUSTER=1`, split by
+/// `MUSTER_TEST_SHARDS`): the real binaries configured with the cluster's
+/// seeds, nodes SIGKILLed and restarted and workers killed mid-task, Redis
+/// left alone; every check of the default run holds, keys back to their
+/// bounds in every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_on_the_shared_cluster_nothing_is_lost() {
+    if !crate::common::cluster_mode::enabled() {
+        eprintln!("SKIP: runs with MUSTER_TEST_CLUSTER=1 (chaos_nodes_workers_and_redis_fail runs here)");
+        return;
+    }
+    run_chaos(Plan {
+        redis_faults: false,
+        tasks: chaos_tasks(2000),
+        workers: 6,
+        node_kill_every: Duration::from_millis(2500),
+        worker_kill_every: Duration::from_millis(1500),
+        deadline: Duration::from_secs(240),
     })
     .await;
 }

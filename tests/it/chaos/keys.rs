@@ -12,6 +12,8 @@ pub(super) const SINGLETONS: &[&str] = &[
     "{muster}:fseq",
     "{muster}:fence",
     "{muster}:epoch",
+    // Cluster mode: the master that raised the shard's epoch last.
+    "{muster}:epoch:master",
     "{muster}:orphans:history",
     "{muster}:orphans:counts",
     "{muster}:layout",
@@ -25,12 +27,17 @@ pub(super) const TTL_SINGLETONS: &[&str] = &[
     "{muster}:nodes:stalled_at",
 ];
 
-/// Every key in Redis with its PTTL in ms (-1: none), read with SCAN.
+/// Every key in Redis with its PTTL in ms (-1: none), read with SCAN (on
+/// the shared cluster: `KEYS`, which the harness limits to the test's
+/// namespace and asks every master).
 pub(super) async fn all_keys(redis: &TestRedis) -> BTreeMap<String, i64> {
     let mut c = redis.conn().await;
     let mut keys: Vec<String> = Vec::new();
     let mut cursor = 0u64;
-    loop {
+    if redis.cluster_prefix().is_some() {
+        keys = redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
+    }
+    while redis.cluster_prefix().is_none() {
         let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("COUNT")
