@@ -102,16 +102,6 @@ pub async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> 
     if n == 0 {
         return next.run(req).await;
     }
-    if s.store.shards().len() > 1 {
-        // A change lands on its shard's master, which the connection that
-        // would WAIT is not bound to; redis.ack_replicas is refused at start.
-        return ApiError::bad_request(format!(
-            "the Durability header cannot be honoured on a namespace split into shards (redis.shards = {}) in \
-             this version: leave it out (docs/sharding.md)",
-            s.store.shards().len()
-        ))
-        .into_response();
-    }
     let path_id = task_path_id(req.uri().path());
     let scope = AckScope::default();
     let mut resp = s.store.in_ack_scope(&scope, next.run(req)).await;

@@ -201,7 +201,6 @@ mod tests {
             ("ack_connections = 257", "redis.ack_connections"),
             ("shards = 0", "redis.shards"),
             ("shards = 65", "redis.shards"),
-            ("shards = 2\nack_replicas = 1", "redis.ack_replicas"),
         ] {
             let e = Config::from_toml(&format!("{url}{bad}\n")).unwrap_err();
             assert!(e.0.contains(key), "{bad}: {}", e.0);

@@ -267,13 +267,6 @@ impl Config {
                 &format!("must be between 1 and {MAX_ACK_TIMEOUT_MS} (WAIT's 0, wait forever, is not allowed)"),
             );
         }
-        if r.ack_replicas > 0 && r.shards > 1 {
-            return err(
-                "redis.ack_replicas",
-                "replicated acknowledgements do not yet work with redis.shards > 1 (WAIT would have to run \
-                 on each shard's master): set ack_replicas = 0 or shards = 1",
-            );
-        }
         if !(1..=MAX_ACK_CONNECTIONS).contains(&r.ack_connections) {
             return err(
                 "redis.ack_connections",

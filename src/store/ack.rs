@@ -27,12 +27,21 @@
 //!   Cluster mode the connection may reconnect to a node internally: the
 //!   pipeline reads `CLIENT ID` and any change from the id read when the
 //!   connection was opened counts as not replicated.
+//! - A namespace split into shards (`redis.shards`) on a Cluster has its
+//!   shards on several masters: the scope records each shard its scripts
+//!   wrote to, with that master's `CLIENT ID` read before the first write
+//!   there, and the request ends with the mark and `WAIT` on each of those
+//!   masters (all at once); it is replicated only when every one confirms.
+//!   Elsewhere every shard is on the one master, and one `WAIT` covers all.
 //! - A pooled connection on which a call timed out or failed as unavailable
 //!   is dropped, never reused (G12); a master switch (a new generation)
 //!   retires every pooled connection, and the next request opens a new one.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
+
+use redis::cluster_routing::Route;
 
 use super::call::RetryableOr;
 use super::*;
@@ -58,19 +67,25 @@ impl Pool {
 }
 
 /// One pooled connection, the generation it was opened in, and (Cluster)
-/// the `CLIENT ID` the namespace's master gave it.
+/// the `CLIENT ID` the master it was opened on gave it, with that master's
+/// route.
 #[derive(Clone)]
 struct Pooled {
     slot: usize,
     link: Link,
     generation: u64,
     client_id: Option<i64>,
+    route: Option<Route>,
 }
 
 #[derive(Default)]
 struct ScopeInner {
     /// The pooled connection this request uses, once its first script ran.
     pooled: Mutex<Option<Pooled>>,
+    /// The shards this request's scripts ran on, each with the `CLIENT ID`
+    /// its master gave the pooled connection before the first of them
+    /// (Cluster; None elsewhere).
+    shards: Mutex<BTreeMap<usize, Option<i64>>>,
 }
 
 /// One acknowledged request: every script it runs inside
@@ -127,8 +142,65 @@ impl Store {
             Ok(p) => p,
             Err(e) => return Confirmation::Unknown(e.to_string()),
         };
+        let written: Vec<(usize, Option<i64>)> = scope
+            .0
+            .shards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(s, id)| (*s, *id))
+            .collect();
+        // Outside Cluster every shard is on one master: one wait covers all.
+        // A request that ran no script waits where it is (its replay's
+        // first write came before the mark there).
+        if pooled.client_id.is_none() || written.len() <= 1 {
+            let (shard, id) = match written.first() {
+                Some(w) => *w,
+                None => {
+                    if let Err(e) = self.note_ack_shard(scope, &pooled).await {
+                        return Confirmation::Unknown(e.to_string());
+                    }
+                    let id = scope
+                        .0
+                        .shards
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&self.shard)
+                        .copied();
+                    (self.shard, id.flatten())
+                }
+            };
+            return self.shard(shard).wait_one(&pooled, id, replicas, wait).await;
+        }
+        let waits = written.into_iter().map(|(shard, id)| {
+            let pooled = pooled.clone();
+            async move { self.shard(shard).wait_one(&pooled, id, replicas, wait).await }
+        });
+        let outcomes = futures_util::future::join_all(waits).await;
+        if let Some(unknown) = outcomes.iter().find(|o| matches!(o, Confirmation::Unknown(_))) {
+            return unknown.clone();
+        }
+        let fewest = outcomes
+            .iter()
+            .map(|o| match o {
+                Confirmation::Replicated(n) | Confirmation::Short(n) => *n,
+                Confirmation::Unknown(_) => 0,
+            })
+            .min()
+            .unwrap_or(0);
+        if outcomes.iter().all(|o| matches!(o, Confirmation::Replicated(_))) {
+            Confirmation::Replicated(fewest)
+        } else {
+            Confirmation::Short(fewest)
+        }
+    }
+
+    /// The mark and `WAIT` on this shard's master, on the pooled connection;
+    /// `client_id` is the id that master gave it before the request's first
+    /// write there (Cluster).
+    async fn wait_one(&self, pooled: &Pooled, client_id: Option<i64>, replicas: u32, wait: Duration) -> Confirmation {
         let mut pipe = redis::pipe();
-        if pooled.client_id.is_some() {
+        if client_id.is_some() {
             pipe.cmd("CLIENT").arg("ID");
         }
         pipe.cmd("SET")
@@ -144,7 +216,7 @@ impl Store {
             r = tokio::time::timeout(limit, pipe.query_async(&mut conn)) => match r {
                 Ok(r) => r,
                 Err(_) => {
-                    self.retire_pooled(&pooled).await;
+                    self.retire_pooled(pooled).await;
                     return Confirmation::Unknown(format!("WAIT got no answer within {} ms", limit.as_millis()));
                 }
             },
@@ -157,18 +229,18 @@ impl Store {
             Err(e) => {
                 let err = classify(&e);
                 if matches!(err, StoreError::Unavailable(_)) {
-                    self.retire_pooled(&pooled).await;
+                    self.retire_pooled(pooled).await;
                 }
                 return Confirmation::Unknown(format!("WAIT failed: {err}"));
             }
         };
-        let (client_id, acked) = match (pooled.client_id, values.as_slice()) {
+        let (now_id, acked) = match (client_id, values.as_slice()) {
             (Some(_), [id, acked]) => (Some(*id), *acked),
             (None, [acked]) => (None, *acked),
             _ => return Confirmation::Unknown(format!("unexpected reply to WAIT: {values:?}")),
         };
-        if client_id != pooled.client_id {
-            self.retire_pooled(&pooled).await;
+        if now_id != client_id {
+            self.retire_pooled(pooled).await;
             return Confirmation::Unknown(
                 "the cluster connection was reopened between the write and WAIT, which may have reached another server"
                     .into(),
@@ -193,6 +265,7 @@ impl Store {
         args: &[String],
     ) -> StoreResult<T> {
         let pooled = self.ack_pooled(scope).await?;
+        self.note_ack_shard(scope, &pooled).await?;
         let args = super::call::with_deadline(args, self.deadline()?);
         let mut conn = self.routed(pooled.link.clone()).conn;
         match self
@@ -207,6 +280,52 @@ impl Store {
             }
             Err(RetryableOr::Fail(e)) => Err(e),
         }
+    }
+
+    /// Records that the request writes to this shard, with the `CLIENT ID`
+    /// its master gives the pooled connection now (Cluster: read once per
+    /// shard and request, unless the connection was opened on that master).
+    async fn note_ack_shard(&self, scope: &AckScope, pooled: &Pooled) -> StoreResult<()> {
+        if scope
+            .0
+            .shards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&self.shard)
+        {
+            return Ok(());
+        }
+        let route = self.inner.shard_routes.get(self.shard).copied();
+        let id = match pooled.client_id {
+            Some(id) if route == pooled.route => Some(id),
+            Some(_) => {
+                let mut c = self.routed(pooled.link.clone()).conn;
+                match self
+                    .timed_on(
+                        &pooled.link,
+                        "client_id",
+                        redis::cmd("CLIENT").arg("ID").query_async(&mut c),
+                    )
+                    .await
+                {
+                    Ok(id) => Some(id),
+                    Err(RetryableOr::Retry(e)) => {
+                        self.retire_pooled(pooled).await;
+                        return Err(e);
+                    }
+                    Err(RetryableOr::Fail(e)) => return Err(e),
+                }
+            }
+            None => None,
+        };
+        scope
+            .0
+            .shards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(self.shard)
+            .or_insert(id);
+        Ok(())
     }
 
     /// The request's pooled connection: the one it used already (an error if
@@ -247,22 +366,23 @@ impl Store {
             id: self.inner.links.fetch_add(1, Ordering::SeqCst) + 1,
             cut: CancellationToken::new(),
         };
-        let client_id = match link.conn {
-            Conn::Cluster(..) => {
+        let (client_id, route) = match link.conn {
+            Conn::Cluster(_, route) => {
                 let mut c = link.conn.clone();
                 let id: i64 = self
                     .timed_on(&link, "client_id", redis::cmd("CLIENT").arg("ID").query_async(&mut c))
                     .await
                     .map_err(RetryableOr::into_error)?;
-                Some(id)
+                (Some(id), Some(route))
             }
-            _ => None,
+            _ => (None, None),
         };
         let p = Pooled {
             slot,
             link,
             generation,
             client_id,
+            route,
         };
         *held = Some(p.clone());
         metrics::counter!("muster_redis_ack_connections_opened_total").increment(1);

@@ -228,9 +228,6 @@ async fn round(fault: Fault, ack_replicas: u32) -> (usize, Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_tasks_survive_a_master_kill_and_a_partition() {
-    if skip_when_sharded("replicated acknowledgements are refused on a split namespace") {
-        return;
-    }
     if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
         return;
     }
@@ -301,9 +298,6 @@ fn metric(text: &str, series: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
-    if skip_when_sharded("replicated acknowledgements are refused on a split namespace") {
-        return;
-    }
     if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
         return;
     }
@@ -511,32 +505,24 @@ async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
 }
 
 // ---------------------------------------------------------------------------
-// Cluster: WAIT goes to the master of the namespace's slot
+// Cluster: WAIT goes to the master of each slot the request wrote to
 // ---------------------------------------------------------------------------
 
-/// A 3-master Cluster in which only the master of `{muster}`'s slot gets a
-/// replica. redis-rs would send a bare `WAIT` to every master and answer the
-/// minimum (0 here, from the two without replicas); muster sends it to the
-/// slot's master on the connection of the writes, so a submit is confirmed,
-/// and a frozen replica makes it a shortfall.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_waits_on_the_namespace_slot_master() {
-    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
-        return;
-    }
-    // WAIT would have to run on each shard's master: a split namespace
-    // refuses redis.ack_replicas > 0 at start (docs/sharding.md).
-    if skip_when_sharded("redis.ack_replicas > 0 is refused on a split namespace") {
-        return;
-    }
-    use crate::common::ha::{TestCluster, info, query};
-    let cluster = TestCluster::start(3);
-    // The owner answers a read of the slot; the others answer MOVED.
-    let owner = cluster
+/// The port of the master that owns `tag`'s slot (a read there answers; the
+/// others answer MOVED).
+fn owner_of(cluster: &crate::common::ha::TestCluster, tag: &str) -> u16 {
+    use crate::common::ha::query;
+    cluster
         .ports()
         .into_iter()
-        .find(|p| query::<Option<String>>(*p, &["GET", "{muster}:probe"]).is_some())
-        .expect("one master owns the {muster} slot");
+        .find(|p| query::<Option<String>>(*p, &["GET", &format!("{tag}:probe")]).is_some())
+        .unwrap_or_else(|| panic!("one master owns the {tag} slot"))
+}
+
+/// A new node that joins `cluster` as the replica of the master at `owner`,
+/// once it is in sync.
+async fn replica_of(owner: u16) -> (TestRedis, tempfile::TempDir) {
+    use crate::common::ha::{info, query};
     let owner_id: String = query(owner, &["CLUSTER", "MYID"]).unwrap();
     let conf_dir = tempfile::Builder::new().prefix("muster-dur-cluster").tempdir().unwrap();
     let conf = conf_dir.path().join("replica-nodes.conf");
@@ -566,22 +552,91 @@ async fn cluster_waits_on_the_namespace_slot_master() {
     })
     .await;
     assert!(up, "the replica never synced with the slot's master");
+    (replica, conf_dir)
+}
 
+/// A node on `cluster` with `ack_replicas = 1`, one pooled connection (the
+/// second submit must meet a frozen replica in WAIT, not in opening a new
+/// cluster connection, which contacts every node and, with one frozen, can
+/// time out into a plain 503 "unavailable" on a loaded machine).
+async fn acked_cluster_node(
+    cluster: &crate::common::ha::TestCluster,
+    tweak: impl FnOnce(&mut muster::config::Config),
+) -> TestApp {
     let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
     let mut cfg = test_config("", dir.path());
     cfg.redis.url = String::new();
     cfg.redis.cluster = cluster.seeds();
     cfg.redis.ack_replicas = 1;
     cfg.redis.ack_timeout_ms = 300;
-    // One pooled connection, opened by the first submit: the second must
-    // meet the frozen replica in WAIT, not in opening a new cluster
-    // connection (which contacts every node and, with one frozen, can time
-    // out into a plain 503 "unavailable" on a loaded machine).
     cfg.redis.ack_connections = 1;
-    let app = TestApp::start_config(cfg, dir).await;
+    tweak(&mut cfg);
+    TestApp::start_config(cfg, dir).await
+}
+
+/// A 3-master Cluster in which only the master of the queue's slot (the
+/// `{muster}` slot with one shard) gets a replica. redis-rs would send a
+/// bare `WAIT` to every master and answer the minimum (0 here, from the two
+/// without replicas); muster sends it to the slot's master on the
+/// connection of the writes, so a submit is confirmed, and a frozen replica
+/// makes it a shortfall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_waits_on_the_namespace_slot_master() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
+    let cluster = crate::common::ha::TestCluster::start(3);
+    let (replica, _conf) = replica_of(owner_of(&cluster, &name_tag("muster", "dur"))).await;
+    let app = acked_cluster_node(&cluster, |_| {}).await;
     let (s, b, h) = post_with(&app, "/api/v1/queues/dur/tasks", &[], json!({"payload": 1})).await;
     assert_eq!(s, 201, "{b}");
     assert_eq!(replicas_header(&h).as_deref(), Some("1"));
+
+    let thaw = replica.freeze(Duration::from_secs(2));
+    let (s, b, _) = post_with(&app, "/api/v1/queues/dur/tasks", &[], json!({"payload": 2})).await;
+    assert_eq!(s, 503, "{b}");
+    assert_eq!(b["replicated"], false, "{b}");
+    thaw.join().unwrap();
+}
+
+/// A namespace split into 12 shards over 3 masters, only one of which has a
+/// replica: a request is confirmed on the masters of the shards it wrote
+/// to, every one of them. A submit to a queue on the replicated master is
+/// confirmed; one to a queue on another master is a shortfall (that master
+/// has none); a batch that writes to both is a shortfall too; and a frozen
+/// replica turns the first into a shortfall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_waits_on_the_master_of_every_shard_written() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
+    let cluster = crate::common::ha::TestCluster::start(3);
+    let map = muster::store::shards::ShardMap::new("muster", 12);
+    let master_of = |name: &str| owner_of(&cluster, map.tag(map.home(name)));
+    let replicated = master_of("dur");
+    let (other, group) = {
+        let q = (0..)
+            .map(|n| format!("dur{n}"))
+            .find(|q| master_of(q) != replicated)
+            .unwrap();
+        let g = (0..)
+            .map(|n| format!("g{n}"))
+            .find(|g| master_of(g) != replicated)
+            .unwrap();
+        (q, g)
+    };
+    let (replica, _conf) = replica_of(replicated).await;
+    let app = acked_cluster_node(&cluster, |c| c.redis.shards = 12).await;
+    let (s, b, h) = post_with(&app, "/api/v1/queues/dur/tasks", &[], json!({"payload": 1})).await;
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(replicas_header(&h).as_deref(), Some("1"));
+    let (s, b, _) = post_with(&app, &format!("/api/v1/queues/{other}/tasks"), &[], json!({})).await;
+    assert_eq!(s, 503, "a queue on a master without replicas: {b}");
+    assert_eq!(b["replicated"], false, "{b}");
+    // One task in the queue's shard, one in its group's (on another master).
+    let batch = json!({"tasks": [{"payload": 1}, {"payload": 2, "group": group}]});
+    let (s, b, _) = post_with(&app, "/api/v1/queues/dur/tasks/batch", &[], batch).await;
+    assert_eq!(s, 503, "a batch written to two masters, one without replicas: {b}");
 
     let thaw = replica.freeze(Duration::from_secs(2));
     let (s, b, _) = post_with(&app, "/api/v1/queues/dur/tasks", &[], json!({"payload": 2})).await;
