@@ -97,8 +97,8 @@ impl Barriers {
     }
 
     /// Every barrier held now (etcd-style), configured or not, by name: at
-    /// most 1000 per shard (those lifting themselves last), in two round
-    /// trips (per shard, the shards at once).
+    /// most 1000 (those lifting themselves last), in two round trips (per
+    /// shard, the shards at once).
     pub async fn holds(&self) -> Result<Vec<Hold>, BarrierError> {
         let reads = self.store.every_shard().map(|s| async move {
             let mut p = redis::pipe();
@@ -112,15 +112,15 @@ impl Barriers {
             let ((secs, micros), index): ((i64, i64), Vec<(String, f64)>) = s.pipe("barrier_holds_list", &p).await?;
             let now = secs * 1000 + micros / 1000;
             // Entries past their expiry are holds that lifted themselves.
-            Ok::<Vec<String>, BarrierError>(
-                index
-                    .into_iter()
-                    .filter(|(_, expires)| *expires as i64 > now)
-                    .map(|(n, _)| n)
-                    .collect(),
+            Ok::<Vec<(String, f64)>, BarrierError>(
+                index.into_iter().filter(|(_, expires)| *expires as i64 > now).collect(),
             )
         });
-        let mut names = futures_util::future::try_join_all(reads).await?.concat();
+        // At most 1000 in all, those lifting themselves last.
+        let mut held = futures_util::future::try_join_all(reads).await?.concat();
+        held.sort_by(|a, b| b.1.total_cmp(&a.1));
+        held.truncate(1000);
+        let mut names: Vec<String> = held.into_iter().map(|(n, _)| n).collect();
         if names.is_empty() {
             return Ok(Vec::new());
         }
@@ -230,12 +230,11 @@ impl Barriers {
 
     /// Every DoubleBarrier with activity within `barriers.idle_ttl_ms`.
     pub async fn double_barriers(&self) -> Result<Vec<DoubleBarrier>, BarrierError> {
-        let reads = self.store.every_shard().map(|s| async move {
-            let mut index = redis::cmd("ZRANGE");
-            index.arg(scripts::db_index_key(s.keys())).arg(0).arg(999);
-            s.query::<Vec<String>>("dbarriers_list", &index).await
-        });
-        let mut names = futures_util::future::try_join_all(reads).await?.concat();
+        let first = self
+            .store
+            .first_of_every_shard("dbarriers_list", scripts::db_index_key, 1000, false)
+            .await?;
+        let mut names: Vec<String> = first.into_iter().map(|(n, _)| n).collect();
         names.sort();
         let all = self.double_barriers_named(&names).await?;
         Ok(all.into_iter().filter(|d| !d.entrants.is_empty()).collect())

@@ -223,11 +223,8 @@ impl Locks {
         op: &'static str,
         key: fn(&crate::store::Keys) -> String,
     ) -> Result<Vec<String>, LockError> {
-        let reads = self.store.every_shard().map(|s| async move {
-            s.query::<Vec<String>>(op, redis::cmd("ZRANGE").arg(key(s.keys())).arg(0).arg(999))
-                .await
-        });
-        let mut names: Vec<String> = futures_util::future::try_join_all(reads).await?.concat();
+        let first = self.store.first_of_every_shard(op, key, 1000, false).await?;
+        let mut names: Vec<String> = first.into_iter().map(|(n, _)| n).collect();
         names.sort();
         Ok(names)
     }

@@ -235,6 +235,30 @@ impl Store {
     pub fn every_shard(&self) -> impl Iterator<Item = Store> + '_ {
         (0..self.inner.shards.len()).map(|i| self.shard(i))
     }
+    /// The first `n` members of sorted set `key` (lowest scores first, or
+    /// highest with `rev`) over every shard: each shard's first `n`, read at
+    /// once and merged by score, so a bound of `n` holds split as unsplit.
+    pub async fn first_of_every_shard(
+        &self,
+        op: &'static str,
+        key: impl Fn(&Keys) -> String,
+        n: usize,
+        rev: bool,
+    ) -> StoreResult<Vec<(String, f64)>> {
+        let reads = self.every_shard().map(|s| {
+            let mut cmd = redis::cmd("ZRANGE");
+            cmd.arg(key(s.keys())).arg(0).arg(n.saturating_sub(1));
+            if rev {
+                cmd.arg("REV");
+            }
+            cmd.arg("WITHSCORES");
+            async move { s.query::<Vec<(String, f64)>>(op, &cmd).await }
+        });
+        let mut all = futures_util::future::try_join_all(reads).await?.concat();
+        all.sort_by(|a, b| if rev { b.1.total_cmp(&a.1) } else { a.1.total_cmp(&b.1) });
+        all.truncate(n);
+        Ok(all)
+    }
     /// Reads `names` with `read`, one call per shard they belong to (all at
     /// once, each given its shard's view and its names), and answers in the
     /// order of `names`: `read` answers one item per name given.
