@@ -5,9 +5,9 @@
 //!   is one script that checks the lease by Redis time (G11).
 //! - Fencing tokens are strictly increasing per lock (in fact across every
 //!   lock of its shard): one counter per shard, `INCR`ed in the acquire
-//!   script, with the failover epoch in the high bits as for task tokens (G1). A resource
-//!   that remembers the highest token it saw can refuse a holder whose lease
-//!   lapsed. Renew and release with a stale token get 409 and change nothing.
+//!   script, with the failover epoch in the high bits as for task tokens
+//!   (G1). A resource that remembers the highest token it saw can refuse a
+//!   holder whose lease lapsed. Renew and release with a stale token get 409 and change nothing.
 //! - Waiters are served in FIFO order: a sorted set of waiting owners; each
 //!   place lapses `locks.waiter_ttl_ms` after its waiter's last poll, so an
 //!   abandoned waiter (its node died mid-request) cannot block the queue.
@@ -217,7 +217,8 @@ impl Locks {
         self.store.home_of(name)
     }
 
-    /// The names in index `key` of every shard (at most 1000 each), sorted.
+    /// The first 1000 names in index `key` over every shard (by lease
+    /// expiry), sorted by name.
     async fn indexed(
         &self,
         op: &'static str,
