@@ -375,14 +375,23 @@ async fn task_outcome_metrics_are_labelled_by_queue() {
         })
         .await
     );
-    let text = a.page("/metrics").await;
-    let value = |name: &str| {
+    let value_in = |text: &str, name: &str| {
         let prefix = format!("{name}{{queue=\"{q}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .unwrap_or(0.0)
     };
+    // The timeout monitor counts after its pass over every shard, so the
+    // task can read dead a moment before the counters move.
+    let counted = wait_until(Duration::from_secs(5), || async {
+        let text = a.page("/metrics").await;
+        value_in(&text, "muster_tasks_failed_total") >= 2.0 && value_in(&text, "muster_tasks_dead_total") >= 2.0
+    })
+    .await;
+    let text = a.page("/metrics").await;
+    assert!(counted, "{text}");
+    let value = |name: &str| value_in(&text, name);
     assert_eq!(value("muster_tasks_enqueued_total"), 3.0, "{text}");
     assert_eq!(value("muster_tasks_claimed_total"), 3.0);
     assert_eq!(value("muster_tasks_succeeded_total"), 1.0);
