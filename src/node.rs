@@ -345,7 +345,18 @@ async fn build_services(
         shutdown: shutdown.clone(),
     };
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
-    let tasks = tasks::Tasks::new(store.clone(), cfg.tasks.clone(), &ctx, bus.clone(), shutdown.clone());
+    let health = Arc::new(Health::new(
+        Duration::from_millis(cfg.nodes.ttl_ms),
+        store.shards().len(),
+    ));
+    let tasks = tasks::Tasks::new(
+        store.clone(),
+        cfg.tasks.clone(),
+        &ctx,
+        bus.clone(),
+        shutdown.clone(),
+        health.clone(),
+    );
     let orphans = orphans::Orphans::new(
         store.clone(),
         cfg.orphans.clone(),
@@ -395,7 +406,6 @@ async fn build_services(
         nodes.clone(),
     );
     let stats = Arc::new(crate::stats::Stats::new(store.clone(), &ctx));
-    let health = Arc::new(Health::new(Duration::from_millis(cfg.nodes.ttl_ms)));
     let advertise = cfg.advertise_url(addr);
     let cfg = Arc::new(cfg);
     let state = AppState::new(AppParts {
@@ -438,9 +448,9 @@ async fn join_cluster(state: &AppState) -> nodes::worker::Identity {
         labels: cfg.server.labels.clone(),
     };
     let started = std::time::Instant::now();
-    match state
+    let beats = state
         .nodes
-        .heartbeat(
+        .heartbeat_each(
             &me.id,
             nodes::NodeKind::Node,
             cfg.nodes.ttl_ms,
@@ -448,10 +458,12 @@ async fn join_cluster(state: &AppState) -> nodes::worker::Identity {
             env!("CARGO_PKG_VERSION"),
             &me.labels,
         )
-        .await
-    {
-        Ok(hb) => state.health.heartbeat_ok(started, hb.state == "draining"),
-        Err(e) => tracing::warn!(error = %e, "first heartbeat failed; retrying in the background"),
+        .await;
+    for (shard, beat) in beats.into_iter().enumerate() {
+        match beat {
+            Ok(b) => state.health.heartbeat_ok(shard, started, b.draining),
+            Err(e) => tracing::warn!(shard, error = %e, "first heartbeat failed; retrying in the background"),
+        }
     }
     me
 }

@@ -26,6 +26,13 @@ pub fn router() -> OpenApiRouter<AppState> {
 pub struct Status {
     pub status: &'static str,
     pub node: String,
+    /// Split namespaces (`redis.shards`): the shards this node cannot serve
+    /// now (their master does not answer, or this node's registration there
+    /// may have lapsed). The node is ready while any shard serves; work in
+    /// these shards is refused until they recover. Absent when every shard
+    /// serves.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failing_shards: Vec<usize>,
 }
 
 /// Liveness: the process serves HTTP.
@@ -35,11 +42,13 @@ async fn healthz(State(s): State<AppState>) -> Json<Status> {
     Json(Status {
         status: "ok",
         node: s.node_id.to_string(),
+        failing_shards: Vec::new(),
     })
 }
 
-/// Why this node is not ready, or None when it is.
-pub async fn not_ready_reasons(s: &AppState) -> Vec<String> {
+/// This node's readiness: why it is not ready (empty when it is), and the
+/// shards it cannot serve now (each shard's master is pinged at once).
+pub async fn readiness(s: &AppState) -> (Vec<String>, Vec<usize>) {
     let mut reasons = Vec::new();
     if s.health.stopping() {
         reasons.push("the node is shutting down".to_string());
@@ -49,25 +58,57 @@ pub async fn not_ready_reasons(s: &AppState) -> Vec<String> {
     {
         reasons.push("the embedded Redis is down and being restarted".to_string());
     }
-    if let Err(e) = s.store.ping().await {
-        reasons.push(format!("Redis is unreachable: {e}"));
+    // Bounded well below a probe's usual timeout: a stalled master must not
+    // make the probe of a node that serves other shards time out.
+    let bound = s.store.timeout().min(std::time::Duration::from_secs(1));
+    let pings = futures_util::future::join_all(s.store.every_shard().map(|sh| async move {
+        tokio::time::timeout(bound, sh.ping()).await.unwrap_or_else(|_| {
+            Err(crate::store::StoreError::Unavailable(format!(
+                "no PONG within {bound:?}"
+            )))
+        })
+    }))
+    .await;
+    let mut failing: Vec<usize> = s.health.failing_shards();
+    let mut first_error = None;
+    for (i, p) in pings.into_iter().enumerate() {
+        if let Err(e) = p {
+            failing.push(i);
+            first_error.get_or_insert(e);
+        }
+    }
+    failing.sort_unstable();
+    failing.dedup();
+    if failing.len() == s.store.shards().len() {
+        match first_error {
+            Some(e) => reasons.push(format!("Redis is unreachable: {e}")),
+            None => reasons.push("no shard serves: this node's heartbeats fail in every one".to_string()),
+        }
     }
     if !s.health.registered() {
         reasons.push("the node is not registered: its last heartbeat did not succeed within the node ttl".to_string());
     }
-    reasons
+    (reasons, failing)
 }
 
-/// Readiness: Redis answers and this node's registration is fresh.
+/// Why this node is not ready, or None when it is.
+pub async fn not_ready_reasons(s: &AppState) -> Vec<String> {
+    readiness(s).await.0
+}
+
+/// Readiness: Redis answers and this node's registration is fresh. On a
+/// split namespace the node stays ready while any shard serves, and the
+/// body names the shards that do not (`failing_shards`).
 #[utoipa::path(get, path = "/readyz", tag = "system", security(()),
     responses((status = 200, description = "Ready", body = Status),
               (status = 503, description = "Not ready; `detail` says why", content_type = "application/problem+json")))]
 async fn readyz(State(s): State<AppState>) -> Response {
-    let reasons = not_ready_reasons(&s).await;
+    let (reasons, failing) = readiness(&s).await;
     if reasons.is_empty() {
         Json(Status {
             status: "ready",
             node: s.node_id.to_string(),
+            failing_shards: failing,
         })
         .into_response()
     } else {

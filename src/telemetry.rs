@@ -112,6 +112,41 @@ pub const METRICS: &[Metric] = &[
         "Shared Redis connections cut after a call timed out, and reopened",
     ),
     m(
+        "muster_redis_clock_resets_total",
+        Counter,
+        "Times a Redis connection's time went back (a new master or a clock set back) and its deadline clock restarted",
+    ),
+    m(
+        "muster_redis_clock_skew_seconds",
+        Gauge,
+        "Spread of the Redis clocks of the masters this node reaches (split namespaces on a Cluster)",
+    ),
+    open(
+        "muster_shard_pass_failures_total",
+        Counter,
+        "Failed background passes and heartbeats, by pass and shard (each shard is retried on its own)",
+    ),
+    m(
+        "muster_shards_failing",
+        Gauge,
+        "Shards this node cannot serve now (its heartbeats there fail)",
+    ),
+    m(
+        "muster_node_heartbeats_partial_total",
+        Counter,
+        "Worker heartbeats applied in some shards only (the others' masters failed)",
+    ),
+    m(
+        "muster_claims_partial_total",
+        Counter,
+        "Claims answered without trying every shard of the queue (a master failed or stalls)",
+    ),
+    m(
+        "muster_pause_deferred_total",
+        Counter,
+        "Pauses and resumes that could not reach every shard at once (the janitors converge them)",
+    ),
+    m(
         "muster_redis_master_changes_total",
         Counter,
         "Times this node switched to a new Redis master",

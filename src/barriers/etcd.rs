@@ -240,20 +240,15 @@ impl Barriers {
         Ok(all.into_iter().filter(|d| !d.entrants.is_empty()).collect())
     }
 
-    /// Evicts dead entrants of every DoubleBarrier (the background loop).
-    pub async fn sweep_double_barriers(&self) -> Result<i64, BarrierError> {
+    /// Evicts dead entrants of every DoubleBarrier in shard `s` (the
+    /// background loop, per shard).
+    pub async fn sweep_double_barriers_in(&self, s: &Store) -> Result<i64, BarrierError> {
         let call = scripts::DbSweep {
             node_ttl_ms: self.node_ttl_ms,
             idle_ttl_ms: self.cfg.idle_ttl_ms,
             me: &self.node_id,
             limit: 1000,
         };
-        let call = &call;
-        let sweeps = self
-            .store
-            .every_shard()
-            .map(|s| async move { s.run(&self.scripts.db_sweep, call).await });
-        let done = futures_util::future::try_join_all(sweeps).await?;
-        Ok(done.iter().map(|d| d.evicted).sum())
+        Ok(s.run(&self.scripts.db_sweep, &call).await?.evicted)
     }
 }

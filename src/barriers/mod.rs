@@ -375,15 +375,10 @@ impl Barriers {
         Ok(names.iter().map(|n| found.get(n).cloned()).collect())
     }
 
-    /// Decides rounds past their deadline (the background loop). Returns
-    /// (released, aborted) decided by this node.
-    pub async fn decide_due(&self) -> Result<(i64, i64), BarrierError> {
-        let passes = self
-            .store
-            .every_shard()
-            .map(|s| async move { self.decide_due_in(&s).await });
-        let done = futures_util::future::try_join_all(passes).await?;
-        let (released, aborted) = done.iter().fold((0, 0), |(r, a), d| (r + d.0, a + d.1));
+    /// Decides rounds past their deadline in shard `s` (the background
+    /// loop, per shard). Returns (released, aborted) decided by this node.
+    pub async fn decide_due_shard(&self, s: &Store) -> Result<(i64, i64), BarrierError> {
+        let (released, aborted) = self.decide_due_in(s).await?;
         if released > 0 {
             metrics::counter!("muster_barrier_rounds_total", "verdict" => "released").increment(released as u64);
         }

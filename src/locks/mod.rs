@@ -393,20 +393,21 @@ impl Locks {
         Ok(self.get_many(&names).await?.into_iter().filter(|l| l.held).collect())
     }
 
-    /// Ends lapsed leases (the background loop). Returns (locks, elections).
-    pub async fn expire_due(&self) -> Result<(i64, i64), LockError> {
+    /// Ends lapsed leases in shard `s` (the background loop, per shard).
+    /// Returns (locks, elections).
+    pub async fn expire_due_in(&self, s: &Store) -> Result<(i64, i64), LockError> {
         let call = scripts::Expire {
             limit: 100,
             node_ttl_ms: self.node_ttl_ms,
             me: &self.node_id,
         };
-        let call = &call;
-        let passes = self
-            .store
-            .every_shard()
-            .map(|s| async move { s.run(&self.scripts.expire, call).await });
-        let done = futures_util::future::try_join_all(passes).await?;
-        Ok(done.iter().fold((0, 0), |(l, e), n| (l + n.locks, e + n.elections)))
+        let n = s.run(&self.scripts.expire, &call).await?;
+        Ok((n.locks, n.elections))
+    }
+
+    /// The store, for the per-shard loop.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// A leadership from its stored fields ('' and 0 when nobody leads).

@@ -19,6 +19,7 @@ pub mod worker;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -116,7 +117,15 @@ impl std::fmt::Display for NodeState {
 pub struct NodeInfo {
     pub id: String,
     pub kind: String,
+    /// Its worst state over the shards of a split namespace (`redis.shards`):
+    /// a node dead in one shard is listed dead, with that shard in
+    /// `shards_not_alive`.
     pub state: NodeState,
+    /// Split namespaces: the shards where it is not alive (late, dead or
+    /// left there; its tasks there are recovered as a dead node's). Absent
+    /// when it is alive in every shard read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards_not_alive: Vec<usize>,
     /// Heartbeat due soon (less than half its ttl left) but not yet expired.
     pub suspect: bool,
     pub addr: String,
@@ -141,6 +150,11 @@ pub struct NodeList {
     pub alive: usize,
     pub draining: usize,
     pub dead: usize,
+    /// Split namespaces: shards that could not be read (their master is
+    /// unreachable or stalled); the states shown leave them out. Absent when
+    /// every shard answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable_shards: Vec<usize>,
 }
 
 /// Result of one heartbeat.
@@ -152,6 +166,23 @@ pub struct Heartbeat {
     pub expires_at: i64,
     /// `active` or `draining`.
     pub state: String,
+    /// Split namespaces: shards where this heartbeat could not be applied
+    /// (their master is unreachable or stalled). The registration there runs
+    /// on from the last heartbeat that landed; after an outage of the whole
+    /// shard every lease there is given back (no one could heartbeat), so a
+    /// worker need not stop. Absent when every shard applied it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable_shards: Vec<usize>,
+}
+
+/// One shard's answer to a heartbeat.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardBeat {
+    pub joined: bool,
+    /// Redis ms, by that shard's master.
+    pub now: i64,
+    pub expires_at: i64,
+    pub draining: bool,
 }
 
 /// Result of one prune pass.
@@ -182,8 +213,9 @@ impl Nodes {
         &self.cfg
     }
 
-    /// Registers or refreshes `id` for `ttl_ms`.
-    pub async fn heartbeat(
+    /// Registers or refreshes `id` for `ttl_ms` in every shard at once, and
+    /// answers each shard's outcome in shard order (see [`Nodes::heartbeat`]).
+    pub async fn heartbeat_each(
         &self,
         id: &str,
         kind: NodeKind,
@@ -191,7 +223,28 @@ impl Nodes {
         addr: &str,
         version: &str,
         labels: &BTreeMap<String, String>,
-    ) -> Result<Heartbeat, NodesError> {
+    ) -> Vec<Result<ShardBeat, NodesError>> {
+        let beats = self
+            .store
+            .every_shard()
+            .map(|s| async move { self.heartbeat_in(&s, id, kind, ttl_ms, addr, version, labels).await });
+        futures_util::future::join_all(beats).await
+    }
+
+    /// Registers or refreshes `id` for `ttl_ms` in the registry of shard
+    /// `store`. The reply's Redis time is a clock sample for that shard's
+    /// master.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn heartbeat_in(
+        &self,
+        store: &Store,
+        id: &str,
+        kind: NodeKind,
+        ttl_ms: u64,
+        addr: &str,
+        version: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<ShardBeat, NodesError> {
         let labels = serde_json::to_string(labels).unwrap_or_else(|_| "{}".into());
         let call = scripts::Heartbeat {
             id,
@@ -203,40 +256,112 @@ impl Nodes {
             version,
             labels: &labels,
         };
-        let reply = self.store.run_on_every_shard(&self.scripts.heartbeat, &call).await?;
-        // The script read Redis time before this reply arrived: a sample for
-        // the node's estimate of Redis time (script deadlines, G12).
-        self.store.observe_clock(reply.now, std::time::Instant::now());
-        if reply.outcome == HeartbeatOutcome::TooMany {
-            return Err(NodesError::TooMany(self.cfg.max_nodes));
+        let sent = Instant::now();
+        let reply = store.run(&self.scripts.heartbeat, &call).await?;
+        // The script read Redis time after the call was sent and before this
+        // reply arrived: a sample for this shard's clock (G12).
+        store.observe_clock(reply.now, sent, Instant::now());
+        match reply.outcome {
+            HeartbeatOutcome::TooMany => Err(NodesError::TooMany(self.cfg.max_nodes)),
+            outcome => Ok(ShardBeat {
+                joined: outcome == HeartbeatOutcome::Joined,
+                now: reply.now,
+                expires_at: reply.expires_at,
+                draining: reply.state == "draining",
+            }),
         }
-        Ok(Heartbeat {
-            joined: reply.outcome == HeartbeatOutcome::Joined,
-            now: reply.now,
-            expires_at: reply.expires_at,
-            state: reply.state,
-        })
     }
 
-    /// Marks expired nodes dead and removes long-dead ones.
-    pub async fn prune(&self) -> Result<Prune, NodesError> {
+    /// Registers or refreshes `id` for `ttl_ms`. On a split namespace every
+    /// shard is heartbeaten at once, and a shard whose master fails costs
+    /// only that shard: the answer names it in `unavailable_shards`. Refused
+    /// when any shard is full (`max_nodes`), and unavailable only when no
+    /// shard applied it.
+    pub async fn heartbeat(
+        &self,
+        id: &str,
+        kind: NodeKind,
+        ttl_ms: u64,
+        addr: &str,
+        version: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Heartbeat, NodesError> {
+        let each = self.heartbeat_each(id, kind, ttl_ms, addr, version, labels).await;
+        let mut out: Option<Heartbeat> = None;
+        let mut failed = Vec::new();
+        let mut first_error = None;
+        for (shard, r) in each.into_iter().enumerate() {
+            match r {
+                Err(e @ NodesError::TooMany(_)) => return Err(e),
+                Err(e) => {
+                    failed.push(shard);
+                    first_error.get_or_insert(e);
+                }
+                Ok(b) => match out.as_mut() {
+                    None => {
+                        out = Some(Heartbeat {
+                            joined: b.joined,
+                            now: b.now,
+                            expires_at: b.expires_at,
+                            state: if b.draining { "draining" } else { "active" }.into(),
+                            unavailable_shards: Vec::new(),
+                        })
+                    }
+                    Some(hb) => {
+                        hb.joined |= b.joined;
+                        if b.draining {
+                            hb.state = "draining".into();
+                        }
+                    }
+                },
+            }
+        }
+        match (out, first_error) {
+            (Some(mut hb), _) => {
+                if !failed.is_empty() {
+                    metrics::counter!("muster_node_heartbeats_partial_total").increment(1);
+                }
+                hb.unavailable_shards = failed;
+                Ok(hb)
+            }
+            (None, Some(e)) => Err(e),
+            (None, None) => Err(NodesError::Store(StoreError::Unavailable("no shard answered".into()))),
+        }
+    }
+
+    /// Marks expired nodes dead and removes long-dead ones in shard `store`
+    /// (one shard's pass: each shard's registry is judged on its own).
+    pub async fn prune_in(&self, store: &Store) -> Result<Prune, NodesError> {
         let call = scripts::Prune {
             ttl_ms: self.cfg.ttl_ms,
             dead_retention_ms: self.cfg.dead_retention_ms,
             limit: 100,
         };
-        Ok(self.store.run_on_every_shard(&self.scripts.prune, &call).await?)
+        Ok(store.run(&self.scripts.prune, &call).await?)
     }
 
-    /// Marks a live node draining. Returns false if it already was.
+    /// The store, for the per-shard loops.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Marks a live node draining in every shard. Returns false if it
+    /// already was. A shard that fails makes the answer unavailable (503):
+    /// draining again is harmless, so the caller retries until every shard
+    /// has it.
     pub async fn drain(&self, id: &str, actor: &str) -> Result<bool, NodesError> {
         let call = scripts::Drain { id, actor };
-        let reply = self.store.run_on_every_shard(&self.scripts.drain, &call).await?;
-        match reply {
-            DrainReply::NotAlive => Err(NodesError::NotFound(id.into())),
-            DrainReply::Marked => Ok(true),
-            DrainReply::AlreadyDraining => Ok(false),
+        let mut changed = None;
+        for reply in self.store.run_on_each_shard(&self.scripts.drain, &call).await {
+            match reply? {
+                DrainReply::NotAlive => {}
+                DrainReply::Marked => changed = Some(true),
+                DrainReply::AlreadyDraining => {
+                    changed.get_or_insert(false);
+                }
+            }
         }
+        changed.ok_or_else(|| NodesError::NotFound(id.into()))
     }
 
     /// Removes a node from the cluster (see `leave.lua`).
@@ -252,44 +377,64 @@ impl Nodes {
 
     async fn leave_as(&self, id: &str, reason: &str, only: Option<NodeKind>) -> Result<(), NodesError> {
         let call = scripts::Leave { id, reason, only };
-        let reply = self.store.run_on_every_shard(&self.scripts.leave, &call).await?;
-        match reply {
-            LeaveReply::NotFound => Err(NodesError::NotFound(id.into())),
-            LeaveReply::OtherKind => Err(NodesError::NotAWorker(id.into())),
-            LeaveReply::Removed | LeaveReply::Kept => Ok(()),
+        // Every shard at once; a shard that fails makes the answer
+        // unavailable (503), and leaving again is harmless.
+        let mut found = false;
+        for reply in self.store.run_on_each_shard(&self.scripts.leave, &call).await {
+            match reply? {
+                LeaveReply::NotFound => {}
+                LeaveReply::OtherKind => return Err(NodesError::NotAWorker(id.into())),
+                LeaveReply::Removed | LeaveReply::Kept => found = true,
+            }
+        }
+        if found {
+            Ok(())
+        } else {
+            Err(NodesError::NotFound(id.into()))
         }
     }
 
-    /// Every registered node, read in two pipelined round trips.
+    /// Every registered node, read in two pipelined round trips per shard
+    /// (the shards at once). On a split namespace each node is listed with
+    /// its worst state over the shards, judged in each by that shard's own
+    /// Redis time, and the shards where it is not alive; a shard that cannot
+    /// be read is left out and named in `unavailable_shards`.
     pub async fn list(&self) -> Result<NodeList, NodesError> {
-        let k = self.store.keys();
-        let mut p = redis::pipe();
-        p.cmd("TIME")
-            .cmd("ZRANGE")
-            .arg(k.nodes())
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES");
-        let ((secs, micros), members): ((i64, i64), Vec<(String, f64)>) = self.store.pipe("nodes_list", &p).await?;
-        let now = secs * 1000 + micros / 1000;
-        let mut p = redis::pipe();
-        for (id, _) in &members {
-            p.cmd("HGETALL").arg(k.node(id));
+        let reads = self.store.every_shard().map(|s| async move { registry_of(&s).await });
+        let mut now = 0;
+        let mut merged: BTreeMap<String, NodeInfo> = BTreeMap::new();
+        let mut unavailable = Vec::new();
+        let mut first_error = None;
+        for (shard, read) in futures_util::future::join_all(reads).await.into_iter().enumerate() {
+            let (shard_now, nodes) = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    unavailable.push(shard);
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            if now == 0 {
+                now = shard_now;
+            }
+            for node in nodes {
+                merge_into(&mut merged, shard, node);
+            }
         }
-        let infos: Vec<BTreeMap<String, String>> = if members.is_empty() {
-            Vec::new()
-        } else {
-            self.store.pipe("nodes_info", &p).await?
-        };
+        if unavailable.len() == self.store.shards().len()
+            && let Some(e) = first_error
+        {
+            return Err(e.into());
+        }
         let mut list = NodeList {
             now,
-            nodes: Vec::with_capacity(members.len()),
+            nodes: Vec::with_capacity(merged.len()),
             alive: 0,
             draining: 0,
             dead: 0,
+            unavailable_shards: unavailable,
         };
-        for ((id, score), info) in members.into_iter().zip(infos) {
-            let node = node_info(id, score as i64, &info, now);
+        for node in merged.into_values() {
             match node.state {
                 NodeState::Alive => list.alive += 1,
                 NodeState::Draining => {
@@ -300,24 +445,115 @@ impl Nodes {
             }
             list.nodes.push(node);
         }
-        list.nodes.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(list)
     }
 
-    /// The state of one node, if registered.
+    /// The state of one node, if registered: its worst over the shards (see
+    /// [`Nodes::list`]); shards that cannot be read are left out, unless
+    /// none can.
     pub async fn get(&self, id: &str) -> Result<Option<NodeInfo>, NodesError> {
-        let k = self.store.keys();
-        let mut p = redis::pipe();
-        p.cmd("TIME")
-            .cmd("ZSCORE")
-            .arg(k.nodes())
-            .arg(id)
-            .cmd("HGETALL")
-            .arg(k.node(id));
-        let ((secs, micros), score, info): ((i64, i64), Option<f64>, BTreeMap<String, String>) =
-            self.store.pipe("node_get", &p).await?;
-        let now = secs * 1000 + micros / 1000;
-        Ok(score.map(|s| node_info(id.to_string(), s as i64, &info, now)))
+        let reads = self.store.every_shard().map(|s| async move {
+            let k = s.keys();
+            let mut p = redis::pipe();
+            p.cmd("TIME")
+                .cmd("ZSCORE")
+                .arg(k.nodes())
+                .arg(id)
+                .cmd("HGETALL")
+                .arg(k.node(id));
+            let ((secs, micros), score, info): ((i64, i64), Option<f64>, BTreeMap<String, String>) =
+                s.pipe("node_get", &p).await?;
+            let now = secs * 1000 + micros / 1000;
+            Ok::<_, StoreError>(score.map(|sc| node_info(id.to_string(), sc as i64, &info, now)))
+        });
+        let mut merged: BTreeMap<String, NodeInfo> = BTreeMap::new();
+        let mut read_any = false;
+        let mut first_error = None;
+        for (shard, read) in futures_util::future::join_all(reads).await.into_iter().enumerate() {
+            match read {
+                Ok(found) => {
+                    read_any = true;
+                    if let Some(node) = found {
+                        merge_into(&mut merged, shard, node);
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match (read_any, first_error) {
+            (false, Some(e)) => Err(e.into()),
+            _ => Ok(merged.into_values().next()),
+        }
+    }
+}
+
+/// One shard's registry: its Redis time and every node in it, judged by it.
+async fn registry_of(s: &Store) -> Result<(i64, Vec<NodeInfo>), StoreError> {
+    let k = s.keys();
+    let mut p = redis::pipe();
+    p.cmd("TIME")
+        .cmd("ZRANGE")
+        .arg(k.nodes())
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES");
+    let ((secs, micros), members): ((i64, i64), Vec<(String, f64)>) = s.pipe("nodes_list", &p).await?;
+    let now = secs * 1000 + micros / 1000;
+    let mut p = redis::pipe();
+    for (id, _) in &members {
+        p.cmd("HGETALL").arg(k.node(id));
+    }
+    let infos: Vec<BTreeMap<String, String>> = if members.is_empty() {
+        Vec::new()
+    } else {
+        s.pipe("nodes_info", &p).await?
+    };
+    Ok((
+        now,
+        members
+            .into_iter()
+            .zip(infos)
+            .map(|((id, score), info)| node_info(id, score as i64, &info, now))
+            .collect(),
+    ))
+}
+
+/// How bad a state is, for a node's worst state over the shards.
+fn badness(s: NodeState) -> u8 {
+    match s {
+        NodeState::Alive => 0,
+        NodeState::Draining => 1,
+        NodeState::Late => 2,
+        NodeState::Dead => 3,
+        NodeState::Left => 4,
+    }
+}
+
+/// Adds shard `shard`'s view of a node to `merged`: the node keeps the
+/// first shard's details (shard order), its worst state, its earliest
+/// expiry, and the shards where it is not alive.
+fn merge_into(merged: &mut BTreeMap<String, NodeInfo>, shard: usize, node: NodeInfo) {
+    let alive_here = matches!(node.state, NodeState::Alive | NodeState::Draining);
+    match merged.get_mut(&node.id) {
+        None => {
+            let mut node = node;
+            if !alive_here {
+                node.shards_not_alive.push(shard);
+            }
+            merged.insert(node.id.clone(), node);
+        }
+        Some(m) => {
+            if !alive_here {
+                m.shards_not_alive.push(shard);
+            }
+            if badness(node.state) > badness(m.state) {
+                m.state = node.state;
+            }
+            m.suspect |= node.suspect;
+            m.expires_at = m.expires_at.min(node.expires_at);
+        }
     }
 }
 
@@ -342,6 +578,7 @@ fn node_info(id: String, expires_at: i64, info: &BTreeMap<String, String>, now: 
         && ttl_ms.is_some_and(|ttl| (expires_at - now) * 2 < ttl);
     let last_seen = num("last_seen");
     NodeInfo {
+        shards_not_alive: Vec::new(),
         kind: info.get("kind").cloned().unwrap_or_else(|| "node".into()),
         state,
         suspect,

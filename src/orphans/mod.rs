@@ -78,10 +78,10 @@ pub struct Orphans {
     scripts: Scripts,
     /// The task metrics' queue labels (shared with `Tasks`).
     pub(crate) labels: Arc<crate::tasks::QueueLabels>,
-    /// Cleaner passes this node completed (recovery, timeouts, and the
-    /// sweep when due), attempted or skipped: what a test waits on instead
-    /// of sleeping through a few intervals.
-    pub(crate) passes: std::sync::atomic::AtomicU64,
+    /// Cleaner passes this node completed per shard (recovery, timeouts, and
+    /// the sweep when due), attempted or skipped: what a test waits on
+    /// instead of sleeping through a few intervals.
+    pub(crate) passes: Vec<std::sync::atomic::AtomicU64>,
 }
 
 impl Orphans {
@@ -94,6 +94,7 @@ impl Orphans {
         labels: Arc<crate::tasks::QueueLabels>,
         ctx: &ScriptCtx,
     ) -> Arc<Orphans> {
+        let shards = store.shards().len();
         Arc::new(Orphans {
             store,
             cfg,
@@ -101,14 +102,19 @@ impl Orphans {
             tasks,
             node_id,
             labels,
+            passes: (0..shards).map(|_| Default::default()).collect(),
             scripts: Scripts::new(ctx),
-            passes: Default::default(),
         })
     }
 
-    /// Cleaner passes this node completed since it started.
+    /// Cleaner passes this node completed since it started in every shard
+    /// (the fewest of any shard: each shard's cleaner runs on its own).
     pub fn passes(&self) -> u64 {
-        self.passes.load(std::sync::atomic::Ordering::Relaxed)
+        self.passes
+            .iter()
+            .map(|p| p.load(std::sync::atomic::Ordering::Relaxed))
+            .min()
+            .unwrap_or(0)
     }
 
     pub fn config(&self) -> &OrphansConfig {
@@ -125,34 +131,19 @@ impl Orphans {
         }
     }
 
-    /// The shards of the namespace, one view each (one for one shard).
-    fn shards(&self) -> impl Iterator<Item = Store> + '_ {
-        (0..self.store.shards().len()).map(|i| self.store.shard(i))
-    }
-
-    /// One cleaner pass, in every shard (each decides by its own copy of
-    /// the registry, in the same script as the recovery: G3).
-    pub async fn recover(&self) -> Result<Recovery, StoreError> {
+    /// One cleaner pass in shard `s` (it decides by its own copy of the
+    /// registry, in the same script as the recovery: G3).
+    pub async fn recover_in(&self, s: &Store) -> Result<Recovery, StoreError> {
         let call = Recover {
             ttl_ms: self.node_ttl_ms,
             limit: 1000,
             opts: self.recovery_opts(),
         };
-        let mut all = Recovery::default();
-        for s in self.shards() {
-            let r = s.run(&self.scripts.recover, &call).await?;
-            all.requeued += r.requeued;
-            all.dead += r.dead;
-            all.cancelled += r.cancelled;
-            all.stale += r.stale;
-            all.grace_until = all.grace_until.max(r.grace_until);
-            all.dead_queues.extend(r.dead_queues);
-        }
-        Ok(all)
+        s.run(&self.scripts.recover, &call).await
     }
 
-    /// One timeout pass, in every shard.
-    pub async fn timeouts(&self) -> Result<Timeouts, StoreError> {
+    /// One timeout pass in shard `s`.
+    pub async fn timeouts_in(&self, s: &Store) -> Result<Timeouts, StoreError> {
         let call = TimeoutsCall {
             ttl_ms: self.node_ttl_ms,
             limit: 1000,
@@ -161,37 +152,25 @@ impl Orphans {
             dead_retention_ms: self.tasks.dead_retention_ms,
             actor: &self.node_id,
         };
-        let mut all = Timeouts::default();
-        for s in self.shards() {
-            let t = s.run(&self.scripts.timeouts, &call).await?;
-            all.timed_out += t.timed_out;
-            all.retried += t.retried;
-            all.dead += t.dead;
-            all.grace_until = all.grace_until.max(t.grace_until);
-            all.timed_out_queues.extend(t.timed_out_queues);
-            all.dead_queues.extend(t.dead_queues);
-        }
-        Ok(all)
+        s.run(&self.scripts.timeouts, &call).await
     }
 
-    /// The consistency sweep of every queue of every shard. Returns each
+    /// The consistency sweep of every queue of shard `s`. Returns each
     /// queue that needed repairs, with (recovered, removed).
-    pub async fn sweep_all(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
+    pub async fn sweep_in(&self, s: &Store) -> Result<Vec<(String, i64, i64)>, StoreError> {
         let mut out = Vec::new();
-        for s in self.shards() {
-            let key = format!("{}:queues", s.keys().prefix());
-            let queues: Vec<String> = s.query("queues_names", redis::cmd("SMEMBERS").arg(key)).await?;
-            for q in queues {
-                let call = Sweep {
-                    queue: &q,
-                    ttl_ms: self.node_ttl_ms,
-                    window: 2000,
-                    opts: self.recovery_opts(),
-                };
-                let r = s.run(&self.scripts.sweep, &call).await?;
-                if r.recovered + r.removed > 0 {
-                    out.push((q, r.recovered, r.removed));
-                }
+        let key = format!("{}:queues", s.keys().prefix());
+        let queues: Vec<String> = s.query("queues_names", redis::cmd("SMEMBERS").arg(key)).await?;
+        for q in queues {
+            let call = Sweep {
+                queue: &q,
+                ttl_ms: self.node_ttl_ms,
+                window: 2000,
+                opts: self.recovery_opts(),
+            };
+            let r = s.run(&self.scripts.sweep, &call).await?;
+            if r.recovered + r.removed > 0 {
+                out.push((q, r.recovered, r.removed));
             }
         }
         Ok(out)
@@ -200,7 +179,7 @@ impl Orphans {
     /// The most recent recoveries, newest first, and the totals per action
     /// (each shard keeps its own: merged by time, summed).
     pub async fn history(&self, limit: usize) -> Result<(Vec<OrphanRecord>, Vec<(String, u64)>), StoreError> {
-        let reads = self.shards().map(|s| async move {
+        let reads = self.store.every_shard().map(|s| async move {
             let k = s.keys();
             let mut pipe = redis::pipe();
             pipe.cmd("ZRANGE")

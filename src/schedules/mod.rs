@@ -170,7 +170,9 @@ pub struct Schedules {
     /// Wakes this node's scheduler when a schedule is written through it, so
     /// a new schedule's first occurrence is not up to `interval_ms` late here
     /// (other nodes see it at their next pass).
-    pub(crate) changed: tokio::sync::Notify,
+    /// Per shard: woken when a schedule of that shard changes, so its
+    /// scheduler loop looks again at once.
+    pub(crate) changed: Vec<tokio::sync::Notify>,
 }
 
 impl Schedules {
@@ -182,6 +184,7 @@ impl Schedules {
         ctx: &ScriptCtx,
     ) -> Arc<Schedules> {
         let config_ids = cfg.items.iter().map(|d| d.id.clone()).collect();
+        let shards = store.shards().len();
         for result in ["fired", "skipped_overlap", "missed"] {
             metrics::counter!("muster_schedule_fires_total", "result" => result).increment(0);
         }
@@ -192,7 +195,7 @@ impl Schedules {
             node_id,
             config_ids,
             scripts: Scripts::new(ctx),
-            changed: tokio::sync::Notify::new(),
+            changed: (0..shards).map(|_| tokio::sync::Notify::new()).collect(),
         })
     }
 
@@ -215,6 +218,16 @@ impl Schedules {
     }
 
     /// The view of the shard schedule `id` lives in (the shard of its id).
+    /// Wakes the scheduler loop of schedule `id`'s shard.
+    fn changed_in(&self, id: &str) {
+        self.changed[self.at(id).shard_index()].notify_one();
+    }
+
+    /// The store, for the per-shard loop.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     fn at(&self, id: &str) -> Store {
         self.store.shard(self.store.shards().home(id))
     }
@@ -277,7 +290,7 @@ impl Schedules {
             UpsertReply::TooMany => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
             UpsertReply::FromConfig => Err(ScheduleError::FromConfig(c.def.id.clone())),
             UpsertReply::Created { .. } | UpsertReply::Replaced { .. } | UpsertReply::Unchanged { .. } => {
-                self.changed.notify_one();
+                self.changed_in(&c.def.id);
                 Ok(())
             }
         }
@@ -295,7 +308,7 @@ impl Schedules {
             // Exists: mode create only.
             UpsertReply::Exists => Err(ScheduleError::Exists(c.def.id.clone())),
             reply => {
-                self.changed.notify_one();
+                self.changed_in(&c.def.id);
                 Ok(matches!(reply, UpsertReply::Created { .. }))
             }
         }
@@ -351,7 +364,7 @@ impl Schedules {
         match self.at(id).run(&self.scripts.set_enabled, &call).await? {
             SetEnabledReply::NotFound => Err(ScheduleError::NotFound(id.into())),
             reply => {
-                self.changed.notify_one();
+                self.changed_in(id);
                 Ok(matches!(reply, SetEnabledReply::Changed { .. }))
             }
         }

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{FireOutcome, Schedules, Timing};
-use crate::store::StoreError;
+use crate::store::{PassLog, Store, StoreError};
 
 /// Occurrences proposed per script call.
 const BATCH: usize = 1000;
@@ -74,31 +74,35 @@ impl TimingCache {
 type Row = (Option<u64>, Option<String>, Option<i64>, Option<String>, Option<String>);
 
 impl Schedules {
-    /// Every schedule's id and [`Row`]: one set and one pipeline per shard,
-    /// the shards at once.
-    async fn scan(&self) -> Result<Vec<(String, Row)>, StoreError> {
-        let reads = self.ids_by_shard().await?.into_iter().map(|(s, ids)| async move {
-            let mut p = redis::pipe();
-            for id in &ids {
-                p.cmd("HMGET")
-                    .arg(super::scripts::schedule_key(s.keys(), id))
-                    .arg("version")
-                    .arg("enabled")
-                    .arg("cursor")
-                    .arg("expr")
-                    .arg("tz");
-            }
-            let rows: Vec<Row> = s.pipe("schedule_scan", &p).await?;
-            Ok::<_, StoreError>(ids.into_iter().zip(rows).collect::<Vec<_>>())
-        });
-        Ok(futures_util::future::try_join_all(reads).await?.concat())
+    /// Every schedule of shard `s` with its [`Row`]: its set, then one
+    /// pipeline.
+    async fn scan_in(&self, s: &Store) -> Result<Vec<(String, Row)>, StoreError> {
+        let key = super::scripts::schedules_key(s.keys());
+        let mut ids: Vec<String> = s.query("schedule_ids", redis::cmd("SMEMBERS").arg(key)).await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        ids.sort();
+        let mut p = redis::pipe();
+        for id in &ids {
+            p.cmd("HMGET")
+                .arg(super::scripts::schedule_key(s.keys(), id))
+                .arg("version")
+                .arg("enabled")
+                .arg("cursor")
+                .arg("expr")
+                .arg("tz");
+        }
+        let rows: Vec<Row> = s.pipe("schedule_scan", &p).await?;
+        Ok(ids.into_iter().zip(rows).collect())
     }
 
-    /// One scheduler pass over every schedule. Returns how long to sleep
-    /// before the next pass.
-    pub async fn pass(&self, cache: &mut TimingCache) -> Result<Duration, StoreError> {
+    /// One scheduler pass over every schedule of shard `s` (the loop runs
+    /// per shard: a stalled master holds up its own shards' schedules
+    /// only). Returns how long to sleep before the next pass.
+    pub async fn pass_in(&self, s: &Store, cache: &mut TimingCache) -> Result<Duration, StoreError> {
         let cap = Duration::from_millis(self.cfg.interval_ms);
-        let rows = self.scan().await?;
+        let rows = self.scan_in(s).await?;
         let ids: Vec<String> = rows.iter().map(|(id, _)| id.clone()).collect();
         cache.retain(&ids);
         if ids.is_empty() {
@@ -155,31 +159,31 @@ impl Schedules {
     }
 }
 
-/// Runs the scheduler until `cancel`. `reconciled`: whether the config
-/// schedules were already written at start; if not, the loop retries first.
+/// Runs the scheduler until `cancel`, one loop per shard. `reconciled`:
+/// whether the config schedules were already written at start; if not,
+/// shard 0's loop retries first (the write goes to every schedule's shard).
 pub fn spawn(schedules: Arc<Schedules>, reconciled: bool, cancel: CancellationToken) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut reconciled = reconciled;
-        let mut cache = TimingCache::default();
-        let cap = Duration::from_millis(schedules.config().interval_ms);
-        loop {
-            if !reconciled {
-                match schedules.reconcile().await {
-                    Ok(_) => reconciled = true,
-                    Err(e) => tracing::warn!(error = %e, "could not write the config schedules; retrying"),
+    let store = schedules.store().clone();
+    store.spawn_each_shard(move |shard| {
+        let (schedules, cancel) = (schedules.clone(), cancel.clone());
+        async move {
+            let mut reconciled = reconciled || shard.shard_index() != 0;
+            let mut cache = TimingCache::default();
+            let cap = Duration::from_millis(schedules.config().interval_ms);
+            let mut log = PassLog::new("schedules", &shard);
+            loop {
+                if !reconciled {
+                    match schedules.reconcile().await {
+                        Ok(_) => reconciled = true,
+                        Err(e) => tracing::warn!(error = %e, "could not write the config schedules; retrying"),
+                    }
                 }
-            }
-            let sleep = match schedules.pass(&mut cache).await {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::debug!(error = %e, "scheduler pass failed");
-                    cap
+                let sleep = log.outcome(schedules.pass_in(&shard, &mut cache).await).unwrap_or(cap);
+                tokio::select! {
+                    _ = tokio::time::sleep(sleep) => {}
+                    _ = schedules.changed[shard.shard_index()].notified() => {}
+                    _ = cancel.cancelled() => return,
                 }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(sleep) => {}
-                _ = schedules.changed.notified() => {}
-                _ = cancel.cancelled() => return,
             }
         }
     })

@@ -6,7 +6,7 @@ use super::*;
 
 impl Store {
     pub(super) fn link(&self) -> Link {
-        self.inner.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.lane().link.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The link to send a call on. While a cut connection is being reopened
@@ -15,7 +15,7 @@ impl Store {
     pub(super) async fn usable_link(&self) -> Link {
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         loop {
-            let relinked = self.inner.relinked.notified();
+            let relinked = self.lane().relinked.notified();
             let link = self.link();
             if !matches!(link.conn, Conn::Reconnecting) {
                 return self.routed(link);
@@ -38,10 +38,13 @@ impl Store {
 
     /// Installs a new shared connection (a switch, an invalidation or a
     /// reconnect) and cuts the old one: calls still waiting on it give up.
+    /// Switches happen outside Cluster mode only, where one lane serves
+    /// every shard.
     pub(super) fn replace_link(&self, conn: Conn) {
         let id = self.inner.links.fetch_add(1, Ordering::SeqCst) + 1;
+        let lane = self.lane();
         let old = std::mem::replace(
-            &mut *self.inner.link.write().unwrap_or_else(|p| p.into_inner()),
+            &mut *lane.link.write().unwrap_or_else(|p| p.into_inner()),
             Link {
                 conn,
                 id,
@@ -49,15 +52,16 @@ impl Store {
             },
         );
         old.cut.cancel();
-        self.inner.relinked.notify_waiters();
+        lane.relinked.notify_waiters();
     }
 
-    /// Cuts link `id` after one of its calls timed out (G12) and reopens a
-    /// connection to the same server in the background. Does nothing when
-    /// that link was already replaced (several calls time out together).
+    /// Cuts link `id` of this view's lane after one of its calls timed out
+    /// (G12) and reopens a connection to the same server in the background.
+    /// Does nothing when that link was already replaced (several calls time
+    /// out together). Other lanes (other Cluster masters) are not touched.
     pub(super) fn cut(&self, id: u64, op: &'static str) {
         let reopen = {
-            let mut link = self.inner.link.write().unwrap_or_else(|p| p.into_inner());
+            let mut link = self.lane().link.write().unwrap_or_else(|p| p.into_inner());
             if link.id != id || matches!(link.conn, Conn::Down | Conn::Reconnecting) {
                 return;
             }
@@ -74,14 +78,20 @@ impl Store {
             reopen
         };
         metrics::counter!("muster_redis_reconnects_total").increment(1);
-        tracing::warn!(op, "a Redis call timed out: its connection is cut and a new one opened");
+        tracing::warn!(
+            op,
+            shard = self.shard,
+            "a Redis call timed out: its connection is cut and a new one opened"
+        );
         let store = self.clone();
         tokio::spawn(async move { store.reopen(reopen).await });
     }
 
     /// Opens a new shared connection to the server in use and installs it,
     /// unless link `id` (the placeholder) was replaced meanwhile by a switch
-    /// or an invalidation. Retries with backoff until it succeeds.
+    /// or an invalidation. Retries with backoff until it succeeds. The
+    /// lane's clock is forgotten: the new connection may reach another
+    /// server (a promoted replica), whose clock is sampled afresh.
     pub(super) async fn reopen(&self, id: u64) {
         let mut attempt = 0;
         loop {
@@ -93,7 +103,7 @@ impl Store {
                     .await
                     .map_err(|_| StoreError::Unavailable("timed out".into()))
                     .and_then(|r| r.map_err(|e| classify(&e)))
-                    .map(|c| Conn::Cluster(c, self.inner.shard_routes[0]))
+                    .map(|c| Conn::Cluster(c, self.inner.shard_routes[self.shard]))
             } else {
                 let client = self.inner.client.read().unwrap_or_else(|p| p.into_inner()).clone();
                 match client {
@@ -103,13 +113,15 @@ impl Store {
             };
             match opened {
                 Ok(conn) => {
-                    let mut link = self.inner.link.write().unwrap_or_else(|p| p.into_inner());
+                    let lane = self.lane();
+                    let mut link = lane.link.write().unwrap_or_else(|p| p.into_inner());
                     if link.id == id {
                         link.conn = conn;
-                        tracing::info!("reconnected to Redis");
+                        lane.clock.reset();
+                        tracing::info!(shard = self.shard, "reconnected to Redis");
                     }
                     drop(link);
-                    self.inner.relinked.notify_waiters();
+                    lane.relinked.notify_waiters();
                     return;
                 }
                 Err(e) => {
@@ -127,7 +139,7 @@ impl Store {
     /// the node stops waiting. Errs only before the first clock sample.
     pub(super) fn deadline(&self) -> StoreResult<i64> {
         let now = self
-            .inner
+            .lane()
             .clock
             .now_ms()
             .ok_or_else(|| StoreError::Unavailable("Redis time is not known yet".into()))?;
@@ -139,23 +151,43 @@ impl Store {
     /// samples): for choosing when to wake up, never for a lease or liveness
     /// decision (those are made in Redis, G11). None before the first sample.
     pub fn redis_now_estimate(&self) -> Option<i64> {
-        self.inner.clock.now_ms()
+        self.lane().clock.now_ms()
     }
 
-    /// Records a Redis time (ms) read by a call whose reply arrived at
-    /// `received`, as a sample for script deadlines (G12).
-    pub fn observe_clock(&self, redis_ms: i64, received: Instant) {
-        self.inner.clock.observe(redis_ms, received);
+    /// Records a Redis time (ms) read by a call of this view sent at `sent`
+    /// whose reply arrived at `received`, as a sample for the deadlines of
+    /// this view's lane (G12; see `clock.rs`).
+    pub fn observe_clock(&self, redis_ms: i64, sent: Instant, received: Instant) {
+        if self.lane().clock.observe_call(redis_ms, sent, received) {
+            metrics::counter!("muster_redis_clock_resets_total").increment(1);
+            tracing::warn!(
+                shard = self.shard,
+                "Redis time went back on this shard's connection (a new master, or its clock was set back): \
+                 script deadlines now follow the new clock"
+            );
+        }
+    }
+
+    /// The spread (ms) of the estimated Redis clocks of the lanes: the skew
+    /// between Cluster masters as this node sees it (0 with one lane, or
+    /// before two lanes have samples).
+    pub fn clock_skew_ms(&self) -> i64 {
+        let offsets: Vec<i64> = self.inner.lanes.iter().filter_map(|l| l.clock.offset()).collect();
+        match (offsets.iter().max(), offsets.iter().min()) {
+            (Some(hi), Some(lo)) => hi - lo,
+            _ => 0,
+        }
     }
 
     /// Reads Redis `TIME` on `conn` and records it as a clock sample.
     pub(super) async fn sync_clock_on(&self, conn: &mut Conn) -> StoreResult<i64> {
+        let sent = Instant::now();
         let (s, us): (i64, i64) = self
             .timed_on(&Link::probe(conn.clone()), "time", redis::cmd("TIME").query_async(conn))
             .await
             .map_err(RetryableOr::into_error)?;
         let ms = s * 1000 + us / 1000;
-        self.inner.clock.observe(ms, Instant::now());
+        self.observe_clock(ms, sent, Instant::now());
         Ok(ms)
     }
 
@@ -212,9 +244,12 @@ impl Store {
     /// Redis server time in milliseconds since the epoch; also a sample for
     /// the node's estimate of Redis time (script deadlines, G12).
     pub async fn time_ms(&self) -> StoreResult<i64> {
+        let sent = Instant::now();
         let (s, us): (i64, i64) = self.query("time", &redis::cmd("TIME")).await?;
         let ms = s * 1000 + us / 1000;
-        self.inner.clock.observe(ms, Instant::now());
+        // A retried read is sent after `sent`, which only widens the upper
+        // bound: the check stays sound.
+        self.observe_clock(ms, sent, Instant::now());
         Ok(ms)
     }
 
@@ -253,7 +288,7 @@ impl Store {
     /// Every call carries its deadline (G12, see the prelude).
     pub async fn eval<T: FromRedisValue>(&self, lua: &Lua, keys: &[String], args: &[String]) -> StoreResult<T> {
         self.follow_master_file().await;
-        if self.inner.clock.now_ms().is_none() {
+        if self.lane().clock.now_ms().is_none() {
             self.time_ms().await?;
         }
         if let Some(scope) = Store::ack_scope() {
@@ -283,18 +318,14 @@ impl Store {
         self.eval(lua, &call.keys(self.keys()), &call.args()).await
     }
 
-    /// Runs one typed script call on every shard of the namespace (a change
-    /// each shard keeps a copy of, such as the node registry; see
-    /// `docs/sharding.md`). Shard 0's reply is the one returned; the other
-    /// shards run after it, at once. One shard: one call, as [`Store::run`].
-    pub async fn run_on_every_shard<C: ScriptCall>(&self, lua: &Lua, call: &C) -> StoreResult<C::Reply> {
-        let first = self.shard(0).run(lua, call).await?;
-        let n = self.shards().len();
-        if n > 1 {
-            futures_util::future::try_join_all((1..n).map(|i| async move { self.shard(i).run(lua, call).await }))
-                .await?;
-        }
-        Ok(first)
+    /// Runs one typed script call on every shard of the namespace at once (a
+    /// change each shard keeps a copy of, such as the node registry; see
+    /// `docs/sharding.md`) and answers each shard's outcome, in shard order.
+    /// A shard that fails or stalls costs only its own outcome: the others
+    /// are applied and answered all the same (failure isolation). One shard:
+    /// one call, as [`Store::run`].
+    pub async fn run_on_each_shard<C: ScriptCall>(&self, lua: &Lua, call: &C) -> Vec<StoreResult<C::Reply>> {
+        futures_util::future::join_all(self.every_shard().map(|s| async move { s.run(lua, call).await })).await
     }
 
     pub(super) async fn call<T: FromRedisValue>(&self, op: &'static str, cmd: &Cmd, read: bool) -> StoreResult<T> {

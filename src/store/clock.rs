@@ -10,15 +10,34 @@
 //! later than the Redis time at which the node gives up, so a script that
 //! finds Redis time past its deadline knows the caller has stopped waiting.
 //!
-//! The monotonic clock does not jump when the node's wall clock is set; if
-//! Redis's own clock is stepped back, deadlines run late by that step until
-//! the older samples leave the window (about [`SAMPLES`] heartbeats).
+//! A sample whose send time is known also bounds the offset from above
+//! (Redis read its clock after the call was sent). When that upper bound is
+//! below the current estimate, Redis time went back: the calls now reach
+//! another server (a Cluster failover promoted a replica with a clock of
+//! its own) or Redis's clock was stepped back. The estimate is then
+//! forgotten and starts again from that sample, so deadlines never run late
+//! by the difference (G12). A clock that went forward needs nothing: the
+//! larger lower bound wins at once.
+//!
+//! Each Cluster master has a clock of its own, so the store keeps one
+//! estimate per route (`Lane`); all of them count from one monotonic base,
+//! so their offsets compare, and their spread is the skew between masters.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// How many samples the estimate looks at.
 pub const SAMPLES: usize = 32;
+
+/// How far (ms) an upper bound may fall below the estimate before Redis time
+/// counts as gone back: both are read at millisecond precision.
+const SLACK_MS: i64 = 3;
+
+/// The one monotonic base every estimate counts from.
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
 
 pub struct RedisClock {
     base: Instant,
@@ -31,6 +50,18 @@ struct Ring {
     next: usize,
 }
 
+impl Ring {
+    fn push(&mut self, offset: i64) {
+        if self.offsets.len() < SAMPLES {
+            self.offsets.push(offset);
+        } else {
+            let i = self.next;
+            self.offsets[i] = offset;
+        }
+        self.next = (self.next + 1) % SAMPLES;
+    }
+}
+
 impl Default for RedisClock {
     fn default() -> Self {
         Self::new()
@@ -40,7 +71,7 @@ impl Default for RedisClock {
 impl RedisClock {
     pub fn new() -> Self {
         RedisClock {
-            base: Instant::now(),
+            base: base(),
             samples: Mutex::new(Ring::default()),
         }
     }
@@ -53,13 +84,33 @@ impl RedisClock {
     pub fn observe(&self, redis_ms: i64, received: Instant) {
         let offset = redis_ms - self.mono_ms(received);
         let mut ring = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-        if ring.offsets.len() < SAMPLES {
-            ring.offsets.push(offset);
-        } else {
-            let i = ring.next;
-            ring.offsets[i] = offset;
+        ring.push(offset);
+    }
+
+    /// Records a Redis time (ms) read by a call sent at `sent` whose reply
+    /// arrived at `received`. Returns true when it showed that Redis time
+    /// went back (another server, or a clock stepped back): the estimate
+    /// then starts again from this sample.
+    pub fn observe_call(&self, redis_ms: i64, sent: Instant, received: Instant) -> bool {
+        let lower = redis_ms - self.mono_ms(received);
+        // +1: `sent` is floored to the ms like `received`, and Redis read its
+        // clock at or after it.
+        let upper = redis_ms - self.mono_ms(sent) + 1;
+        let mut ring = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let back = ring.offsets.iter().max().is_some_and(|&m| upper + SLACK_MS < m);
+        if back {
+            *ring = Ring::default();
         }
-        ring.next = (ring.next + 1) % SAMPLES;
+        ring.push(lower);
+        back
+    }
+
+    /// The estimated offset of Redis time from the shared monotonic base
+    /// (ms), None before the first sample: the spread of the offsets of two
+    /// clocks is the skew between their servers.
+    pub fn offset(&self) -> Option<i64> {
+        let ring = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        ring.offsets.iter().copied().max()
     }
 
     /// Forgets every sample: a different server (a new master) has its own clock.
@@ -99,6 +150,29 @@ mod tests {
         assert!((1_000_000..1_000_100).contains(&now), "{now}");
         c.reset();
         assert_eq!(c.now_ms(), None);
+    }
+
+    #[test]
+    fn forgets_the_estimate_when_redis_time_goes_back() {
+        let c = RedisClock::new();
+        let t = Instant::now();
+        c.observe_call(2_000_000, t, t);
+        // Ahead: nothing to forget, the larger bound wins.
+        assert!(!c.observe_call(2_000_010, t, t));
+        assert!((2_000_010..2_000_100).contains(&c.now_ms().unwrap()));
+        // A slow reply from the same server: its upper bound still covers
+        // the estimate, so it is only a poor sample.
+        let later = t + Duration::from_millis(500);
+        assert!(!c.observe_call(2_000_300, t, later));
+        assert!((2_000_010..2_000_100).contains(&c.now_ms().unwrap()));
+        // Another server whose clock is 1 s behind: even the upper bound is
+        // below the estimate, which starts again from it.
+        assert!(c.observe_call(1_999_010, t, t));
+        assert!(
+            (1_999_010..1_999_100).contains(&c.now_ms().unwrap()),
+            "{:?}",
+            c.now_ms()
+        );
     }
 
     #[test]

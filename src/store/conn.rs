@@ -146,7 +146,7 @@ impl Store {
             mode,
             redact(&url),
             Some(client),
-            Conn::Single(mgr),
+            vec![Conn::Single(mgr)],
             None,
             None,
             cfg.shards,
@@ -175,7 +175,7 @@ impl Store {
             mode,
             addr.to_string(),
             Some(client),
-            Conn::Single(mgr),
+            vec![Conn::Single(mgr)],
             None,
             master_file.map(|p| p.to_path_buf()),
             cfg.shards,
@@ -220,17 +220,32 @@ impl Store {
         };
         let client = builder(Some(timeout))?;
         let blocking = builder(None)?;
-        let conn = tokio::time::timeout(timeout * 2, client.get_async_connection())
-            .await
-            .map_err(|_| StoreError::Unavailable("timed out connecting to the Redis Cluster".into()))?
-            .map_err(|e| StoreError::Unavailable(format!("cannot connect to the Redis Cluster: {e}")))?;
+        // One connection per lane (each shard's route, then the root's): a
+        // timeout cuts one lane's connection, never the others' (see `Lane`).
+        let lanes = if shards > 1 { shards as usize + 1 } else { 1 };
+        let conns = futures_util::future::try_join_all((0..lanes).map(|_| async {
+            tokio::time::timeout(timeout * 2, client.get_async_connection())
+                .await
+                .map_err(|_| StoreError::Unavailable("timed out connecting to the Redis Cluster".into()))?
+                .map_err(|e| StoreError::Unavailable(format!("cannot connect to the Redis Cluster: {e}")))
+        }))
+        .await?;
         let map = super::shards::ShardMap::new(&cfg.key_prefix, shards);
+        let mut routes: Vec<Route> = (0..map.len()).map(|i| home_route(&Keys::tagged(map.tag(i)))).collect();
+        if map.len() > 1 {
+            routes.push(home_route(&Keys::tagged(&format!("{{{}}}", cfg.key_prefix))));
+        }
+        let conns = conns
+            .into_iter()
+            .zip(routes)
+            .map(|(c, route)| Conn::Cluster(c, route))
+            .collect();
         let store = Store::build(
             cfg,
             Mode::Cluster,
             cfg.cluster.join(","),
             None,
-            Conn::Cluster(conn, home_route(&Keys::tagged(map.tag(0)))),
+            conns,
             Some((client, blocking)),
             None,
             shards,
@@ -247,7 +262,7 @@ impl Store {
             mode,
             String::new(),
             None,
-            Conn::Down,
+            vec![Conn::Down],
             None,
             Some(master_file.to_path_buf()),
             cfg.shards,
@@ -261,7 +276,7 @@ impl Store {
         mode: Mode,
         address: String,
         client: Option<redis::Client>,
-        conn: Conn,
+        conns: Vec<Conn>,
         cluster: Option<(redis::cluster::ClusterClient, redis::cluster::ClusterClient)>,
         master_file: Option<PathBuf>,
         shards: u32,
@@ -283,14 +298,8 @@ impl Store {
                 client: RwLock::new(client),
                 cluster_client,
                 cluster_blocking,
-                link: RwLock::new(Link {
-                    conn,
-                    id: 1,
-                    cut: CancellationToken::new(),
-                }),
+                lanes: conns.into_iter().map(Lane::new).collect(),
                 links: AtomicU64::new(1),
-                relinked: tokio::sync::Notify::new(),
-                clock: RedisClock::new(),
                 auth: ServerAuth::from_config(cfg),
                 master_file: master_file.map(|path| MasterFile {
                     path,

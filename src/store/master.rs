@@ -39,7 +39,7 @@ impl Store {
         }
         // A new server has its own clock: deadlines are computed from it
         // from now on, starting with the epoch script's.
-        self.inner.clock.reset();
+        self.lane().clock.reset();
         self.sync_clock_on(&mut probe).await?;
         // Fencing first: no token is issued on the new master before its
         // epoch is above every epoch seen before the switch.
@@ -81,7 +81,7 @@ impl Store {
     pub async fn ensure_epoch(&self) -> StoreResult<(u64, bool)> {
         let mut conn = self.link().conn;
         let addr = self.address();
-        if self.inner.clock.now_ms().is_none() {
+        if self.lane().clock.now_ms().is_none() {
             self.sync_clock_on(&mut conn).await?;
         }
         self.bump_epoch_on(&mut conn, &addr).await

@@ -18,6 +18,7 @@ pub mod codes;
 pub mod embedded;
 pub mod keys;
 pub mod layout;
+pub mod passes;
 pub mod reply;
 pub mod script;
 pub mod shards;
@@ -43,6 +44,7 @@ use self::clock::RedisClock;
 
 pub use codes::Code;
 pub use keys::Keys;
+pub use passes::PassLog;
 pub use script::{Lua, ScriptCall, ScriptCtx};
 
 pub use self::ack::{AckScope, Confirmation};
@@ -130,15 +132,13 @@ struct Inner {
     /// blocking reads.
     cluster_client: Option<redis::cluster::ClusterClient>,
     cluster_blocking: Option<redis::cluster::ClusterClient>,
-    /// The shared connection in use, with its identity and the token that
-    /// cuts it (see [`Link`]).
-    link: RwLock<Link>,
+    /// The lanes calls travel: one outside Cluster mode (every shard is on
+    /// the one server), one per shard route in Cluster mode (each shard's,
+    /// then the root's), so that a master that stalls or fails over costs
+    /// only the lanes of the shards it holds (see [`Lane`]).
+    lanes: Vec<Lane>,
     /// Source of link ids.
     links: AtomicU64,
-    /// Woken whenever the link is replaced (a reconnect finished, a switch).
-    relinked: tokio::sync::Notify,
-    /// The node's estimate of Redis time, for script deadlines (G12).
-    clock: RedisClock,
     auth: ServerAuth,
     master_file: Option<MasterFile>,
     /// Incremented at every master switch (dedicated connections reopen).
@@ -166,6 +166,35 @@ struct Inner {
     info: RwLock<ServerInfo>,
     /// The dedicated connections of replicated writes (see `ack.rs`).
     acks: ack::Pool,
+}
+
+/// One route to Redis: the shared connection of the shards that use it and
+/// the node's estimate of that server's clock. A timeout on a lane cuts
+/// only its own link (calls in flight on other lanes, to other masters, go
+/// on), and every script sent on it gets its deadline from its own clock
+/// (G12 per master: Cluster masters run on clocks of their own).
+struct Lane {
+    /// The shared connection in use, with its identity and the token that
+    /// cuts it (see [`Link`]).
+    link: RwLock<Link>,
+    /// Woken whenever the link is replaced (a reconnect finished, a switch).
+    relinked: tokio::sync::Notify,
+    /// The node's estimate of this lane's Redis time, for script deadlines.
+    clock: RedisClock,
+}
+
+impl Lane {
+    fn new(conn: Conn) -> Lane {
+        Lane {
+            link: RwLock::new(Link {
+                conn,
+                id: 1,
+                cut: CancellationToken::new(),
+            }),
+            relinked: tokio::sync::Notify::new(),
+            clock: RedisClock::new(),
+        }
+    }
 }
 
 /// The shared connection and what cuts it. A call that times out cuts the
@@ -221,6 +250,11 @@ impl Store {
             inner: self.inner.clone(),
             shard: self.inner.shard_keys.len() - 1,
         }
+    }
+    /// The lane this view's calls travel (its shard's in Cluster mode).
+    fn lane(&self) -> &Lane {
+        let lanes = &self.inner.lanes;
+        &lanes[if lanes.len() > 1 { self.shard } else { 0 }]
     }
     /// Which shard this view is of.
     pub fn shard_index(&self) -> usize {

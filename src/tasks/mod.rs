@@ -15,6 +15,7 @@
 //! - Every state change emits its event in the same script (G9).
 
 pub mod bulk;
+mod claim;
 mod model;
 mod read;
 pub use read::Found;
@@ -42,7 +43,7 @@ pub use self::model::{
     Attempt, ClaimResult, Claimed, Finished, GroupInfo, NewTask, NextClaim, NextClaimed, QueueStats, Submitted, Task,
     TaskPage,
 };
-use self::scripts::{ClaimReply, Completed, Enqueued, FailReply, HeartbeatReply, ListQueuedReply, Scripts};
+use self::scripts::{Completed, Enqueued, FailReply, HeartbeatReply, ListQueuedReply, Scripts};
 pub use self::spec::TaskSpec;
 
 /// The furthest ahead a task may be due: `delay_ms` at most, and `run_at`
@@ -157,6 +158,9 @@ pub struct Tasks {
     pub labels: Arc<QueueLabels>,
     /// Split namespaces: which shards hold which queue's tasks (`shards`).
     queue_shards: Mutex<shards::QueueShards>,
+    /// This node's registration per shard: the claim fan-out skips shards
+    /// where it may have lapsed (see `claim`).
+    health: Arc<crate::health::Health>,
 }
 
 fn raw(json: &str) -> Box<RawValue> {
@@ -170,8 +174,10 @@ impl Tasks {
         ctx: &ScriptCtx,
         bus: Arc<crate::events::Bus>,
         shutdown: CancellationToken,
+        health: Arc<crate::health::Health>,
     ) -> Arc<Tasks> {
         let scripts = Scripts::new(ctx);
+        let shards = store.shards().len();
         Arc::new(Tasks {
             store,
             cfg,
@@ -179,7 +185,8 @@ impl Tasks {
             bus,
             shutdown,
             labels: Arc::new(QueueLabels::default()),
-            queue_shards: Mutex::new(shards::QueueShards::default()),
+            queue_shards: Mutex::new(shards::QueueShards::new(shards)),
+            health,
         })
     }
 
@@ -279,84 +286,6 @@ impl Tasks {
             .collect())
     }
 
-    /// Claims up to `max` tasks of `queue` for `node`: from the queue's
-    /// shard, then (split namespaces) from the other shards that hold its
-    /// tasks, one script each, until `max` are claimed.
-    pub async fn claim(&self, queue: &str, node: &str, max: u32) -> Result<ClaimResult, TaskError> {
-        let shards = self.shards_of(queue).await?;
-        self.claim_in(&shards, queue, node, max).await
-    }
-
-    /// Claims from `shards` in order. The first shard's refusal (the node is
-    /// not alive or is draining there) is the answer; a later shard's
-    /// refusal only skips that shard.
-    async fn claim_in(&self, shards: &[usize], queue: &str, node: &str, max: u32) -> Result<ClaimResult, TaskError> {
-        let mut out: Option<ClaimResult> = None;
-        for &shard in shards {
-            let got = out.as_ref().map_or(0, |r| r.tasks.len() as u32);
-            if got >= max {
-                break;
-            }
-            let call = scripts::Claim {
-                queue,
-                node,
-                max: max - got,
-            };
-            let reply = self.store.shard(shard).run(&self.scripts.claim, &call).await?;
-            match (self.decode_claim(queue, node, reply), out.as_mut()) {
-                (Err(e), None) => return Err(e),
-                (Err(_), Some(_)) => {}
-                (Ok(r), None) => out = Some(r),
-                (Ok(r), Some(o)) => o.absorb(r),
-            }
-        }
-        let r = out.unwrap_or_default();
-        self.count_claim(queue, &r);
-        Ok(r)
-    }
-
-    /// Turns a claim reply into tasks, counting them (and empty claims).
-    fn claimed(&self, queue: &str, node: &str, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
-        let r = self.decode_claim(queue, node, reply)?;
-        self.count_claim(queue, &r);
-        Ok(r)
-    }
-
-    fn count_claim(&self, queue: &str, r: &ClaimResult) {
-        if r.tasks.is_empty() {
-            metrics::counter!("muster_claims_empty_total").increment(1);
-        } else {
-            metrics::counter!("muster_tasks_claimed_total", "queue" => self.labels.label(queue))
-                .increment(r.tasks.len() as u64);
-        }
-    }
-
-    /// Turns a claim reply into tasks.
-    fn decode_claim(&self, queue: &str, node: &str, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
-        match reply {
-            ClaimReply::Refused(Code::NodeDraining) => Err(TaskError::NodeDraining(node.into())),
-            ClaimReply::Refused(_) => Err(TaskError::NodeNotAlive(node.into())),
-            ClaimReply::Claimed { tasks, next_due, more } => {
-                let tasks = tasks
-                    .into_iter()
-                    .map(|t| Claimed {
-                        id: t.id,
-                        queue: queue.to_string(),
-                        token: t.token,
-                        attempt: t.attempt,
-                        payload: raw(&t.payload),
-                        max_attempts: t.max_attempts,
-                        timeout_ms: t.timeout_ms,
-                        group: (!t.group.is_empty()).then_some(t.group),
-                        priority: t.priority,
-                        created_at: t.created_at,
-                    })
-                    .collect();
-                Ok(ClaimResult { tasks, next_due, more })
-            }
-        }
-    }
-
     /// Completes tasks; one outcome per item, in order.
     pub async fn complete(
         &self,
@@ -366,7 +295,11 @@ impl Tasks {
     }
 
     /// Completes tasks and, for a single one, claims its owner's next
-    /// task(s) in the same call (`next`).
+    /// task(s) in the same call (`next`). One script per shard the tasks are
+    /// in, all at once; a shard that fails answers its own items with its
+    /// error (their outcome is unknown), and the others' outcomes stand: a
+    /// batch over shards never answers an error for completions it applied.
+    /// Only when every shard failed is the whole call the error.
     pub async fn complete_then(
         &self,
         items: &[(String, u64, String)],
@@ -393,24 +326,46 @@ impl Tasks {
             };
             async move { self.store.shard(shard).run(&self.scripts.complete, &call).await }
         });
-        let replies = futures_util::future::try_join_all(runs).await?;
-        let mut each: Vec<Option<Completed>> = (0..items.len()).map(|_| None).collect();
+        let replies = futures_util::future::join_all(runs).await;
+        let mut each: Vec<Option<Result<Completed, StoreError>>> = (0..items.len()).map(|_| None).collect();
         let mut next_reply = None;
         let mut tried = 0;
+        let mut first_error = None;
+        let mut answered = false;
         for ((&shard, (at, _)), reply) in parts.iter().zip(replies) {
-            for (&i, c) in at.iter().zip(reply.items) {
-                each[i] = Some(c);
+            match reply {
+                Ok(reply) => {
+                    answered = true;
+                    for (&i, c) in at.iter().zip(reply.items) {
+                        each[i] = Some(Ok(c));
+                    }
+                    if reply.next.is_some() {
+                        next_reply = reply.next;
+                        tried = shard;
+                    }
+                }
+                Err(e) => {
+                    for &i in at {
+                        each[i] = Some(Err(e.clone()));
+                    }
+                    first_error.get_or_insert(e);
+                }
             }
-            if reply.next.is_some() {
-                next_reply = reply.next;
-                tried = shard;
-            }
+        }
+        if let (false, Some(e)) = (answered, first_error) {
+            return Err(e.into());
         }
         let mut out = Vec::with_capacity(items.len());
         let mut done: BTreeMap<String, u64> = BTreeMap::new();
         let mut claim_queue = next.queue.clone();
         for ((id, _, _), c) in items.iter().zip(each) {
-            let c = c.unwrap_or(Completed::NotFound);
+            let c = match c.unwrap_or(Ok(Completed::NotFound)) {
+                Ok(c) => c,
+                Err(e) => {
+                    out.push(Err(TaskError::Store(e)));
+                    continue;
+                }
+            };
             out.push(match c {
                 Completed::Succeeded { queue, attempt } => {
                     *done.entry(self.labels.label(&queue)).or_default() += 1;
@@ -437,34 +392,7 @@ impl Tasks {
                 queue,
             }
         });
-        Ok((out, self.top_up(tried, max, claimed).await?))
-    }
-
-    /// Split namespaces: the next claim a complete or fail made in shard
-    /// `tried` (the finished task's), topped up to `max` from the queue's
-    /// other shards.
-    async fn top_up(
-        &self,
-        tried: usize,
-        max: u32,
-        next: Option<NextClaimed>,
-    ) -> Result<Option<NextClaimed>, TaskError> {
-        let Some(mut n) = next else { return Ok(None) };
-        if let (true, Ok(r)) = (self.sharded(), &mut n.result) {
-            let got = r.tasks.len() as u32;
-            if got < max {
-                let others: Vec<usize> = self
-                    .shards_of(&n.queue)
-                    .await?
-                    .into_iter()
-                    .filter(|&s| s != tried)
-                    .collect();
-                if let Ok(more) = self.claim_in(&others, &n.queue, &n.owner, max - got).await {
-                    r.absorb(more);
-                }
-            }
-        }
-        Ok(Some(n))
+        Ok((out, self.top_up(tried, max, claimed).await))
     }
 
     /// Reports a failed execution.
@@ -527,7 +455,7 @@ impl Tasks {
                         attempt,
                         retry_at: run_at,
                     },
-                    self.top_up(shard, next.max, claimed).await?,
+                    self.top_up(shard, next.max, claimed).await,
                 ))
             }
         }
@@ -617,33 +545,97 @@ impl Tasks {
 
     /// Pauses or resumes a queue. Returns whether it changed. A split
     /// namespace pauses the queue in every shard (a group's tasks of the
-    /// queue may be in any), the queue's own shard first: its answer is the
-    /// one returned, and only it emits the event.
+    /// queue may be in any): the queue's own shard first, which decides,
+    /// versions the change and emits the event (its failure is the answer);
+    /// then every other shard at once, with that version. A shard that fails
+    /// there does not fail the call: the queue shows `pausing` or `resuming`
+    /// until every shard has it, which the janitors of every node bring
+    /// about ([`Tasks::converge_pause`]), as would calling again.
     pub async fn set_paused(&self, queue: &str, paused: bool, actor: &str) -> Result<bool, TaskError> {
         let home = self.home(queue, "");
-        let call = |emit| scripts::Pause {
+        let call = |version| scripts::Pause {
             queue,
             paused,
             actor,
             max_queues: self.cfg.max_queues,
-            emit,
+            version,
         };
-        let first = self.store.shard(home).run(&self.scripts.pause, &call(true)).await?.0;
-        if first.is_ok() && self.sharded() {
+        let (changed, version) = self
+            .store
+            .shard(home)
+            .run(&self.scripts.pause, &call(None))
+            .await?
+            .0
+            .map_err(|_| TaskError::TooManyQueues(self.cfg.max_queues))?;
+        if self.sharded() {
             let others = (0..self.store.shards().len()).filter(|&s| s != home).map(|s| {
-                let call = call(false);
-                async move { self.store.shard(s).run(&self.scripts.pause, &call).await }
+                let call = call(Some(version));
+                async move { (s, self.store.shard(s).run(&self.scripts.pause, &call).await) }
             });
-            for r in futures_util::future::try_join_all(others).await? {
-                if r.0.is_err() {
-                    return Err(TaskError::TooManyQueues(self.cfg.max_queues));
+            for (s, r) in futures_util::future::join_all(others).await {
+                match r {
+                    Ok(scripts::PauseReply(Ok(_))) => {}
+                    Ok(scripts::PauseReply(Err(_))) => {
+                        tracing::warn!(
+                            queue,
+                            shard = s,
+                            "the queue's pause cannot be copied: that shard is at tasks.max_queues"
+                        );
+                    }
+                    Err(e) => {
+                        metrics::counter!("muster_pause_deferred_total").increment(1);
+                        tracing::warn!(queue, shard = s, error = %e, "the queue's pause reaches this shard later (the janitors converge it)");
+                    }
                 }
             }
         }
-        match first {
-            Err(_) => Err(TaskError::TooManyQueues(self.cfg.max_queues)),
-            Ok(changed) => Ok(changed == 1),
+        Ok(changed)
+    }
+
+    /// Split namespaces: brings shard `shard` in line with the pause state of
+    /// every queue whose own shard decided a newer one (a shard that missed
+    /// a pause or resume when its master failed). `rows` are every shard's
+    /// latest janitor rows, `mine` this shard's; returns how many queues it
+    /// changed. Each copy is versioned, so a stale row never undoes a newer
+    /// change (see `pause.lua`).
+    pub async fn converge_pause(&self, shard: usize, rows: &[Vec<(String, [i64; 10])>]) -> Result<usize, TaskError> {
+        let Some(mine) = rows.get(shard) else { return Ok(0) };
+        let have: BTreeMap<&str, i64> = mine.iter().map(|(q, r)| (q.as_str(), r[9])).collect();
+        let mut wanted = Vec::new();
+        for (home, home_rows) in rows.iter().enumerate() {
+            if home == shard {
+                continue;
+            }
+            for (q, r) in home_rows {
+                if self.home(q, "") != home {
+                    continue;
+                }
+                let (paused, version) = (r[8] == 1, r[9]);
+                let behind = match have.get(q.as_str()) {
+                    Some(&v) => v < version,
+                    // Not registered here: only a pause needs copying.
+                    None => paused,
+                };
+                if behind && version > 0 {
+                    wanted.push((q.clone(), paused, version));
+                }
+            }
         }
+        let store = self.store.shard(shard);
+        let mut changed = 0;
+        for (q, paused, version) in wanted {
+            let call = scripts::Pause {
+                queue: &q,
+                paused,
+                actor: "janitor",
+                max_queues: self.cfg.max_queues,
+                version: Some(version),
+            };
+            if let Ok((true, _)) = store.run(&self.scripts.pause, &call).await?.0 {
+                changed += 1;
+            }
+        }
+        Ok(changed)
     }
 
     /// Sets (or with None clears) a group's limit. Returns the slots in use.
@@ -665,38 +657,36 @@ impl Tasks {
         }
     }
 
-    /// One janitor pass over every shard: the cross-queue dead index, then
-    /// every queue. Returns the stats it saw per queue, summed over the
-    /// shards (the latency, the last column, is the longest).
-    pub async fn janitor_pass(&self) -> Result<Vec<(String, [i64; 8])>, TaskError> {
-        let mut out: BTreeMap<String, [i64; 8]> = BTreeMap::new();
-        for shard in 0..self.store.shards().len() {
-            let store = self.store.shard(shard);
-            // First and on its own, so it runs even when no queue is left.
-            let call = scripts::TrimDead {
+    /// One janitor pass in shard `store`: the cross-queue dead index, then
+    /// every queue of the shard. Returns the stats it saw per queue (the
+    /// background loop runs it per shard, each on its own cadence).
+    pub async fn janitor_in(&self, store: &Store) -> Result<Vec<(String, [i64; 10])>, TaskError> {
+        // First and on its own, so it runs even when no queue is left.
+        let call = scripts::TrimDead {
+            dead_retention_ms: self.cfg.dead_retention_ms,
+        };
+        store.run(&self.scripts.trim_dead, &call).await?;
+        let names: Vec<String> = store
+            .query(
+                "queues_names",
+                redis::cmd("SMEMBERS").arg(format!("{}:queues", store.keys().prefix())),
+            )
+            .await?;
+        let mut out = Vec::with_capacity(names.len());
+        for q in names {
+            let call = scripts::Janitor {
+                queue: &q,
+                retention_ms: self.cfg.retention_ms,
                 dead_retention_ms: self.cfg.dead_retention_ms,
             };
-            store.run(&self.scripts.trim_dead, &call).await?;
-            let names: Vec<String> = store
-                .query(
-                    "queues_names",
-                    redis::cmd("SMEMBERS").arg(format!("{}:queues", store.keys().prefix())),
-                )
-                .await?;
-            for q in &names {
-                let call = scripts::Janitor {
-                    queue: q,
-                    retention_ms: self.cfg.retention_ms,
-                    dead_retention_ms: self.cfg.dead_retention_ms,
-                };
-                let r = store.run(&self.scripts.janitor, &call).await?;
-                let row = out.entry(q.clone()).or_default();
-                for (i, (slot, v)) in row.iter_mut().zip(r).enumerate() {
-                    *slot = if i == 7 { (*slot).max(v) } else { *slot + v };
-                }
+            let r = store.run(&self.scripts.janitor, &call).await?;
+            let mut row = [0i64; 10];
+            for (slot, v) in row.iter_mut().zip(r) {
+                *slot = v;
             }
+            out.push((q, row));
         }
-        Ok(out.into_iter().collect())
+        Ok(out)
     }
 }
 

@@ -71,6 +71,10 @@ pub struct ClaimResult {
     pub next_due: Option<i64>,
     /// `max` tasks were claimed and more are ready: wake another waiter.
     pub more: bool,
+    /// Split namespaces: shards of the queue whose claim did not run (their
+    /// master failed, or this node cannot serve them now). Tasks there wait
+    /// for a later claim, through this node or another.
+    pub not_tried: Vec<usize>,
 }
 
 impl ClaimResult {
@@ -82,6 +86,7 @@ impl ClaimResult {
             (a, b) => a.or(b),
         };
         self.more |= other.more;
+        self.not_tried.extend(other.not_tried);
     }
 }
 
@@ -190,6 +195,11 @@ pub struct QueueStats {
     pub succeeded: u64,
     pub cancelled: u64,
     pub paused: bool,
+    /// `active`, `paused`, or on a split namespace while a pause or resume
+    /// has not reached every shard yet (a master failed), `pausing` or
+    /// `resuming`: some shards still hand out (or still hold back) the
+    /// queue's grouped tasks until the janitors converge them.
+    pub pause_state: &'static str,
     /// Tasks that reached a terminal state in the last minute.
     pub finished_last_minute: u64,
     /// Queue latency: how long the longest-waiting task at the head of a

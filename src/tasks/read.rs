@@ -120,7 +120,7 @@ impl Tasks {
         if cursor > MAX_QUEUED_CURSOR && (state == "queued" || self.sharded()) {
             return Err(TaskError::CursorTooDeep);
         }
-        let shards = self.shards_of(queue).await?;
+        let shards = self.shards_of(queue).await;
         if state == "queued" {
             let one = shards.len() == 1;
             let reads = shards.iter().map(|&shard| {
@@ -253,6 +253,7 @@ impl Tasks {
                     name: q.clone(),
                     ..QueueStats::default()
                 };
+                let (mut some_paused, mut some_not) = (false, false);
                 for (shard, r) in rows.iter().enumerate() {
                     let Some(c) = r.0.get(i) else { continue };
                     st.queued += c.queued;
@@ -266,7 +267,15 @@ impl Tasks {
                     if shard == home {
                         st.paused = c.paused;
                     }
+                    some_paused |= c.paused;
+                    some_not |= !c.paused;
                 }
+                st.pause_state = match (st.paused, some_paused, some_not) {
+                    (true, _, true) => "pausing",
+                    (true, _, false) => "paused",
+                    (false, true, _) => "resuming",
+                    (false, false, _) => "active",
+                };
                 st
             })
             .collect())

@@ -18,17 +18,41 @@ use std::time::{Duration, Instant};
 use super::Tasks;
 use crate::store::{Store, StoreError};
 
-/// How long the shards a queue is known in are trusted before they are read
-/// again: a grouped task submitted through another node into a shard its
-/// queue was not known in waits at most this long (plus the claim's own
+/// How often each shard's set of queues is read again (per shard, in the
+/// background): a grouped task submitted through another node into a shard
+/// its queue was not known in waits at most this long (plus the claim's own
 /// wait) before claims look there.
-const REFRESH: Duration = Duration::from_secs(1);
+pub const REFRESH: Duration = Duration::from_secs(1);
 
-/// Which shards have registered which queue (a bit per shard).
-#[derive(Default)]
+/// Which shards have registered which queue (a bit per shard), as last read
+/// from each shard. A shard that cannot be read keeps its last known bits
+/// (failure isolation: claims go on with what was known).
 pub(super) struct QueueShards {
-    read_at: Option<Instant>,
+    /// Per shard: when its set was last read (None: never).
+    read_at: Vec<Option<Instant>>,
     mask: HashMap<String, u64>,
+}
+
+impl QueueShards {
+    pub(super) fn new(shards: usize) -> QueueShards {
+        QueueShards {
+            read_at: vec![None; shards],
+            mask: HashMap::new(),
+        }
+    }
+
+    /// Replaces shard `shard`'s bits with its set as just read.
+    fn set_shard(&mut self, shard: usize, names: Vec<String>) {
+        let bit = 1u64 << shard;
+        for m in self.mask.values_mut() {
+            *m &= !bit;
+        }
+        for q in names {
+            *self.mask.entry(q).or_default() |= bit;
+        }
+        self.mask.retain(|_, m| *m != 0);
+        self.read_at[shard] = Some(Instant::now());
+    }
 }
 
 impl Tasks {
@@ -65,23 +89,35 @@ impl Tasks {
     }
 
     /// The shards that may hold tasks of `queue`: its own first, then every
-    /// other shard that has registered it.
-    pub(super) async fn shards_of(&self, queue: &str) -> Result<Vec<usize>, StoreError> {
+    /// other shard known to have registered it (each shard's set as last
+    /// read, this node's own submits, the events). Never waits for a shard
+    /// already read once: the sets are read again in the background
+    /// ([`Tasks::refresh_queue_shards`]), so a stalled master delays no
+    /// claim; a shard never read yet is read now (at start), and one that
+    /// cannot be read is left out until it can.
+    pub(super) async fn shards_of(&self, queue: &str) -> Vec<usize> {
         let home = self.home(queue, "");
         if !self.sharded() {
-            return Ok(vec![home]);
+            return vec![home];
         }
-        let stale = {
+        let unread: Vec<usize> = {
             let known = self.queue_shards.lock().unwrap_or_else(|p| p.into_inner());
-            known.read_at.is_none_or(|t| t.elapsed() >= REFRESH)
+            (0..known.read_at.len())
+                .filter(|&i| known.read_at[i].is_none())
+                .collect()
         };
-        if stale {
-            let fresh = self.read_queue_shards().await?;
-            let mut known = self.queue_shards.lock().unwrap_or_else(|p| p.into_inner());
-            *known = QueueShards {
-                read_at: Some(Instant::now()),
-                mask: fresh,
-            };
+        if !unread.is_empty() {
+            let reads = unread
+                .into_iter()
+                .map(|i| async move { (i, self.read_queue_names(i).await) });
+            for (i, read) in futures_util::future::join_all(reads).await {
+                if let Ok(names) = read {
+                    self.queue_shards
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .set_shard(i, names);
+                }
+            }
         }
         let seen = self.bus.take_seen_queues();
         let mask = {
@@ -93,19 +129,30 @@ impl Tasks {
         };
         let mut out = vec![home];
         out.extend((0..self.store.shards().len()).filter(|&s| s != home && mask & (1 << s) != 0));
-        Ok(out)
+        out
     }
 
-    /// Every shard's set of queues, one read per shard at once.
-    async fn read_queue_shards(&self) -> Result<HashMap<String, u64>, StoreError> {
-        let names = self.queue_names_by_shard().await?;
-        let mut mask: HashMap<String, u64> = HashMap::new();
-        for (shard, names) in names.into_iter().enumerate() {
-            for q in names {
-                *mask.entry(q).or_default() |= 1 << shard;
-            }
+    /// Reads shard `store`'s set of queues again (the background loop, every
+    /// [`REFRESH`], per shard): on a failure the shard keeps its last known
+    /// bits.
+    pub async fn refresh_queue_shards(&self, store: &Store) -> Result<(), StoreError> {
+        if !self.sharded() {
+            return Ok(());
         }
-        Ok(mask)
+        let names = self.read_queue_names(store.shard_index()).await?;
+        self.queue_shards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set_shard(store.shard_index(), names);
+        Ok(())
+    }
+
+    /// Shard `i`'s set of queues.
+    async fn read_queue_names(&self, i: usize) -> Result<Vec<String>, StoreError> {
+        let s = self.store.shard(i);
+        let key = format!("{}:queues", s.keys().prefix());
+        s.query::<Vec<String>>("queues_names", redis::cmd("SMEMBERS").arg(key))
+            .await
     }
 
     /// The queues each shard has registered, in shard order.

@@ -27,6 +27,10 @@ pub struct NextTasks {
     /// draining, stopping, or cannot heartbeat); absent when the claim ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// Split namespaces: shards of the queue whose claim did not run (their
+    /// master failed or stalls); absent when every shard was tried.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards_not_tried: Vec<usize>,
 }
 
 /// What a complete or fail with `next` asks for.
@@ -156,6 +160,7 @@ impl Tasks {
                 Some(NextTasks {
                     tasks: Vec::new(),
                     refused: Some(why),
+                    shards_not_tried: Vec::new(),
                 }),
             ));
         }
@@ -188,10 +193,12 @@ impl Tasks {
                 Ok(r) => NextTasks {
                     tasks: r.tasks,
                     refused: None,
+                    shards_not_tried: r.not_tried,
                 },
                 Err(why) => NextTasks {
                     tasks: Vec::new(),
                     refused: Some(why),
+                    shards_not_tried: Vec::new(),
                 },
             }),
         ))

@@ -553,17 +553,19 @@ impl Workflows {
         Ok(out)
     }
 
-    /// Trims the indexes of workflows past retention.
-    pub async fn janitor(&self) -> Result<i64, WorkflowError> {
+    /// Trims the indexes of workflows past retention in shard `s` (the
+    /// janitor, per shard).
+    pub async fn janitor_in(&self, s: &Store) -> Result<i64, WorkflowError> {
         let call = scripts::Janitor {
             retention_ms: self.tasks.retention_ms,
             limit: 1000,
         };
-        let mut forgotten = 0;
-        for i in 0..self.store.shards().len() {
-            forgotten += self.store.shard(i).run(&self.scripts.janitor, &call).await?.forgotten as i64;
-        }
-        Ok(forgotten)
+        Ok(s.run(&self.scripts.janitor, &call).await?.forgotten as i64)
+    }
+
+    /// The store, for the per-shard loop.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 }
 

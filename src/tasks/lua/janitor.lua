@@ -11,7 +11,8 @@
 --
 -- The cross-queue dead index P:dead is trimmed by its own script (trim_dead.lua).
 --
--- Returns {promoted, trimmed, forgotten (1 or 0), queued, delayed, running, dead, latency (ms)}
+-- Returns {promoted, trimmed, forgotten (1 or 0), queued, delayed, running, dead, latency (ms),
+--          paused (1 or 0), pause version (see pause.lua)}
 local q, retention, dead_ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local promoted = promote_due(q, now, 1000)
@@ -33,4 +34,10 @@ if total == 0 and redis.call('HGET', KEYS[1], 'paused') ~= '1'
   redis.call('DEL', KEYS[1])
   forgotten = 1
 end
-return {promoted, trimmed, forgotten, counts[1], counts[2], counts[3], counts[4], queue_latency(q, now)}
+local paused, pause_v = 0, 0
+if forgotten == 0 then
+  local m = redis.call('HMGET', KEYS[1], 'paused', 'pause_v')
+  if m[1] == '1' then paused = 1 end
+  pause_v = tonumber(m[2] or '0')
+end
+return {promoted, trimmed, forgotten, counts[1], counts[2], counts[3], counts[4], queue_latency(q, now), paused, pause_v}

@@ -31,6 +31,12 @@ pub struct ClaimRequest {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ClaimResponse {
     pub tasks: Vec<Claimed>,
+    /// Split namespaces: shards of the queue whose claim did not run (their
+    /// master failed or stalls, or this node cannot serve them now). Tasks
+    /// there wait for a later claim; the tasks above are yours either way.
+    /// Absent when every shard was tried.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards_not_tried: Vec<usize>,
 }
 
 /// Claims tasks for a node: each with its fencing token. 204 when none came
@@ -64,7 +70,11 @@ pub(super) async fn claim_tasks(
     if r.tasks.is_empty() {
         return Ok(no_content());
     }
-    Ok(Json(ClaimResponse { tasks: r.tasks }).into_response())
+    Ok(Json(ClaimResponse {
+        tasks: r.tasks,
+        shards_not_tried: r.not_tried,
+    })
+    .into_response())
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -268,7 +278,11 @@ fn parse_batch(body: &RawValue) -> Result<Vec<CompleteItem>> {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CompleteOutcome {
     pub id: String,
-    /// completed, conflict (stale token), not_found, or invalid.
+    /// completed, conflict (stale token), not_found, invalid, or unknown:
+    /// the task's shard did not answer (its master failed or stalls, on a
+    /// split namespace), so whether it completed is not known. Send the
+    /// unknown items again: a completion that did apply answers `conflict`
+    /// with state `succeeded`.
     pub status: &'static str,
     /// The task's state after the call.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -346,6 +360,12 @@ pub(super) async fn complete_batch(
                         error: Some(e.to_string()),
                     }
                 }
+                Err(e @ TaskError::Store(_)) => CompleteOutcome {
+                    id: id.clone(),
+                    status: "unknown",
+                    state: None,
+                    error: Some(ApiError::from(e).to_string()),
+                },
                 Err(e) => return Err(e.into()),
             });
         }

@@ -79,22 +79,29 @@ pub(crate) struct Pause<'a> {
     pub paused: bool,
     pub actor: &'a str,
     pub max_queues: u32,
-    /// Whether a change emits its event (a split namespace pauses a queue
-    /// in every shard and tells once, from the queue's own).
-    pub emit: bool,
+    /// None in the queue's own shard (it decides, versions the change and
+    /// emits its event); else the version the own shard gave the change (a
+    /// split namespace copies it to every other shard, newer versions only).
+    pub version: Option<i64>,
 }
 
-/// `1` changed, `0` already so, or a refusal.
-pub(crate) struct Outcome(pub Result<i64, Code>);
+/// Whether a pause or resume changed the shard, and the queue's pause
+/// version there; or a refusal.
+pub(crate) struct PauseReply(pub Result<(bool, i64), Code>);
 
-impl FromRedisValue for Outcome {
+impl FromRedisValue for PauseReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        read(&v, |r| Ok(Outcome(r.code()?)))
+        read(&v, |r| {
+            Ok(PauseReply(match r.code()? {
+                Ok(changed) => Ok((changed == 1, r.int("version")?)),
+                Err(c) => Err(c),
+            }))
+        })
     }
 }
 
 impl ScriptCall for Pause<'_> {
-    type Reply = Outcome;
+    type Reply = PauseReply;
     fn keys(&self, k: &Keys) -> Vec<String> {
         vec![qkey(k, self.queue, "meta")]
     }
@@ -104,7 +111,7 @@ impl ScriptCall for Pause<'_> {
             if self.paused { "1" } else { "0" }.into(),
             self.actor.to_string(),
             self.max_queues.to_string(),
-            if self.emit { "1" } else { "0" }.into(),
+            self.version.map(|v| v.to_string()).unwrap_or_default(),
         ]
     }
 }
@@ -156,7 +163,8 @@ pub(crate) struct Janitor<'a> {
 }
 
 impl ScriptCall for Janitor<'_> {
-    /// promoted, trimmed, forgotten, queued, delayed, running, dead.
+    /// promoted, trimmed, forgotten, queued, delayed, running, dead,
+    /// latency, paused, pause version.
     type Reply = Vec<i64>;
     fn keys(&self, k: &Keys) -> Vec<String> {
         vec![qkey(k, self.queue, "meta")]
