@@ -274,19 +274,75 @@ impl Nodes {
 
     /// Registers or refreshes `id` for `ttl_ms`. On a split namespace every
     /// shard is heartbeaten at once, and a shard whose master fails costs
-    /// only that shard: the answer names it in `unavailable_shards`. Refused
-    /// when any shard is full (`max_nodes`), and unavailable only when no
-    /// shard applied it.
+    /// only that shard: the answer names it in `unavailable_shards`. A stalled
+    /// master does not hold the answer up: shards for which `skip` is true
+    /// (this node's own heartbeat there is failing) are not tried, and once
+    /// a shard has answered the others get twice as long again plus 20 ms
+    /// (they run at once and normally answer together). A shard that has not
+    /// answered by then is named, and its call goes on in the background:
+    /// on a master that is only slow it still lands, as it would have.
+    /// Refused when any shard is full (`max_nodes`), and unavailable only
+    /// when no shard applied it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn heartbeat(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         kind: NodeKind,
         ttl_ms: u64,
         addr: &str,
         version: &str,
         labels: &BTreeMap<String, String>,
+        skip: impl Fn(usize) -> bool,
     ) -> Result<Heartbeat, NodesError> {
-        let each = self.heartbeat_each(id, kind, ttl_ms, addr, version, labels).await;
+        use futures_util::StreamExt;
+        let n = self.store.shards().len();
+        let started = Instant::now();
+        let mut each: Vec<Option<Result<ShardBeat, NodesError>>> = (0..n).map(|_| None).collect();
+        let call = Arc::new((id.to_string(), addr.to_string(), version.to_string(), labels.clone()));
+        let mut pending: futures_util::stream::FuturesUnordered<_> = self
+            .store
+            .every_shard()
+            .filter(|s| n == 1 || !skip(s.shard_index()))
+            .map(|s| {
+                let (nodes, call) = (self.clone(), call.clone());
+                let i = s.shard_index();
+                let run = tokio::spawn(async move {
+                    let (id, addr, version, labels) = &*call;
+                    nodes.heartbeat_in(&s, id, kind, ttl_ms, addr, version, labels).await
+                });
+                async move {
+                    let r = run.await.unwrap_or_else(|e| {
+                        Err(NodesError::Store(StoreError::Unavailable(format!(
+                            "the heartbeat task failed: {e}"
+                        ))))
+                    });
+                    (i, r)
+                }
+            })
+            .collect();
+        let mut cutoff: Option<tokio::time::Instant> = None;
+        loop {
+            let next = match cutoff {
+                None => pending.next().await,
+                Some(at) => match tokio::time::timeout_at(at, pending.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            let Some((i, r)) = next else { break };
+            if r.is_ok() && cutoff.is_none() {
+                let first = started.elapsed();
+                cutoff = Some(tokio::time::Instant::now() + first * 2 + std::time::Duration::from_millis(20));
+            }
+            each[i] = Some(r);
+        }
+        let each = each.into_iter().enumerate().map(|(i, r)| {
+            r.unwrap_or_else(|| {
+                Err(NodesError::Store(StoreError::Unavailable(format!(
+                    "shard {i}'s master did not answer the heartbeat in time (it is stalled or unreachable)"
+                ))))
+            })
+        });
         let mut out: Option<Heartbeat> = None;
         let mut failed = Vec::new();
         let mut first_error = None;

@@ -111,7 +111,15 @@ async fn heartbeat_node(
     }
     let hb = s
         .nodes
-        .heartbeat(&id, NodeKind::Worker, ttl, &body.addr, &body.version, &body.labels)
+        .heartbeat(
+            &id,
+            NodeKind::Worker,
+            ttl,
+            &body.addr,
+            &body.version,
+            &body.labels,
+            |i| s.health.failing(i),
+        )
         .await?;
     Ok(Json(hb))
 }

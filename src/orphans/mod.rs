@@ -193,7 +193,22 @@ impl Orphans {
         });
         let mut records: Vec<OrphanRecord> = Vec::new();
         let mut totals: std::collections::BTreeMap<String, u64> = Default::default();
-        for (rows, counts) in futures_util::future::try_join_all(reads).await? {
+        // A shard that cannot be read is left out (its master failed): the
+        // others' history is shown; only when none answers is it an error.
+        let mut read = Vec::new();
+        let mut first_error = None;
+        for r in futures_util::future::join_all(reads).await {
+            match r {
+                Ok(v) => read.push(v),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let (true, Some(e)) = (read.is_empty(), first_error) {
+            return Err(e);
+        }
+        for (rows, counts) in read {
             records.extend(rows.iter().filter_map(|r| serde_json::from_str::<OrphanRecord>(r).ok()));
             for (action, n) in counts {
                 *totals.entry(action).or_default() += n;

@@ -33,6 +33,10 @@
 //!   there, and the request ends with the mark and `WAIT` on each of those
 //!   masters (all at once); it is replicated only when every one confirms.
 //!   Elsewhere every shard is on the one master, and one `WAIT` covers all.
+//! - One pool per lane (per shard route in Cluster mode, see `Lane`): a
+//!   request writes each shard through a pooled connection of that shard's
+//!   lane, so a master that fails or stalls retires only its own lanes'
+//!   pooled connections, never one that requests to other masters share.
 //! - A pooled connection on which a call timed out or failed as unavailable
 //!   is dropped, never reused (G12); a master switch (a new generation)
 //!   retires every pooled connection, and the next request opens a new one.
@@ -66,11 +70,12 @@ impl Pool {
     }
 }
 
-/// One pooled connection, the generation it was opened in, and (Cluster)
-/// the `CLIENT ID` the master it was opened on gave it, with that master's
-/// route.
+/// One pooled connection, the lane and slot it belongs to, the generation
+/// it was opened in, and (Cluster) the `CLIENT ID` the master it was opened
+/// on gave it, with that master's route.
 #[derive(Clone)]
 struct Pooled {
+    lane: usize,
     slot: usize,
     link: Link,
     generation: u64,
@@ -80,8 +85,9 @@ struct Pooled {
 
 #[derive(Default)]
 struct ScopeInner {
-    /// The pooled connection this request uses, once its first script ran.
-    pooled: Mutex<Option<Pooled>>,
+    /// The pooled connection this request uses in each lane, once its first
+    /// script there ran.
+    pooled: Mutex<BTreeMap<usize, Pooled>>,
     /// The shards this request's scripts ran on, each with the `CLIENT ID`
     /// its master gave the pooled connection before the first of them
     /// (Cluster; None elsewhere).
@@ -138,10 +144,6 @@ impl Store {
     }
 
     async fn wait_replicas(&self, scope: &AckScope, replicas: u32, wait: Duration) -> Confirmation {
-        let pooled = match self.ack_pooled(scope).await {
-            Ok(p) => p,
-            Err(e) => return Confirmation::Unknown(e.to_string()),
-        };
         let written: Vec<(usize, Option<i64>)> = scope
             .0
             .shards
@@ -153,7 +155,11 @@ impl Store {
         // Outside Cluster every shard is on one master: one wait covers all.
         // A request that ran no script waits where it is (its replay's
         // first write came before the mark there).
-        if pooled.client_id.is_none() || written.len() <= 1 {
+        if self.inner.lanes.len() == 1 || written.len() <= 1 {
+            let pooled = match self.ack_pooled(scope).await {
+                Ok(p) => p,
+                Err(e) => return Confirmation::Unknown(e.to_string()),
+            };
             let (shard, id) = match written.first() {
                 Some(w) => *w,
                 None => {
@@ -170,11 +176,19 @@ impl Store {
                     (self.shard, id.flatten())
                 }
             };
-            return self.shard(shard).wait_one(&pooled, id, replicas, wait).await;
+            let at = self.shard(shard);
+            let pooled = match at.ack_pooled(scope).await {
+                Ok(p) => p,
+                Err(e) => return Confirmation::Unknown(e.to_string()),
+            };
+            return at.wait_one(&pooled, id, replicas, wait).await;
         }
-        let waits = written.into_iter().map(|(shard, id)| {
-            let pooled = pooled.clone();
-            async move { self.shard(shard).wait_one(&pooled, id, replicas, wait).await }
+        let waits = written.into_iter().map(|(shard, id)| async move {
+            let at = self.shard(shard);
+            match at.ack_pooled(scope).await {
+                Ok(pooled) => at.wait_one(&pooled, id, replicas, wait).await,
+                Err(e) => Confirmation::Unknown(e.to_string()),
+            }
         });
         let outcomes = futures_util::future::join_all(waits).await;
         if let Some(unknown) = outcomes.iter().find(|o| matches!(o, Confirmation::Unknown(_))) {
@@ -328,10 +342,18 @@ impl Store {
         Ok(())
     }
 
-    /// The request's pooled connection: the one it used already (an error if
-    /// that one was dropped meanwhile), or the next slot's, opened if needed.
+    /// The request's pooled connection in this view's lane: the one it used
+    /// already (an error if that one was dropped meanwhile), or the next
+    /// slot's, opened if needed.
     async fn ack_pooled(&self, scope: &AckScope) -> StoreResult<Pooled> {
-        let held = scope.0.pooled.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let lane = self.lane_index();
+        let held = scope
+            .0
+            .pooled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&lane)
+            .cloned();
         if let Some(p) = held {
             if p.link.cut.is_cancelled() {
                 return Err(StoreError::Unavailable(
@@ -340,18 +362,25 @@ impl Store {
             }
             return Ok(p);
         }
-        let pool = &self.inner.acks;
+        let pool = &self.inner.acks[lane];
         let slot = pool.next.fetch_add(1, Ordering::Relaxed) % pool.slots.len();
         let p = self.pooled_at(slot).await?;
-        *scope.0.pooled.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.clone());
+        scope
+            .0
+            .pooled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(lane)
+            .or_insert(p.clone());
         Ok(p)
     }
 
-    /// Slot `slot`'s connection, opened when it has none, was dropped, or
-    /// belongs to an older master (generation).
+    /// Slot `slot`'s connection in this view's lane, opened when it has
+    /// none, was dropped, or belongs to an older master (generation).
     async fn pooled_at(&self, slot: usize) -> StoreResult<Pooled> {
         self.follow_master_file().await;
-        let mut held = self.inner.acks.slots[slot].lock().await;
+        let lane = self.lane_index();
+        let mut held = self.inner.acks[lane].slots[slot].lock().await;
         let generation = self.generation();
         if let Some(p) = held.as_ref() {
             if p.generation == generation && !p.link.cut.is_cancelled() {
@@ -378,6 +407,7 @@ impl Store {
             _ => (None, None),
         };
         let p = Pooled {
+            lane,
             slot,
             link,
             generation,
@@ -404,7 +434,7 @@ impl Store {
     /// call still waiting on it gives up at once.
     async fn retire_pooled(&self, p: &Pooled) {
         p.link.cut.cancel();
-        let mut held = self.inner.acks.slots[p.slot].lock().await;
+        let mut held = self.inner.acks[p.lane].slots[p.slot].lock().await;
         if held.as_ref().is_some_and(|h| h.link.id == p.link.id) {
             *held = None;
         }

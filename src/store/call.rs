@@ -12,12 +12,14 @@ impl Store {
     /// The link to send a call on. While a cut connection is being reopened
     /// the call waits for the new one (up to the call timeout) instead of
     /// failing at once: a cut is routine after one slow call, not an outage.
+    /// Once reopening has failed (the master is down or stalled), calls fail
+    /// at once until it succeeds.
     pub(super) async fn usable_link(&self) -> Link {
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         loop {
             let relinked = self.lane().relinked.notified();
             let link = self.link();
-            if !matches!(link.conn, Conn::Reconnecting) {
+            if !matches!(link.conn, Conn::Reconnecting) || self.lane().reopen_failing.load(Ordering::Relaxed) {
                 return self.routed(link);
             }
             if tokio::time::timeout_at(deadline, relinked).await.is_err() {
@@ -120,12 +122,14 @@ impl Store {
                         lane.clock.reset();
                         tracing::info!(shard = self.shard, "reconnected to Redis");
                     }
+                    lane.reopen_failing.store(false, Ordering::Relaxed);
                     drop(link);
                     lane.relinked.notify_waiters();
                     return;
                 }
                 Err(e) => {
                     attempt += 1;
+                    self.lane().reopen_failing.store(true, Ordering::Relaxed);
                     tracing::debug!(attempt, error = %e, "reconnecting to Redis");
                     tokio::time::sleep(backoff(attempt).min(Duration::from_secs(1))).await;
                 }

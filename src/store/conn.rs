@@ -298,6 +298,7 @@ impl Store {
                 client: RwLock::new(client),
                 cluster_client,
                 cluster_blocking,
+                acks: conns.iter().map(|_| ack::Pool::new(cfg.ack_connections)).collect(),
                 lanes: conns.into_iter().map(Lane::new).collect(),
                 links: AtomicU64::new(1),
                 auth: ServerAuth::from_config(cfg),
@@ -319,7 +320,6 @@ impl Store {
                 healthy: AtomicBool::new(true),
                 latency_us: AtomicU64::new(0),
                 info: RwLock::new(ServerInfo::default()),
-                acks: ack::Pool::new(cfg.ack_connections),
             }),
         }
     }

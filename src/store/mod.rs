@@ -165,7 +165,7 @@ struct Inner {
     latency_us: AtomicU64,
     info: RwLock<ServerInfo>,
     /// The dedicated connections of replicated writes (see `ack.rs`).
-    acks: ack::Pool,
+    acks: Vec<ack::Pool>,
 }
 
 /// One route to Redis: the shared connection of the shards that use it and
@@ -181,6 +181,10 @@ struct Lane {
     relinked: tokio::sync::Notify,
     /// The node's estimate of this lane's Redis time, for script deadlines.
     clock: RedisClock,
+    /// The link was cut and reopening it has failed at least once (its
+    /// master is down or stalled): calls fail at once instead of waiting for
+    /// the reconnect, so a listing over every shard is not held up by one.
+    reopen_failing: AtomicBool,
 }
 
 impl Lane {
@@ -193,6 +197,7 @@ impl Lane {
             }),
             relinked: tokio::sync::Notify::new(),
             clock: RedisClock::new(),
+            reopen_failing: AtomicBool::new(false),
         }
     }
 }
@@ -253,8 +258,11 @@ impl Store {
     }
     /// The lane this view's calls travel (its shard's in Cluster mode).
     fn lane(&self) -> &Lane {
-        let lanes = &self.inner.lanes;
-        &lanes[if lanes.len() > 1 { self.shard } else { 0 }]
+        &self.inner.lanes[self.lane_index()]
+    }
+    /// The index of this view's lane (see [`Lane`]).
+    fn lane_index(&self) -> usize {
+        if self.inner.lanes.len() > 1 { self.shard } else { 0 }
     }
     /// Which shard this view is of.
     pub fn shard_index(&self) -> usize {

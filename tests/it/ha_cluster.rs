@@ -840,7 +840,7 @@ async fn a_sharded_registry_is_written_to_every_shard() {
     let (store, ctx, cfg) = sharded_store(&cluster, 12).await;
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
     let hb = nodes
-        .heartbeat("w1", NodeKind::Worker, 60_000, "", "", &Default::default())
+        .heartbeat("w1", NodeKind::Worker, 60_000, "", "", &Default::default(), |_| false)
         .await
         .unwrap();
     assert!(hb.joined && hb.state == "active", "{hb:?}");

@@ -22,6 +22,7 @@ mod ha_harness;
 mod ha_sentinel;
 mod http_api;
 mod http_edge;
+mod isolation;
 mod late_writes;
 mod locks;
 mod monitoring;

@@ -429,6 +429,36 @@ fn free_cluster_port() -> u16 {
 pub struct TestCluster {
     nodes: Vec<TestRedis>,
     dir: TempDir,
+    opts: ClusterOpts,
+}
+
+/// How a [`TestCluster`] is started.
+#[derive(Clone)]
+pub struct ClusterOpts {
+    pub masters: usize,
+    /// Picks each node's data port (below 22768: the bus adds 10000).
+    pub pick: fn() -> u16,
+    /// `cluster-node-timeout`: how long a master may not answer before the
+    /// others mark it failed (and a replica takes over).
+    pub node_timeout_ms: u64,
+    /// `cluster-require-full-coverage`: with `false` the masters that hold
+    /// their slots keep serving while another is failed, as failure
+    /// isolation needs (`docs/sharding.md`).
+    pub full_coverage: bool,
+    /// Masters (by index) whose clock runs ahead (or behind) by this many ms.
+    pub skew_ms: Vec<(usize, i64)>,
+}
+
+impl Default for ClusterOpts {
+    fn default() -> Self {
+        ClusterOpts {
+            masters: 3,
+            pick: free_cluster_port,
+            node_timeout_ms: 2000,
+            full_coverage: true,
+            skew_ms: Vec::new(),
+        }
+    }
 }
 
 impl TestCluster {
@@ -441,13 +471,28 @@ impl TestCluster {
 
     /// As [`TestCluster::start`], with data ports drawn by `pick`.
     pub fn start_with_ports(masters: usize, pick: fn() -> u16) -> TestCluster {
+        Self::start_opts(ClusterOpts {
+            masters,
+            pick,
+            ..ClusterOpts::default()
+        })
+    }
+
+    /// As [`TestCluster::start`], with the options of `opts`.
+    pub fn start_opts(opts: ClusterOpts) -> TestCluster {
+        let ClusterOpts { masters, pick, .. } = opts;
         assert!(
             masters >= 3,
             "redis-cli --cluster create needs at least 3 masters, got {masters}"
         );
         let dir = tempfile::Builder::new().prefix("muster-cluster").tempdir().unwrap();
-        let nodes: Vec<TestRedis> = (0..masters).map(|_| Self::start_node(dir.path(), pick)).collect();
-        let cluster = TestCluster { nodes, dir };
+        let nodes: Vec<TestRedis> = (0..masters)
+            .map(|i| {
+                let skew = opts.skew_ms.iter().find(|(m, _)| *m == i).map_or(0, |(_, ms)| *ms);
+                Self::start_node(dir.path(), pick, &opts, skew)
+            })
+            .collect();
+        let cluster = TestCluster { nodes, dir, opts };
 
         let out_path = cluster.dir.path().join("redis-cli.out");
         let out = std::fs::File::create(&out_path).unwrap();
@@ -503,27 +548,36 @@ impl TestCluster {
         cluster
     }
 
-    fn start_node(shared: &Path, pick: fn() -> u16) -> TestRedis {
+    fn start_node(shared: &Path, pick: fn() -> u16, opts: &ClusterOpts, skew_ms: i64) -> TestRedis {
         for _ in 0..5 {
             let port = pick();
             let conf = shared.join(format!("nodes-{port}.conf"));
             let _ = std::fs::remove_file(&conf);
+            let mut extra: Vec<String> = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &conf.to_string_lossy(),
+                "--cluster-node-timeout",
+                &opts.node_timeout_ms.to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            if !opts.full_coverage {
+                extra.extend(["--cluster-require-full-coverage".to_string(), "no".to_string()]);
+            }
             let mut r = TestRedis {
                 port,
                 dir: tempfile::Builder::new().prefix("muster-redis").tempdir().unwrap(),
                 child: None,
                 ns: None,
-                extra: [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &conf.to_string_lossy(),
-                    "--cluster-node-timeout",
-                    "2000",
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+                env: if skew_ms != 0 {
+                    super::skew::env(skew_ms)
+                } else {
+                    Vec::new()
+                },
+                extra,
             };
             if r.spawn() {
                 return r;
@@ -556,11 +610,18 @@ impl TestCluster {
         &self.nodes[i]
     }
 
+    /// Starts node `i` again (after [`TestCluster::kill`]) on its port and
+    /// with its cluster config: a master that was failed over rejoins as a
+    /// replica of the one that took its slots.
+    pub fn restart(&mut self, i: usize) {
+        self.nodes[i].restart();
+    }
+
     /// Adds a replica of node `master` (the documented way: `CLUSTER MEET`,
     /// then `CLUSTER REPLICATE <id>`) and returns its index once its link to
     /// the master is up.
     pub fn add_replica(&mut self, master: usize) -> usize {
-        let n = Self::start_node(self.dir.path(), free_cluster_port);
+        let n = Self::start_node(self.dir.path(), free_cluster_port, &self.opts, 0);
         let port = n.port;
         let master_port = self.nodes[master].port;
         let master_id: String = query(master_port, &["CLUSTER", "MYID"]).expect("CLUSTER MYID");

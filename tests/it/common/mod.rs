@@ -25,6 +25,7 @@ mod proxy;
 pub use proxy::FaultProxy;
 pub mod netns;
 pub mod sharded;
+pub mod skew;
 #[allow(unused_imports)]
 pub use sharded::{
     name_in_shard, name_like, name_tag, names_per_shard, shard_keys, shard_map, shard_tag, shard_tags, sharded,
@@ -48,6 +49,8 @@ pub struct TestRedis {
     pub dir: TempDir,
     child: Option<Child>,
     extra: Vec<String>,
+    /// Environment of the server process (a clock skew, see `skew.rs`).
+    env: Vec<(String, String)>,
     /// Cluster mode: the test's namespace on the shared cluster (no server
     /// of its own).
     ns: Option<cluster_mode::Namespace>,
@@ -62,6 +65,7 @@ impl TestRedis {
                 dir: tempfile::Builder::new().prefix("muster-redis").tempdir().unwrap(),
                 child: None,
                 extra: Vec::new(),
+                env: Vec::new(),
                 ns: Some(ns),
             };
         }
@@ -109,6 +113,7 @@ impl TestRedis {
                 dir,
                 child: None,
                 extra: extra.clone(),
+                env: Vec::new(),
                 ns: None,
             };
             if r.spawn() {
@@ -144,6 +149,7 @@ impl TestRedis {
         .arg(&log)
         .args(["--appendonly", "no"])
         .args(&self.extra)
+        .envs(self.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
