@@ -22,7 +22,10 @@
 //! shows in `SLOWLOG` and `MONITOR` by name. A call that finds its function
 //! missing (a new or restarted Redis, a failover to a replica that missed
 //! the load, `FUNCTION FLUSH`) loads the library and calls again: nothing
-//! ran the first time, so nothing runs twice.
+//! ran the first time, so nothing runs twice. Should the function be gone
+//! again on that second call (a flush raced the load), nothing ran either:
+//! the call fails as unavailable (`TRYAGAIN`, a 503 to the client), never as
+//! a server error.
 
 use sha2::{Digest, Sha256};
 
@@ -354,7 +357,10 @@ impl Lua {
                     .arg(&self.library)
                     .query_async::<()>(conn)
                     .await?;
-                fcall.query_async(conn).await
+                match fcall.query_async(conn).await {
+                    Err(e) if is_function_missing(&e) => Err(vanished(self.name)),
+                    other => other,
+                }
             }
             other => other,
         }
@@ -364,6 +370,21 @@ impl Lua {
 /// `FCALL` of a function Redis does not have: nothing ran.
 fn is_function_missing(e: &redis::RedisError) -> bool {
     e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// The function went missing again between its load and the call (a
+/// `FUNCTION FLUSH` or `FUNCTION DELETE` ran in between): nothing ran. A
+/// `TRYAGAIN` error, which the store classifies as unavailable (503: the
+/// caller may retry), not as a server error (500).
+fn vanished(script: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
+        "script function removed",
+        format!(
+            "the function of script {script} was removed again right after it was loaded \
+             (FUNCTION FLUSH or DELETE); nothing ran"
+        ),
+    ))
 }
 
 #[cfg(test)]
