@@ -32,13 +32,14 @@
 //!   complete's 409.
 //! - **Lost answers.** A claim (or a complete's next task) applied by a node
 //!   whose answer never arrived leaves a task running under this worker's
-//!   id with a token it never saw. Whenever a call had to be sent again
-//!   after an error that may have hidden its outcome ([`Client::resent`]),
-//!   and once at start (a worker restarted under the same id), the worker
-//!   lists its queues' running tasks and runs those held under its id with
-//!   an unseen token, or hands them back (`fail`, retry) when no slot is
-//!   free; it never starts a token twice. Two live workers must never share
-//!   an id.
+//!   id with a token it never saw. Whenever a try of a call ended in an
+//!   error that may have hidden its outcome (a read timeout, a 5xx, a
+//!   connection lost after the request left: [`Client::unknown_outcomes`]),
+//!   whether it was retried or not, and once at start (a worker restarted
+//!   under the same id), the worker lists its queues' running tasks and
+//!   runs those held under its id with an unseen token, or hands them back
+//!   (`fail`, retry) when no slot is free; it never starts a token twice.
+//!   Two live workers must never share an id.
 //! - **Graceful shutdown** ([`Worker::run_until`], [`Worker::run`] on SIGTERM
 //!   or ctrl-c): stop claiming (a claim already in flight is awaited, never
 //!   dropped, so no claimed task is lost on the way), let the running

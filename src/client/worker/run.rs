@@ -73,6 +73,12 @@ pub(super) async fn claims(s: Arc<Shared>, queue: String, run: Run) {
             }
             Err(e) => {
                 drop(permits);
+                if e.status().is_none_or(|s| s >= 500) {
+                    // Not a refusal: the claim may have been applied (an
+                    // answer that timed out, a 5xx, a body that could not
+                    // be read). Its tasks are looked for, retried or not.
+                    s.adopt_soon();
+                }
                 if e.status() == Some(409) {
                     // Not registered (expired, or removed): register again.
                     let _ = s.client.heartbeat_node(&s.id, &registration_of(&s)).await;
