@@ -31,6 +31,12 @@ impl Seen {
 }
 
 impl Shared {
+    /// Forgets that `token` started (it never did: see `run_task`), so the
+    /// adopter may start it.
+    pub(super) fn forget(&self, token: u64) {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).set.remove(&token);
+    }
+
     /// Records that `token` starts now; false when it already did.
     pub(super) fn first_start(&self, token: u64) -> bool {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).first(token)
