@@ -27,7 +27,12 @@
 //! the call fails as unavailable (`TRYAGAIN`, a 503 to the client), never as
 //! a server error.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
 use sha2::{Digest, Sha256};
+
+pub mod sweep;
 
 /// Values substituted into every script.
 #[derive(Debug, Clone)]
@@ -36,6 +41,28 @@ pub struct ScriptCtx {
     /// The namespace is on a Redis Cluster: tokens check which master hands
     /// them out (`fence_epoch` in the prelude).
     pub cluster: bool,
+}
+
+/// The library names of the scripts [`Lua::load`] assembled, by the value
+/// of their context (the same binary and the same values make the same
+/// libraries, so nodes in one process with equal contexts share a set).
+/// Bounded: one set per distinct context, each at most the binary's scripts.
+static ASSEMBLED: Mutex<BTreeMap<String, BTreeSet<String>>> = Mutex::new(BTreeMap::new());
+
+impl ScriptCtx {
+    /// The function libraries of every script loaded with this context (or
+    /// an equal one) in this process: once a node has built its services,
+    /// the libraries it uses (as `FUNCTION LIST` names them).
+    pub fn libraries(&self) -> Vec<String> {
+        let all = ASSEMBLED.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(&self.registry_key())
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn registry_key(&self) -> String {
+        format!("{self:?}")
+    }
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -316,6 +343,12 @@ impl Lua {
     /// that assembles every script; it panics at start, never later.
     pub fn load(name: &'static str, source: &str, ctx: &ScriptCtx) -> Self {
         let (code, function) = assemble(name, source, ctx).unwrap_or_else(|e| panic!("{e}"));
+        ASSEMBLED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(ctx.registry_key())
+            .or_default()
+            .insert(function.clone());
         Lua {
             name,
             library: format!("#!lua name={function}\n{code}"),

@@ -358,3 +358,100 @@ async fn function_flushes_under_load_answer_at_worst_503_and_strand_nothing() {
     assert_eq!(queue["running"], 0, "{queue}");
     assert_eq!(queue["queued"], 0, "{queue}");
 }
+
+/// The names `FUNCTION LIST` shows.
+async fn library_names(redis: &TestRedis) -> std::collections::BTreeSet<String> {
+    let mut c = redis.client().get_multiplexed_async_connection().await.unwrap();
+    let list: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
+    list.iter()
+        .map(|lib| match &lib[1] {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => panic!("library_name: {other:?}"),
+        })
+        .collect()
+}
+
+/// One task through a node: its submit, claim and complete libraries load.
+async fn one_task(app: &TestApp) {
+    use serde_json::json;
+    let (s, _) = app.put("/api/v1/nodes/w/heartbeat", json!({"ttl_ms": 60_000})).await;
+    assert_eq!(s, 200);
+    let id = crate::tasks::submit(app, "fn-sweep", json!({})).await;
+    let t = crate::tasks::claim(app, "fn-sweep", "w", 1, 0).await;
+    assert_eq!(t[0]["id"], id.as_str());
+    let (s, b) = app
+        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+}
+
+/// A node restarted ten times, each time with another `events.max_len`
+/// (which is written into every library's text, so each start loads about
+/// 60 libraries of its own), beside a node that stays up: afterwards
+/// `FUNCTION LIST` holds no library but those of the two live nodes, and
+/// none of the live node's libraries was deleted meanwhile (it ran no task
+/// since, so a library of its tasks deleted would still be missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libraries_no_live_node_uses_are_deleted_and_those_in_use_are_kept() {
+    if skip_on_cluster("reads every function library on the server; other tests load theirs on the shared cluster") {
+        return;
+    }
+    let ctx = |max_len| ScriptCtx {
+        events_max_len: max_len,
+        cluster: false,
+    };
+    let redis = TestRedis::start();
+    // Lengths no other test uses, so the libraries are this test's own.
+    let live = TestApp::start_with(&redis, |c| c.events.max_len = 31_000).await;
+    one_task(&live).await;
+    let live_names: std::collections::BTreeSet<String> = ctx(31_000).libraries().into_iter().collect();
+    let live_loaded: Vec<String> = library_names(&redis)
+        .await
+        .into_iter()
+        .filter(|n| live_names.contains(n))
+        .collect();
+    assert!(
+        live_loaded.iter().any(|n| n.starts_with("task_enqueue_")),
+        "{live_loaded:?}"
+    );
+
+    let mut all_loaded = std::collections::BTreeSet::new();
+    for i in 0..10u64 {
+        let mut node = TestApp::start_with(&redis, |c| c.events.max_len = 32_000 + i).await;
+        one_task(&node).await;
+        all_loaded.extend(library_names(&redis).await);
+        if i < 9 {
+            node.shutdown().await;
+        } else {
+            let in_use: std::collections::BTreeSet<String> = live_names
+                .union(&ctx(32_009).libraries().into_iter().collect())
+                .cloned()
+                .collect();
+            let only_in_use = wait_until(Duration::from_secs(30), || async {
+                library_names(&redis).await.is_subset(&in_use)
+            })
+            .await;
+            let left: Vec<String> = library_names(&redis).await.difference(&in_use).cloned().collect();
+            assert!(
+                only_in_use,
+                "{} libraries no live node uses are left, such as {:?}",
+                left.len(),
+                &left[..left.len().min(10)]
+            );
+            let listed = library_names(&redis).await;
+            let deleted: Vec<&String> = live_loaded.iter().filter(|n| !listed.contains(*n)).collect();
+            assert!(
+                deleted.is_empty(),
+                "libraries of the live node were deleted: {deleted:?}"
+            );
+            eprintln!(
+                "{} libraries loaded over the restarts, {} left ({} of the live node)",
+                all_loaded.len(),
+                listed.len(),
+                listed.intersection(&live_names).count()
+            );
+            drop(node);
+        }
+    }
+    drop(live);
+}
