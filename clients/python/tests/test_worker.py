@@ -384,7 +384,7 @@ def test_a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_t
     its reports are refused (the tasks were recovered) and it claims again."""
     n, ttl_ms = 3, 2000
     cut_node, other_node = cluster.nodes
-    told: dict[str, tuple[float, str | None, float]] = {}
+    told: dict[str, tuple[float, str | None, float, float]] = {}
     started: dict[str, float] = {}
 
     async def cut_handler(task: ClaimedTask, ctx: TaskContext) -> str:
@@ -392,7 +392,9 @@ def test_a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_t
             await asyncio.wait_for(ctx.wait_cancelled(), 30)
         at = time.monotonic()
         await asyncio.sleep(0.02)  # a handler takes a moment to stop
-        told[task.id] = (at, ctx.reason, time.monotonic())
+        # Also in wall ms: this host's clock is the test Redis's, so it
+        # compares with the attempt log's claimed_at.
+        told[task.id] = (at, ctx.reason, time.monotonic(), time.time() * 1000)
         raise RuntimeError("stopped")
 
     def other_handler(task: ClaimedTask, ctx: TaskContext) -> str:
@@ -414,22 +416,27 @@ def test_a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_t
         assert cut_node.proc is not None
         cut_at = time.monotonic()
         cut_node.proc.send_signal(signal.SIGSTOP)
+        claimed_again: dict[str, int] = {}
         try:
             for i in ids:
                 t = c.wait_for_result(i, timeout=20)
                 assert t.result == "other", t
                 assert [a.node for a in t.attempt_log] == ["py-cut", "py-other"], t
+                claimed_again[i] = t.attempt_log[1].claimed_at
             # Twice the ttl in all: the point of the test, not a wait.
             time.sleep(max(0.0, 2 * ttl_ms / 1000 - (time.monotonic() - cut_at)))
         finally:
             cut_node.proc.send_signal(signal.SIGCONT)
         for i in ids:
             assert i in told, f"the cut worker's handler of {i} was never told; {cut.stats}"
-            at, reason, returned = told[i]
+            at, reason, returned, returned_ms = told[i]
             assert reason == "lease_expired", (i, reason)
             assert at > cut_at, i
+            assert returned_ms < claimed_again[i], \
+                f"{i}: the cut worker's handler returned {returned_ms - claimed_again[i]:.0f} ms after the other's claim"
             assert returned < started[i], f"{i}: the cut worker's handler returned after the other worker started it"
-            print(f"\n{i}: told {at - cut_at:.3f} s after the cut, {started[i] - at:.3f} s before the other worker started it")
+            print(f"\n{i}: told {at - cut_at:.3f} s after the cut, returned "
+                  f"{claimed_again[i] - returned_ms:.0f} ms before the other worker's claim")
         assert cut.stats.lease_lapses == 1, cut.stats
 
         # The node is back: the cut worker's fails are refused (stale), and

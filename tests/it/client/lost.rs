@@ -96,12 +96,22 @@ async fn a_claim_whose_answer_came_after_the_timeout_is_adopted() {
     run.await.unwrap().unwrap();
 }
 
+/// Milliseconds since the Unix epoch on this host's clock, which is the
+/// clock of the test's Redis (on the same host): comparable with the
+/// attempt log's `claimed_at`.
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 /// What the handlers saw, by task id, on the test's one clock.
 #[derive(Default)]
 struct Timeline {
     /// The cut worker's handlers: when each was cancelled, why, and when
-    /// it returned.
-    cut: HashMap<String, (Instant, Option<CancelReason>, Instant)>,
+    /// it returned (also in wall ms).
+    cut: HashMap<String, (Instant, Option<CancelReason>, Instant, i64)>,
     /// The other worker's handlers: when each started and returned.
     other: HashMap<String, (Instant, Instant)>,
 }
@@ -164,7 +174,7 @@ async fn a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_t
                             .lock()
                             .unwrap()
                             .cut
-                            .insert(t.id.clone(), (cancelled, reason, Instant::now()));
+                            .insert(t.id.clone(), (cancelled, reason, Instant::now(), wall_ms()));
                         Err::<Value, HandlerError>("stopped".into())
                     }
                 }
@@ -212,11 +222,14 @@ async fn a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_t
 
     let cut_at = Instant::now();
     proxy.block();
+    let mut claimed_again = HashMap::new();
     for id in &ids {
         let t = direct.wait_for_result(id, Duration::from_secs(15)).await.unwrap();
         assert_eq!(t.result, Some(json!("other")), "{t:?}");
         assert_eq!(t.attempt_log[0].node, "w-cut", "{t:?}");
         assert_eq!(t.attempt_log[0].outcome.as_deref(), Some("orphaned"), "{t:?}");
+        assert_eq!(t.attempt_log[1].node, "w-other", "{t:?}");
+        claimed_again.insert(id.clone(), t.attempt_log[1].claimed_at);
     }
     // Twice the ttl in all, then the link heals.
     tokio::time::sleep((2 * ttl).saturating_sub(cut_at.elapsed())).await;
@@ -226,7 +239,7 @@ async fn a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_t
     {
         let tl = timeline.lock().unwrap();
         for id in &ids {
-            let (cancelled, reason, returned) = tl
+            let (cancelled, reason, returned, returned_ms) = tl
                 .cut
                 .get(id)
                 .copied()
@@ -234,15 +247,21 @@ async fn a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_t
             let (started, _) = tl.other[id];
             assert_eq!(reason, Some(CancelReason::LeaseExpired), "{id}");
             assert!(cancelled > cut_at, "{id} cancelled before the cut");
+            // The other worker's claim, by Redis time (this host's clock).
+            assert!(
+                returned_ms < claimed_again[id],
+                "{id}: the cut worker's handler returned {} ms after the other worker claimed the task",
+                returned_ms - claimed_again[id]
+            );
             assert!(
                 returned < started,
                 "{id}: the cut worker's handler returned {:?} after the other worker started it",
                 returned - started
             );
             eprintln!(
-                "{id}: cancelled {:?} after the cut, {:?} before the other worker started it",
+                "{id}: cancelled {:?} after the cut; returned {} ms before the other worker's claim",
                 cancelled - cut_at,
-                started - cancelled
+                claimed_again[id] - returned_ms
             );
         }
     }
