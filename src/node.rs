@@ -129,7 +129,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         .map_err(|e| StartError::Io(format!("cannot create data_dir {}: {e}", cfg.server.data_dir.display())))?;
 
     let (redis, embedded, store) = connect(&cfg).await?;
-    let (state, tail_from) = match build_services(cfg, addr, &node_id, store, embedded).await {
+    let (state, tail_from, functions) = match build_services(cfg, addr, &node_id, store, embedded).await {
         Ok(v) => v,
         Err(e) => {
             // The start fails after the embedded child was started: stop it,
@@ -140,10 +140,16 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
     };
     let me = join_cluster(&state).await;
     let reconciled = reconcile_schedules(&state).await;
+    // The libraries this node uses are never swept while it records them
+    // (store::script::sweep); on failure its loop records them again.
+    if let Err(e) = functions.record().await {
+        tracing::warn!(error = %e, "could not record this node's function libraries; retrying in the background");
+    }
 
     let cancel = CancellationToken::new();
     let loops_cancel = CancellationToken::new();
-    let loops = spawn_loops(&state, me, tail_from, reconciled, &loops_cancel);
+    let mut loops = spawn_loops(&state, me, tail_from, reconciled, &loops_cancel);
+    loops.push(store::script::sweep::spawn(functions, loops_cancel.clone()));
     let server = spawn_server(&state, listener, cancel.clone());
 
     let node = Node {
@@ -305,14 +311,15 @@ async fn connect_coordinated(cfg: &Config) -> Result<Store, StartError> {
 
 /// Raises the fencing epoch where masters can switch, builds every service
 /// on the store and gathers them into the shared state. Also returns where
-/// the event tailer starts (`None` without a master yet).
+/// the event tailer starts (`None` without a master yet), and the records
+/// of the function libraries the services use (see `store::script::sweep`).
 async fn build_services(
     cfg: Config,
     addr: SocketAddr,
     node_id: &str,
     store: Store,
     embedded: Option<Arc<EmbeddedRedis>>,
-) -> Result<(AppState, Option<events::Cursor>), StartError> {
+) -> Result<(AppState, Option<events::Cursor>, store::script::sweep::Functions), StartError> {
     let node_id = node_id.to_string();
     let mode = store.mode();
     let ctx = ScriptCtx {
@@ -406,6 +413,8 @@ async fn build_services(
         nodes.clone(),
     );
     let stats = Arc::new(crate::stats::Stats::new(store.clone(), &ctx));
+    // Every script is assembled now: the libraries this node uses.
+    let functions = store::script::sweep::Functions::new(&store, &ctx, Duration::from_millis(cfg.nodes.ttl_ms));
     let advertise = cfg.advertise_url(addr);
     let cfg = Arc::new(cfg);
     let state = AppState::new(AppParts {
@@ -434,7 +443,7 @@ async fn build_services(
         failover,
         stats,
     });
-    Ok((state, tail_from))
+    Ok((state, tail_from, functions))
 }
 
 /// Joins the cluster with a first heartbeat before serving, so /readyz is

@@ -128,8 +128,9 @@ struct Inner {
     retry_for: Duration,
     backoff_base: Duration,
     backoff_cap: Duration,
-    /// Calls sent again after an error that may have hidden their outcome.
-    resent: AtomicU64,
+    /// Tries that ended in an error that may have hidden their outcome,
+    /// whether or not the call was then sent again.
+    unknown_outcomes: AtomicU64,
 }
 
 impl std::fmt::Debug for Client {
@@ -249,7 +250,7 @@ impl ClientBuilder {
                 retry_for: self.retry_for,
                 backoff_base: self.backoff_base,
                 backoff_cap: self.backoff_cap,
-                resent: AtomicU64::new(0),
+                unknown_outcomes: AtomicU64::new(0),
             }),
         })
     }
@@ -271,13 +272,13 @@ impl Client {
         &self.inner.urls
     }
 
-    /// How many times a call was sent again after an error that may have
-    /// hidden its outcome (a timeout, a 5xx, a connection lost after the
-    /// request left): the first try may have been applied and its answer
-    /// lost. A worker that sees this grow looks for tasks claimed for it
-    /// whose answers never arrived.
-    pub fn resent(&self) -> u64 {
-        self.inner.resent.load(Ordering::Relaxed)
+    /// How many tries ended in an error that may have hidden their outcome
+    /// (a timeout, a 5xx, a connection lost after the request left), whether
+    /// the call was then sent again or the error returned: such a try may
+    /// have been applied and its answer lost. A worker that sees this grow
+    /// looks for tasks claimed for it whose answers never arrived.
+    pub fn unknown_outcomes(&self) -> u64 {
+        self.inner.unknown_outcomes.load(Ordering::Relaxed)
     }
 
     /// The URL calls start at (the one that answered last).
@@ -375,6 +376,12 @@ impl Client {
                 }
             };
             attempt += 1;
+            if maybe_applied {
+                // Counted whether or not the call is sent again: a claim
+                // whose read timed out is not retried, and its tasks may
+                // be running under the caller's id all the same.
+                self.inner.unknown_outcomes.fetch_add(1, Ordering::Relaxed);
+            }
             let now = Instant::now();
             if !retriable || (now >= deadline && attempt >= n) {
                 // Next time start at the URL after the one that failed.
@@ -382,9 +389,6 @@ impl Client {
                     self.inner.current.store((i + 1) % n, Ordering::Relaxed);
                 }
                 return Err(err);
-            }
-            if maybe_applied {
-                self.inner.resent.fetch_add(1, Ordering::Relaxed);
             }
             tracing::debug!(url = %base, error = %err, "muster client: retrying");
             if attempt.is_multiple_of(n) {

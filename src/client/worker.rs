@@ -10,11 +10,24 @@
 //!   fencing token and the progress the handler reported.
 //! - **Fenced results, never twice.** A task is completed or failed with the
 //!   token of its claim. A 409 from a heartbeat means the task was taken
-//!   from this worker: the handler's [`CancellationToken`] is cancelled
-//!   ([`CancelReason::Lost`]) and its result is dropped: no complete or
-//!   fail is sent. A 409 from the complete itself is resolved by reading
+//!   from this worker, a 404 that it is gone: the handler's
+//!   [`CancellationToken`] is cancelled ([`CancelReason::Lost`]) and its
+//!   result is dropped: no complete or fail is sent. A 409 from the complete itself is resolved by reading
 //!   the task (it may be this worker's own complete, applied before a lost
 //!   answer); otherwise the result is dropped.
+//! - **Its own lease.** The worker keeps its registration lease on the
+//!   monotonic clock, from the send time of its newest registration
+//!   heartbeat that succeeded; it lapses `ttl` less a margin of
+//!   `max(ttl / 10, 100 ms)` after that, before the cluster can take the
+//!   worker for dead. Then every running handler is cancelled
+//!   ([`CancelReason::LeaseExpired`]) and nothing is claimed (a task whose
+//!   claim is answered meanwhile is not started) until a heartbeat
+//!   succeeds again; then the worker looks for tasks held under its id
+//!   that it did not start (see *Lost answers*). A cancelled handler's
+//!   outcome is still reported with its token: it counts if the task was
+//!   not recovered meanwhile, and is refused (409) and dropped if it was.
+//!   So a worker cut off from every node stops its handlers before another
+//!   worker can get their tasks. Local bookkeeping only: no call is added.
 //! - **Cancel requests.** When a heartbeat says a cancel was requested, the
 //!   handler's token is cancelled ([`CancelReason::CancelRequested`]); an
 //!   `Err` from it then fails the task without retry, which the server
@@ -32,13 +45,14 @@
 //!   complete's 409.
 //! - **Lost answers.** A claim (or a complete's next task) applied by a node
 //!   whose answer never arrived leaves a task running under this worker's
-//!   id with a token it never saw. Whenever a call had to be sent again
-//!   after an error that may have hidden its outcome ([`Client::resent`]),
-//!   and once at start (a worker restarted under the same id), the worker
-//!   lists its queues' running tasks and runs those held under its id with
-//!   an unseen token, or hands them back (`fail`, retry) when no slot is
-//!   free; it never starts a token twice. Two live workers must never share
-//!   an id.
+//!   id with a token it never saw. Whenever a try of a call ended in an
+//!   error that may have hidden its outcome (a read timeout, a 5xx, a
+//!   connection lost after the request left: [`Client::unknown_outcomes`]),
+//!   whether it was retried or not, and once at start (a worker restarted
+//!   under the same id), the worker lists its queues' running tasks and
+//!   runs those held under its id with an unseen token, or hands them back
+//!   (`fail`, retry) when no slot is free; it never starts a token twice.
+//!   Two live workers must never share an id.
 //! - **Graceful shutdown** ([`Worker::run_until`], [`Worker::run`] on SIGTERM
 //!   or ctrl-c): stop claiming (a claim already in flight is awaited, never
 //!   dropped, so no claimed task is lost on the way), let the running
@@ -61,8 +75,10 @@ use super::types::*;
 use super::{Client, Error, Result};
 
 mod complete;
+mod lease;
 mod run;
 mod tokens;
+use lease::{Lease, lease_loop};
 use run::*;
 use tokens::Seen;
 
@@ -95,9 +111,18 @@ impl std::error::Error for Permanent {}
 /// Why a handler's token was cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelReason {
-    /// A heartbeat got 409: the task was recovered from this worker (or
-    /// timed out) and may run elsewhere. Its result will be dropped.
+    /// A heartbeat got 409 (the task was recovered from this worker, or
+    /// timed out, and may run elsewhere) or 404 (the task is gone). Its
+    /// result will be dropped.
     Lost,
+    /// This worker's own registration lease lapsed: no registration
+    /// heartbeat succeeded for its `ttl` less a margin (`max(ttl / 10,
+    /// 100 ms)`), so the cluster may soon take it for dead and hand the task
+    /// to another worker. Stop. What the handler returns is still reported
+    /// with the task's token: it counts if the task was not recovered
+    /// meanwhile (an `Err` fails it for a retry), and is refused and
+    /// dropped if it was.
+    LeaseExpired,
     /// Someone asked the task to stop (`POST /api/v1/tasks/{id}/cancel`).
     /// Return an `Err` and the task ends cancelled.
     CancelRequested,
@@ -199,6 +224,9 @@ pub struct WorkerStats {
     /// Tasks claimed for this worker whose claim's answer was lost, found
     /// and run (see the module docs).
     pub adopted: u64,
+    /// Times its registration lease lapsed (every running handler was
+    /// cancelled with [`CancelReason::LeaseExpired`]).
+    pub lease_lapses: u64,
 }
 
 #[derive(Default)]
@@ -211,6 +239,7 @@ struct Counters {
     handed_back: AtomicU64,
     panicked: AtomicU64,
     adopted: AtomicU64,
+    lease_lapses: AtomicU64,
 }
 
 impl Counters {
@@ -225,6 +254,7 @@ impl Counters {
             handed_back: g(&self.handed_back),
             panicked: g(&self.panicked),
             adopted: g(&self.adopted),
+            lease_lapses: g(&self.lease_lapses),
         }
     }
 }
@@ -278,7 +308,9 @@ impl WorkerBuilder {
 
     /// The worker's registration ttl: how long after its last heartbeat a
     /// dead worker's tasks become recoverable. It heartbeats every third of
-    /// it. Default 10 s (500 ms to 1 h).
+    /// it, and takes its own lease for lapsed (cancelling its handlers) when
+    /// no heartbeat sent within the ttl less `max(ttl / 10, 100 ms)`
+    /// succeeded. Default 10 s (500 ms to 1 h).
     pub fn ttl(mut self, d: Duration) -> Self {
         self.ttl = d.clamp(Duration::from_millis(500), Duration::from_secs(3600));
         self
@@ -366,6 +398,7 @@ impl WorkerBuilder {
                 seen: Mutex::new(Seen::default()),
                 adopt_wanted: tokio::sync::Notify::new(),
                 held: Mutex::new(Default::default()),
+                lease: Lease::new(self.ttl),
             }),
         })
     }
@@ -399,6 +432,8 @@ struct Shared {
     /// report (the task may still run under them on the server): never
     /// adopted, whatever `seen` has forgotten.
     held: Mutex<std::collections::HashSet<u64>>,
+    /// The registration lease, on this process's clock.
+    lease: Lease,
 }
 
 /// Tokens a run hands to its parts.
@@ -481,10 +516,9 @@ impl Worker {
 
         // 1. Register (retrying transient errors) before the first claim.
         let mut backoff = Duration::from_millis(100);
-        let hb = self.registration();
         loop {
             tokio::select! {
-                r = s.client.heartbeat_node(&s.id, &hb) => match r {
+                r = s.beat() => match r {
                     Ok(_) => break,
                     Err(e) if e.is_transient() => tracing::warn!(worker = %s.id, error = %e, "cannot register; retrying"),
                     Err(e) => return Err(e),
@@ -501,6 +535,11 @@ impl Worker {
         // 2. Keep the registration alive until the very end.
         let heartbeats_done = CancellationToken::new();
         let registration = tokio::spawn(registration_loop(
+            self.shared.clone(),
+            heartbeats_done.clone(),
+            run.killed.clone(),
+        ));
+        let lease = tokio::spawn(lease_loop(
             self.shared.clone(),
             heartbeats_done.clone(),
             run.killed.clone(),
@@ -542,12 +581,9 @@ impl Worker {
         // its ttl, holding nothing).
         heartbeats_done.cancel();
         let _ = registration.await;
+        let _ = lease.await;
         let _ = s.client.leave_worker(&s.id).await;
         Ok(self.stats())
-    }
-
-    fn registration(&self) -> NodeHeartbeat {
-        registration_of(&self.shared)
     }
 }
 

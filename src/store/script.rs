@@ -22,9 +22,17 @@
 //! shows in `SLOWLOG` and `MONITOR` by name. A call that finds its function
 //! missing (a new or restarted Redis, a failover to a replica that missed
 //! the load, `FUNCTION FLUSH`) loads the library and calls again: nothing
-//! ran the first time, so nothing runs twice.
+//! ran the first time, so nothing runs twice. Should the function be gone
+//! again on that second call (a flush raced the load), nothing ran either:
+//! the call fails as unavailable (`TRYAGAIN`, a 503 to the client), never as
+//! a server error.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
+
+pub mod sweep;
 
 /// Values substituted into every script.
 #[derive(Debug, Clone)]
@@ -33,6 +41,28 @@ pub struct ScriptCtx {
     /// The namespace is on a Redis Cluster: tokens check which master hands
     /// them out (`fence_epoch` in the prelude).
     pub cluster: bool,
+}
+
+/// The library names of the scripts [`Lua::load`] assembled, by the value
+/// of their context (the same binary and the same values make the same
+/// libraries, so nodes in one process with equal contexts share a set).
+/// Bounded: one set per distinct context, each at most the binary's scripts.
+static ASSEMBLED: Mutex<BTreeMap<String, BTreeSet<String>>> = Mutex::new(BTreeMap::new());
+
+impl ScriptCtx {
+    /// The function libraries of every script loaded with this context (or
+    /// an equal one) in this process: once a node has built its services,
+    /// the libraries it uses (as `FUNCTION LIST` names them).
+    pub fn libraries(&self) -> Vec<String> {
+        let all = ASSEMBLED.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(&self.registry_key())
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn registry_key(&self) -> String {
+        format!("{self:?}")
+    }
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -313,6 +343,12 @@ impl Lua {
     /// that assembles every script; it panics at start, never later.
     pub fn load(name: &'static str, source: &str, ctx: &ScriptCtx) -> Self {
         let (code, function) = assemble(name, source, ctx).unwrap_or_else(|e| panic!("{e}"));
+        ASSEMBLED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(ctx.registry_key())
+            .or_default()
+            .insert(function.clone());
         Lua {
             name,
             library: format!("#!lua name={function}\n{code}"),
@@ -354,7 +390,10 @@ impl Lua {
                     .arg(&self.library)
                     .query_async::<()>(conn)
                     .await?;
-                fcall.query_async(conn).await
+                match fcall.query_async(conn).await {
+                    Err(e) if is_function_missing(&e) => Err(vanished(self.name)),
+                    other => other,
+                }
             }
             other => other,
         }
@@ -364,6 +403,21 @@ impl Lua {
 /// `FCALL` of a function Redis does not have: nothing ran.
 fn is_function_missing(e: &redis::RedisError) -> bool {
     e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// The function went missing again between its load and the call (a
+/// `FUNCTION FLUSH` or `FUNCTION DELETE` ran in between): nothing ran. A
+/// `TRYAGAIN` error, which the store classifies as unavailable (503: the
+/// caller may retry), not as a server error (500).
+fn vanished(script: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
+        "script function removed",
+        format!(
+            "the function of script {script} was removed again right after it was loaded \
+             (FUNCTION FLUSH or DELETE); nothing ran"
+        ),
+    ))
 }
 
 #[cfg(test)]

@@ -469,3 +469,4 @@ mod calls;
 mod coverage;
 mod failover;
 mod lagged;
+mod lost;

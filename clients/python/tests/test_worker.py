@@ -10,12 +10,15 @@
 - A stale token (the task timed out) tells the handler (ctx.reason
   "stale") and drops its result instead of completing twice.
 - A cancel request tells the handler and the task ends cancelled.
+- A worker cut from every node for twice its ttl tells its handlers
+  (`lease_expired`) before another worker gets their tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import signal
 import threading
@@ -368,3 +371,82 @@ def test_a_stalled_node_does_not_let_the_registration_lapse(cluster: Cluster, qu
         th.join(15)
         assert reasons == [None] and task.result == "kept", (reasons, task)
         assert [a.outcome for a in task.attempt_log] == ["succeeded"]
+
+
+def test_a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_tasks(
+    cluster: Cluster, queue: str
+) -> None:
+    """The only node a worker knows is SIGSTOPped for twice the worker's
+    ttl: its registration lapses and another worker, on the other node, gets
+    its tasks. The cut worker's own lease lapsed first: every handler was
+    told (`lease_expired`) and had returned before the other worker started
+    the task, so no task ran on two workers at once. Once the node is back,
+    its reports are refused (the tasks were recovered) and it claims again."""
+    n, ttl_ms = 3, 2000
+    cut_node, other_node = cluster.nodes
+    told: dict[str, tuple[float, str | None, float, float]] = {}
+    started: dict[str, float] = {}
+
+    async def cut_handler(task: ClaimedTask, ctx: TaskContext) -> str:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(ctx.wait_cancelled(), 30)
+        at = time.monotonic()
+        await asyncio.sleep(0.02)  # a handler takes a moment to stop
+        # Also in wall ms: this host's clock is the test Redis's, so it
+        # compares with the attempt log's claimed_at.
+        told[task.id] = (at, ctx.reason, time.monotonic(), time.time() * 1000)
+        raise RuntimeError("stopped")
+
+    def other_handler(task: ClaimedTask, ctx: TaskContext) -> str:
+        started[task.id] = time.monotonic()
+        time.sleep(0.05)
+        return "other"
+
+    with Client(other_node.url, ADMIN_TOKEN) as c:
+        ids = [c.submit(queue, i).id for i in range(n)]
+        cut = AsyncWorker([cut_node.url], queue, cut_handler, token=WORKER_TOKEN, worker_id="py-cut",
+                          concurrency=n, batch=n, poll_ms=300, heartbeat_every=0.2, ttl_ms=ttl_ms, grace=0.5)
+        cut_thread = threading.Thread(target=lambda: asyncio.run(cut.run(handle_signals=False)), daemon=True)
+        cut_thread.start()
+        wait_until("the cut worker runs every task",
+                   lambda: all(c.get_task(i).owner == "py-cut" for i in ids) and len(cut.stats.in_flight) == n)
+        other = Worker([other_node.url], queue, other_handler, token=WORKER_TOKEN, worker_id="py-other",
+                       concurrency=n, poll_ms=300, heartbeat_every=0.2)
+        other_thread = run_in_thread(other)
+        assert cut_node.proc is not None
+        cut_at = time.monotonic()
+        cut_node.proc.send_signal(signal.SIGSTOP)
+        claimed_again: dict[str, int] = {}
+        try:
+            for i in ids:
+                t = c.wait_for_result(i, timeout=20)
+                assert t.result == "other", t
+                assert [a.node for a in t.attempt_log] == ["py-cut", "py-other"], t
+                claimed_again[i] = t.attempt_log[1].claimed_at
+            # Twice the ttl in all: the point of the test, not a wait.
+            time.sleep(max(0.0, 2 * ttl_ms / 1000 - (time.monotonic() - cut_at)))
+        finally:
+            cut_node.proc.send_signal(signal.SIGCONT)
+        for i in ids:
+            assert i in told, f"the cut worker's handler of {i} was never told; {cut.stats}"
+            at, reason, returned, returned_ms = told[i]
+            assert reason == "lease_expired", (i, reason)
+            assert at > cut_at, i
+            assert returned_ms < claimed_again[i], \
+                f"{i}: the cut worker's handler returned {returned_ms - claimed_again[i]:.0f} ms after the other's claim"
+            assert returned < started[i], f"{i}: the cut worker's handler returned after the other worker started it"
+            print(f"\n{i}: told {at - cut_at:.3f} s after the cut, returned "
+                  f"{claimed_again[i] - returned_ms:.0f} ms before the other worker's claim")
+        assert cut.stats.lease_lapses == 1, cut.stats
+
+        # The node is back: the cut worker's fails are refused (stale), and
+        # it claims again.
+        wait_until("the cut worker's reports refused", lambda: cut.stats.stale == n, timeout=20)
+        other.stop()
+        other_thread.join(15)
+        again = c.submit(queue, "again").id
+        wait_until("the cut worker claims again", lambda: c.get_task(again).owner == "py-cut", timeout=20)
+        cut.stop()
+        cut_thread.join(15)
+        assert not cut_thread.is_alive()
+        assert cut.stats.completed == 0 and cut.stats.handed_back == 1, cut.stats

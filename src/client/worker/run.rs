@@ -11,7 +11,6 @@ pub(super) async fn registration_loop(s: Arc<Shared>, done: CancellationToken, k
 
 pub(super) async fn registration_beats(s: &Shared, done: &CancellationToken) {
     let every = s.ttl / 3;
-    let hb = registration_of(s);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
@@ -19,7 +18,7 @@ pub(super) async fn registration_beats(s: &Shared, done: &CancellationToken) {
         }
         // Bounded by the ttl: a heartbeat that only lands after the ttl is
         // no use, and the next one is due anyway.
-        let call = s.client.heartbeat_node(&s.id, &hb);
+        let call = s.beat();
         tokio::select! {
             r = tokio::time::timeout(every.max(Duration::from_millis(200)), call) => match r {
                 Ok(Ok(_)) => {}
@@ -42,6 +41,11 @@ pub(super) async fn claim_loop(s: Arc<Shared>, queue: String, run: Run) {
 pub(super) async fn claims(s: Arc<Shared>, queue: String, run: Run) {
     let mut backoff = Duration::from_millis(100);
     loop {
+        // Nothing is claimed while the worker's own lease has lapsed.
+        tokio::select! {
+            _ = s.lease.held() => {}
+            _ = run.stop_claiming.cancelled() => return,
+        }
         let first = tokio::select! {
             p = run.slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
             _ = run.stop_claiming.cancelled() => return,
@@ -73,9 +77,15 @@ pub(super) async fn claims(s: Arc<Shared>, queue: String, run: Run) {
             }
             Err(e) => {
                 drop(permits);
+                if e.status().is_none_or(|s| s >= 500) {
+                    // Not a refusal: the claim may have been applied (an
+                    // answer that timed out, a 5xx, a body that could not
+                    // be read). Its tasks are looked for, retried or not.
+                    s.adopt_soon();
+                }
                 if e.status() == Some(409) {
                     // Not registered (expired, or removed): register again.
-                    let _ = s.client.heartbeat_node(&s.id, &registration_of(&s)).await;
+                    let _ = s.beat().await;
                 }
                 tracing::warn!(worker = %s.id, queue = %queue, error = %e, "claim failed; retrying");
                 tokio::select! {
@@ -115,6 +125,13 @@ pub(super) async fn adopter(s: Arc<Shared>, run: Run) {
         // Let the calls in flight land first: their tasks are not lost.
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = run.stop_claiming.cancelled() => return,
+        }
+        // Only under a lease that holds: a task found now is not taken
+        // from the worker while it runs (it was not started under a lapsed
+        // one).
+        tokio::select! {
+            _ = s.lease.held() => {}
             _ = run.stop_claiming.cancelled() => return,
         }
         if let Err(e) = adopt(&s, &run).await {
@@ -195,6 +212,18 @@ pub(super) enum Outcome {
 /// Runs one task and reports its outcome; the next task when the complete
 /// claimed one in the same call.
 pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> {
+    let lease = s.lease.token();
+    if lease.is_cancelled() {
+        // Claimed (or brought by a complete) by a call answered after the
+        // worker's lease lapsed: the cluster may be about to hand it to
+        // another worker. Not started; once the lease is renewed the
+        // adopter runs it if it is still held under this worker's id.
+        tracing::warn!(worker = %s.id, task = %task.id, "claimed while the lease had lapsed: not started");
+        s.release(task.token);
+        s.forget(task.token);
+        s.adopt_soon();
+        return None;
+    }
     let ctx = Ctx::new(&s.id);
     let mut handle = tokio::spawn((s.handler)(task.clone(), ctx.clone()));
     // Dropped with this future (the run was killed): the handler stops too.
@@ -204,7 +233,7 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
             Ok(r) => Outcome::Done(r),
             Err(e) => Outcome::Panicked(e.to_string()),
         },
-        _ = heartbeat_loop(s, &task, &ctx) => unreachable!("the heartbeat loop never ends"),
+        _ = watch_task(s, &task, &ctx, &lease) => unreachable!("the heartbeat loop never ends"),
         _ = run.hard_stop.cancelled() => {
             ctx.cancel(CancelReason::Shutdown);
             handle.abort();
@@ -222,8 +251,9 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
     match outcome {
         Outcome::Done(Ok(result)) => {
             // One call for two: the complete claims this slot's next task,
-            // unless the worker takes batches or is stopping.
-            let chain = s.batch == 1 && !run.stop_claiming.is_cancelled();
+            // unless the worker takes batches, is stopping, or its lease
+            // has lapsed.
+            let chain = s.batch == 1 && !run.stop_claiming.is_cancelled() && s.lease.holds();
             let c = Complete {
                 token: task.token,
                 result,
@@ -349,6 +379,13 @@ where
     match until_answered(s, &run.hard_stop, &task.id, || call(s.client.clone())).await {
         Ok(f) => Reported::Answer(f),
         Err(e) if e.is_conflict() => resolve_conflict(s, task, ctx).await,
+        Err(e) if e.is_not_found() => {
+            // The task is gone: nothing runs under the token.
+            tracing::warn!(task = %task.id, error = %e, "the task is gone; its result is dropped");
+            ctx.cancel(CancelReason::Lost);
+            inc(&s.counters.dropped);
+            Reported::Refused
+        }
         Err(e) => {
             // Refused for good (4xx), or the worker is stopping hard:
             // the task's timeout or this worker's expiry recovers it.
@@ -442,9 +479,25 @@ async fn complete_together(
     }
 }
 
-/// Heartbeats the task every `task_heartbeat` until dropped: on 409 the
-/// handler is cancelled as [`CancelReason::Lost`] and heartbeats stop; on a
-/// cancel request it is cancelled as [`CancelReason::CancelRequested`].
+/// Heartbeats the task and watches the worker's lease until dropped: when
+/// the lease lapses the handler is cancelled as
+/// [`CancelReason::LeaseExpired`] and heartbeats stop (its outcome, reported
+/// with the token, settles whether the task was still this worker's).
+async fn watch_task(s: &Shared, task: &Task, ctx: &Ctx, lease: &CancellationToken) {
+    tokio::select! {
+        _ = heartbeat_loop(s, task, ctx) => {}
+        _ = lease.cancelled() => {
+            tracing::warn!(task = %task.id, "the worker's lease lapsed: cancelling the handler");
+            ctx.cancel(CancelReason::LeaseExpired);
+        }
+    }
+    std::future::pending::<()>().await
+}
+
+/// Heartbeats the task every `task_heartbeat` until dropped: on 409 (the
+/// token is stale) or 404 (the task is gone) the handler is cancelled as
+/// [`CancelReason::Lost`] and heartbeats stop; on a cancel request it is
+/// cancelled as [`CancelReason::CancelRequested`].
 pub(super) async fn heartbeat_loop(s: &Shared, task: &Task, ctx: &Ctx) {
     loop {
         tokio::time::sleep(s.task_heartbeat).await;
@@ -465,8 +518,8 @@ pub(super) async fn heartbeat_loop(s: &Shared, task: &Task, ctx: &Ctx) {
                     ctx.cancel(CancelReason::CancelRequested);
                 }
             }
-            Err(e) if e.is_conflict() => {
-                tracing::warn!(task = %task.id, "the task was taken from this worker (409); cancelling its handler");
+            Err(e) if e.is_conflict() || e.is_not_found() => {
+                tracing::warn!(task = %task.id, error = %e, "the task was taken from this worker or is gone; cancelling its handler");
                 ctx.cancel(CancelReason::Lost);
                 std::future::pending::<()>().await;
             }

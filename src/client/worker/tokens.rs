@@ -31,6 +31,12 @@ impl Seen {
 }
 
 impl Shared {
+    /// Forgets that `token` started (it never did: see `run_task`), so the
+    /// adopter may start it.
+    pub(super) fn forget(&self, token: u64) {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).set.remove(&token);
+    }
+
     /// Records that `token` starts now; false when it already did.
     pub(super) fn first_start(&self, token: u64) -> bool {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).first(token)
@@ -51,13 +57,13 @@ impl Shared {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&token);
     }
 
-    /// Runs one call; when the client had to send it (or a call beside it)
-    /// again after an error that may have hidden the outcome, a try before
-    /// the one that answered may have claimed tasks: the adopter looks.
+    /// Runs one call; when a try of it (or of a call beside it) ended in an
+    /// error that may have hidden its outcome, retried or not, that try may
+    /// have claimed tasks whose answer never arrived: the adopter looks.
     pub(super) async fn watching<T>(&self, call: impl Future<Output = T>) -> T {
-        let resent = self.client.resent();
+        let unknown = self.client.unknown_outcomes();
         let answer = call.await;
-        if self.client.resent() != resent {
+        if self.client.unknown_outcomes() != unknown {
             self.adopt_soon();
         }
         answer

@@ -26,7 +26,7 @@ from ._models import (
     TaskPage,
 )
 from ._sync_client import Client
-from ._worker import AsyncWorker, Fail, TaskContext, Worker, WorkerStats
+from ._worker import AsyncWorker, Fail, TaskContext, Worker, WorkerStats, lease_margin
 
 __version__ = "0.1.0"
 
@@ -57,4 +57,5 @@ __all__ = [
     "Unavailable",
     "Worker",
     "WorkerStats",
+    "lease_margin",
 ]

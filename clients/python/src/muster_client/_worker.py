@@ -14,12 +14,25 @@ What it guarantees (README.md has the user's version):
   and never more tasks than slots (the next task takes the finished one's).
 - Beside each handler a task heartbeat runs every `heartbeat_every`
   seconds with the fencing token (and the progress the handler reported).
-- A 409 on a task heartbeat or on complete/fail means the token is stale:
-  the task was recovered (or timed out) and may run elsewhere. The handler
-  is told (`ctx.cancelled` is set, `ctx.reason == "stale"`) and its result
-  is dropped: nothing more is sent with that token, so there is never a
-  second completion. A complete whose answer was lost and whose retry got
-  409 is checked against the task (succeeded with our token: it was ours).
+- A 409 on a task heartbeat or on complete/fail means the token is stale,
+  a 404 that the task is gone: the task was recovered (or timed out) and
+  may run elsewhere. The handler is told (`ctx.cancelled` is set,
+  `ctx.reason == "stale"`) and its result is dropped: nothing more is sent
+  with that token, so there is never a second completion. A complete whose
+  answer was lost and whose retry got 409 is checked against the task
+  (succeeded with our token: it was ours).
+- Its own lease: the worker keeps its registration lease on the monotonic
+  clock, from the send time of its newest registration heartbeat that
+  succeeded, until `ttl_ms` less a margin (`lease_margin`: a tenth of the
+  ttl, at least 100 ms) later: the registration itself ends no earlier.
+  When it lapses (no node reached), every running handler is told
+  (`ctx.cancelled` set, `ctx.reason == "lease_expired"`) before the
+  cluster can take the worker for dead and hand its tasks on; nothing is
+  claimed and a task a late answer brings is not started, until a
+  heartbeat succeeds; then the worker adopts (below). A told handler's
+  outcome is still sent with its token: it counts if the task was not
+  recovered meanwhile, and is refused (409, dropped) if it was. Local
+  bookkeeping only: no request is added.
 - A cancel request (seen on a heartbeat) sets `ctx.cancelled` with
   reason `cancel_requested`; when the handler returns or raises, the task is
   finished with `fail`, which muster turns into `cancelled`.
@@ -53,6 +66,7 @@ import random
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +80,14 @@ log = logging.getLogger("muster_client.worker")
 
 #: The least worker ttl muster accepts (ms); the last heartbeat uses it.
 MIN_TTL_MS = 500
+
+
+def lease_margin(ttl_ms: int) -> float:
+    """How long (seconds) before its registration could end a worker takes
+    its own lease for lapsed and tells its handlers: a tenth of the ttl, at
+    least 100 ms (the handlers' time to stop before the cluster can requeue
+    their tasks)."""
+    return max(ttl_ms / 10_000, 0.1)
 
 
 class Fail(Exception):
@@ -87,9 +109,13 @@ class TaskContext:
         #: Set when the handler should stop: see `reason`. A threading.Event,
         #: so a blocking handler can `ctx.cancelled.wait(t)` or `.is_set()`.
         self.cancelled = threading.Event()
-        #: Why `cancelled` is set: "stale" (409: the task is no longer ours,
-        #: the result will be dropped), "cancel_requested" (someone cancelled
-        #: the task: it ends cancelled), or "shutdown" (the worker is stopping
+        #: Why `cancelled` is set: "stale" (409 or 404: the task is no longer
+        #: ours, the result will be dropped), "cancel_requested" (someone
+        #: cancelled the task: it ends cancelled), "lease_expired" (the worker
+        #: reached no node for its ttl less the margin, so the cluster may
+        #: hand the task to another worker: stop; what the handler returns or
+        #: raises is still sent with the token, and counts only if the task
+        #: was not recovered meanwhile), or "shutdown" (the worker is stopping
         #: and the grace period ran out: the task was handed back).
         self.reason: str | None = None
         self._loop = loop
@@ -139,6 +165,9 @@ class WorkerStats:
     #: Tasks found running under this worker's id that no answer brought
     #: (a claim's answer lost with its node), run as if claimed.
     adopted: int = 0
+    #: Times the worker's own registration lease lapsed (every running
+    #: handler was told, reason "lease_expired").
+    lease_lapses: int = 0
     transient_errors: int = 0
     in_flight: dict[str, int] = field(default_factory=dict)
 
@@ -203,6 +232,13 @@ class AsyncWorker:
         self._reserved = 0
         self._adopt_wanted: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
+        #: The lease: how long it lasts after a heartbeat's send time, the
+        #: send time (monotonic) of the newest heartbeat that succeeded, set
+        #: while it holds, and set when either changes.
+        self._lease_lasts = ttl_ms / 1000 - lease_margin(ttl_ms)
+        self._lease_from: float | None = None
+        self._lease_holds: asyncio.Event | None = None
+        self._lease_changed: asyncio.Event | None = None
 
     # ---- control ------------------------------------------------------------
 
@@ -229,8 +265,12 @@ class AsyncWorker:
                 except (NotImplementedError, RuntimeError):
                     pass
         self._adopt_wanted = asyncio.Event()
+        self._lease_holds = asyncio.Event()
+        self._lease_changed = asyncio.Event()
+        self._lease_from = None
         registry = asyncio.ensure_future(self._registry_loop())
         adopter = asyncio.ensure_future(self._adopt_loop())
+        lease = asyncio.ensure_future(self._lease_loop())
         try:
             await self._register()
             await self._claim_loop()
@@ -238,7 +278,8 @@ class AsyncWorker:
         finally:
             registry.cancel()
             adopter.cancel()
-            await asyncio.gather(registry, adopter, return_exceptions=True)
+            lease.cancel()
+            await asyncio.gather(registry, adopter, lease, return_exceptions=True)
             await self._leave()
             for sig in installed:
                 self._loop.remove_signal_handler(sig)
@@ -259,13 +300,74 @@ class AsyncWorker:
             timeout=max(0.2, self.ttl_ms / 4000),
         )
 
+    async def _beat(self, retry_for: float) -> None:
+        """One registration heartbeat; a success renews the lease from the
+        time it was sent."""
+        sent = time.monotonic()
+        await self._heartbeat_node(self.ttl_ms, retry_for)
+        self._renewed(sent)
+
+    def _renewed(self, sent: float) -> None:
+        assert self._lease_holds is not None and self._lease_changed is not None
+        if self._lease_from is not None and self._lease_from >= sent:
+            return
+        first = self._lease_from is None
+        self._lease_from = sent
+        if not self._lease_holds.is_set() and time.monotonic() < sent + self._lease_lasts:
+            self._lease_holds.set()
+            if not first:
+                # Tasks whose claims were answered while it had lapsed were
+                # not started: look for them.
+                self._adopt_soon()
+        self._lease_changed.set()
+
+    async def _lease_loop(self) -> None:
+        """Tells every running handler when the lease lapses."""
+        assert self._lease_holds is not None and self._lease_changed is not None
+        while True:
+            self._lease_changed.clear()
+            if not self._lease_holds.is_set() or self._lease_from is None:
+                await self._lease_changed.wait()
+                continue
+            left = self._lease_from + self._lease_lasts - time.monotonic()
+            if left > 0:
+                try:
+                    await asyncio.wait_for(self._lease_changed.wait(), left)
+                    continue  # renewed: it ends later
+                except asyncio.TimeoutError:
+                    pass
+                if self._lease_from + self._lease_lasts > time.monotonic():
+                    continue
+            self._lapse()
+
+    def _lapse(self) -> None:
+        assert self._lease_holds is not None
+        self._lease_holds.clear()
+        self.stats.lease_lapses += 1
+        log.warning("worker %s: no registration heartbeat succeeded within the lease (ttl less %.2f s): "
+                    "telling every running handler to stop, claiming nothing until one does",
+                    self.worker_id, lease_margin(self.ttl_ms))
+        for _, ctx in list(self._running.values()):
+            ctx._cancel("lease_expired")
+
+    def _lease_ok(self) -> bool:
+        return self._lease_holds is not None and self._lease_holds.is_set()
+
+    async def _wait_any(self, *events: asyncio.Event) -> None:
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
     async def _register(self) -> None:
         """Heartbeats until the registry has the worker (before any claim)."""
         assert self._stopping is not None
         delay = 0.05
         while not self._stopping.is_set():
             try:
-                await self._heartbeat_node(self.ttl_ms, self.ttl_ms / 2000)
+                await self._beat(self.ttl_ms / 2000)
                 return
             except Unavailable as e:
                 self.stats.transient_errors += 1
@@ -279,7 +381,7 @@ class AsyncWorker:
         while True:
             await asyncio.sleep(every)
             try:
-                await self._heartbeat_node(self.ttl_ms, 2 * every)
+                await self._beat(2 * every)
             except Unavailable as e:
                 self.stats.transient_errors += 1
                 log.warning("worker %s: heartbeat failed: %s", self.worker_id, e)
@@ -310,8 +412,13 @@ class AsyncWorker:
 
     async def _claim_loop(self) -> None:
         assert self._stopping is not None and self._slot_freed is not None
+        assert self._lease_holds is not None
         delay = 0.05
         while not self._stopping.is_set():
+            if not self._lease_ok():
+                # Nothing is claimed while the worker's own lease has lapsed.
+                await self._wait_any(self._lease_holds, self._stopping)
+                continue
             free = self.concurrency - len(self._running)
             if free <= 0:
                 self._slot_freed.clear()
@@ -361,8 +468,15 @@ class AsyncWorker:
 
     def _start(self, task: ClaimedTask) -> bool:
         """Runs a task this worker holds (claimed, handed over by a complete,
-        or adopted); false when that token was started already."""
+        or adopted); false when that token was started already, or when the
+        worker's lease has lapsed (the cluster may be handing the task to
+        another worker: the adopter runs it once the lease is renewed, if it
+        is still held under this worker's id)."""
         if task.token in self._seen:
+            return False
+        if not self._lease_ok():
+            log.warning("worker %s: task %s claimed while the lease had lapsed: not started", self.worker_id, task.id)
+            self._adopt_soon()
             return False
         self._seen[task.token] = None
         while len(self._seen) > 100_000:
@@ -378,11 +492,13 @@ class AsyncWorker:
             self._adopt_wanted.set()
 
     async def _adopt_loop(self) -> None:
-        assert self._adopt_wanted is not None
+        assert self._adopt_wanted is not None and self._lease_holds is not None
         while True:
             await self._adopt_wanted.wait()
-            # Give the cluster a moment (a node was just lost), then look.
+            # Give the cluster a moment (a node was just lost), then look,
+            # under a lease that holds (a task found then stays ours).
             await asyncio.sleep(0.5)
+            await self._lease_holds.wait()
             self._adopt_wanted.clear()
             try:
                 await self.adopt()
@@ -528,7 +644,7 @@ class AsyncWorker:
                 if kind == "complete":
                     # One call instead of two: the complete also claims this
                     # slot's next task (unless stopping, or batching).
-                    chain = self.claim_next and self.batch == 1 and not self._stop_requested
+                    chain = self.claim_next and self.batch == 1 and not self._stop_requested and self._lease_ok()
                     failovers = self.client.failovers
                     done = await self.client.complete(
                         task.id,
@@ -663,4 +779,4 @@ class Worker:
             self._inner.stop()
 
 
-__all__ = ["AsyncWorker", "Worker", "TaskContext", "Fail", "WorkerStats", "Handler"]
+__all__ = ["AsyncWorker", "Worker", "TaskContext", "Fail", "WorkerStats", "Handler", "lease_margin"]
