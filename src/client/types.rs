@@ -144,6 +144,10 @@ pub struct NextTasks {
     /// Why nothing was claimed (not registered, draining, the node refuses work).
     #[serde(default)]
     pub refused: Option<String>,
+    /// Split namespaces: shards of the queue whose claim did not run (their
+    /// Redis master failed or stalls); the tasks above are the worker's.
+    #[serde(default)]
+    pub shards_not_tried: Vec<usize>,
 }
 
 /// The outcome of a complete or fail.
@@ -172,7 +176,9 @@ pub struct CompleteItem {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct CompleteOutcome {
     pub id: String,
-    /// `completed`, `conflict` (a stale token), `not_found` or `invalid`.
+    /// `completed`, `conflict` (a stale token), `not_found`, `invalid`, or
+    /// `unknown` (the task's shard did not answer: send it again; one that
+    /// did complete then answers `conflict` with state `succeeded`).
     pub status: String,
     #[serde(default)]
     pub state: Option<String>,
@@ -300,6 +306,10 @@ pub struct QueueStats {
     pub succeeded: u64,
     pub cancelled: u64,
     pub paused: bool,
+    /// `active`, `paused`, or while a pause or resume has not reached every
+    /// shard of a split namespace yet, `pausing` or `resuming`.
+    #[serde(default)]
+    pub pause_state: String,
     pub finished_last_minute: u64,
     /// How long the longest-waiting head of the queue has been claimable (ms).
     #[serde(default)]
@@ -361,6 +371,10 @@ pub struct NodeHeartbeatAnswer {
     pub expires_at: i64,
     /// `alive` or `draining`.
     pub state: String,
+    /// Split namespaces: shards where this heartbeat could not be applied
+    /// (their Redis master failed or stalls; see `docs/sharding.md`).
+    #[serde(default)]
+    pub unavailable_shards: Vec<usize>,
 }
 
 /// A node or worker in the registry.
@@ -369,8 +383,12 @@ pub struct NodeInfo {
     pub id: String,
     /// `node` or `worker`.
     pub kind: String,
-    /// `alive`, `draining`, `late`, `dead`, `left`.
+    /// `alive`, `draining`, `late`, `dead`, `left`: the worst over the
+    /// shards of a split namespace.
     pub state: String,
+    /// Split namespaces: the shards where it is not alive.
+    #[serde(default)]
+    pub shards_not_alive: Vec<usize>,
     #[serde(default)]
     pub addr: String,
     #[serde(default)]

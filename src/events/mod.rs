@@ -175,9 +175,14 @@ impl Event {
     }
 
     /// A copy of an event every shard writes (the registry's, see `nodes`)
-    /// read from a shard other than 0: delivered once, from shard 0.
+    /// read from a shard other than 0: delivered once, from shard 0. Not
+    /// `node.dead`: each shard judges liveness on its own, and a node dead
+    /// in one shard only (its heartbeats failed there) has its tasks there
+    /// recovered, which its subscribers must hear of; a node dead
+    /// everywhere is told once per shard (each with that shard's
+    /// `expired_at`).
     pub fn mirrored(&self) -> bool {
-        self.shard != 0 && self.kind.starts_with("node.")
+        self.shard != 0 && self.kind.starts_with("node.") && self.kind != "node.dead"
     }
 
     /// What a client resumes from: the cursor, or for one shard the id.

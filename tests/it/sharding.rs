@@ -614,3 +614,54 @@ async fn locks_elections_and_barriers_live_in_the_shards_of_their_names() {
         assert_eq!(expired, 1, "lock.expired of {n} in shard {home}: {rows:?}");
     }
 }
+
+/// A worker dead in one shard only (its registration there lapsed, as when
+/// its heartbeats cannot reach that shard's master): listed dead with that
+/// shard in `shards_not_alive`, its `node.dead` delivered from that shard's
+/// stream, and its task there recovered; alive in the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_dead_in_one_shard_only_is_dead_there_and_told() {
+    if skip_on_cluster("reads each shard's keys on a server of its own") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = node(&redis).await;
+    let m = map();
+    join(&a, "w1").await;
+    let q = &names_per_shard("dq")[2];
+    let id = submit(&a, q, json!({})).await;
+    assert_eq!(claim(&a, q, "w1", 1, 0).await.len(), 1);
+    // Its registration lapses in shard 2 alone.
+    let lapsed: i64 = redis
+        .cmd(&["ZADD", &format!("{}:nodes", m.tag(2)), "XX", "CH", "1", "w1"])
+        .await;
+    assert_eq!(lapsed, 1);
+    let requeued = wait_until(Duration::from_secs(10), || async {
+        let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
+        t["state"] == "queued"
+    })
+    .await;
+    assert!(requeued, "its task in shard 2 is recovered");
+    let (s, list) = a.get("/api/v1/nodes").await;
+    assert_eq!(s, 200, "{list}");
+    let w1 = list["nodes"].as_array().unwrap().iter().find(|n| n["id"] == "w1").unwrap();
+    assert_eq!(w1["state"], "dead", "{w1}");
+    assert_eq!(w1["shards_not_alive"], json!([2]), "{w1}");
+    let (_, one) = a.get("/api/v1/nodes/w1").await;
+    assert_eq!(one["state"], "dead", "{one}");
+    assert_eq!(one["shards_not_alive"], json!([2]), "{one}");
+    // Told from shard 2's stream (the registry's other events come from
+    // shard 0's only).
+    let told = wait_until(Duration::from_secs(10), || async {
+        let (_, page) = a.get("/api/v1/events?since=0&topics=node.dead").await;
+        page["events"]
+            .as_array()
+            .is_some_and(|evs| evs.iter().any(|e| e["node"] == "w1"))
+    })
+    .await;
+    assert!(told, "node.dead of w1 is delivered");
+    // Alive elsewhere: its claims in the other shards go on.
+    let other = &names_per_shard("dq")[1];
+    submit(&a, other, json!({})).await;
+    assert_eq!(claim(&a, other, "w1", 1, 0).await.len(), 1);
+}
