@@ -126,6 +126,10 @@ pub struct NodeInfo {
     /// when it is alive in every shard read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards_not_alive: Vec<usize>,
+    /// The shards whose registry lists it (for the merge).
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub shards_seen: Vec<usize>,
     /// Heartbeat due soon (less than half its ttl left) but not yet expired.
     pub suspect: bool,
     pub addr: String,
@@ -482,6 +486,12 @@ impl Nodes {
         {
             return Err(e.into());
         }
+        let read: Vec<usize> = (0..self.store.shards().len())
+            .filter(|i| !unavailable.contains(i))
+            .collect();
+        for node in merged.values_mut() {
+            missing_is_dead(node, &read);
+        }
         let mut list = NodeList {
             now,
             nodes: Vec::with_capacity(merged.len()),
@@ -523,12 +533,12 @@ impl Nodes {
             Ok::<_, StoreError>(score.map(|sc| node_info(id.to_string(), sc as i64, &info, now)))
         });
         let mut merged: BTreeMap<String, NodeInfo> = BTreeMap::new();
-        let mut read_any = false;
+        let mut read = Vec::new();
         let mut first_error = None;
-        for (shard, read) in futures_util::future::join_all(reads).await.into_iter().enumerate() {
-            match read {
+        for (shard, r) in futures_util::future::join_all(reads).await.into_iter().enumerate() {
+            match r {
                 Ok(found) => {
-                    read_any = true;
+                    read.push(shard);
                     if let Some(node) = found {
                         merge_into(&mut merged, shard, node);
                     }
@@ -538,9 +548,12 @@ impl Nodes {
                 }
             }
         }
-        match (read_any, first_error) {
-            (false, Some(e)) => Err(e.into()),
-            _ => Ok(merged.into_values().next()),
+        match (read.is_empty(), first_error) {
+            (true, Some(e)) => Err(e.into()),
+            _ => Ok(merged.into_values().next().map(|mut n| {
+                missing_is_dead(&mut n, &read);
+                n
+            })),
         }
     }
 }
@@ -576,6 +589,23 @@ async fn registry_of(s: &Store) -> Result<(i64, Vec<NodeInfo>), StoreError> {
     ))
 }
 
+/// A node registered in some shards and missing from others that were read
+/// (pruned there after it died, or never registered because its heartbeats
+/// could not reach that shard): not alive in those, and dead at worst.
+fn missing_is_dead(node: &mut NodeInfo, read: &[usize]) {
+    let mut seen: Vec<usize> = node.shards_seen.clone();
+    seen.sort_unstable();
+    for &shard in read {
+        if seen.binary_search(&shard).is_err() {
+            node.shards_not_alive.push(shard);
+            if badness(NodeState::Dead) > badness(node.state) {
+                node.state = NodeState::Dead;
+            }
+        }
+    }
+    node.shards_not_alive.sort_unstable();
+}
+
 /// How bad a state is, for a node's worst state over the shards.
 fn badness(s: NodeState) -> u8 {
     match s {
@@ -598,12 +628,14 @@ fn merge_into(merged: &mut BTreeMap<String, NodeInfo>, shard: usize, node: NodeI
             if !alive_here {
                 node.shards_not_alive.push(shard);
             }
+            node.shards_seen.push(shard);
             merged.insert(node.id.clone(), node);
         }
         Some(m) => {
             if !alive_here {
                 m.shards_not_alive.push(shard);
             }
+            m.shards_seen.push(shard);
             if badness(node.state) > badness(m.state) {
                 m.state = node.state;
             }
@@ -635,6 +667,7 @@ fn node_info(id: String, expires_at: i64, info: &BTreeMap<String, String>, now: 
     let last_seen = num("last_seen");
     NodeInfo {
         shards_not_alive: Vec::new(),
+        shards_seen: Vec::new(),
         kind: info.get("kind").cloned().unwrap_or_else(|| "node".into()),
         state,
         suspect,

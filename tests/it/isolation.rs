@@ -450,8 +450,12 @@ async fn drain(app: &TestApp, queues: &[String], book: &Shared, adopt: bool) {
         }
     }
     for q in queues {
+        let mut last = (0, Value::Null);
         loop {
-            assert!(Instant::now() < deadline, "queue {q} did not drain");
+            assert!(
+                Instant::now() < deadline,
+                "queue {q} did not drain: the last claim answered {last:?}"
+            );
             let (s, b, _) = call(
                 &http,
                 reqwest::Method::POST,
@@ -462,6 +466,7 @@ async fn drain(app: &TestApp, queues: &[String], book: &Shared, adopt: bool) {
             if s == 204 {
                 break;
             }
+            last = (s, b.clone());
             if s != 200 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;

@@ -644,7 +644,12 @@ async fn a_worker_dead_in_one_shard_only_is_dead_there_and_told() {
     assert!(requeued, "its task in shard 2 is recovered");
     let (s, list) = a.get("/api/v1/nodes").await;
     assert_eq!(s, 200, "{list}");
-    let w1 = list["nodes"].as_array().unwrap().iter().find(|n| n["id"] == "w1").unwrap();
+    let w1 = list["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == "w1")
+        .unwrap();
     assert_eq!(w1["state"], "dead", "{w1}");
     assert_eq!(w1["shards_not_alive"], json!([2]), "{w1}");
     let (_, one) = a.get("/api/v1/nodes/w1").await;
