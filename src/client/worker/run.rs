@@ -61,6 +61,7 @@ pub(super) async fn claims(s: Arc<Shared>, queue: String, run: Run) {
             node: s.id.clone(),
             max: permits.len() as u32,
             wait_ms: s.claim_wait.as_millis() as u64,
+            ack_ms: None,
         };
         // Never abandoned half-way: a claim applied whose answer is dropped
         // would strand its tasks until their timeout.
@@ -182,6 +183,7 @@ pub(super) async fn adopt(s: &Arc<Shared>, run: &Run) -> Result<u64> {
                     group: t.group,
                     priority: t.priority,
                     created_at: t.created_at,
+                    ack_ms: 0,
                 };
                 spawn_chain(s.clone(), run.clone(), task, permit);
             }
