@@ -359,6 +359,7 @@ async fn build_services(
     let tasks = tasks::Tasks::new(
         store.clone(),
         cfg.tasks.clone(),
+        &cfg.claim,
         &ctx,
         bus.clone(),
         shutdown.clone(),

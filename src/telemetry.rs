@@ -206,6 +206,11 @@ pub const METRICS: &[Metric] = &[
     ),
     open("muster_tasks_dead_total", Counter, "Tasks dead-lettered, by queue"),
     open(
+        "muster_tasks_not_acknowledged_total",
+        Counter,
+        "Claimed tasks put back in their queue because their worker did not acknowledge them within ack_ms, by queue",
+    ),
+    open(
         "muster_queue_depth",
         Gauge,
         "Tasks per queue and state (queued, delayed, running, dead)",

@@ -38,6 +38,9 @@ pub const SCHEDULE_HISTORY: RangeInclusive<usize> = 0..=1000;
 pub const CLAIM_MAX: RangeInclusive<u32> = 1..=1000;
 /// Longest long poll of a claim (`wait_ms`, `next.wait_ms`).
 pub const CLAIM_WAIT_MAX_MS: u64 = 30_000;
+/// A claim's lease (`ack_ms`, `next.ack_ms`, `claim.ack_ms` unless 0): how
+/// long a claimed task may go unacknowledged.
+pub const CLAIM_ACK_MS: RangeInclusive<u64> = 1_000..=600_000;
 /// Items of a batch submit or a batch complete.
 pub const BATCH_ITEMS: RangeInclusive<usize> = 1..=1000;
 /// Participants of a barrier.

@@ -113,6 +113,19 @@ impl Client {
         .await
     }
 
+    /// Acknowledges a claim (its lease ends; 409: the token is stale, the
+    /// task went back to its queue or runs under a newer claim). A task
+    /// heartbeat, a complete or a fail acknowledges too.
+    pub async fn ack_task(&self, id: &str, token: u64) -> Result<TaskHeartbeatAnswer> {
+        self.call_json(
+            Method::POST,
+            &format!("/api/v1/tasks/{}/ack", enc(id)),
+            Some(&TaskAck { token }),
+            &idem(),
+        )
+        .await
+    }
+
     /// Completes a task with its fencing token (409: stale). With `next`
     /// the same call claims the worker's next task(s); then it is retried
     /// only when certainly not applied, since a lost answer would lose them.

@@ -65,6 +65,12 @@ pub struct ClaimedTask {
     pub priority: i32,
     /// Redis ms.
     pub created_at: i64,
+    /// The claim lease (ms): acknowledge the task within it
+    /// ([`crate::client::Client::ack_task`], a task heartbeat, or its
+    /// complete or fail), or it goes back to the queue and the token is
+    /// refused. 0: no lease (or a server without claim leases).
+    #[serde(default)]
+    pub ack_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,6 +87,16 @@ pub struct ClaimRequest {
     pub max: u32,
     /// Long poll, 0 to 30 000 ms.
     pub wait_ms: u64,
+    /// The claim lease, 1 000 to 600 000 ms; None: the server's
+    /// `claim.ack_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack_ms: Option<u64>,
+}
+
+/// A claim's acknowledgement.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskAck {
+    pub token: u64,
 }
 
 /// A task heartbeat.
@@ -115,6 +131,10 @@ pub struct NextRequest {
     /// 0 to 30 000 ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
+    /// The next tasks' claim lease, 1 000 to 600 000 ms; None: the
+    /// server's `claim.ack_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack_ms: Option<u64>,
 }
 
 /// A complete.
@@ -208,7 +228,9 @@ pub struct Attempt {
     pub claimed_at: i64,
     #[serde(default)]
     pub ended_at: Option<i64>,
-    /// `succeeded`, `failed`, `orphaned`, `timed_out`; absent while running.
+    /// `succeeded`, `failed`, `orphaned`, `timed_out`, `cancelled`, or
+    /// `not_acknowledged` (a claim not acknowledged within its lease: put
+    /// back in the queue, not counted in `attempts`); absent while running.
     #[serde(default)]
     pub outcome: Option<String>,
 }

@@ -22,8 +22,8 @@ mod validate;
 pub use self::validate::{MAX_ACK_CONNECTIONS, MAX_ACK_REPLICAS, MAX_ACK_TIMEOUT_MS, MAX_SHARDS};
 
 pub use self::sections::{
-    AuthConfig, BarriersConfig, EventsConfig, FailoverConfig, FailoverRole, LocksConfig, NodesConfig, OrphansConfig,
-    RedisConfig, Role, SchedulesConfig, ServerConfig, TasksConfig, TokenConfig,
+    AuthConfig, BarriersConfig, ClaimConfig, EventsConfig, FailoverConfig, FailoverRole, LocksConfig, NodesConfig,
+    OrphansConfig, RedisConfig, Role, SchedulesConfig, ServerConfig, TasksConfig, TokenConfig,
 };
 
 /// Everything a node needs to start.
@@ -35,6 +35,7 @@ pub struct Config {
     pub nodes: NodesConfig,
     pub auth: AuthConfig,
     pub tasks: TasksConfig,
+    pub claim: ClaimConfig,
     pub orphans: OrphansConfig,
     pub events: EventsConfig,
     pub schedules: SchedulesConfig,

@@ -310,6 +310,23 @@ impl Default for TasksConfig {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+pub struct ClaimConfig {
+    /// The claim lease: a claimed task that is not acknowledged (a task
+    /// heartbeat, an ack, or its complete or fail) within this long, by
+    /// Redis time, goes back to its queue with its token fenced off and no
+    /// attempt counted. A claim may ask for another within
+    /// `validate::CLAIM_ACK_MS`. 0: no claim lease.
+    pub ack_ms: u64,
+}
+
+impl Default for ClaimConfig {
+    fn default() -> Self {
+        Self { ack_ms: 10_000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct OrphansConfig {
     /// How often every node looks for tasks of dead owners and timed-out tasks.
     pub interval_ms: u64,

@@ -139,6 +139,17 @@ impl Config {
         if t.max_groups == 0 {
             return err("tasks.max_groups", "must be greater than 0");
         }
+        let ack = self.claim.ack_ms;
+        if ack != 0 && !crate::validate::CLAIM_ACK_MS.contains(&ack) {
+            return err(
+                "claim.ack_ms",
+                &format!(
+                    "must be 0 (no claim lease) or between {} and {}",
+                    crate::validate::CLAIM_ACK_MS.start(),
+                    crate::validate::CLAIM_ACK_MS.end()
+                ),
+            );
+        }
         if self.orphans.interval_ms == 0 {
             return err("orphans.interval_ms", "must be greater than 0");
         }

@@ -180,6 +180,11 @@ impl Snapshot {
                 }
             }
             "task.retrying" => q(self, ev).delayed += 1,
+            "task.requeued" => {
+                let e = q(self, ev);
+                e.running -= 1;
+                e.queued += 1;
+            }
             "task.dead" => {
                 if !counted {
                     q(self, ev).dead += 1;

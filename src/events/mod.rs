@@ -51,6 +51,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "task.succeeded",
     "task.failed",
     "task.retrying",
+    "task.requeued",
     "task.dead",
     "task.cancelled",
     "task.cancel_requested",

@@ -92,7 +92,12 @@ impl Wakers {
         let slot_freed = ev.subject("group").is_some()
             && matches!(
                 kind,
-                "task.succeeded" | "task.failed" | "task.dead" | "task.cancelled" | "orphan.recovered"
+                "task.succeeded"
+                    | "task.failed"
+                    | "task.dead"
+                    | "task.cancelled"
+                    | "task.requeued"
+                    | "orphan.recovered"
             );
         if slot_freed || kind == "group.updated" || kind.starts_with("node.") {
             for n in map.values() {
@@ -106,6 +111,7 @@ impl Wakers {
         match kind {
             "task.enqueued" if !ev.data.contains("\"delayed\"") => n.notify_one(),
             "orphan.recovered" if ev.data.contains("\"requeued\"") => n.notify_one(),
+            "task.requeued" => n.notify_one(),
             "queue.resumed" => n.notify_waiters(),
             _ => {}
         }

@@ -131,6 +131,8 @@ pub(super) fn field_bounds(cfg: &Config) -> Vec<(&'static str, &'static str, Val
         ("ClaimRequest", "node", node()),
         ("ClaimRequest", "max", range(&v::CLAIM_MAX)),
         ("ClaimRequest", "wait_ms", claim_wait()),
+        ("ClaimRequest", "ack_ms", range(&v::CLAIM_ACK_MS)),
+        ("NextRequest", "ack_ms", range(&v::CLAIM_ACK_MS)),
         ("NextRequest", "max", range(&v::CLAIM_MAX)),
         ("NextRequest", "queue", name()),
         ("NextRequest", "wait_ms", claim_wait()),

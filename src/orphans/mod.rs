@@ -12,6 +12,11 @@
 //! - Each recovery is one atomic, idempotent script; several nodes running the
 //!   cleaner at once recover each task at most once per attempt.
 //! - The orphan history is bounded by count and by age (G4).
+//! - No stranded claim: a claimed task that its worker does not acknowledge
+//!   within the claim's `ack_ms` is put back in its queue, its token
+//!   refused and its attempt not counted, within `ack_ms +
+//!   orphans.interval_ms` (`lua/unacked.lua`), unless its owner is gone
+//!   (then it is an orphan, as above).
 
 pub mod routes;
 pub(crate) mod scripts;
@@ -24,7 +29,7 @@ use utoipa::ToSchema;
 
 use crate::config::{NodesConfig, OrphansConfig, TasksConfig};
 use crate::store::{ScriptCtx, Store, StoreError};
-use scripts::{Recover, RecoveryOpts, Scripts, Sweep, TimeoutsCall};
+use scripts::{Recover, RecoveryOpts, Scripts, Sweep, TimeoutsCall, UnackedCall};
 
 /// What one cleaner pass did.
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
@@ -50,6 +55,18 @@ pub struct Timeouts {
     /// The queue of each timed-out task, and of each one that went dead.
     pub timed_out_queues: Vec<String>,
     pub dead_queues: Vec<String>,
+}
+
+/// What one pass of the claim lease did (`lua/unacked.lua`).
+#[derive(Debug, Clone, Default)]
+pub struct Unacked {
+    /// Claimed tasks not acknowledged in time, back in their queues.
+    pub requeued: i64,
+    /// Those whose cancel was requested meanwhile: cancelled instead.
+    pub cancelled: i64,
+    pub grace_until: i64,
+    /// The queue of each requeued task.
+    pub requeued_queues: Vec<String>,
 }
 
 /// One recovered task.
@@ -153,6 +170,18 @@ impl Orphans {
             actor: &self.node_id,
         };
         s.run(&self.scripts.timeouts, &call).await
+    }
+
+    /// One pass of the claim lease in shard `s`: claimed tasks not
+    /// acknowledged within their `ack_ms` go back to their queues.
+    pub async fn unacked_in(&self, s: &Store) -> Result<Unacked, StoreError> {
+        let call = UnackedCall {
+            ttl_ms: self.node_ttl_ms,
+            limit: 1000,
+            retention_ms: self.tasks.retention_ms,
+            actor: &self.node_id,
+        };
+        s.run(&self.scripts.unacked, &call).await
     }
 
     /// The consistency sweep of every queue of shard `s`. Returns each

@@ -6,7 +6,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{Recovery, Timeouts};
+use super::{Recovery, Timeouts, Unacked};
 use crate::store::reply::{Reader, decode_error};
 use crate::store::{Keys, Lua, ScriptCall, ScriptCtx};
 
@@ -14,6 +14,7 @@ use crate::store::{Keys, Lua, ScriptCall, ScriptCtx};
 pub(crate) struct Scripts {
     pub recover: Lua,
     pub timeouts: Lua,
+    pub unacked: Lua,
     pub sweep: Lua,
 }
 
@@ -23,6 +24,7 @@ impl Scripts {
         Scripts {
             recover: l("orphans_recover", include_str!("lua/recover.lua")),
             timeouts: l("orphans_timeouts", include_str!("lua/timeouts.lua")),
+            unacked: l("orphans_unacked", include_str!("lua/unacked.lua")),
             sweep: l("orphans_sweep", include_str!("lua/sweep.lua")),
         }
     }
@@ -33,6 +35,11 @@ impl Scripts {
 /// Zset: running task id -> deadline (Redis ms), for the timeout monitor.
 pub(crate) fn deadlines_key(k: &Keys) -> String {
     format!("{}:deadlines", k.prefix())
+}
+/// Zset: claimed task id -> end of its claim lease (Redis ms), until the
+/// task is acknowledged (`lua/unacked.lua`).
+pub(crate) fn unacked_key(k: &Keys) -> String {
+    format!("{}:unacked", k.prefix())
 }
 /// Zset: the running tasks of queue `q`.
 pub(crate) fn running_key(k: &Keys, q: &str) -> String {
@@ -187,6 +194,47 @@ impl FromRedisValue for Timeouts {
     }
 }
 
+// --- unacked.lua --------------------------------------------------------------
+
+pub(crate) struct UnackedCall<'a> {
+    /// The node ttl (grace).
+    pub ttl_ms: u64,
+    /// Most tasks per pass.
+    pub limit: u32,
+    /// For tasks cancelled here.
+    pub retention_ms: u64,
+    /// The acting node, for events.
+    pub actor: &'a str,
+}
+
+impl ScriptCall for UnackedCall<'_> {
+    type Reply = Unacked;
+    fn keys(&self, k: &Keys) -> Vec<String> {
+        vec![unacked_key(k)]
+    }
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.ttl_ms.to_string(),
+            self.limit.to_string(),
+            self.retention_ms.to_string(),
+            self.actor.to_string(),
+        ]
+    }
+}
+
+impl FromRedisValue for Unacked {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        read(&v, |r| {
+            Ok(Unacked {
+                requeued: count(r, "requeued")?,
+                cancelled: count(r, "cancelled")?,
+                grace_until: count(r, "grace_until_ms")?,
+                requeued_queues: names(r, "the requeued tasks' queues")?,
+            })
+        })
+    }
+}
+
 // --- sweep.lua ----------------------------------------------------------------
 
 pub(crate) struct Sweep<'a> {
@@ -264,6 +312,15 @@ mod tests {
             },
             include_str!("lua/timeouts.lua"),
         );
+        check(
+            &UnackedCall {
+                ttl_ms: 5000,
+                limit: 1000,
+                retention_ms: 1,
+                actor: "n",
+            },
+            include_str!("lua/unacked.lua"),
+        );
         let sweep = Sweep {
             queue: "q",
             ttl_ms: 5000,
@@ -276,6 +333,7 @@ mod tests {
         let k = Keys::new("muster");
         assert_eq!(recover.keys(&k), ["{muster}:nodes"]);
         assert_eq!(deadlines_key(&k), "{muster}:deadlines");
+        assert_eq!(unacked_key(&k), "{muster}:unacked");
         assert_eq!(running_key(&k, "q"), "{muster}:q:q:running");
         assert_eq!(history_key(&k), "{muster}:orphans:history");
         assert_eq!(counts_key(&k), "{muster}:orphans:counts");
@@ -286,6 +344,7 @@ mod tests {
         for src in [
             include_str!("lua/recover.lua"),
             include_str!("lua/timeouts.lua"),
+            include_str!("lua/unacked.lua"),
             include_str!("lua/sweep.lua"),
             include_str!("lua/lib.lua"),
         ] {
@@ -332,6 +391,11 @@ mod tests {
             Timeouts::from_redis_value(arr(vec![int(0), int(0), int(0), int(99), arr(vec![]), arr(vec![])])).unwrap();
         assert_eq!(t.grace_until, 99);
         assert!(Timeouts::from_redis_value(arr(vec![int(0), int(0), int(0), int(99)])).is_err());
+
+        let u = Unacked::from_redis_value(arr(vec![int(2), int(1), int(0), arr(vec![s("q"), s("r")])])).unwrap();
+        assert_eq!((u.requeued, u.cancelled, u.grace_until), (2, 1, 0));
+        assert_eq!(u.requeued_queues, ["q", "r"]);
+        assert!(Unacked::from_redis_value(arr(vec![int(0), int(0), int(99)])).is_err());
 
         assert_eq!(
             SweepReply::from_redis_value(arr(vec![int(1), int(4)])).unwrap(),

@@ -1,6 +1,7 @@
 //! The cleaner loop: every `orphans.interval_ms`, recover the tasks of dead
-//! owners and fail the tasks past their timeout; every tenth pass, sweep each
-//! queue's indexes. A failed Redis call skips the step (fail closed).
+//! owners, fail the tasks past their timeout and put back the claimed tasks
+//! not acknowledged in time; every tenth pass, sweep each queue's indexes. A
+//! failed Redis call skips the step (fail closed).
 //!
 //! It runs per shard of a split namespace, each shard on its own cadence: a
 //! master that stalls or fails over holds up the passes of its own shards
@@ -26,9 +27,10 @@ pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()>
 async fn shard_loop(orphans: Arc<Orphans>, shard: Store, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_millis(orphans.config().interval_ms));
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let (mut recover_log, mut timeouts_log, mut sweep_log) = (
+    let (mut recover_log, mut timeouts_log, mut unacked_log, mut sweep_log) = (
         PassLog::new("orphans", &shard),
         PassLog::new("timeouts", &shard),
+        PassLog::new("unacked", &shard),
         PassLog::new("sweep", &shard),
     );
     let mut pass: u64 = 0;
@@ -69,6 +71,17 @@ async fn shard_loop(orphans: Arc<Orphans>, shard: Store, cancel: CancellationTok
                 dead = t.dead,
                 shard = shard.shard_index(),
                 "tasks timed out"
+            );
+        }
+        if let Some(u) = unacked_log.outcome(orphans.unacked_in(&shard).await)
+            && u.requeued + u.cancelled > 0
+        {
+            count_by_queue(&orphans, "muster_tasks_not_acknowledged_total", &u.requeued_queues);
+            tracing::info!(
+                requeued = u.requeued,
+                cancelled = u.cancelled,
+                shard = shard.shard_index(),
+                "claimed tasks not acknowledged in time went back to their queues"
             );
         }
         if pass.is_multiple_of(10)

@@ -27,9 +27,10 @@ impl Tasks {
     /// Claims up to `max` tasks of `queue` for `node`: from the queue's
     /// shard, then (split namespaces) from the other shards that hold its
     /// tasks, one script each, until `max` are claimed.
-    pub async fn claim(&self, queue: &str, node: &str, max: u32) -> Result<ClaimResult, TaskError> {
+    /// `ack_ms` is the claim lease (0: none).
+    pub async fn claim(&self, queue: &str, node: &str, max: u32, ack_ms: u64) -> Result<ClaimResult, TaskError> {
         let shards = self.shards_of(queue).await;
-        self.claim_in(&shards, queue, node, max).await
+        self.claim_in(&shards, queue, node, max, ack_ms).await
     }
 
     /// Why this node skips `shard` in a claim's fan-out now, if it does:
@@ -58,6 +59,7 @@ impl Tasks {
         queue: &str,
         node: &str,
         max: u32,
+        ack_ms: u64,
     ) -> Result<ClaimResult, TaskError> {
         let mut out = ClaimResult::default();
         let mut ran = false;
@@ -79,6 +81,7 @@ impl Tasks {
                 queue,
                 node,
                 max: max - got,
+                ack_ms,
             };
             let reply = match self.store.shard(shard).run(&self.scripts.claim, &call).await {
                 Ok(r) => r,
@@ -92,7 +95,7 @@ impl Tasks {
                     continue;
                 }
             };
-            match self.decode_claim(queue, node, reply) {
+            match self.decode_claim(queue, node, reply, ack_ms) {
                 Ok(r) => {
                     ran = true;
                     out.absorb(r);
@@ -118,8 +121,14 @@ impl Tasks {
     }
 
     /// Turns a claim reply into tasks, counting them (and empty claims).
-    pub(super) fn claimed(&self, queue: &str, node: &str, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
-        let r = self.decode_claim(queue, node, reply)?;
+    pub(super) fn claimed(
+        &self,
+        queue: &str,
+        node: &str,
+        reply: ClaimReply,
+        ack_ms: u64,
+    ) -> Result<ClaimResult, TaskError> {
+        let r = self.decode_claim(queue, node, reply, ack_ms)?;
         self.count_claim(queue, &r);
         Ok(r)
     }
@@ -133,8 +142,8 @@ impl Tasks {
         }
     }
 
-    /// Turns a claim reply into tasks.
-    fn decode_claim(&self, queue: &str, node: &str, reply: ClaimReply) -> Result<ClaimResult, TaskError> {
+    /// Turns a claim reply into tasks (claimed with the lease `ack_ms`).
+    fn decode_claim(&self, queue: &str, node: &str, reply: ClaimReply, ack_ms: u64) -> Result<ClaimResult, TaskError> {
         match reply {
             ClaimReply::Refused(Code::NodeDraining) => Err(TaskError::NodeDraining(node.into())),
             ClaimReply::Refused(_) => Err(TaskError::NodeNotAlive(node.into())),
@@ -152,6 +161,7 @@ impl Tasks {
                         group: (!t.group.is_empty()).then_some(t.group),
                         priority: t.priority,
                         created_at: t.created_at,
+                        ack_ms,
                     })
                     .collect();
                 Ok(ClaimResult {
@@ -169,7 +179,13 @@ impl Tasks {
     /// other shards. Never an error: the finish and the tasks already
     /// claimed are the answer whatever the other shards do (their failures
     /// are left out, and named in `not_tried`).
-    pub(super) async fn top_up(&self, tried: usize, max: u32, next: Option<NextClaimed>) -> Option<NextClaimed> {
+    pub(super) async fn top_up(
+        &self,
+        tried: usize,
+        max: u32,
+        ack_ms: u64,
+        next: Option<NextClaimed>,
+    ) -> Option<NextClaimed> {
         let mut n = next?;
         if let (true, Ok(r)) = (self.sharded(), &mut n.result) {
             let got = r.tasks.len() as u32;
@@ -180,7 +196,7 @@ impl Tasks {
                     .into_iter()
                     .filter(|&s| s != tried)
                     .collect();
-                match self.claim_in(&others, &n.queue, &n.owner, max - got).await {
+                match self.claim_in(&others, &n.queue, &n.owner, max - got, ack_ms).await {
                     Ok(more) => r.absorb(more),
                     // Nothing was claimed in the others: the answer stands.
                     Err(_) => r.not_tried.extend(others),

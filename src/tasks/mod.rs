@@ -149,6 +149,8 @@ impl QueueLabels {
 pub struct Tasks {
     store: Store,
     cfg: TasksConfig,
+    /// `claim.ack_ms`: the claim lease of a claim that asks for none.
+    ack_ms: u64,
     scripts: Scripts,
     /// Wakes long-poll claims (see `wait`).
     bus: Arc<crate::events::Bus>,
@@ -171,6 +173,7 @@ impl Tasks {
     pub fn new(
         store: Store,
         cfg: TasksConfig,
+        claim: &crate::config::ClaimConfig,
         ctx: &ScriptCtx,
         bus: Arc<crate::events::Bus>,
         shutdown: CancellationToken,
@@ -181,6 +184,7 @@ impl Tasks {
         Arc::new(Tasks {
             store,
             cfg,
+            ack_ms: claim.ack_ms,
             scripts,
             bus,
             shutdown,
@@ -192,6 +196,12 @@ impl Tasks {
 
     pub fn config(&self) -> &TasksConfig {
         &self.cfg
+    }
+
+    /// The claim lease of a claim that asked for `asked` (None: the
+    /// configured `claim.ack_ms`; 0 there: no lease).
+    pub fn ack_ms(&self, asked: Option<u64>) -> u64 {
+        asked.unwrap_or(self.ack_ms)
     }
 
     pub fn store(&self) -> &Store {
@@ -321,6 +331,7 @@ impl Tasks {
                 next: scripts::Next {
                     max,
                     queue: next.queue.as_deref().unwrap_or(""),
+                    ack_ms: next.ack_ms,
                 },
                 items: part,
             };
@@ -387,12 +398,12 @@ impl Tasks {
         let claimed = next_reply.map(|c| {
             let queue = claim_queue.unwrap_or_default();
             NextClaimed {
-                result: self.claimed(&queue, &c.owner, c.claim),
+                result: self.claimed(&queue, &c.owner, c.claim, next.ack_ms),
                 owner: c.owner,
                 queue,
             }
         });
-        Ok((out, self.top_up(tried, max, claimed).await))
+        Ok((out, self.top_up(tried, max, next.ack_ms, claimed).await))
     }
 
     /// Reports a failed execution.
@@ -424,6 +435,7 @@ impl Tasks {
             next: scripts::Next {
                 max: next.max,
                 queue: next.queue.as_deref().unwrap_or(""),
+                ack_ms: next.ack_ms,
             },
         };
         let shard = self.store.shards().home(id);
@@ -444,7 +456,7 @@ impl Tasks {
                 }
                 let claim_queue = next.queue.clone().unwrap_or_else(|| queue.clone());
                 let claimed = claimed.map(|c| NextClaimed {
-                    result: self.claimed(&claim_queue, &c.owner, c.claim),
+                    result: self.claimed(&claim_queue, &c.owner, c.claim, next.ack_ms),
                     owner: c.owner,
                     queue: claim_queue,
                 });
@@ -455,7 +467,7 @@ impl Tasks {
                         attempt,
                         retry_at: run_at,
                     },
-                    self.top_up(shard, next.max, claimed).await,
+                    self.top_up(shard, next.max, next.ack_ms, claimed).await,
                 ))
             }
         }

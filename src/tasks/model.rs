@@ -61,6 +61,11 @@ pub struct Claimed {
     pub priority: i32,
     /// Redis ms.
     pub created_at: i64,
+    /// The claim lease: acknowledge the task within this many ms of the
+    /// claim (a task heartbeat, `POST /api/v1/tasks/{id}/ack`, or its
+    /// complete or fail), or it goes back to the queue and this token is
+    /// refused. 0: no lease.
+    pub ack_ms: u64,
 }
 
 /// What a claim returned.
@@ -107,6 +112,8 @@ pub struct NextClaimed {
 pub struct NextClaim {
     pub max: u32,
     pub queue: Option<String>,
+    /// The next tasks' claim lease (ms); 0: none.
+    pub ack_ms: u64,
 }
 
 /// The outcome of a complete, fail or heartbeat.
@@ -130,7 +137,11 @@ pub struct Attempt {
     pub claimed_at: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<i64>,
-    /// succeeded, failed, orphaned, timed_out; absent while running.
+    /// succeeded, failed, orphaned, timed_out, cancelled, or
+    /// not_acknowledged: a claim its worker did not acknowledge within its
+    /// `ack_ms`, put back in the queue; it does not count in `attempts`, so
+    /// the next claim has the same attempt number (the latest 10 such
+    /// claims are kept). Absent while running.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
 }

@@ -381,6 +381,22 @@ fn task_from(id: &str, m: &BTreeMap<String, String>) -> Task {
             outcome,
         });
     }
+    // Claims not acknowledged within their lease (the latest 10): they went
+    // back to the queue, and their attempt was not counted.
+    for k in 1..=10 {
+        let Some(x) = m.get(&format!("x{k}")) else { continue };
+        let p: Vec<&str> = x.splitn(5, '|').collect();
+        let at = |i: usize| p.get(i).and_then(|v| v.parse::<i64>().ok());
+        attempt_log.push(Attempt {
+            attempt: at(0).unwrap_or(0) as u32,
+            node: p.get(1).copied().unwrap_or("").into(),
+            token: at(2).unwrap_or(0) as u64,
+            claimed_at: at(3).unwrap_or(0),
+            ended_at: at(4),
+            outcome: Some("not_acknowledged".into()),
+        });
+    }
+    attempt_log.sort_by_key(|a| a.claimed_at);
     Task {
         id: id.to_string(),
         queue: m.get("queue").cloned().unwrap_or_default(),

@@ -21,8 +21,8 @@ mod work;
 
 pub use admin::{CancelResponse, GroupList, GroupRequest, ListParams, PageParams, QueueDetail, QueueList};
 pub use work::{
-    ClaimRequest, ClaimResponse, CompleteBatch, CompleteBatchResponse, CompleteItem, CompleteOutcome, CompleteRequest,
-    FailRequest, FinishedNext, HeartbeatRequest, HeartbeatResponse, NextRequest,
+    AckRequest, ClaimRequest, ClaimResponse, CompleteBatch, CompleteBatchResponse, CompleteItem, CompleteOutcome,
+    CompleteRequest, FailRequest, FinishedNext, HeartbeatRequest, HeartbeatResponse, NextRequest,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -37,6 +37,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::get_task, admin::delete_task))
         .routes(routes!(admin::get_alias))
         .routes(routes!(work::heartbeat_task))
+        .routes(routes!(work::ack_task))
         .routes(routes!(work::complete_task))
         .routes(routes!(work::complete_batch))
         .routes(routes!(work::fail_task))

@@ -184,6 +184,8 @@ pub(crate) struct Claim<'a> {
     pub queue: &'a str,
     pub node: &'a str,
     pub max: u32,
+    /// The claim lease (ms); 0: none.
+    pub ack_ms: u64,
 }
 
 /// A claimed task as the script returns it.
@@ -252,7 +254,12 @@ impl ScriptCall for Claim<'_> {
         vec![qkey(k, self.queue, "ready")]
     }
     fn args(&self) -> Vec<String> {
-        vec![self.queue.to_string(), self.node.to_string(), self.max.to_string()]
+        vec![
+            self.queue.to_string(),
+            self.node.to_string(),
+            self.max.to_string(),
+            self.ack_ms.to_string(),
+        ]
     }
 }
 
@@ -287,6 +294,8 @@ pub(crate) struct Next<'a> {
     pub max: u32,
     /// '' : the finished task's queue.
     pub queue: &'a str,
+    /// The next tasks' claim lease (ms); 0: none.
+    pub ack_ms: u64,
 }
 
 // --- complete.lua ---------------------------------------------------------
@@ -317,11 +326,12 @@ impl ScriptCall for Complete<'_> {
         vec![format!("{}:deadlines", k.prefix())]
     }
     fn args(&self) -> Vec<String> {
-        let mut a = Vec::with_capacity(4 + 3 * self.items.len());
+        let mut a = Vec::with_capacity(5 + 3 * self.items.len());
         a.extend([
             self.retention_ms.to_string(),
             self.next.max.to_string(),
             self.next.queue.to_string(),
+            self.next.ack_ms.to_string(),
             self.items.len().to_string(),
         ]);
         for (id, token, result) in self.items {
@@ -405,6 +415,7 @@ impl ScriptCall for Fail<'_> {
             self.dead_retention_ms.to_string(),
             self.next.max.to_string(),
             self.next.queue.to_string(),
+            self.next.ack_ms.to_string(),
         ]
     }
 }

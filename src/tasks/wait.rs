@@ -61,18 +61,19 @@ impl Tasks {
     /// Claims up to `max` tasks of `queue` for `node`, waiting up to `wait`
     /// for one to become claimable anywhere in the cluster. Empty when none
     /// came in time or the node is stopping. Dropping the future (the client
-    /// went away) drops the registration.
+    /// went away) drops the registration. `ack_ms`: the claim lease (0: none).
     pub async fn claim_wait(
         &self,
         queue: &str,
         node: &str,
         max: u32,
+        ack_ms: u64,
         wait: Duration,
     ) -> Result<ClaimResult, TaskError> {
         let deadline = Instant::now() + wait;
         let waiter = self.bus.wakers.wait(queue);
         let notified = armed(&waiter);
-        self.claim_until(queue, node, max, deadline, &waiter, notified, None)
+        self.claim_until(queue, node, max, ack_ms, deadline, &waiter, notified, None)
             .await
     }
 
@@ -86,6 +87,7 @@ impl Tasks {
         queue: &str,
         node: &str,
         max: u32,
+        ack_ms: u64,
         deadline: Instant,
         waiter: &'a QueueWaiter<'_>,
         mut notified: Pin<Box<Notified<'a>>>,
@@ -93,7 +95,7 @@ impl Tasks {
     ) -> Result<ClaimResult, TaskError> {
         let claim = || async {
             let started = Instant::now();
-            let r = self.claim(queue, node, max).await;
+            let r = self.claim(queue, node, max, ack_ms).await;
             metrics::histogram!("muster_claim_duration_seconds").record(started.elapsed().as_secs_f64());
             r
         };
@@ -152,7 +154,7 @@ impl Tasks {
             _ => None,
         };
         let notified = early.as_ref().map(armed);
-        let max = ask.claim.max;
+        let (max, ack_ms) = (ask.claim.max, ask.claim.ack_ms);
         let (out, next) = finish(ask.claim).await?;
         if let Some(why) = ask.refused_here {
             return Ok((
@@ -172,13 +174,13 @@ impl Tasks {
                 let deadline = started + ask.wait;
                 match (&early, notified) {
                     (Some(w), Some(n)) if next.queue == w.queue() => {
-                        self.claim_until(&next.queue, &next.owner, max, deadline, w, n, Some(r))
+                        self.claim_until(&next.queue, &next.owner, max, ack_ms, deadline, w, n, Some(r))
                             .await
                     }
                     _ => {
                         let late = self.bus.wakers.wait(&next.queue);
                         let n = armed(&late);
-                        self.claim_until(&next.queue, &next.owner, max, deadline, &late, n, None)
+                        self.claim_until(&next.queue, &next.owner, max, ack_ms, deadline, &late, n, None)
                             .await
                     }
                 }

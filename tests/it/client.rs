@@ -465,6 +465,7 @@ async fn cancel_requests_and_permanent_errors() {
     assert_eq!((stats.failed, stats.cancel_requests), (2, 1), "{stats:?}");
 }
 
+mod acks;
 mod calls;
 mod coverage;
 mod failover;

@@ -837,3 +837,151 @@ async fn masters_on_clocks_two_seconds_apart() {
     assert_eq!(s, 200, "{queue}");
     assert_eq!(queue["queued"], 0, "a submit answered 503 was applied later: {queue}");
 }
+
+/// The ids of `queue`'s running tasks, over every shard (the listing reads
+/// every shard that answers).
+async fn running_ids(app: &TestApp, queue: &str) -> Vec<String> {
+    let (s, b) = app
+        .get(&format!("/api/v1/queues/{queue}/tasks?state=running&limit=500"))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    b["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Audit finding 1: a claim over two shards on two masters whose second
+/// master is frozen answers 200 with the first shard's tasks (and names the
+/// shard not tried), and leaves no task `running` that the caller was not
+/// given, after the thaw too; the same for a complete's `next`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_over_a_frozen_masters_shard_answers_what_it_claimed() {
+    if skip_on_cluster("builds its own Redis Cluster (with a stalled master)") {
+        return;
+    }
+    let cluster = TestCluster::start_opts(ClusterOpts {
+        node_timeout_ms: 60_000,
+        full_coverage: false,
+        ..ClusterOpts::default()
+    });
+    let owners = master_of_shards(&cluster);
+    let (healthy, frozen) = (cluster.ports()[0], cluster.ports()[1]);
+    let app = node(&cluster, |_| {}).await;
+    let q = queues(&owners, healthy, true, "fq", 1).remove(0);
+    // A group whose shard is on the master to be frozen: its tasks of `q`
+    // live there.
+    let map = ShardMap::new("muster", SHARDS);
+    let g = (0..)
+        .map(|i| format!("fg{i}"))
+        .find(|g| owners[map.home(g)] == frozen)
+        .unwrap();
+    let w = "w-frozen";
+    let (s, b) = app
+        .put(&format!("/api/v1/nodes/{w}/heartbeat"), json!({"ttl_ms": 120_000}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let submit = |n: usize, group: Option<&str>| {
+        let (app, q) = (&app, &q);
+        let group = group.map(str::to_string);
+        async move {
+            for _ in 0..n {
+                let mut body = json!({});
+                if let Some(g) = &group {
+                    body["group"] = json!(g);
+                }
+                let (s, b) = app.post(&format!("/api/v1/queues/{q}/tasks"), body).await;
+                assert_eq!(s, 201, "{b}");
+            }
+        }
+    };
+    submit(10, None).await;
+    submit(5, Some(&g)).await;
+    let claim = |max: u32| {
+        let (app, q) = (&app, &q);
+        async move {
+            app.post(&format!("/api/v1/queues/{q}/claim"), json!({"node": w, "max": max}))
+                .await
+        }
+    };
+    // The caller got them: it acknowledges each (or the claim lease would
+    // put them back while the test runs).
+    let ack = |tasks: Vec<Value>| {
+        let app = &app;
+        async move {
+            for t in &tasks {
+                let (s, b) = app
+                    .post(
+                        &format!("/api/v1/tasks/{}/ack", t["id"].as_str().unwrap()),
+                        json!({"token": t["token"]}),
+                    )
+                    .await;
+                assert_eq!(s, 200, "{b}");
+            }
+            tasks
+        }
+    };
+    // One claim first: the node learns which shards hold the queue.
+    let (s, b) = claim(1).await;
+    assert_eq!(s, 200, "{b}");
+    let mut given: Vec<Value> = ack(b["tasks"].as_array().unwrap().clone()).await;
+    let frozen_shard = map.home(&g);
+
+    let thaw = cluster.node(1).freeze(Duration::from_secs(6));
+    let (s, b) = claim(20).await;
+    assert_eq!(s, 200, "a claim that claimed tasks answers them: {b}");
+    let got = ack(b["tasks"].as_array().unwrap().clone()).await;
+    assert_eq!(got.len(), 9, "the healthy shard's nine tasks: {b}");
+    assert!(
+        b["shards_not_tried"]
+            .as_array()
+            .is_some_and(|s| s.contains(&json!(frozen_shard))),
+        "the frozen shard is named: {b}"
+    );
+    given.extend(got);
+    thaw.join().unwrap();
+
+    // The same for a complete's `next`: the finish and what it claimed.
+    submit(3, None).await;
+    let thaw = cluster.node(1).freeze(Duration::from_secs(6));
+    let first = given[0].clone();
+    let (s, b) = app
+        .post(
+            &format!("/api/v1/tasks/{}/complete", first["id"].as_str().unwrap()),
+            json!({"token": first["token"], "next": {"max": 10}}),
+        )
+        .await;
+    assert_eq!(s, 200, "the finish stands: {b}");
+    assert_eq!(b["state"], "succeeded", "{b}");
+    let next = ack(b["next"]["tasks"].as_array().unwrap().clone()).await;
+    assert_eq!(next.len(), 3, "the healthy shard's three new tasks: {b}");
+    assert!(
+        b["next"]["shards_not_tried"]
+            .as_array()
+            .is_some_and(|s| s.contains(&json!(frozen_shard))),
+        "the frozen shard is named: {b}"
+    );
+    given.extend(next);
+    thaw.join().unwrap();
+
+    // After the thaw (and a while after, for a late write to show): every
+    // running task of the queue was given to the caller; the frozen shard's
+    // tasks still wait, queued.
+    let given: Vec<String> = given
+        .iter()
+        .skip(1)
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let running = running_ids(&app, &q).await;
+        let strays: Vec<&String> = running.iter().filter(|id| !given.contains(id)).collect();
+        assert!(strays.is_empty(), "running under {w} but never given: {strays:?}");
+        assert_eq!(running.len(), given.len(), "{running:?}");
+    }
+    let (s, b) = app.get(&format!("/api/v1/queues/{q}")).await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["queued"], 5, "the frozen shard's tasks wait for a later claim: {b}");
+}

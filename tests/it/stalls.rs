@@ -50,6 +50,12 @@ async fn stalls_shorter_or_longer_than_the_ttl_declare_nobody_dead() {
     let id = submit(&a, "st", json!({})).await;
     let t = claim(&a, "st", "w", 1, 0).await;
     assert_eq!(t.len(), 1);
+    // The worker got its task: it acknowledges the claim (the claim lease
+    // would otherwise put it back during the stalls, which outlast it).
+    let (s, r) = a
+        .post(&format!("/api/v1/tasks/{id}/ack"), json!({"token": t[0]["token"]}))
+        .await;
+    assert_eq!(s, 200, "{r}");
     for ms in [550u64, 580, 450, 300, 590, 1200, 560] {
         redis.freeze(Duration::from_millis(ms)).join().unwrap();
         // Let the cleaner passes of both nodes run between stalls.

@@ -296,3 +296,5 @@ mod groups;
 mod lifecycle;
 
 mod api;
+
+mod leases;

@@ -450,3 +450,32 @@ def test_a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_t
         cut_thread.join(15)
         assert not cut_thread.is_alive()
         assert cut.stats.completed == 0 and cut.stats.handed_back == 1, cut.stats
+
+
+def test_long_tasks_are_acknowledged_early_and_short_ones_by_their_complete(cluster: Cluster, queue: str) -> None:
+    """The claim lease: with a 1 s lease and task heartbeats every 30 s, a
+    task that runs 2.5 s is acknowledged by an early first heartbeat (by a
+    third of the lease) and a short one by its complete: none goes back to
+    the queue, each runs once."""
+    runs: collections.Counter[str] = collections.Counter()
+
+    async def handler(task: ClaimedTask, ctx: TaskContext) -> int:
+        runs[task.id] += 1
+        assert task.ack_ms == 1000
+        await asyncio.sleep(task.payload["ms"] / 1000)
+        return int(task.payload["ms"])
+
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        ids = [c.submit(queue, {"ms": ms}).id for ms in (10, 2500, 20, 1800)]
+        w = Worker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-acks", poll_ms=300,
+                   concurrency=4, batch=4, heartbeat_every=30.0, claim_ack_ms=1000)
+        th = run_in_thread(w)
+        wait_until("every task succeeded", lambda: all(c.get_task(i).state == "succeeded" for i in ids), timeout=20)
+        w.stop()
+        th.join(10)
+        assert w.stats.completed == 4 and w.stats.stale == 0, w.stats
+        for i in ids:
+            t = c.get_task(i)
+            assert runs[i] == 1, (i, runs)
+            assert t.attempts == 1, t
+            assert all(a.outcome != "not_acknowledged" for a in t.attempt_log), t

@@ -61,6 +61,7 @@ pub(super) async fn claims(s: Arc<Shared>, queue: String, run: Run) {
             node: s.id.clone(),
             max: permits.len() as u32,
             wait_ms: s.claim_wait.as_millis() as u64,
+            ack_ms: s.claim_ack_ms,
         };
         // Never abandoned half-way: a claim applied whose answer is dropped
         // would strand its tasks until their timeout.
@@ -168,6 +169,13 @@ pub(super) async fn adopt(s: &Arc<Shared>, run: &Run) -> Result<u64> {
                     }
                     continue;
                 };
+                // Acknowledged before it starts: its claim lease has been
+                // running since the claim. Refused: it went back to its
+                // queue (or on) meanwhile, so it is not this worker's.
+                match s.client.ack_task(&t.id, token).await {
+                    Err(e) if e.is_conflict() || e.is_not_found() => continue,
+                    _ => {}
+                }
                 tracing::warn!(worker = %s.id, task = %t.id, token, "adopting a task whose claim's answer was lost");
                 inc(&s.counters.adopted);
                 started += 1;
@@ -182,6 +190,7 @@ pub(super) async fn adopt(s: &Arc<Shared>, run: &Run) -> Result<u64> {
                     group: t.group,
                     priority: t.priority,
                     created_at: t.created_at,
+                    ack_ms: 0,
                 };
                 spawn_chain(s.clone(), run.clone(), task, permit);
             }
@@ -259,6 +268,7 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
                 result,
                 next: chain.then(|| NextRequest {
                     max: Some(1),
+                    ack_ms: s.claim_ack_ms,
                     ..Default::default()
                 }),
             };
@@ -494,13 +504,18 @@ async fn watch_task(s: &Shared, task: &Task, ctx: &Ctx, lease: &CancellationToke
     std::future::pending::<()>().await
 }
 
-/// Heartbeats the task every `task_heartbeat` until dropped: on 409 (the
-/// token is stale) or 404 (the task is gone) the handler is cancelled as
+/// Heartbeats the task every `task_heartbeat` until dropped, the first
+/// time by a third of its claim lease at the latest (that heartbeat is the
+/// claim's acknowledgement; a task finished sooner was acknowledged by its
+/// complete or fail, with no call added): on 409 (the token is stale) or
+/// 404 (the task is gone) the handler is cancelled as
 /// [`CancelReason::Lost`] and heartbeats stop; on a cancel request it is
 /// cancelled as [`CancelReason::CancelRequested`].
 pub(super) async fn heartbeat_loop(s: &Shared, task: &Task, ctx: &Ctx) {
+    let mut every = first_heartbeat(s.task_heartbeat, task.ack_ms);
     loop {
-        tokio::time::sleep(s.task_heartbeat).await;
+        tokio::time::sleep(every).await;
+        every = s.task_heartbeat;
         let progress = match ctx.inner.progress.swap(u8::MAX, Ordering::Relaxed) {
             u8::MAX => None,
             p => Some(p),
@@ -525,5 +540,32 @@ pub(super) async fn heartbeat_loop(s: &Shared, task: &Task, ctx: &Ctx) {
             }
             Err(e) => tracing::warn!(task = %task.id, error = %e, "task heartbeat failed"),
         }
+    }
+}
+
+/// When a task's first heartbeat is due: after `task_heartbeat`, or by a
+/// third of the claim lease `ack_ms` (0: none) when that comes first, so
+/// the acknowledgement lands well within the lease.
+pub(super) fn first_heartbeat(task_heartbeat: Duration, ack_ms: u64) -> Duration {
+    if ack_ms == 0 {
+        return task_heartbeat;
+    }
+    task_heartbeat.min(Duration::from_millis(ack_ms / 3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_heartbeat_comes_by_a_third_of_the_claim_lease() {
+        let hb = Duration::from_secs(2);
+        assert_eq!(first_heartbeat(hb, 0), hb);
+        assert_eq!(first_heartbeat(hb, 10_000), hb);
+        assert_eq!(first_heartbeat(hb, 3_000), Duration::from_millis(1000));
+        assert_eq!(
+            first_heartbeat(Duration::from_secs(30), 10_000),
+            Duration::from_millis(3333)
+        );
     }
 }

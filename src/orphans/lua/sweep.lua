@@ -28,6 +28,7 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, window - 1)) do
   if f[1] ~= 'running' then
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZREM', DEADLINES, id)
+    redis.call('ZREM', UNACKED, id)
     removed = removed + 1
   elseif grace == 0 then
     local score = redis.call('ZSCORE', P .. ':nodes', f[2])

@@ -12,6 +12,8 @@
 -- ARGV[1]  queue
 -- ARGV[2]  node id; must be alive (score ahead of Redis time) and not draining
 -- ARGV[3]  max tasks to claim (1-1000)
+-- ARGV[4]  ack_ms: the claim lease (ms); each task must be acknowledged within it or it
+--          goes back to the queue (orphans/lua/unacked.lua); 0: no lease
 --
 -- Returns {code, next_due, more, task...}
 --   code      n >= 0 tasks claimed, E.NODE_NOT_ALIVE, E.NODE_DRAINING
@@ -20,11 +22,11 @@
 --   task      9 entries per task: id, token, attempt, payload, max_attempts,
 --             timeout_ms, group, priority, created_at
 -- Emits task.claimed per task.
-local q, node, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local q, node, max, ack_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local refused = claim_refusal(node, now)
 if refused then return {refused, -1, 0} end
 local out = {0, -1, 0}
-local n, next_due, more = claim_tasks(q, node, max, now, out)
+local n, next_due, more = claim_tasks(q, node, max, now, out, ack_ms)
 out[1] = n; out[2] = next_due; out[3] = more
 return out

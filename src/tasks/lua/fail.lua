@@ -16,6 +16,7 @@
 -- ARGV[7]  dead_retention_ms
 -- ARGV[8]  next_max                 0, or claim up to this many next tasks for the owner
 -- ARGV[9]  next_queue               queue to claim from ('': this task's queue)
+-- ARGV[10] next_ack_ms              the next tasks' claim lease (ms; 0: none)
 --
 -- Returns {code, state, attempt, run_at, queue[, claim]}
 --   code  1 failed (state 'delayed' with run_at, or 'dead'), 2 cancelled,
@@ -26,7 +27,7 @@
 -- Emits task.failed, then task.retrying, task.dead or task.cancelled; task.claimed.
 local id, token, err, retryable, jitter = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', tonumber(ARGV[5])
 local retention, dead_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
-local next_max, next_queue = tonumber(ARGV[8]), ARGV[9]
+local next_max, next_queue, next_ack_ms = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 local now = now_ms()
 local f = redis.call('HMGET', KEYS[1], 'state', 'token', 'queue', 'group', 'owner', 'attempts', 'max_attempts',
   'backoff_base', 'backoff_cap', 'cancel_requested')
@@ -41,12 +42,12 @@ if f[10] == '1' then
   emit('task.cancelled', owner, {attempt = attempt}, 'task', id, 'queue', q)
   local out = {2, 'cancelled', attempt, 0, q}
   if next_queue == '' then next_queue = q end
-  claim_next(next_queue, owner, next_max, now, out)
+  claim_next(next_queue, owner, next_max, now, out, next_ack_ms)
   return out
 end
 local state, run_at = fail_or_retry(id, q, attempt, tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), jitter,
   retryable, now, dead_ttl, owner, 'failed')
 local out = {1, state, attempt, run_at, q}
 if next_queue == '' then next_queue = q end
-claim_next(next_queue, owner, next_max, now, out)
+claim_next(next_queue, owner, next_max, now, out, next_ack_ms)
 return out

@@ -1,5 +1,7 @@
 -- heartbeat.lua: the holder of the current token reports progress; learns about a
--- requested cancel.
+-- requested cancel. Also the task's acknowledgement: its claim lease ends (P:unacked,
+-- see orphans/lua/unacked.lua); POST /api/v1/tasks/{id}/ack is this script with
+-- neither progress nor fields.
 --
 -- KEYS[1]  P:task:<id>
 -- ARGV[1]  id
@@ -16,6 +18,7 @@ if not f[1] then return {E.NOT_FOUND, '', 0} end
 if f[1] ~= 'running' or f[2] ~= token then return {E.STALE, f[1], 0} end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'updated_at', int(now))
+redis.call('ZREM', P .. ':unacked', id)
 if progress ~= '' or fields ~= '' then
   if progress ~= '' then redis.call('HSET', KEYS[1], 'progress', progress) end
   if fields ~= '' then redis.call('HSET', KEYS[1], 'fields', fields) end

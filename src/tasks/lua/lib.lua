@@ -4,7 +4,10 @@
 -- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
 --
 -- Key layout (P is the hash-tagged prefix; q a queue, g a group, id a task id):
---   P:task:<id>             hash   the task; TTL once finished (retention)
+--   P:task:<id>             hash   the task; TTL once finished (retention). Attempt log:
+--                                  a<n> 'node|token|claimed_at', e<n> 'ended_at|outcome';
+--                                  x<1..10> 'attempt|node|token|claimed_at|ended_at' for
+--                                  the latest claims not acknowledged (unacked: how many)
 --   P:queues                set    known queue names (bounded by max_queues)
 --   P:q:<q>:meta            hash   paused flag
 --   P:q:<q>:ready           zset   what a claim looks at: queued tasks without a group,
@@ -22,6 +25,8 @@
 --   P:group:<g>:queues      set    queues that hold queued tasks of g
 --   P:node:<node>:tasks     set    running task ids owned by a node (orphan cleaner)
 --   P:deadlines             zset   running tasks with a timeout, by deadline
+--   P:unacked               zset   claimed tasks not acknowledged yet (a task heartbeat, an
+--                                  ack, the finish), by their claim lease's end (Redis ms)
 --   P:fence, P:epoch        string the fencing counter and epoch
 --   P:seq, P:fseq           string order counters (back and front of a queue)
 --   P:idem:<key>            string idempotency key -> task id; TTL the window
@@ -42,6 +47,7 @@ local TWO41 = 2199023255552
 local TWO32 = 4294967296
 local GROUP_LIMITS = P .. ':group_limits' -- @per-call
 local DEADLINES = P .. ':deadlines' -- @per-call
+local UNACKED = P .. ':unacked' -- @per-call
 
 local function tkey(id) return P .. ':task:' .. id end
 local function qkey(q, s) return P .. ':q:' .. q .. ':' .. s end
@@ -159,11 +165,13 @@ local function unqueue(id, q, g)
 end
 
 -- Frees everything a running task holds: its place in the running set, its owner's
--- index, its deadline, and its group slot (which may let the group's next task run).
+-- index, its deadline, its claim lease, and its group slot (which may let the group's
+-- next task run).
 local function release_running(id, q, g, owner)
   redis.call('ZREM', qkey(q, 'running'), id)
   if owner and owner ~= '' then redis.call('SREM', ntasks(owner), id) end
   redis.call('ZREM', DEADLINES, id)
+  redis.call('ZREM', UNACKED, id)
   if g ~= '' then
     redis.call('SREM', grunning(g), id)
     refresh_group_everywhere(g)
@@ -274,10 +282,12 @@ end
 -- timeout_ms, group, priority, created_at. Order: priority, then enqueue order;
 -- delayed tasks due by Redis time are promoted first; a group at its limit is
 -- skipped without blocking the tasks behind it; FIFO within a group (G1, G6).
+-- ack_ms > 0: each claimed task must be acknowledged within ack_ms (P:unacked), or
+-- orphans/lua/unacked.lua puts it back; 0: no claim lease.
 -- Returns n (tasks claimed), next_due (Redis ms when the earliest delayed task is
 -- due, or -1), more (1 when max tasks were taken and the ready set is not empty). Emits
 -- task.claimed per task.
-local function claim_tasks(q, node, max, now, out)
+local function claim_tasks(q, node, max, now, out, ack_ms)
   local nows = int(now)
   local next_due = -1
   local delayed = qkey(q, 'delayed')
@@ -326,7 +336,8 @@ local function claim_tasks(q, node, max, now, out)
   if #picked == 0 then return 0, next_due, 0 end
   -- 2. Hand them out.
   local token = next_tokens(#picked)
-  local running, mine, deadlines = {}, {}, {}
+  local running, mine, deadlines, unacked = {}, {}, {}, {}
+  local ack_by = ack_ms > 0 and int(now + ack_ms)
   local n = 0
   for i = 1, #picked do
     local id = picked[i]
@@ -346,6 +357,7 @@ local function claim_tasks(q, node, max, now, out)
       end
       running[#running + 1] = nows; running[#running + 1] = id
       mine[#mine + 1] = id
+      if ack_by then unacked[#unacked + 1] = ack_by; unacked[#unacked + 1] = id end
       local timeout = f[4] or '0'
       if timeout ~= '0' then
         deadlines[#deadlines + 1] = int(now + tonumber(timeout)); deadlines[#deadlines + 1] = id
@@ -364,6 +376,7 @@ local function claim_tasks(q, node, max, now, out)
   end
   if #running > 0 then redis.call('ZADD', qkey(q, 'running'), unpack(running)) end
   if #deadlines > 0 then redis.call('ZADD', DEADLINES, unpack(deadlines)) end
+  if #unacked > 0 then redis.call('ZADD', UNACKED, unpack(unacked)) end
   if #mine > 0 then redis.call('SADD', ntasks(node), unpack(mine)) end
   -- more: the queue holds more ready tasks (or group heads) after these, so the
   -- caller wakes another waiter; checked, not guessed from #picked == max, since
@@ -376,8 +389,8 @@ end
 -- complete and fail can also claim the worker's next task (one call per task for a
 -- one-at-a-time worker): appends {node, code, next_due, more, task...} to `out`,
 -- where node is the owner claimed for and code is n >= 0 or claim_refusal's. max 0:
--- nothing asked, nothing appended.
-local function claim_next(q, node, max, now, out)
+-- nothing asked, nothing appended. ack_ms: the claim lease, as in claim_tasks.
+local function claim_next(q, node, max, now, out, ack_ms)
   if max <= 0 then return end
   out[#out + 1] = node
   local refused = claim_refusal(node, now)
@@ -387,7 +400,7 @@ local function claim_next(q, node, max, now, out)
   end
   local at = #out + 1
   out[at] = 0; out[at + 1] = -1; out[at + 2] = 0
-  local n, next_due, more = claim_tasks(q, node, max, now, out)
+  local n, next_due, more = claim_tasks(q, node, max, now, out, ack_ms)
   out[at] = n; out[at + 1] = next_due; out[at + 2] = more
 end
 

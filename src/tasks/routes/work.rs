@@ -26,6 +26,11 @@ pub struct ClaimRequest {
     pub max: Option<u32>,
     /// Long-poll: wait up to this long (at most 30 000 ms) for a task. Default 0.
     pub wait_ms: Option<u64>,
+    /// The claim lease, 1 000 to 600 000 ms; default `claim.ack_ms` (10 000).
+    /// Acknowledge each task within it (a task heartbeat,
+    /// `POST /api/v1/tasks/{id}/ack`, or its complete or fail), or it goes
+    /// back to the queue, its token is refused, and no attempt is counted.
+    pub ack_ms: Option<u64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -41,7 +46,11 @@ pub struct ClaimResponse {
 
 /// Claims tasks for a node: each with its fencing token. 204 when none came
 /// within `wait_ms`. A waiting claim wakes as soon as a task of this queue
-/// becomes claimable anywhere in the cluster.
+/// becomes claimable anywhere in the cluster. Each task must be acknowledged
+/// within its `ack_ms` (the claim lease): a task heartbeat, an ack, or its
+/// complete or fail; otherwise it goes back to the queue (its attempt not
+/// counted) and its token is refused, so an answer that never reached the
+/// worker strands nothing.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/claim", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("queue" = String, Path, description = "Queue name")),
     request_body = ClaimRequest,
@@ -60,12 +69,16 @@ pub(super) async fn claim_tasks(
     validate::in_range("max", max, &validate::CLAIM_MAX)?;
     let wait = req.wait_ms.unwrap_or(0);
     validate::in_range("wait_ms", wait, &(0..=validate::CLAIM_WAIT_MAX_MS))?;
+    if let Some(ack) = req.ack_ms {
+        validate::in_range("ack_ms", ack, &validate::CLAIM_ACK_MS)?;
+    }
     if let Some(why) = s.health.refuses_work() {
         return Err(ApiError::Unavailable(format!("{why}; claim through another node")));
     }
+    let ack_ms = s.tasks.ack_ms(req.ack_ms);
     let r = s
         .tasks
-        .claim_wait(&queue, &req.node, max, Duration::from_millis(wait))
+        .claim_wait(&queue, &req.node, max, ack_ms, Duration::from_millis(wait))
         .await?;
     if r.tasks.is_empty() {
         return Ok(no_content());
@@ -130,6 +143,37 @@ pub(super) async fn heartbeat_task(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+pub struct AckRequest {
+    /// The token of the claim being acknowledged.
+    pub token: u64,
+}
+
+/// The holder of the current token acknowledges its claim: the claim lease
+/// ends, and the task is not put back in its queue for want of an
+/// acknowledgement (a task heartbeat, a complete or a fail does the same).
+/// Idempotent; answers like a heartbeat.
+#[utoipa::path(post, path = "/api/v1/tasks/{id}/ack", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
+    params(("id" = String, Path, description = "Task id")),
+    request_body = AckRequest,
+    responses((status = 200, body = HeartbeatResponse),
+               (status = 409, description = "Stale token (the task went back to its queue, or runs under a newer claim): drop the work; the body carries the current state"),
+               (status = 404, description = "Unknown task")))]
+pub(super) async fn ack_task(
+    State(s): State<AppState>,
+    _caller: WorkerCaller,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<AckRequest>,
+) -> Result<Json<HeartbeatResponse>> {
+    check_task_id(&id)?;
+    let cancel_requested = s.tasks.heartbeat(&id, req.token, None, None).await?;
+    Ok(Json(HeartbeatResponse {
+        state: "running".into(),
+        cancel_requested,
+    }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CompleteRequest {
     pub token: u64,
     /// Any JSON value, at most `tasks.max_payload_bytes`.
@@ -156,6 +200,9 @@ pub struct NextRequest {
     /// `queue` given this costs no more Redis calls than the task needs;
     /// without it, one more claim.
     pub wait_ms: Option<u64>,
+    /// The next tasks' claim lease, 1 000 to 600 000 ms; default
+    /// `claim.ack_ms`. As a claim's `ack_ms`.
+    pub ack_ms: Option<u64>,
 }
 
 /// The outcome of a complete or fail, with the next task(s) when asked for.
@@ -182,6 +229,9 @@ fn next_ask(s: &AppState, next: Option<NextRequest>) -> Result<NextAsk> {
     }
     let wait = n.wait_ms.unwrap_or(0);
     validate::in_range("next.wait_ms", wait, &(0..=validate::CLAIM_WAIT_MAX_MS))?;
+    if let Some(ack) = n.ack_ms {
+        validate::in_range("next.ack_ms", ack, &validate::CLAIM_ACK_MS)?;
+    }
     if let Some(why) = s.health.refuses_work() {
         return Ok(NextAsk {
             claim: NextClaim::default(),
@@ -190,7 +240,11 @@ fn next_ask(s: &AppState, next: Option<NextRequest>) -> Result<NextAsk> {
         });
     }
     Ok(NextAsk {
-        claim: NextClaim { max, queue: n.queue },
+        claim: NextClaim {
+            max,
+            queue: n.queue,
+            ack_ms: s.tasks.ack_ms(n.ack_ms),
+        },
         refused_here: None,
         wait: Duration::from_millis(wait),
     })

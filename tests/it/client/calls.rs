@@ -25,6 +25,7 @@ async fn a_claim_whose_answer_was_lost_is_adopted_once() {
         node: "w-adopt".into(),
         max: 1,
         wait_ms: 0,
+        ack_ms: None,
     };
     let lost = c.claim(q, &req).await.unwrap().remove(0);
     assert_eq!(lost.id, id);

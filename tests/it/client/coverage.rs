@@ -49,6 +49,7 @@ async fn every_operation_has_a_typed_call_that_works() {
         node: w.into(),
         max,
         wait_ms: 0,
+        ack_ms: None,
     };
     let got = op!("claim_tasks", c.claim("cov", &claim(3))).unwrap();
     assert_eq!(got.len(), 3);
@@ -58,6 +59,8 @@ async fn every_operation_has_a_typed_call_that_works() {
         fields: None,
     };
     op!("heartbeat_task", c.heartbeat_task(&got[0].id, &hbt)).unwrap();
+    let acked = op!("ack_task", c.ack_task(&got[1].id, got[1].token)).unwrap();
+    assert_eq!(acked.state, "running");
     let done = Complete {
         token: got[0].token,
         result: json!("ok"),

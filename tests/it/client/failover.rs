@@ -35,6 +35,7 @@ async fn errors_carry_problem_json_and_calls_fail_over() {
         node: "w-err".into(),
         max: 1,
         wait_ms: 0,
+        ack_ms: None,
     };
     let t = c.claim("client-err", &req).await.unwrap().remove(0);
     assert_eq!(t.id, id);

@@ -43,6 +43,7 @@ async fn a_claim_whose_answer_came_after_the_timeout_is_adopted() {
         node: "w-late".into(),
         max: 1,
         wait_ms: 0,
+        ack_ms: None,
     };
     assert_eq!(direct.claim(q, &req).await.unwrap().len(), 1);
     let runs = Arc::new(AtomicU64::new(0));

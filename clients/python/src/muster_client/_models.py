@@ -26,6 +26,10 @@ class ClaimedTask:
     priority: int
     created_at: int
     group: str | None = None
+    #: The claim lease (ms): acknowledge the task within it (`ack_task`, a
+    #: task heartbeat, its complete or fail) or it goes back to the queue
+    #: and the token is refused. 0: no lease.
+    ack_ms: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -41,6 +45,7 @@ class ClaimedTask:
             priority=int(d.get("priority", 0)),
             created_at=int(d.get("created_at", 0)),
             group=d.get("group"),
+            ack_ms=int(d.get("ack_ms", 0)),
             raw=d,
         )
 

@@ -297,13 +297,17 @@ class Client:
         out = self._json("POST", f"/api/v1/queues/{_p(queue)}/tasks/batch", json={"tasks": specs})
         return [BatchItem.from_json(r) for r in out["results"]]
 
-    def claim(self, queue: str, node: str, *, max: int = 1, wait_ms: int = 0) -> list[ClaimedTask]:
+    def claim(
+        self, queue: str, node: str, *, max: int = 1, wait_ms: int = 0, ack_ms: int | None = None
+    ) -> list[ClaimedTask]:
         """Claims up to `max` tasks for worker `node`, long-polling up to
-        `wait_ms`; an empty list when none came."""
+        `wait_ms`; an empty list when none came. Each task must be
+        acknowledged within its `ack_ms` (the claim lease: `ack_ms` here,
+        1 000 to 600 000, or the server's `claim.ack_ms`)."""
         resp = self.request(
             "POST",
             f"/api/v1/queues/{_p(queue)}/claim",
-            json={"node": node, "max": max, "wait_ms": wait_ms},
+            json=_drop_none({"node": node, "max": max, "wait_ms": wait_ms, "ack_ms": ack_ms}),
             wait_ms=wait_ms,
         )
         if resp.status_code == 204:
@@ -319,11 +323,20 @@ class Client:
         out = self._json("POST", f"/api/v1/tasks/{_p(task_id)}/heartbeat", json=body)
         return TaskHeartbeat(state=out["state"], cancel_requested=bool(out["cancel_requested"]))
 
+    def ack_task(self, task_id: str, token: int) -> TaskHeartbeat:
+        """Acknowledges a claim: its lease ends (a task heartbeat, a complete
+        or a fail does the same). 409 (Conflict): the token is stale, the
+        task went back to its queue or runs under a newer claim."""
+        out = self._json("POST", f"/api/v1/tasks/{_p(task_id)}/ack", json={"token": token})
+        return TaskHeartbeat(state=out["state"], cancel_requested=bool(out["cancel_requested"]))
+
     @staticmethod
-    def _next(max: int | None, queue: str | None, wait_ms: int | None) -> dict[str, Any] | None:
-        if max is None and queue is None and wait_ms is None:
+    def _next(
+        max: int | None, queue: str | None, wait_ms: int | None, ack_ms: int | None = None
+    ) -> dict[str, Any] | None:
+        if max is None and queue is None and wait_ms is None and ack_ms is None:
             return None
-        return _drop_none({"max": max, "queue": queue, "wait_ms": wait_ms})
+        return _drop_none({"max": max, "queue": queue, "wait_ms": wait_ms, "ack_ms": ack_ms})
 
     def complete(
         self,
@@ -334,10 +347,13 @@ class Client:
         next_max: int | None = None,
         next_queue: str | None = None,
         next_wait_ms: int | None = None,
+        next_ack_ms: int | None = None,
     ) -> Finished:
         """Completes a task with its token; 409 (Conflict) when the token is
-        stale. `next_*` claims the worker's next task(s) in the same call."""
-        body = _drop_none({"token": token, "result": result, "next": self._next(next_max, next_queue, next_wait_ms)})
+        stale. `next_*` claims the worker's next task(s) in the same call
+        (`next_ack_ms`: their claim lease)."""
+        nxt = self._next(next_max, next_queue, next_wait_ms, next_ack_ms)
+        body = _drop_none({"token": token, "result": result, "next": nxt})
         out = self._json(
             "POST", f"/api/v1/tasks/{_p(task_id)}/complete", json=body, wait_ms=next_wait_ms or 0
         )
@@ -358,13 +374,13 @@ class Client:
         next_max: int | None = None,
         next_queue: str | None = None,
         next_wait_ms: int | None = None,
+        next_ack_ms: int | None = None,
     ) -> Finished:
         """Fails a task with its token: retried after a backoff while attempts
         are left (unless `retry=False`), else dead; cancelled if a cancel was
         requested. 409 (Conflict) when the token is stale."""
-        body = _drop_none(
-            {"token": token, "error": error, "retry": retry, "next": self._next(next_max, next_queue, next_wait_ms)}
-        )
+        nxt = self._next(next_max, next_queue, next_wait_ms, next_ack_ms)
+        body = _drop_none({"token": token, "error": error, "retry": retry, "next": nxt})
         out = self._json("POST", f"/api/v1/tasks/{_p(task_id)}/fail", json=body, wait_ms=next_wait_ms or 0)
         return Finished.from_json(out)
 

@@ -14,6 +14,12 @@ What it guarantees (README.md has the user's version):
   and never more tasks than slots (the next task takes the finished one's).
 - Beside each handler a task heartbeat runs every `heartbeat_every`
   seconds with the fencing token (and the progress the handler reported).
+- Claims acknowledged with no request added on the hot path: a claimed
+  task must be acknowledged within its claim lease (`task.ack_ms`) or the
+  server puts it back in its queue. A task finished sooner is acknowledged
+  by its complete or fail; a handler still running at a third of the lease
+  gets its first task heartbeat then (if `heartbeat_every` is longer),
+  which acknowledges it. An adopted task is acknowledged before it starts.
 - A 409 on a task heartbeat or on complete/fail means the token is stale,
   a 404 that the task is gone: the task was recovered (or timed out) and
   may run elsewhere. The handler is told (`ctx.cancelled` is set,
@@ -80,6 +86,15 @@ log = logging.getLogger("muster_client.worker")
 
 #: The least worker ttl muster accepts (ms); the last heartbeat uses it.
 MIN_TTL_MS = 500
+
+
+def first_heartbeat(heartbeat_every: float, ack_ms: int) -> float:
+    """Seconds until a task's first heartbeat: `heartbeat_every`, or a third
+    of the claim lease `ack_ms` (0: none) when that comes first, so the
+    acknowledgement lands well within the lease."""
+    if ack_ms <= 0:
+        return heartbeat_every
+    return min(heartbeat_every, ack_ms / 3000)
 
 
 def lease_margin(ttl_ms: int) -> float:
@@ -198,6 +213,7 @@ class AsyncWorker:
         grace: float = 30.0,
         labels: Mapping[str, str] | None = None,
         claim_next: bool = True,
+        claim_ack_ms: int | None = None,
     ) -> None:
         if concurrency < 1 or batch < 1:
             raise ValueError("concurrency and batch must be at least 1")
@@ -218,6 +234,9 @@ class AsyncWorker:
         #: With batch 1, a complete also claims the slot's next task (one
         #: call per task instead of two).
         self.claim_next = claim_next
+        #: The claim lease its claims ask for (1 000 to 600 000 ms; None: the
+        #: server's `claim.ack_ms`).
+        self.claim_ack_ms = claim_ack_ms
         self.stats = WorkerStats()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -431,7 +450,9 @@ class AsyncWorker:
             self._reserved = min(self.batch, free)
             failovers = self.client.failovers
             claim = asyncio.ensure_future(
-                self.client.claim(self.queue, self.worker_id, max=self._reserved, wait_ms=self.poll_ms)
+                self.client.claim(
+                    self.queue, self.worker_id, max=self._reserved, wait_ms=self.poll_ms, ack_ms=self.claim_ack_ms
+                )
             )
             stop = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait([claim, stop], return_when=asyncio.FIRST_COMPLETED)
@@ -528,6 +549,15 @@ class AsyncWorker:
                     except Conflict:
                         pass
                     continue
+                # Acknowledged before it starts (its lease runs since the
+                # claim); refused: it went back to its queue meanwhile.
+                try:
+                    await self.client.ack_task(t.id, t.token)
+                except (Conflict, NotFound):
+                    self._seen[t.token] = None
+                    continue
+                except Unavailable:
+                    pass
                 claimed = ClaimedTask(
                     id=t.id,
                     queue=t.queue,
@@ -612,8 +642,11 @@ class AsyncWorker:
         return value
 
     async def _heartbeat_task(self, task: ClaimedTask, ctx: TaskContext) -> None:
+        # The first heartbeat acknowledges the claim: by a third of its lease.
+        every = first_heartbeat(self.heartbeat_every, task.ack_ms)
         while True:
-            await asyncio.sleep(self.heartbeat_every)
+            await asyncio.sleep(every)
+            every = self.heartbeat_every
             progress, fields = ctx._progress, ctx._fields
             send = (progress, fields) != ctx._reported
             try:
@@ -652,6 +685,7 @@ class AsyncWorker:
                         value,
                         next_max=1 if chain else None,
                         next_queue=self.queue if chain else None,
+                        next_ack_ms=self.claim_ack_ms if chain else None,
                     )
                     self.stats.completed += 1
                     if chain and self.client.failovers != failovers:

@@ -1,0 +1,63 @@
+-- unacked.lua: the claim lease (issue 35): puts back in its queue every claimed task
+-- that its worker did not acknowledge (a task heartbeat, an ack, or its complete or
+-- fail) within the claim's ack_ms, by Redis time. A claim whose answer never reached
+-- its worker (a closed socket, a client timeout, a proxy) strands no task under a
+-- worker that lives on.
+--
+--@include orphans/lib
+--
+-- The task goes to the front of its queue (a cancel requested meanwhile cancels it
+-- instead). Its token is refused from then on: the task is no longer running under
+-- it, and its next claim issues a greater one (G1), so the first worker's late
+-- heartbeat, complete or fail gets 409. The attempt is not counted: `attempts` goes
+-- back by one, and the claim moves from the attempt log (a<n>) to the log of claims
+-- not acknowledged (x<k>, the latest 10; `unacked` counts them all). A task whose
+-- owner is gone by Redis time is left to the orphan cleaner (recover.lua, which
+-- counts the attempt: a worker that dies on a task is not the lost answer this
+-- undoes). Skipped during the post-stall grace, like every other liveness decision:
+-- no worker could acknowledge while Redis stood still.
+--
+-- KEYS[1]  P:unacked              zset, task id -> end of its claim lease (Redis ms)
+-- ARGV[1]  ttl_ms                 node ttl (grace)
+-- ARGV[2]  limit                  most tasks per pass
+-- ARGV[3]  retention_ms           for tasks cancelled here
+-- ARGV[4]  acting node id         for events
+--
+-- Returns {requeued, cancelled, grace_until_ms, {queue of each requeued task}}
+--   grace_until_ms  while liveness decisions wait after a stall (Redis ms; nothing
+--                   done), else 0
+-- Emits task.requeued (reason not_acknowledged), or task.cancelled.
+local ttl, limit, retention, actor = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local now = now_ms()
+local nows = int(now)
+local grace = liveness_pass(now, ttl)
+if grace > 0 then return {0, 0, grace, {}} end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', nows, 'LIMIT', 0, limit)
+local requeued, cancelled = 0, 0
+local queues = {}
+for i = 1, #due do
+  local id = due[i]
+  local t = tkey(id)
+  redis.call('ZREM', KEYS[1], id)
+  local f = redis.call('HMGET', t, 'state', 'owner', 'queue', 'group', 'attempts', 'priority', 'cancel_requested')
+  if f[1] == 'running' and not node_gone(f[2], now) then
+    local owner, q, g, attempt = f[2], f[3], f[4] or '', tonumber(f[5] or '0')
+    release_running(id, q, g, owner)
+    local claim = redis.call('HGET', t, 'a' .. attempt) or ''
+    local k = redis.call('HINCRBY', t, 'unacked', 1)
+    redis.call('HDEL', t, 'a' .. attempt, 'e' .. attempt)
+    redis.call('HSET', t, 'x' .. ((k - 1) % 10 + 1), attempt .. '|' .. claim .. '|' .. nows,
+      'attempts', int(math.max(attempt - 1, 0)), 'updated_at', nows)
+    if f[7] == '1' then
+      finish(id, q, 'cancelled', nows, retention)
+      emit_task('task.cancelled', actor, '{"attempt":' .. attempt .. ',"reason":"not_acknowledged"}', id, q, g)
+      cancelled = cancelled + 1
+    else
+      make_queued(id, q, g, order_score(tonumber(f[6] or '0'), front_seq()), nows)
+      emit_task('task.requeued', actor, {owner = owner, attempt = attempt, reason = 'not_acknowledged'}, id, q, g)
+      requeued = requeued + 1
+      queues[#queues + 1] = q
+    end
+  end
+end
+return {requeued, cancelled, grace, queues}

@@ -1,0 +1,365 @@
+//! The claim lease (issue 35, "no stranded claim"): a claimed task that its
+//! worker does not acknowledge (a task heartbeat, an ack, its complete or
+//! fail) within the claim's `ack_ms` goes back to its queue, its token
+//! refused and its attempt not counted; an acknowledged one is left alone
+//! however long it runs.
+
+use super::*;
+
+/// The lease these tests use: short, so a lost answer comes back fast.
+const ACK_MS: u64 = 1000;
+
+async fn task_of(app: &TestApp, id: &str) -> Value {
+    let (s, t) = app.get(&format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(s, 200, "{t}");
+    t
+}
+
+/// The claims of a task's log that were not acknowledged.
+fn unacked_entries(t: &Value) -> Vec<Value> {
+    t["attempt_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["outcome"] == "not_acknowledged")
+        .cloned()
+        .collect()
+}
+
+/// One claim of the races, with the fault it met: Some(tasks) when the
+/// answer reached the worker, None when it was lost (the client gave up
+/// first, or the answer was dropped on its way back).
+async fn racing_claim(app: &TestApp, queue: &str, worker: &str, i: usize) -> Option<Vec<Value>> {
+    let body = json!({"node": worker, "max": 1, "wait_ms": 100});
+    let mut req = app
+        .request(reqwest::Method::POST, &format!("/api/v1/queues/{queue}/claim"))
+        .json(&body);
+    // Half the claims are cut by a client timeout racing the task's
+    // arrival (the answer, when the claim ran, goes into a closed socket);
+    // a quarter are answered and the answer is dropped on its way back, as
+    // a proxy or a load balancer would; the rest arrive.
+    let cut = i.is_multiple_of(2);
+    if cut {
+        req = req.timeout(Duration::from_millis(rand::random::<u64>() % 60));
+    }
+    let resp = match req.send().await {
+        Ok(r) => r,
+        Err(_) if cut => return None,
+        Err(e) => panic!("claim {i}: {e}"),
+    };
+    let status = resp.status().as_u16();
+    let text = match resp.text().await {
+        Ok(t) => t,
+        Err(_) if cut => return None,
+        Err(e) => panic!("claim {i}: {e}"),
+    };
+    if i % 4 == 1 {
+        return None;
+    }
+    match status {
+        200 => Some(
+            serde_json::from_str::<Value>(&text).unwrap()["tasks"]
+                .as_array()
+                .unwrap()
+                .clone(),
+        ),
+        204 => Some(Vec::new()),
+        _ => panic!("claim {i}: {status} {text}"),
+    }
+}
+
+/// 200 claim races in which the answer is lost at random: every task the
+/// worker never got is back in its queue within `ack_ms` + 1 s (by the
+/// Redis times in its attempt log), no attempt is counted for it, and every
+/// task runs exactly once overall. Without the lease (`claim.ack_ms = 0`)
+/// the lost tasks stay running under a worker that lives on, and this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_claim_answers_come_back_within_the_lease_and_run_once() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.claim.ack_ms = ACK_MS).await;
+    let (q, w) = ("lease-race", "w-race");
+    join(&app, w).await;
+    let runs: Arc<Mutex<HashMap<String, u32>>> = Default::default();
+    // Runs a delivered task: counts the run, completes it at once (the
+    // complete is its acknowledgement).
+    let run = |t: Value| {
+        let (runs, app) = (runs.clone(), &app);
+        async move {
+            let id = t["id"].as_str().unwrap().to_string();
+            assert_eq!(t["ack_ms"], ACK_MS, "{t}");
+            *runs.lock().await.entry(id.clone()).or_default() += 1;
+            let (s, b) = app
+                .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t["token"]}))
+                .await;
+            assert_eq!(s, 200, "a delivered task completes at once: {b}");
+        }
+    };
+    let mut ids = Vec::new();
+    let mut lost = 0;
+    for i in 0..200 {
+        // The task arrives while the claim waits, or before it.
+        let submit = {
+            let http = app.http.clone();
+            let url = format!("{}/api/v1/queues/{q}/tasks", app.url);
+            let delay = Duration::from_millis(rand::random::<u64>() % 40);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let b: Value = http
+                    .post(url)
+                    .json(&json!({"payload": {"i": i}}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                b["id"].as_str().unwrap().to_string()
+            })
+        };
+        match racing_claim(&app, q, w, i).await {
+            Some(tasks) => {
+                for t in tasks {
+                    run(t).await;
+                }
+            }
+            None => lost += 1,
+        }
+        ids.push(submit.await.unwrap());
+    }
+    // A worker that keeps claiming: what was lost comes back to it.
+    let all_done = || async {
+        let mut done = 0;
+        for id in &ids {
+            if task_of(&app, id).await["state"] == "succeeded" {
+                done += 1;
+            }
+        }
+        done == ids.len()
+    };
+    let deadline = Instant::now() + Duration::from_millis(ACK_MS + 5000);
+    while Instant::now() < deadline {
+        for t in claim(&app, q, w, 50, 200).await {
+            run(t).await;
+        }
+        if all_done().await {
+            break;
+        }
+    }
+    let runs = runs.lock().await.clone();
+    let mut stranded = Vec::new();
+    let mut requeued = 0;
+    for id in &ids {
+        let t = task_of(&app, id).await;
+        if t["state"] != "succeeded" {
+            stranded.push(format!("{id}: {} under {}", t["state"], t["owner"]));
+            continue;
+        }
+        assert_eq!(runs.get(id), Some(&1), "task {id} ran {:?} times: {t}", runs.get(id));
+        assert_eq!(t["attempts"], 1, "a claim not acknowledged counts no attempt: {t}");
+        for e in unacked_entries(&t) {
+            requeued += 1;
+            let took = e["ended_at"].as_i64().unwrap() - e["claimed_at"].as_i64().unwrap();
+            assert!(
+                took <= (ACK_MS + 1000) as i64,
+                "task {id} came back {took} ms after its claim (lease {ACK_MS} ms): {t}"
+            );
+            assert!(took >= ACK_MS as i64, "task {id} came back early ({took} ms): {t}");
+        }
+    }
+    assert!(
+        stranded.is_empty(),
+        "{} of {} tasks never finished (lost answers: {lost}): {stranded:?}",
+        stranded.len(),
+        ids.len()
+    );
+    assert_eq!(runs.len(), ids.len());
+    // The faults stranded tasks, or this proved nothing.
+    assert!(
+        requeued >= 20,
+        "only {requeued} claims were lost and put back ({lost} answers lost)"
+    );
+    let metrics = app.page("/metrics").await;
+    assert!(metrics.contains("muster_tasks_not_acknowledged_total"), "{metrics}");
+}
+
+/// An acknowledged claim (by an ack or a task heartbeat) is never put back,
+/// however long it runs; one not acknowledged is put back, its token
+/// refused (heartbeat, ack, complete: 409), its attempt not counted (even
+/// with `max_attempts` 1), and it says so in its attempt log and events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_claim_outlives_its_lease_and_an_unacknowledged_one_is_fenced_off() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.claim.ack_ms = ACK_MS).await;
+    let (q, w) = ("lease", "w-lease");
+    join(&app, w).await;
+    let acked = submit(&app, q, json!({"payload": 1})).await;
+    let beat = submit(&app, q, json!({"payload": 2})).await;
+    let silent = submit(&app, q, json!({"payload": 3, "max_attempts": 1})).await;
+    let longer = submit(&app, q, json!({"payload": 4})).await;
+    let take = |max: u32, ack: Option<u64>| {
+        let app = &app;
+        async move {
+            let mut body = json!({"node": w, "max": max});
+            if let Some(a) = ack {
+                body["ack_ms"] = json!(a);
+            }
+            let (s, b) = app.post(&format!("/api/v1/queues/{q}/claim"), body).await;
+            assert_eq!(s, 200, "{b}");
+            b["tasks"].as_array().unwrap().clone()
+        }
+    };
+    let got = take(3, None).await;
+    assert_eq!(got.len(), 3);
+    let tok = |id: &str| got.iter().find(|t| t["id"] == id).unwrap()["token"].as_u64().unwrap();
+    assert!(got.iter().all(|t| t["ack_ms"] == ACK_MS), "{got:?}");
+    let claimed = Instant::now();
+    // A claim asking for its own lease gets it.
+    let long = take(1, Some(5000)).await;
+    assert_eq!(
+        (long[0]["id"].as_str(), long[0]["ack_ms"].as_u64()),
+        (Some(longer.as_str()), Some(5000))
+    );
+
+    let (s, b) = app
+        .post(&format!("/api/v1/tasks/{acked}/ack"), json!({"token": tok(&acked)}))
+        .await;
+    assert_eq!((s, &b["state"]), (200, &json!("running")), "{b}");
+    let (s, b) = app
+        .post(
+            &format!("/api/v1/tasks/{beat}/heartbeat"),
+            json!({"token": tok(&beat), "progress": 10}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+
+    // The unacknowledged one is back in the queue after its lease, not before.
+    let back = wait_until(Duration::from_millis(ACK_MS + 3000), || async {
+        task_of(&app, &silent).await["state"] == "queued"
+    })
+    .await;
+    assert!(back, "not put back: {}", task_of(&app, &silent).await);
+    assert!(claimed.elapsed() >= Duration::from_millis(ACK_MS - 100));
+    // Past twice the lease, by a few cleaner passes.
+    while claimed.elapsed() < Duration::from_millis(2 * ACK_MS) {
+        app.cleaner_passes(1).await;
+    }
+    app.cleaner_passes(2).await;
+    for (id, token) in [
+        (&acked, tok(&acked)),
+        (&beat, tok(&beat)),
+        (&longer, long[0]["token"].as_u64().unwrap()),
+    ] {
+        let t = task_of(&app, id).await;
+        assert_eq!(
+            (t["state"].as_str(), t["token"].as_u64()),
+            (Some("running"), Some(token)),
+            "{t}"
+        );
+        assert!(unacked_entries(&t).is_empty(), "{t}");
+    }
+
+    // The put-back task: its token is refused everywhere, nothing counted.
+    let old = tok(&silent);
+    for path in ["heartbeat", "ack", "complete", "fail"] {
+        let (s, b) = app
+            .post(&format!("/api/v1/tasks/{silent}/{path}"), json!({"token": old}))
+            .await;
+        assert_eq!(s, 409, "{path} with the token of a claim put back: {b}");
+    }
+    let t = task_of(&app, &silent).await;
+    assert_eq!(
+        (t["state"].as_str(), t["attempts"].as_u64()),
+        (Some("queued"), Some(0)),
+        "{t}"
+    );
+    let e = unacked_entries(&t);
+    assert_eq!(e.len(), 1, "{t}");
+    assert_eq!(
+        (e[0]["attempt"].as_u64(), e[0]["node"].as_str()),
+        (Some(1), Some(w)),
+        "{t}"
+    );
+    assert_eq!(e[0]["token"].as_u64(), Some(old), "{t}");
+    let (_, page) = app.get("/api/v1/events?topics=task.requeued&limit=10").await;
+    let evs = page["events"].as_array().unwrap();
+    assert_eq!(evs.len(), 1, "{page}");
+    assert_eq!(evs[0]["task"], silent.as_str(), "{page}");
+    assert_eq!(evs[0]["data"]["reason"], "not_acknowledged", "{page}");
+
+    // Claimed again: the same attempt number, a greater token; it completes.
+    let again = take(1, None).await;
+    assert_eq!(again[0]["id"], silent.as_str());
+    assert_eq!(again[0]["attempt"], 1, "{again:?}");
+    assert!(again[0]["token"].as_u64().unwrap() > old);
+    let (s, b) = app
+        .post(
+            &format!("/api/v1/tasks/{silent}/complete"),
+            json!({"token": again[0]["token"]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let t = task_of(&app, &silent).await;
+    assert_eq!(t["attempts"], 1, "{t}");
+    let outcomes: Vec<&str> = t["attempt_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(outcomes, ["not_acknowledged", "succeeded"], "{t}");
+
+    // A complete's next task gets the lease too.
+    let next_one = submit(&app, q, json!({"payload": 5})).await;
+    let (s, b) = app
+        .post(
+            &format!("/api/v1/tasks/{acked}/complete"),
+            json!({"token": tok(&acked), "next": {"max": 1, "ack_ms": 2000}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["next"]["tasks"][0]["id"], next_one.as_str(), "{b}");
+    assert_eq!(b["next"]["tasks"][0]["ack_ms"], 2000, "{b}");
+}
+
+/// `ack_ms` is bounded (1 000 to 600 000), on a claim and on `next`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_lease_out_of_bounds_is_refused() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    join(&app, "w-b").await;
+    for bad in [0, 999, 600_001] {
+        let (s, b) = app
+            .post("/api/v1/queues/qb/claim", json!({"node": "w-b", "ack_ms": bad}))
+            .await;
+        assert!(s == 400 || s == 422, "ack_ms {bad}: {s} {b}");
+        assert!(b["detail"].as_str().unwrap_or("").contains("ack_ms"), "{b}");
+    }
+    let id = submit(&app, "qb", json!({})).await;
+    let t = claim(&app, "qb", "w-b", 1, 0).await;
+    assert_eq!(t[0]["ack_ms"], 10_000, "the default lease is claim.ack_ms: {t:?}");
+    let (s, b) = app
+        .post(
+            &format!("/api/v1/tasks/{id}/complete"),
+            json!({"token": t[0]["token"], "next": {"ack_ms": 500}}),
+        )
+        .await;
+    assert!(s == 400 || s == 422, "{s} {b}");
+    assert!(b["detail"].as_str().unwrap_or("").contains("next.ack_ms"), "{b}");
+}
+
+/// `claim.ack_ms = 0` switches the lease off: a claim nobody acknowledges
+/// stays running under its (live) worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_claim_lease_an_unacknowledged_claim_stays_running() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.claim.ack_ms = 0).await;
+    join(&app, "w-off").await;
+    let id = submit(&app, "qoff", json!({})).await;
+    let t = claim(&app, "qoff", "w-off", 1, 0).await;
+    assert_eq!(t[0]["ack_ms"], 0, "{t:?}");
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_millis(2000) {
+        app.cleaner_passes(1).await;
+    }
+    assert_eq!(task_of(&app, &id).await["state"], "running");
+}
