@@ -1,0 +1,307 @@
+//! The HTTP edge against hostile callers (issue 36): each test replays an
+//! attack of the third HTTP check (`reviews/httpcheck.md`, section 7) and
+//! shows it changes nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use muster::config::{FailoverRole, Role, TokenConfig};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::ha::TestReplicaSet;
+use crate::common::*;
+
+/// `r`, `w`, `a` (read, worker, admin; secrets `hostile-r`...) and a second
+/// worker token `w2` (secret `hostile-w2`).
+fn tokens() -> Vec<TokenConfig> {
+    let mut t = role_tokens("hostile");
+    t.push(TokenConfig {
+        name: "w2".into(),
+        role: Role::Worker,
+        sha256: sha256_hex("hostile-w2"),
+    });
+    t
+}
+
+async fn as_token(
+    app: &TestApp,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut r = app
+        .http
+        .request(method, format!("{}{path}", app.url))
+        .bearer_auth(token);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    send(r).await
+}
+
+/// N1: a worker token heartbeats under another muster node's id, through
+/// a node that is not that one, then makes it leave. Both are refused and
+/// the record stays the node's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_token_cannot_take_over_a_muster_node_through_another_node() {
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let b = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let victim = format!("/api/v1/nodes/{}", b.node_id);
+    let (s, before) = as_token(&a, "hostile-a", reqwest::Method::GET, &victim, None).await;
+    assert_eq!(s, 200, "{before}");
+    assert_eq!(before["kind"], "node");
+
+    let evil = json!({"ttl_ms": 600000, "addr": "http://evil.example:1", "labels": {"x": "y"}});
+    for _ in 0..20 {
+        let (s, body) = as_token(
+            &a,
+            "hostile-w",
+            reqwest::Method::PUT,
+            &format!("{victim}/heartbeat"),
+            Some(evil.clone()),
+        )
+        .await;
+        assert_eq!(s, 409, "{body}");
+        assert!(body["detail"].as_str().unwrap().contains("muster node"), "{body}");
+    }
+    let (s, body) = as_token(&a, "hostile-w", reqwest::Method::POST, &format!("{victim}/leave"), None).await;
+    assert_eq!(s, 409, "{body}");
+    // Even an admin's heartbeat is a worker's: it never converts a node.
+    let (s, body) = as_token(
+        &a,
+        "hostile-a",
+        reqwest::Method::PUT,
+        &format!("{victim}/heartbeat"),
+        Some(evil.clone()),
+    )
+    .await;
+    assert_eq!(s, 409, "{body}");
+
+    let (_, after) = as_token(&a, "hostile-a", reqwest::Method::GET, &victim, None).await;
+    assert_eq!(after["kind"], "node", "{after}");
+    assert_eq!(after["addr"], before["addr"], "{after}");
+    assert_eq!(after["state"], "alive", "{after}");
+    assert!(after["labels"].get("x").is_none(), "{after}");
+    let events = redis.events("muster").await;
+    assert!(
+        !events.iter().any(|(t, id, _)| t == "node.left" && id == &b.node_id),
+        "the node never left: {events:?}"
+    );
+}
+
+/// N1: a worker id belongs to the token that registered it while it lives:
+/// another worker token can neither refresh it (its labels and addr) nor
+/// make it leave; the owner can, and then the id is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_id_belongs_to_the_token_that_registered_it() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let hb = "/api/v1/nodes/wk-owned/heartbeat";
+    let (s, body) = as_token(
+        &app,
+        "hostile-w",
+        reqwest::Method::PUT,
+        hb,
+        Some(json!({"ttl_ms": 60000, "addr": "good", "labels": {"zone": "a"}})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let (s, body) = as_token(
+        &app,
+        "hostile-w2",
+        reqwest::Method::PUT,
+        hb,
+        Some(json!({"ttl_ms": 60000, "addr": "evil", "labels": {"zone": "evil"}})),
+    )
+    .await;
+    assert_eq!(s, 409, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("another credential"),
+        "{body}"
+    );
+    let (s, body) = as_token(
+        &app,
+        "hostile-w2",
+        reqwest::Method::POST,
+        "/api/v1/nodes/wk-owned/leave",
+        None,
+    )
+    .await;
+    assert_eq!(s, 403, "{body}");
+    assert_eq!(body["status"], 403, "problem+json: {body}");
+    let (_, node) = as_token(&app, "hostile-r", reqwest::Method::GET, "/api/v1/nodes/wk-owned", None).await;
+    assert_eq!(
+        (node["addr"].as_str(), node["state"].as_str()),
+        (Some("good"), Some("alive")),
+        "{node}"
+    );
+    assert_eq!(node["labels"]["zone"], "a", "{node}");
+
+    // The owner refreshes and leaves; then another token may take the id.
+    let (s, _) = as_token(&app, "hostile-w", reqwest::Method::PUT, hb, None).await;
+    assert_eq!(s, 200);
+    let (s, _) = as_token(
+        &app,
+        "hostile-w",
+        reqwest::Method::POST,
+        "/api/v1/nodes/wk-owned/leave",
+        None,
+    )
+    .await;
+    assert_eq!(s, 204);
+    let (s, body) = as_token(&app, "hostile-w2", reqwest::Method::PUT, hb, None).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["joined"], true, "{body}");
+}
+
+const SECRET: &str = "a-shared-secret-for-hostile-tests";
+
+/// A round far ahead of the coordinator's (rounds are Redis ms).
+const FAR_ROUND: u64 = 9_000_000_000_000;
+
+async fn failover_node(set: &TestReplicaSet, id: &str, role: FailoverRole, clients: Vec<String>) -> TestApp {
+    let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
+    let mut cfg = test_config("", dir.path());
+    cfg.redis.url.clear();
+    cfg.server.node_id = id.to_string();
+    cfg.auth.tokens = tokens();
+    cfg.failover.role = role;
+    cfg.failover.redis_servers = vec![set.addr(0), set.addr(1)];
+    cfg.failover.secret = SECRET.into();
+    cfg.failover.clients = clients;
+    cfg.failover.interval_ms = 200;
+    cfg.failover.retries = 2;
+    cfg.failover.answer_timeout_ms = 500;
+    cfg.failover.max_backoff_ms = 2000;
+    cfg.failover.republish_ms = 200;
+    TestApp::start_config(cfg, dir).await
+}
+
+/// A listener that counts connections and answers nothing useful: where
+/// an attacker would collect the failover secret.
+async fn trap() -> (String, Arc<AtomicUsize>, Arc<std::sync::Mutex<String>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let (h, sn) = (hits.clone(), seen.clone());
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            h.fetch_add(1, Ordering::SeqCst);
+            let sn = sn.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                if let Ok(n) = c.read(&mut buf).await {
+                    sn.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+                let _ = c.write_all(b"HTTP/1.1 500 Nope\r\ncontent-length: 0\r\n\r\n").await;
+            });
+        }
+    });
+    (url, hits, seen)
+}
+
+/// N1: the review's attack on coordinated failover. A worker token
+/// heartbeats the client's id through the coordinator with the address of
+/// a listener (refused), and registers a worker under a configured client
+/// id that no muster node runs (accepted: it is only a worker). The
+/// coordinator posts its messages to neither: it trusts registry records of
+/// kind `node` only. And the client refuses a master outside
+/// `failover.redis_servers`, even with the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_never_sends_the_secret_to_an_address_a_worker_chose() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
+    let set = TestReplicaSet::start(1);
+    let p = std::process::id();
+    let (fc, fx, ghost) = (format!("fc-{p}"), format!("fx-{p}"), format!("ghost-{p}"));
+    let client = failover_node(&set, &fx, FailoverRole::Client, vec![]).await;
+    let coord = failover_node(&set, &fc, FailoverRole::Coordinator, vec![fx.clone(), ghost.clone()]).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            let (_, st) = as_token(&coord, "hostile-a", reqwest::Method::GET, "/api/v1/failover", None).await;
+            st["coordinator"]["clients"][fx.as_str()].as_str() == Some(client.url.as_str())
+        })
+        .await,
+        "the coordinator learns the client's URL"
+    );
+    let (url, hits, seen) = trap().await;
+    let body = json!({"ttl_ms": 600000, "addr": url});
+    let (s, b) = as_token(
+        &coord,
+        "hostile-w",
+        reqwest::Method::PUT,
+        &format!("/api/v1/nodes/{fx}/heartbeat"),
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!(s, 409, "{b}");
+    let (s, b) = as_token(
+        &coord,
+        "hostile-w",
+        reqwest::Method::PUT,
+        &format!("/api/v1/nodes/{ghost}/heartbeat"),
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!(s, 200, "a worker under an unused id is only a worker: {b}");
+    // Several refreshes and republishes (every 200 ms).
+    for _ in 0..15 {
+        let (s, _) = as_token(
+            &coord,
+            "hostile-w",
+            reqwest::Method::PUT,
+            &format!("/api/v1/nodes/{ghost}/heartbeat"),
+            Some(body.clone()),
+        )
+        .await;
+        assert_eq!(s, 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, st) = as_token(&coord, "hostile-a", reqwest::Method::GET, "/api/v1/failover", None).await;
+    assert_eq!(
+        st["coordinator"]["clients"][fx.as_str()].as_str(),
+        Some(client.url.as_str()),
+        "{st}"
+    );
+    assert!(
+        !st["coordinator"]["clients"].to_string().contains(&url),
+        "the coordinator took a worker's addr: {st}"
+    );
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "the coordinator connected to the trap: {}",
+        seen.lock().unwrap()
+    );
+
+    // With the secret, a master outside failover.redis_servers (a real,
+    // reachable Redis: the review's switch succeeded) is refused, and the
+    // client keeps its master.
+    let master_before = set.addr(0);
+    let other = TestRedis::start();
+    let other_addr = other
+        .url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_string();
+    let req = client
+        .http
+        .post(format!("{}/internal/failover/reconfigure", client.url))
+        .header("x-muster-failover-secret", SECRET)
+        .json(&json!({"round": FAR_ROUND, "master": other_addr}));
+    let (s, b) = send(req).await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b["detail"].as_str().unwrap().contains("failover.redis_servers"), "{b}");
+    let (_, st) = as_token(&client, "hostile-a", reqwest::Method::GET, "/api/v1/failover", None).await;
+    assert_eq!(st["master"].as_str(), Some(master_before.as_str()), "{st}");
+    // The refused message did not record its round: the coordinator's next
+    // messages are not stale.
+    assert!(st["newest_round"].as_u64().unwrap_or(0) < FAR_ROUND, "{st}");
+    assert_eq!(other.dbsize().await, 0, "the client wrote to the other Redis");
+}
