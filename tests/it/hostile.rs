@@ -305,3 +305,133 @@ async fn the_coordinator_never_sends_the_secret_to_an_address_a_worker_chose() {
     assert!(st["newest_round"].as_u64().unwrap_or(0) < FAR_ROUND, "{st}");
     assert_eq!(other.dbsize().await, 0, "the client wrote to the other Redis");
 }
+
+/// Sends `n` pipelined requests made by `make(i)` over one connection and
+/// waits for `n` answers (each a status line).
+async fn pipelined(addr: std::net::SocketAddr, n: usize, make: impl Fn(usize) -> String + Send + 'static) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let mut batch = String::new();
+        for i in 0..n {
+            batch.push_str(&make(i));
+            if batch.len() > 64 * 1024 || i + 1 == n {
+                wr.write_all(batch.as_bytes()).await.unwrap();
+                batch.clear();
+            }
+        }
+        wr
+    });
+    let mut seen = 0;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut tail = Vec::new();
+    while seen < n {
+        let got = tokio::time::timeout(Duration::from_secs(60), rd.read(&mut buf))
+            .await
+            .expect("answers keep coming")
+            .unwrap();
+        assert!(got > 0, "closed after {seen} of {n} answers");
+        tail.extend_from_slice(&buf[..got]);
+        let text = String::from_utf8_lossy(&tail);
+        seen += text.matches("HTTP/1.1 ").count();
+        let keep = tail.len().saturating_sub(8);
+        tail.drain(..keep);
+    }
+    let _ = writer.await;
+}
+
+/// Every value of `label` in a Prometheus text body.
+fn label_values(metrics: &str, label: &str) -> std::collections::BTreeSet<String> {
+    let key = format!("{label}=\"");
+    let mut out = std::collections::BTreeSet::new();
+    for l in metrics.lines().filter(|l| !l.starts_with('#')) {
+        for (at, _) in l.match_indices(&key) {
+            if let Some(v) = l[at + key.len()..].split('"').next() {
+                out.insert(v.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// N2: 50 000 distinct methods on 50 000 distinct paths (no token needed
+/// for the label to be made), then distinct queues and worker ids: every
+/// label stays bounded and `/metrics` grows by less than 256 KiB (before
+/// the fix the methods alone added tens of MB: each one 19 series).
+/// Queues and node ids are sent 400 times each, not 50 000: the queue
+/// label is capped at 100 values (+ `other`) by `QueueLabels` and node ids
+/// are no label at all, which the test checks by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_labels_stay_bounded_under_a_flood_of_names() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let scrape = || async {
+        app.http
+            .get(format!("{}/metrics", app.url))
+            .bearer_auth("hostile-r")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    // Warm up every route's series once, so the growth measured is the flood's.
+    let _ = app.http.get(format!("{}/api/v1/nope", app.url)).send().await;
+    let before = scrape().await.len();
+    let addr = app.running.as_ref().unwrap().addr;
+    let mut floods = Vec::new();
+    for c in 0..4 {
+        floods.push(tokio::spawn(pipelined(addr, 12_500, move |i| {
+            format!("ZZM{c}X{i} /api/v1/nope-{c}-{i} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        })));
+    }
+    for f in floods {
+        f.await.unwrap();
+    }
+    for i in 0..400 {
+        let (s, b) = as_token(
+            &app,
+            "hostile-w",
+            reqwest::Method::POST,
+            &format!("/api/v1/queues/floodq-{i}/tasks"),
+            Some(json!({"payload": i})),
+        )
+        .await;
+        assert!(s == 201 || s == 409, "{s} {b}");
+        let (s, b) = as_token(
+            &app,
+            "hostile-w",
+            reqwest::Method::PUT,
+            &format!("/api/v1/nodes/floodw-{i}/heartbeat"),
+            None,
+        )
+        .await;
+        assert!(s == 200 || s == 409, "{s} {b}");
+    }
+    let text = scrape().await;
+    let known: std::collections::BTreeSet<String> = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "other",
+    ]
+    .iter()
+    .map(|m| m.to_string())
+    .collect();
+    let methods = label_values(&text, "method");
+    assert!(methods.is_subset(&known), "methods: {methods:?}");
+    assert!(
+        methods.contains("other"),
+        "the flood is counted as `other`: {methods:?}"
+    );
+    let paths = label_values(&text, "path");
+    assert!(paths.iter().all(|p| !p.contains("nope-")), "raw paths as labels");
+    let queues = label_values(&text, "queue");
+    assert!(
+        queues.iter().filter(|q| q.starts_with("floodq-")).count() <= 100,
+        "queue label values: {}",
+        queues.len()
+    );
+    assert!(!text.contains("floodw-"), "a node id became a label");
+    let grown = text.len().saturating_sub(before);
+    println!("/metrics: {before} bytes before, {} after", text.len());
+    assert!(grown < 256 * 1024, "/metrics grew by {grown} bytes");
+}
