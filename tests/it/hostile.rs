@@ -435,3 +435,233 @@ async fn metric_labels_stay_bounded_under_a_flood_of_names() {
     println!("/metrics: {before} bytes before, {} after", text.len());
     assert!(grown < 256 * 1024, "/metrics grew by {grown} bytes");
 }
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// Signs in with `token`; returns the `muster_session=<id>` cookie.
+async fn sign_in(http: &reqwest::Client, app: &TestApp, token: &str) -> String {
+    let resp = http
+        .post(format!("{}/login", app.url))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    let set = resp.headers()["set-cookie"].to_str().unwrap().to_string();
+    set.split(';').next().unwrap().to_string()
+}
+
+async fn paused(app: &TestApp, queue: &str) -> bool {
+    let (_, list) = as_token(app, "hostile-r", reqwest::Method::GET, "/api/v1/queues", None).await;
+    list["queues"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|q| q["name"] == queue && q["paused"] == true)
+}
+
+/// N3: the review's attacks with an admin's session cookie, as a browser
+/// sends them: a form post from a page on another port (`Origin` of that
+/// page, `Sec-Fetch-Site: same-site`), a `no-cors` fetch (same headers, no
+/// body), and a cross-site one with only `Sec-Fetch-Site`. All 403 and
+/// nothing changes. From the node's own page, the cookie needs the CSRF
+/// token in `x-csrf-token`; a bearer token needs neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cookie_cannot_write_through_the_api_from_another_origin() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let http = no_redirects();
+    let cookie = sign_in(&http, &app, "hostile-a").await;
+    let (s, _) = as_token(
+        &app,
+        "hostile-w",
+        reqwest::Method::PUT,
+        "/api/v1/nodes/victim-w/heartbeat",
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let host = app.url.trim_start_matches("http://").to_string();
+    let attacker = format!("http://{}", host.replace(&host[host.rfind(':').unwrap()..], ":9999"));
+    let post = |path: &str| http.post(format!("{}{path}", app.url)).header("cookie", &cookie);
+    let attacks = [
+        // <form method=POST action=.../pause> auto-submitted by the page on another port
+        post("/api/v1/queues/victim-q/pause")
+            .header("origin", &attacker)
+            .header("sec-fetch-site", "same-site")
+            .header("sec-fetch-mode", "navigate")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(""),
+        // fetch(..., {method: "POST", mode: "no-cors", credentials: "include"})
+        post("/api/v1/nodes/victim-w/drain")
+            .header("origin", &attacker)
+            .header("sec-fetch-site", "same-site")
+            .header("sec-fetch-mode", "no-cors"),
+        // a browser that sends no Origin, only Fetch metadata
+        post("/api/v1/queues/victim-q/pause").header("sec-fetch-site", "cross-site"),
+        post("/api/v1/barriers/victim-b/hold").header("origin", "http://evil.example"),
+        // no Origin at all and no CSRF token
+        post("/api/v1/queues/victim-q/pause"),
+        // the right Origin but no CSRF token
+        post("/api/v1/nodes/victim-w/drain").header("origin", &app.url),
+    ];
+    for req in attacks {
+        let (s, b) = send(req).await;
+        assert_eq!(s, 403, "{b}");
+        assert_eq!(b["status"], 403, "problem+json: {b}");
+    }
+    assert!(!paused(&app, "victim-q").await, "paused by a cross-origin page");
+    let (_, node) = as_token(&app, "hostile-r", reqwest::Method::GET, "/api/v1/nodes/victim-w", None).await;
+    assert_eq!(node["state"], "alive", "drained by a cross-origin page: {node}");
+    let (s, _) = as_token(
+        &app,
+        "hostile-r",
+        reqwest::Method::GET,
+        "/api/v1/barriers/victim-b",
+        None,
+    )
+    .await;
+    let (_, b) = as_token(
+        &app,
+        "hostile-r",
+        reqwest::Method::GET,
+        "/api/v1/barriers/victim-b",
+        None,
+    )
+    .await;
+    assert!(s == 404 || b["hold"].is_null(), "held by a cross-origin page: {b}");
+
+    // The node's own page: the cookie with its CSRF token works.
+    let page = http
+        .get(format!("{}/", app.url))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page);
+    let (s, b) = send(
+        post("/api/v1/queues/victim-q/pause")
+            .header("origin", &app.url)
+            .header("sec-fetch-site", "same-origin")
+            .header("x-csrf-token", &csrf),
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+    assert!(paused(&app, "victim-q").await);
+    // Even with the token (leaked, say), another origin is refused.
+    let (s, b) = send(
+        post("/api/v1/queues/victim-q/resume")
+            .header("origin", &attacker)
+            .header("x-csrf-token", &csrf),
+    )
+    .await;
+    assert_eq!(s, 403, "{b}");
+    assert!(paused(&app, "victim-q").await);
+    // A wrong token is refused; reads need none.
+    let (s, _) = send(post("/api/v1/queues/victim-q/resume").header("x-csrf-token", "0".repeat(64))).await;
+    assert_eq!(s, 403);
+    let (s, _) = send(http.get(format!("{}/api/v1/queues", app.url)).header("cookie", &cookie)).await;
+    assert_eq!(s, 200);
+    // Bearer tokens are not a browser's: no Origin check.
+    let (s, b) = send(
+        http.post(format!("{}/api/v1/queues/victim-q/resume", app.url))
+            .bearer_auth("hostile-a")
+            .header("origin", "http://evil.example"),
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+}
+
+/// N4: with no tokens (every local caller is an admin), a page of another
+/// origin cannot write nor open a WebSocket, and a DNS-rebinding `Host`
+/// is refused for everything; loopback names, the listen address and
+/// `server.allowed_hosts` are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_auth_mode_refuses_other_origins_and_foreign_hosts() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.server.allowed_hosts = vec!["muster.internal".into()]).await;
+    let port = app.running.as_ref().unwrap().addr.port();
+    let http = no_redirects();
+    let post = |path: &str| http.post(format!("{}{path}", app.url));
+    for req in [
+        post("/api/v1/queues/nq/pause").header("origin", "http://evil.example"),
+        post("/api/v1/queues/nq/pause")
+            .header("origin", format!("http://127.0.0.1:{}", port + 1))
+            .header("sec-fetch-site", "same-site"),
+        post("/api/v1/queues/nq/pause").header("sec-fetch-site", "cross-site"),
+        post("/api/v1/barriers/deploy/hold")
+            .header("origin", "http://evil.example")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(""),
+    ] {
+        let (s, b) = send(req).await;
+        assert_eq!(s, 403, "{b}");
+        assert!(b["detail"].as_str().unwrap().contains("other origins"), "{b}");
+    }
+    let (_, list) = app.get("/api/v1/queues").await;
+    assert!(
+        !list["queues"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|q| q["paused"] == true),
+        "{list}"
+    );
+    // DNS rebinding: the attacker's name resolves to 127.0.0.1; its page is
+    // same-origin with itself, so Origin matches Host. Host is refused.
+    for (method, path) in [
+        ("GET", "/api/v1/nodes"),
+        ("DELETE", "/api/v1/barriers/deploy"),
+        ("GET", "/"),
+    ] {
+        let (s, b) = send(
+            http.request(method.parse().unwrap(), format!("{}{path}", app.url))
+                .header("host", format!("rebind.evil.example:{port}"))
+                .header("origin", format!("http://rebind.evil.example:{port}")),
+        )
+        .await;
+        assert_eq!(s, 403, "{method} {path}: {b}");
+        assert!(b["detail"].as_str().unwrap().contains("allowed_hosts"), "{b}");
+    }
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        format!("app.localhost:{port}"),
+        "muster.internal".to_string(),
+        format!("muster.internal:{port}"),
+    ] {
+        let (s, b) = send(http.get(format!("{}/api/v1/nodes", app.url)).header("host", &host)).await;
+        assert_eq!(s, 200, "{host}: {b}");
+    }
+    // A write from a non-browser (curl) or the node's own page is served.
+    let (s, b) = send(post("/api/v1/queues/nq/pause")).await;
+    assert_eq!(s, 204, "{b}");
+    let (s, b) = send(
+        post("/api/v1/queues/nq/resume")
+            .header("origin", &app.url)
+            .header("sec-fetch-site", "same-origin"),
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+    // A WebSocket from another origin would read every event.
+    let ws = format!("{}/api/v1/events/ws", app.url.replace("http://", "ws://"));
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(ws.as_str()).unwrap();
+    req.headers_mut()
+        .insert("origin", "http://evil.example".parse().unwrap());
+    match tokio_tungstenite::connect_async(req).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => assert_eq!(resp.status().as_u16(), 403),
+        other => panic!(
+            "a cross-origin WebSocket was accepted: {:?}",
+            other.map(|(_, r)| r.status())
+        ),
+    }
+}
