@@ -142,6 +142,17 @@ async fn a_short_body_gets_408_at_the_body_timeout() {
         "{got}"
     );
     assert!(got.contains("body_read_timeout_ms"), "{got}");
+    // The body names the request's id, as the header does (issue 36, N10).
+    assert!(!got.contains("\"request_id\":\"-\""), "{got}");
+    let header_id = got
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("x-request-id: ")
+                .map(|v| v.trim().to_uppercase())
+        })
+        .expect("an x-request-id header");
+    assert!(got.contains(&format!("\"request_id\":\"{header_id}\"")), "{got}");
     let (n, _) = app.get("/api/v1/queues/q/tasks").await;
     assert_eq!(n, 200);
 }
