@@ -21,7 +21,10 @@
 //! cookie request gets 503, never an anonymous page.
 //!
 //! Dashboard forms carry a CSRF token derived from the session id, so a
-//! page on another site cannot submit them. A WebSocket handshake
+//! page on another site cannot submit them. The REST API takes the cookie
+//! for writes only with that token in `x-csrf-token` and from this node's
+//! own origin; no-auth mode refuses writes from other origins and `Host`
+//! names that are not this node's (see [`middleware`]). A WebSocket handshake
 //! authenticated by the cookie must come from this node's own origin (or
 //! one in `server.allowed_origins`): SameSite does not stop another port of
 //! the same host.
@@ -30,7 +33,7 @@ use std::marker::PhantomData;
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use sha2::{Digest, Sha256};
@@ -41,6 +44,10 @@ use crate::error::ApiError;
 use crate::store::StoreError;
 
 pub const SESSION_COOKIE: &str = "muster_session";
+
+/// The header that carries the CSRF token on an API write authenticated by
+/// the session cookie.
+pub const CSRF_HEADER: &str = "x-csrf-token";
 
 struct Token {
     name: String,
@@ -336,11 +343,105 @@ pub fn origin_allowed(s: &AppState, headers: &HeaderMap) -> bool {
     own("http") || own("https") || listed(&s.advertise) || s.cfg.server.allowed_origins.iter().any(|o| listed(o))
 }
 
+/// Whether a method may change state (all but GET, HEAD and OPTIONS).
+fn is_write(m: &Method) -> bool {
+    !matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// A browser request sent by a page of another origin: its `Origin` is not
+/// ours (see [`origin_allowed`]), or, without `Origin`, `Sec-Fetch-Site`
+/// says `cross-site` or `same-site` (another port or a sibling subdomain is
+/// the same site, and SameSite cookies go along). Non-browser clients send
+/// neither header.
+pub fn from_another_origin(s: &AppState, headers: &HeaderMap) -> bool {
+    if headers.contains_key(header::ORIGIN) {
+        return !origin_allowed(s, headers);
+    }
+    headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("cross-site") || v.eq_ignore_ascii_case("same-site"))
+}
+
+/// No-auth mode: whether the `Host` names this node. Loopback names
+/// (`localhost`, `*.localhost`, 127.0.0.0/8, `::1`), the host of
+/// `server.listen` and of the advertised URL, and `server.allowed_hosts`
+/// (`name` or `name:port`) are; any other name is a DNS-rebinding page
+/// reaching a loopback-only node through its own domain. A request with no
+/// `Host` (HTTP/1.0) is no browser's.
+fn host_allowed(s: &AppState, req: &Request) -> bool {
+    let host = match req.headers().get(header::HOST) {
+        Some(h) => match h.to_str() {
+            Ok(h) => h.to_ascii_lowercase(),
+            Err(_) => return false,
+        },
+        None => match req.uri().authority() {
+            Some(a) => a.as_str().to_ascii_lowercase(),
+            None => return true,
+        },
+    };
+    let name = host_name(&host);
+    let listed = |entry: &str| {
+        let entry = entry.to_ascii_lowercase();
+        entry == host || entry == name
+    };
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || name == host_name(&s.cfg.server.listen.to_ascii_lowercase())
+        || s.advertise
+            .split_once("://")
+            .is_some_and(|(_, rest)| name == host_name(&rest.split('/').next().unwrap_or("").to_ascii_lowercase()))
+        || s.cfg.server.allowed_hosts.iter().any(|h| listed(h))
+}
+
+/// `name` of `name:port`, `[v6]:port`, `[v6]` or `name` (brackets dropped).
+fn host_name(authority: &str) -> String {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("").to_string();
+    }
+    match authority.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name.to_string(),
+        _ => authority.to_string(),
+    }
+}
+
+/// 403 for a no-auth request from a page of another origin.
+fn refuse_cross_site() -> Response {
+    ApiError::Forbidden(
+        "this node has no tokens (every local caller is an admin), so it refuses writes and \
+         WebSockets from pages of other origins (`Origin` or `Sec-Fetch-Site`); add the page's origin \
+         to server.allowed_origins, or configure [[auth.tokens]]"
+            .into(),
+    )
+    .into_response()
+}
+
 /// Resolves the caller of every request; refuses unauthenticated API calls
 /// (401) and sends unauthenticated dashboard visitors to the sign-in page.
+///
+/// Cookies are for pages (issue 36): an API write authenticated by the
+/// session cookie must come from this node's own pages (no foreign
+/// `Origin`, no cross- or same-site `Sec-Fetch-Site`) and carry the
+/// session's CSRF token in `x-csrf-token`; bearer tokens are not checked
+/// (a browser never sends them on its own). With no tokens configured,
+/// every write and WebSocket from another origin is refused, and so is a
+/// `Host` that does not name this node (DNS rebinding).
 pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
     let auth = &s.auth;
     if !auth.enabled() {
+        if !host_allowed(&s, &req) {
+            return ApiError::Forbidden(
+                "the Host header does not name this node; with no tokens configured a node answers only \
+                 to loopback names and its listen address (DNS rebinding); add the name to \
+                 server.allowed_hosts"
+                    .into(),
+            )
+            .into_response();
+        }
+        if (is_write(req.method()) || is_websocket(req.headers())) && from_another_origin(&s, req.headers()) {
+            return refuse_cross_site();
+        }
         req.extensions_mut().insert(auth.anonymous());
         return next.run(req).await;
     }
@@ -380,6 +481,36 @@ pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next)
             ApiError::Forbidden(
                 "this WebSocket was opened by a page of another origin with the session cookie; \
                  add the page's origin to server.allowed_origins, or authenticate with a token"
+                    .into(),
+            )
+            .into_response()
+        }
+        Some(_)
+            if by_cookie
+                && path.starts_with("/api/")
+                && is_write(req.method())
+                && from_another_origin(&s, req.headers()) =>
+        {
+            ApiError::Forbidden(
+                "an API write with the session cookie must come from this node's own pages (this one's \
+                 `Origin` or `Sec-Fetch-Site` says another origin); send `Authorization: Bearer <token>` instead"
+                    .into(),
+            )
+            .into_response()
+        }
+        Some(c)
+            if by_cookie
+                && path.starts_with("/api/")
+                && is_write(req.method())
+                && !req
+                    .headers()
+                    .get(CSRF_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|got| csrf_ok(&c.csrf, got)) =>
+        {
+            ApiError::Forbidden(
+                "an API write with the session cookie needs the session's CSRF token in `x-csrf-token` \
+                 (the `data-csrf` of any dashboard page); or send `Authorization: Bearer <token>`"
                     .into(),
             )
             .into_response()

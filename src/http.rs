@@ -77,20 +77,40 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
     resp
 }
 
+/// The `method` label: one of the standard methods, else `other`. hyper
+/// accepts any token as a method and this runs before authentication, so
+/// the raw method would let anyone add series without bound (issue 36, N2).
+pub fn method_label(m: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *m {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::CONNECT => "CONNECT",
+        _ => "other",
+    }
+}
+
 /// Counts requests and their duration by method, matched route and status.
-/// The route template (`/api/v1/tasks/{id}`), never the raw path, keeps the
-/// label set bounded.
+/// Every label is bounded: the route template (`/api/v1/tasks/{id}`, or
+/// `unmatched`), never the raw path; the method from [`method_label`]; the
+/// status a number below 1000.
 pub async fn track_metrics(req: Request, next: Next) -> Response {
     let path = req
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
-    let method = req.method().as_str().to_string();
+    let method = method_label(req.method());
     let start = Instant::now();
     let resp = next.run(req).await;
     let status = resp.status().as_u16().to_string();
-    metrics::counter!("muster_http_requests_total", "method" => method.clone(), "path" => path.clone(), "status" => status)
+    metrics::counter!("muster_http_requests_total", "method" => method, "path" => path.clone(), "status" => status)
         .increment(1);
     metrics::histogram!("muster_http_request_duration_seconds", "method" => method, "path" => path)
         .record(start.elapsed().as_secs_f64());

@@ -254,21 +254,23 @@ fn load_config(args: &ServeArgs) -> Result<Config, String> {
         let default = PathBuf::from("config.toml");
         default.exists().then_some(default)
     });
-    let mut cfg = Config::load(file.as_deref()).map_err(|e| e.0)?;
-    if let Some(v) = &args.listen {
-        cfg.server.listen = v.clone();
-    }
-    if let Some(v) = &args.node_id {
-        cfg.server.node_id = v.clone();
-    }
-    if let Some(v) = &args.redis_url {
-        cfg.redis.url = v.clone();
-    }
-    if let Some(v) = &args.data_dir {
-        cfg.server.data_dir = v.clone();
-    }
-    cfg.validate().map_err(|e| e.0)?;
-    Ok(cfg)
+    // The flags go in before the checks: a check that needs a flag's value
+    // (coordinated failover needs the node id) must see it.
+    Config::load_then(file.as_deref(), |cfg| {
+        if let Some(v) = &args.listen {
+            cfg.server.listen = v.clone();
+        }
+        if let Some(v) = &args.node_id {
+            cfg.server.node_id = v.clone();
+        }
+        if let Some(v) = &args.redis_url {
+            cfg.redis.url = v.clone();
+        }
+        if let Some(v) = &args.data_dir {
+            cfg.server.data_dir = v.clone();
+        }
+    })
+    .map_err(|e| e.0)
 }
 
 fn main() -> ExitCode {

@@ -198,13 +198,22 @@ async fn handle(
     if !late.load(Ordering::Relaxed) {
         return resp;
     }
-    let mut out = crate::error::problem(
-        StatusCode::REQUEST_TIMEOUT,
-        "the request body did not arrive within server.body_read_timeout_ms",
-        None,
-    );
-    if let Some(id) = resp.headers().get(&crate::http::X_REQUEST_ID) {
-        out.headers_mut().insert(crate::http::X_REQUEST_ID.clone(), id.clone());
+    // The request's id (outside the router's scope now) goes into the body
+    // as well as the header, as in every other problem (issue 36, N10).
+    let id = resp.headers().get(&crate::http::X_REQUEST_ID).cloned();
+    let timeout = || {
+        crate::error::problem(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive within server.body_read_timeout_ms",
+            None,
+        )
+    };
+    let mut out = match id.as_ref().and_then(|v| v.to_str().ok()) {
+        Some(text) => crate::error::REQUEST_ID.sync_scope(text.to_string(), timeout),
+        None => timeout(),
+    };
+    if let Some(id) = id {
+        out.headers_mut().insert(crate::http::X_REQUEST_ID.clone(), id);
     }
     out.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));

@@ -52,6 +52,14 @@ impl Config {
     /// Loads defaults, then `file` (when given; it must exist), then the
     /// `MUSTER_<SECTION>__<KEY>` environment variables, and validates.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load_then(file, |_| {})
+    }
+
+    /// Like [`Config::load`], with `flags` applied after the file and the
+    /// environment and before the checks: command-line flags win, and a
+    /// check that needs a flag's value (coordinated failover needs a node
+    /// id, which `--node-id` may give) sees it (issue 36, N13).
+    pub fn load_then(file: Option<&Path>, flags: impl FnOnce(&mut Config)) -> Result<Config, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
             if !path.exists() {
@@ -63,7 +71,8 @@ impl Config {
             fig = fig.merge(Toml::file_exact(path));
         }
         fig = fig.merge(env_provider());
-        let config: Config = fig.extract().map_err(|e| ConfigError(describe(e)))?;
+        let mut config: Config = fig.extract().map_err(|e| ConfigError(describe(e)))?;
+        flags(&mut config);
         config.validate()?;
         Ok(config)
     }
@@ -140,6 +149,26 @@ mod tests {
         let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).unwrap();
         let parsed = Config::from_toml(&text).unwrap();
         assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn flags_are_applied_before_the_checks() {
+        // Issue 36, N13: `--node-id` satisfies coordinated failover's need
+        // for a fixed node id, as `server.node_id` in the file does.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("coordinator.toml");
+        std::fs::write(
+            &path,
+            "[failover]\nrole = \"coordinator\"\nredis_servers = [\"127.0.0.1:1\"]\n\
+             secret = \"0123456789abcdef0123\"\nclients = [\"fx\"]\n",
+        )
+        .unwrap();
+        let e = Config::load(Some(&path)).unwrap_err();
+        assert!(e.0.contains("server.node_id"), "{}", e.0);
+        let cfg = Config::load_then(Some(&path), |c| c.server.node_id = "fc".into()).unwrap();
+        assert_eq!(cfg.server.node_id, "fc");
+        let e = Config::load_then(Some(&path), |c| c.server.node_id = "no spaces".into()).unwrap_err();
+        assert!(e.0.contains("server.node_id"), "flags are checked too: {}", e.0);
     }
 
     #[test]

@@ -36,8 +36,13 @@ pub struct ServerConfig {
     /// kernel's listen backlog until one closes.
     pub max_connections: usize,
     /// Origins (`https://ops.example.com`) besides this node's own whose
-    /// pages may open a WebSocket with the session cookie.
+    /// pages may open a WebSocket, or send an API write, with the session
+    /// cookie.
     pub allowed_origins: Vec<String>,
+    /// No-auth mode: `Host` values (`name` or `name:port`) accepted besides
+    /// loopback names and the listen address; any other `Host` gets 421
+    /// (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +60,7 @@ impl Default for ServerConfig {
             idle_timeout_ms: 60_000,
             max_connections: 10_000,
             allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
         }
     }
 }

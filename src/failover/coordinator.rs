@@ -290,8 +290,13 @@ impl Coordinator {
             .iter()
             .filter_map(|c| c.split_once('=').map(|(id, _)| id))
             .collect();
+        // Only records of kind `node`: those are written by the muster node
+        // itself (a worker heartbeat can neither write nor convert one,
+        // `heartbeat.lua`), so an `addr` a worker token chose is never where
+        // the secret goes (issue 36, N1).
         for n in list.nodes {
-            if wanted.contains(&n.id) && !n.addr.is_empty() && !configured.contains(&n.id.as_str()) {
+            if n.kind == "node" && wanted.contains(&n.id) && !n.addr.is_empty() && !configured.contains(&n.id.as_str())
+            {
                 urls.insert(n.id.clone(), n.addr.clone());
             }
         }

@@ -228,6 +228,23 @@ impl Failover {
                 "this node is not part of a coordinated failover ([failover] role is off)".into(),
             ));
         }
+        // Only a server this node was configured with, checked before the
+        // round is recorded: whoever holds the secret still cannot point the
+        // node at another Redis (issue 36, N1).
+        if kind == Kind::Reconfigure
+            && let Some(master) = msg.master.as_deref()
+            && !self
+                .inner
+                .cfg
+                .redis_servers
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(master))
+        {
+            return Err(ClientError::Bad(format!(
+                "`{master}` is not one of failover.redis_servers ({}); this node uses no other master",
+                self.inner.cfg.redis_servers.join(", ")
+            )));
+        }
         let _one = self.inner.handling.lock().await;
         let newest = self.inner.newest_round.load(Ordering::SeqCst);
         // The same round may send several messages (ping, invalidate,

@@ -36,6 +36,13 @@ pub enum NodesError {
     NotFound(String),
     #[error("`{0}` is a muster node, not a worker: only an admin removes nodes (DELETE /api/v1/nodes/{0})")]
     NotAWorker(String),
+    #[error("`{0}` is a muster node's id: only that node heartbeats under it; pick another worker id")]
+    MusterNode(String),
+    #[error(
+        "worker `{id}` was registered by another credential and is still registered; pick another worker id, \
+         or wait until it leaves or is marked dead (an admin can remove it: DELETE /api/v1/nodes/{id})"
+    )]
+    OtherOwner { id: String, leave: bool },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -49,10 +56,13 @@ impl From<NodesError> for crate::error::ApiError {
                 extra: Default::default(),
             },
             NodesError::NotFound(_) => ApiError::NotFound(e.to_string()),
-            NodesError::NotAWorker(_) => ApiError::Conflict {
-                message: e.to_string(),
-                extra: Default::default(),
-            },
+            NodesError::NotAWorker(_) | NodesError::MusterNode(_) | NodesError::OtherOwner { leave: false, .. } => {
+                ApiError::Conflict {
+                    message: e.to_string(),
+                    extra: Default::default(),
+                }
+            }
+            NodesError::OtherOwner { leave: true, .. } => ApiError::Forbidden(e.to_string()),
             NodesError::Store(s) => s.into(),
         }
     }
@@ -231,19 +241,23 @@ impl Nodes {
         let beats = self
             .store
             .every_shard()
-            .map(|s| async move { self.heartbeat_in(&s, id, kind, ttl_ms, addr, version, labels).await });
+            .map(|s| async move { self.heartbeat_in(&s, id, kind, "", ttl_ms, addr, version, labels).await });
         futures_util::future::join_all(beats).await
     }
 
     /// Registers or refreshes `id` for `ttl_ms` in the registry of shard
     /// `store`. The reply's Redis time is a clock sample for that shard's
-    /// master.
+    /// master. `owner` is a worker's credential (its token name): a worker
+    /// heartbeat never writes a muster node's record, nor a live worker's
+    /// registered by another credential (see `heartbeat.lua`); a muster
+    /// node's own heartbeat passes "".
     #[allow(clippy::too_many_arguments)]
     pub async fn heartbeat_in(
         &self,
         store: &Store,
         id: &str,
         kind: NodeKind,
+        owner: &str,
         ttl_ms: u64,
         addr: &str,
         version: &str,
@@ -259,6 +273,7 @@ impl Nodes {
             addr,
             version,
             labels: &labels,
+            owner: if kind == NodeKind::Worker { owner } else { "" },
         };
         let sent = Instant::now();
         let reply = store.run(&self.scripts.heartbeat, &call).await?;
@@ -267,6 +282,11 @@ impl Nodes {
         store.observe_clock(reply.now, sent, Instant::now());
         match reply.outcome {
             HeartbeatOutcome::TooMany => Err(NodesError::TooMany(self.cfg.max_nodes)),
+            HeartbeatOutcome::MusterNode => Err(NodesError::MusterNode(id.into())),
+            HeartbeatOutcome::OtherOwner => Err(NodesError::OtherOwner {
+                id: id.into(),
+                leave: false,
+            }),
             outcome => Ok(ShardBeat {
                 joined: outcome == HeartbeatOutcome::Joined,
                 now: reply.now,
@@ -285,13 +305,15 @@ impl Nodes {
     /// (they run at once and normally answer together). A shard that has not
     /// answered by then is named, and its call goes on in the background:
     /// on a master that is only slow it still lands, as it would have.
-    /// Refused when any shard is full (`max_nodes`), and unavailable only
-    /// when no shard applied it.
+    /// Refused when any shard is full (`max_nodes`) or refuses `owner`
+    /// (see [`Nodes::heartbeat_in`]), and unavailable only when no shard
+    /// applied it.
     #[allow(clippy::too_many_arguments)]
     pub async fn heartbeat(
         self: &Arc<Self>,
         id: &str,
         kind: NodeKind,
+        owner: &str,
         ttl_ms: u64,
         addr: &str,
         version: &str,
@@ -302,7 +324,13 @@ impl Nodes {
         let n = self.store.shards().len();
         let started = Instant::now();
         let mut each: Vec<Option<Result<ShardBeat, NodesError>>> = (0..n).map(|_| None).collect();
-        let call = Arc::new((id.to_string(), addr.to_string(), version.to_string(), labels.clone()));
+        let call = Arc::new((
+            id.to_string(),
+            owner.to_string(),
+            addr.to_string(),
+            version.to_string(),
+            labels.clone(),
+        ));
         let mut pending: futures_util::stream::FuturesUnordered<_> = self
             .store
             .every_shard()
@@ -311,8 +339,10 @@ impl Nodes {
                 let (nodes, call) = (self.clone(), call.clone());
                 let i = s.shard_index();
                 let run = tokio::spawn(async move {
-                    let (id, addr, version, labels) = &*call;
-                    nodes.heartbeat_in(&s, id, kind, ttl_ms, addr, version, labels).await
+                    let (id, owner, addr, version, labels) = &*call;
+                    nodes
+                        .heartbeat_in(&s, id, kind, owner, ttl_ms, addr, version, labels)
+                        .await
                 });
                 async move {
                     let r = run.await.unwrap_or_else(|e| {
@@ -352,7 +382,9 @@ impl Nodes {
         let mut first_error = None;
         for (shard, r) in each.into_iter().enumerate() {
             match r {
-                Err(e @ NodesError::TooMany(_)) => return Err(e),
+                Err(e @ (NodesError::TooMany(_) | NodesError::MusterNode(_) | NodesError::OtherOwner { .. })) => {
+                    return Err(e);
+                }
                 Err(e) => {
                     failed.push(shard);
                     first_error.get_or_insert(e);
@@ -426,17 +458,23 @@ impl Nodes {
 
     /// Removes a node from the cluster (see `leave.lua`).
     pub async fn leave(&self, id: &str, reason: &str) -> Result<(), NodesError> {
-        self.leave_as(id, reason, None).await
+        self.leave_as(id, reason, None, "").await
     }
 
     /// An external worker leaves: like [`Nodes::leave`], for worker
-    /// registrations only, checked in the same script.
-    pub async fn leave_worker(&self, id: &str) -> Result<(), NodesError> {
-        self.leave_as(id, "left", Some(NodeKind::Worker)).await
+    /// registrations only, and only by the credential (`owner`) that
+    /// registered it, both checked in the same script.
+    pub async fn leave_worker(&self, id: &str, owner: &str) -> Result<(), NodesError> {
+        self.leave_as(id, "left", Some(NodeKind::Worker), owner).await
     }
 
-    async fn leave_as(&self, id: &str, reason: &str, only: Option<NodeKind>) -> Result<(), NodesError> {
-        let call = scripts::Leave { id, reason, only };
+    async fn leave_as(&self, id: &str, reason: &str, only: Option<NodeKind>, owner: &str) -> Result<(), NodesError> {
+        let call = scripts::Leave {
+            id,
+            reason,
+            only,
+            owner,
+        };
         // Every shard at once; a shard that fails makes the answer
         // unavailable (503), and leaving again is harmless.
         let mut found = false;
@@ -444,6 +482,12 @@ impl Nodes {
             match reply? {
                 LeaveReply::NotFound => {}
                 LeaveReply::OtherKind => return Err(NodesError::NotAWorker(id.into())),
+                LeaveReply::OtherOwner => {
+                    return Err(NodesError::OtherOwner {
+                        id: id.into(),
+                        leave: true,
+                    });
+                }
                 LeaveReply::Removed | LeaveReply::Kept => found = true,
             }
         }

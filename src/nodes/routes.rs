@@ -66,15 +66,17 @@ validate::object_only!(HeartbeatBody);
 
 /// An external worker joins the cluster or refreshes its membership. A
 /// worker must heartbeat before it claims, and keep heartbeating while it
-/// runs tasks: when its heartbeat expires its tasks are recovered.
+/// runs tasks: when its heartbeat expires its tasks are recovered. A
+/// worker id belongs to the credential (token name) that registered it
+/// until it leaves or is marked dead; a muster node's id is never a worker's.
 #[utoipa::path(put, path = "/api/v1/nodes/{id}/heartbeat", tag = "nodes", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("id" = String, Path, description = "Worker id, [A-Za-z0-9._-]{1,64}")),
     request_body(content = Option<HeartbeatBody>, description = "Optional: without a body the defaults apply"),
     responses((status = 200, body = Heartbeat), (status = 400, description = "Bad id or body"),
-              (status = 409, description = "Too many nodes")))]
+              (status = 409, description = "Too many nodes, a muster node's id, or a worker registered by another credential")))]
 async fn heartbeat_node(
     State(s): State<AppState>,
-    _caller: WorkerCaller,
+    caller: WorkerCaller,
     Path(id): Path<String>,
     OptJson(body): OptJson<HeartbeatBody>,
 ) -> Result<Json<Heartbeat>> {
@@ -114,6 +116,7 @@ async fn heartbeat_node(
         .heartbeat(
             &id,
             NodeKind::Worker,
+            &caller.name,
             ttl,
             &body.addr,
             &body.version,
@@ -137,14 +140,16 @@ async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Pa
 /// An external worker leaves the cluster when it stops: its registration is
 /// removed at once, or, while it still holds running tasks, kept (dead) until
 /// the orphan cleaner has recovered them. Only worker registrations: a
-/// muster node is removed by an admin (`DELETE /api/v1/nodes/{id}`).
+/// muster node is removed by an admin (`DELETE /api/v1/nodes/{id}`), and
+/// a worker only by the credential that registered it.
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/leave", tag = "nodes", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("id" = String, Path, description = "The worker's id")),
     responses((status = 204, description = "Left"), (status = 404, description = "Unknown worker"),
+               (status = 403, description = "A worker registered by another credential"),
                (status = 409, description = "A muster node, not a worker")))]
-async fn leave_worker(State(s): State<AppState>, _caller: WorkerCaller, Path(id): Path<String>) -> Result<Response> {
+async fn leave_worker(State(s): State<AppState>, caller: WorkerCaller, Path(id): Path<String>) -> Result<Response> {
     validate::node_id("id", &id)?;
-    s.nodes.leave_worker(&id).await?;
+    s.nodes.leave_worker(&id, &caller.name).await?;
     Ok(no_content())
 }
 

@@ -47,6 +47,8 @@ pub(crate) struct Heartbeat<'a> {
     pub version: &'a str,
     /// A JSON object.
     pub labels: &'a str,
+    /// A worker's credential (token name); empty for a muster node's own.
+    pub owner: &'a str,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +58,10 @@ pub(crate) enum HeartbeatOutcome {
     Refreshed,
     /// `nodes.max_nodes` registered already: nothing written.
     TooMany,
+    /// A worker heartbeat for a muster node's id: nothing written.
+    MusterNode,
+    /// A live worker registered by another credential: nothing written.
+    OtherOwner,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +91,7 @@ impl ScriptCall for Heartbeat<'_> {
             self.addr.to_string(),
             self.version.to_string(),
             self.labels.to_string(),
+            self.owner.to_string(),
         ]
     }
 }
@@ -98,6 +105,8 @@ impl FromRedisValue for HeartbeatReply {
                 Ok(1) => HeartbeatOutcome::Joined,
                 Ok(0) => HeartbeatOutcome::Refreshed,
                 Err(Code::TooMany) => HeartbeatOutcome::TooMany,
+                Err(Code::WrongState) => HeartbeatOutcome::MusterNode,
+                Err(Code::NotOwner) => HeartbeatOutcome::OtherOwner,
                 other => return Err(decode_error(format!("heartbeat outcome {other:?}"))),
             };
             Ok(HeartbeatReply {
@@ -195,6 +204,9 @@ pub(crate) struct Leave<'a> {
     pub reason: &'a str,
     /// Only a registration of this kind (`Some(Worker)`), or any.
     pub only: Option<NodeKind>,
+    /// With `only`: the credential that asks (a worker registered by
+    /// another one is refused).
+    pub owner: &'a str,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,6 +218,8 @@ pub(crate) enum LeaveReply {
     NotFound,
     /// Not of the kind the call required.
     OtherKind,
+    /// A worker registered by another credential.
+    OtherOwner,
 }
 
 impl ScriptCall for Leave<'_> {
@@ -219,7 +233,12 @@ impl ScriptCall for Leave<'_> {
             Some(NodeKind::Worker) => "worker",
             Some(NodeKind::Node) => "node",
         };
-        vec![self.id.to_string(), self.reason.to_string(), only.to_string()]
+        vec![
+            self.id.to_string(),
+            self.reason.to_string(),
+            only.to_string(),
+            self.owner.to_string(),
+        ]
     }
 }
 
@@ -231,6 +250,7 @@ impl FromRedisValue for LeaveReply {
                 Ok(2) => LeaveReply::Kept,
                 Err(Code::NotFound) => LeaveReply::NotFound,
                 Err(Code::WrongState) => LeaveReply::OtherKind,
+                Err(Code::NotOwner) => LeaveReply::OtherOwner,
                 other => return Err(decode_error(format!("leave outcome {other:?}"))),
             })
         })
@@ -254,6 +274,7 @@ mod tests {
                 addr: "",
                 version: "",
                 labels: "{}",
+                owner: "w",
             },
             include_str!("lua/heartbeat.lua"),
         );
@@ -271,6 +292,7 @@ mod tests {
                 id: "n1",
                 reason: "left",
                 only: Some(NodeKind::Worker),
+                owner: "w",
             },
             include_str!("lua/leave.lua"),
         );
@@ -283,6 +305,7 @@ mod tests {
             id: "n1",
             reason: "removed",
             only: None,
+            owner: "",
         };
         assert_eq!(leave.keys(&k), vec![k.nodes(), k.node("n1"), k.node_tasks("n1")]);
         let hb = Heartbeat {
@@ -294,6 +317,7 @@ mod tests {
             addr: "a",
             version: "v",
             labels: "{}",
+            owner: "w",
         };
         assert_eq!(hb.keys(&k), vec![k.nodes(), k.node("n1")]);
         assert_eq!(hb.args()[4], "worker");
@@ -335,6 +359,10 @@ mod tests {
         assert_eq!((r.outcome, r.now), (HeartbeatOutcome::TooMany, 1000));
         assert!(h(arr(vec![int(1), int(1000), int(11_000)])).is_err(), "short");
         assert!(h(arr(vec![int(2), int(1000), int(11_000), s("active")])).is_err());
+        let r = h(arr(vec![int(Code::WrongState as i64), int(1000), int(0), s("")])).unwrap();
+        assert_eq!(r.outcome, HeartbeatOutcome::MusterNode);
+        let r = h(arr(vec![int(Code::NotOwner as i64), int(1000), int(0), s("")])).unwrap();
+        assert_eq!(r.outcome, HeartbeatOutcome::OtherOwner);
         assert!(
             h(arr(vec![int(Code::NotFound as i64), int(1000), int(0), s("")])).is_err(),
             "not heartbeat's code"
@@ -362,6 +390,7 @@ mod tests {
         assert_eq!(l(int(1)).unwrap(), LeaveReply::Removed);
         assert_eq!(l(int(2)).unwrap(), LeaveReply::Kept);
         assert_eq!(l(int(Code::NotFound as i64)).unwrap(), LeaveReply::NotFound);
+        assert_eq!(l(int(Code::NotOwner as i64)).unwrap(), LeaveReply::OtherOwner);
         assert!(l(int(0)).is_err());
         assert!(l(int(3)).is_err());
         assert!(l(s("x")).is_err());

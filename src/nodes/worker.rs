@@ -76,7 +76,16 @@ async fn beat(nodes: &Nodes, shard: &Store, me: &Identity, health: &Health, log:
     let version = env!("CARGO_PKG_VERSION");
     let i = shard.shard_index();
     let outcome = nodes
-        .heartbeat_in(shard, &me.id, NodeKind::Node, cfg.ttl_ms, &me.addr, version, &me.labels)
+        .heartbeat_in(
+            shard,
+            &me.id,
+            NodeKind::Node,
+            "",
+            cfg.ttl_ms,
+            &me.addr,
+            version,
+            &me.labels,
+        )
         .await;
     let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
     match outcome {

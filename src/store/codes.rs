@@ -76,6 +76,10 @@ codes! {
     TooMany = -12, "TOO_MANY";
     /// A create of something that exists already (a schedule id).
     Exists = -13, "EXISTS";
+    /// The record belongs to someone else: a muster node's registration
+    /// written by a worker heartbeat, or a live worker's registration by
+    /// another credential than the one that registered it (issue 36).
+    NotOwner = -14, "NOT_OWNER";
 }
 
 #[cfg(test)]

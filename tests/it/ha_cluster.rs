@@ -840,7 +840,16 @@ async fn a_sharded_registry_is_written_to_every_shard() {
     let (store, ctx, cfg) = sharded_store(&cluster, 12).await;
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
     let hb = nodes
-        .heartbeat("w1", NodeKind::Worker, 60_000, "", "", &Default::default(), |_| false)
+        .heartbeat(
+            "w1",
+            NodeKind::Worker,
+            "test",
+            60_000,
+            "",
+            "",
+            &Default::default(),
+            |_| false,
+        )
         .await
         .unwrap();
     assert!(hb.joined && hb.state == "active", "{hb:?}");
@@ -870,7 +879,7 @@ async fn a_sharded_registry_is_written_to_every_shard() {
             "shard {i}: drained"
         );
     }
-    nodes.leave_worker("w1").await.unwrap();
+    nodes.leave_worker("w1", "test").await.unwrap();
     for i in 0..12 {
         let s = store.shard(i);
         let score: Option<f64> = s

@@ -44,7 +44,8 @@ async fn role_matrix() {
             Method::PUT,
             "/api/v1/nodes/wk/heartbeat".into(),
             Some(json!({})),
-            [401, 401, 403, 200, 200],
+            // the id is the worker token's once it registered it (issue 36)
+            [401, 401, 403, 200, 409],
         ),
         (
             Method::POST,

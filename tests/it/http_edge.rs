@@ -103,7 +103,9 @@ async fn half_a_header_is_cut_at_the_header_timeout() {
     let app = TestApp::start_with(&redis, short_timeouts).await;
     let mut s = connect(&app).await;
     let start = Instant::now();
-    s.write_all(b"GET /api/v1/nodes HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    s.write_all(b"GET /api/v1/nodes HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
     let got = read_until_closed(&mut s, Duration::from_secs(5)).await;
     assert!(got.is_some(), "a half header holds the connection past 5 s");
     let took = start.elapsed();
@@ -123,7 +125,7 @@ async fn a_short_body_gets_408_at_the_body_timeout() {
     let mut s = connect(&app).await;
     let start = Instant::now();
     s.write_all(
-        b"POST /api/v1/queues/q/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+        b"POST /api/v1/queues/q/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
           Content-Length: 100\r\n\r\n{\"payload\":",
     )
     .await
@@ -140,6 +142,17 @@ async fn a_short_body_gets_408_at_the_body_timeout() {
         "{got}"
     );
     assert!(got.contains("body_read_timeout_ms"), "{got}");
+    // The body names the request's id, as the header does (issue 36, N10).
+    assert!(!got.contains("\"request_id\":\"-\""), "{got}");
+    let header_id = got
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("x-request-id: ")
+                .map(|v| v.trim().to_uppercase())
+        })
+        .expect("an x-request-id header");
+    assert!(got.contains(&format!("\"request_id\":\"{header_id}\"")), "{got}");
     let (n, _) = app.get("/api/v1/queues/q/tasks").await;
     assert_eq!(n, 200);
 }
@@ -151,11 +164,15 @@ async fn an_idle_keep_alive_connection_is_closed() {
     let mut s = connect(&app).await;
     // One complete exchange, then silence: longer than the header bound is
     // fine (the connection is idle, not in a head), the idle bound is not.
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
     let resp = read_response(&mut s, Duration::from_secs(5)).await.unwrap();
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     tokio::time::sleep(Duration::from_millis(700)).await;
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
     let resp = read_response(&mut s, Duration::from_secs(5))
         .await
         .expect("idle for 700 ms, past the header bound but within the idle bound, the connection still serves");
@@ -198,12 +215,16 @@ async fn connections_beyond_the_bound_wait() {
     let mut a = connect(&app).await;
     let mut b = connect(&app).await;
     for s in [&mut a, &mut b] {
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
         assert!(read_response(s, Duration::from_secs(5)).await.is_some());
     }
     // The third is not accepted while two are open: it waits in the backlog.
     let mut c = connect(&app).await;
-    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
     assert!(
         read_response(&mut c, Duration::from_millis(800)).await.is_none(),
         "a third connection was served beyond max_connections = 2"
@@ -270,7 +291,7 @@ async fn long_targets_get_414_problem_json() {
     // Beyond hyper's own bound (65534 bytes) hyper answers 414 itself, with
     // an empty body (documented in docs/configuration.md, Security).
     let mut s = connect(&app).await;
-    let huge = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    let huge = format!("GET /{} HTTP/1.1\r\nHost: localhost\r\n\r\n", "a".repeat(70_000));
     s.write_all(huge.as_bytes()).await.unwrap();
     let got = read_until_closed(&mut s, Duration::from_secs(5)).await.unwrap();
     assert!(got.starts_with("HTTP/1.1 414"), "{got}");

@@ -20,6 +20,7 @@ mod ha_coordinated;
 mod ha_coordinated_bin;
 mod ha_harness;
 mod ha_sentinel;
+mod hostile;
 mod http_api;
 mod http_edge;
 mod isolation;

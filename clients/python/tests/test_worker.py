@@ -299,7 +299,8 @@ def test_a_claim_whose_answer_was_lost_is_adopted_once(cluster: Cluster, queue: 
 
     async def main() -> None:
         with Client(cluster.urls, ADMIN_TOKEN) as c:
-            c.heartbeat_node("py-adopt", ttl_ms=5000)
+            with Client(cluster.urls, WORKER_TOKEN) as wc:  # a worker id belongs to the token that registers it
+                wc.heartbeat_node("py-adopt", ttl_ms=5000)
             sub = c.submit(queue, "lost")
             [lost] = c.claim(queue, "py-adopt")  # its answer never reaches the worker
             w = AsyncWorker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-adopt", concurrency=3,
@@ -325,7 +326,8 @@ def test_a_lost_claim_without_a_free_slot_is_handed_back(cluster: Cluster, queue
 
     async def main() -> None:
         with Client(cluster.urls, ADMIN_TOKEN) as c:
-            c.heartbeat_node("py-adopt-full", ttl_ms=5000)
+            with Client(cluster.urls, WORKER_TOKEN) as wc:  # a worker id belongs to the token that registers it
+                wc.heartbeat_node("py-adopt-full", ttl_ms=5000)
             sub = c.submit(queue, "lost", backoff_base_ms=60_000, backoff_cap_ms=60_000)
             c.claim(queue, "py-adopt-full")
             # Its one slot is held by its long-polling claim.

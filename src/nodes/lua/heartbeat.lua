@@ -16,15 +16,34 @@
 -- ARGV[6]  addr               address or URL, may be empty
 -- ARGV[7]  version            may be empty
 -- ARGV[8]  labels             JSON object
+-- ARGV[9]  owner              worker heartbeats: the credential (token name) that
+--                             sends it; '' for a muster node's own heartbeat
+--
+-- Ownership (issue 36): a worker heartbeat never touches a muster node's record
+-- (kind "node", while its info hash lives: through the dead retention), and a
+-- worker's record belongs to the credential that registered it until it leaves
+-- or is marked dead; only then may another credential take the id. A muster
+-- node's own heartbeat always writes (it comes from that node's process).
 --
 -- Returns {code, now_ms, expires_ms, state}
 --   code  1 joined (new, back after leaving or being marked dead), 0 refreshed,
---         E.TOO_MANY nodes.max_nodes registered already (expires_ms 0, state '')
+--         E.TOO_MANY nodes.max_nodes registered already (expires_ms 0, state ''),
+--         E.WRONG_STATE a worker heartbeat for a muster node's id (nothing written),
+--         E.NOT_OWNER a worker registered by another credential (nothing written)
 --   state "active" | "draining"
 -- Emits node.joined when code is 1.
 local id, ttl, info_ttl, max_nodes = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local prev = redis.call('ZSCORE', KEYS[1], id)
+if ARGV[5] == 'worker' then
+  local cur = redis.call('HMGET', KEYS[2], 'kind', 'owner', 'state', 'dead_at')
+  if cur[1] == 'node' then
+    return {E.WRONG_STATE, now, 0, ''}
+  end
+  if prev and cur[2] and cur[2] ~= ARGV[9] and cur[3] ~= 'left' and not cur[4] then
+    return {E.NOT_OWNER, now, 0, ''}
+  end
+end
 if not prev and redis.call('ZCARD', KEYS[1]) >= max_nodes then
   return {E.TOO_MANY, now, 0, ''}
 end
@@ -41,6 +60,11 @@ if joined then
 end
 redis.call('HSET', KEYS[2], 'id', id, 'kind', ARGV[5], 'addr', ARGV[6], 'version', ARGV[7],
   'labels', ARGV[8], 'state', state, 'ttl_ms', ttl, 'last_seen', now)
+if ARGV[9] ~= '' then
+  redis.call('HSET', KEYS[2], 'owner', ARGV[9])
+else
+  redis.call('HDEL', KEYS[2], 'owner')
+end
 redis.call('HDEL', KEYS[2], 'dead_at')
 redis.call('PEXPIRE', KEYS[2], info_ttl)
 if joined then

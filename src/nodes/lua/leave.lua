@@ -13,9 +13,12 @@
 -- ARGV[3]  only kind          "" any registration, or "worker": only an external
 --                             worker's (a worker leaving through the API may not
 --                             remove a muster node)
+-- ARGV[4]  owner              with ARGV[3] "worker": the credential that asks;
+--                             a worker registered by another one is refused
 --
 -- Returns 1 left (removed), 2 left (kept until its tasks are recovered),
---   E.NOT_FOUND unknown node, E.WRONG_STATE not of the required kind.
+--   E.NOT_FOUND unknown node, E.WRONG_STATE not of the required kind,
+--   E.NOT_OWNER a worker registered by another credential.
 -- Emits node.left unless it returns an error code.
 local now = now_ms()
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
@@ -23,6 +26,12 @@ if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
 end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[2], 'kind') ~= ARGV[3] then
   return E.WRONG_STATE
+end
+if ARGV[3] ~= '' then
+  local owner = redis.call('HGET', KEYS[2], 'owner')
+  if owner and owner ~= ARGV[4] then
+    return E.NOT_OWNER
+  end
 end
 emit('node.left', ARGV[1], {reason = ARGV[2]})
 if redis.call('SCARD', KEYS[3]) > 0 then

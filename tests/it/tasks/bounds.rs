@@ -109,7 +109,7 @@ async fn raw_request(app: &TestApp, method: &str, path: &str, body: &str) -> (u1
         .await
         .unwrap();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
@@ -233,7 +233,7 @@ async fn claims_abandoned_mid_wait_leave_no_waiter_behind() {
             .unwrap();
         let body = r#"{"node":"w","wait_ms":30000}"#;
         let req = format!(
-            "POST /api/v1/queues/made-up-{i}/claim HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /api/v1/queues/made-up-{i}/claim HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         s.write_all(req.as_bytes()).await.unwrap();

@@ -1,0 +1,667 @@
+//! The HTTP edge against hostile callers (issue 36): each test replays an
+//! attack of the third HTTP check (`reviews/httpcheck.md`, section 7) and
+//! shows it changes nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use muster::config::{FailoverRole, Role, TokenConfig};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::ha::TestReplicaSet;
+use crate::common::*;
+
+/// `r`, `w`, `a` (read, worker, admin; secrets `hostile-r`...) and a second
+/// worker token `w2` (secret `hostile-w2`).
+fn tokens() -> Vec<TokenConfig> {
+    let mut t = role_tokens("hostile");
+    t.push(TokenConfig {
+        name: "w2".into(),
+        role: Role::Worker,
+        sha256: sha256_hex("hostile-w2"),
+    });
+    t
+}
+
+async fn as_token(
+    app: &TestApp,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut r = app
+        .http
+        .request(method, format!("{}{path}", app.url))
+        .bearer_auth(token);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    send(r).await
+}
+
+/// N1: a worker token heartbeats under another muster node's id, through
+/// a node that is not that one, then makes it leave. Both are refused and
+/// the record stays the node's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_token_cannot_take_over_a_muster_node_through_another_node() {
+    let redis = TestRedis::start();
+    let a = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let b = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let victim = format!("/api/v1/nodes/{}", b.node_id);
+    let (s, before) = as_token(&a, "hostile-a", reqwest::Method::GET, &victim, None).await;
+    assert_eq!(s, 200, "{before}");
+    assert_eq!(before["kind"], "node");
+
+    let evil = json!({"ttl_ms": 600000, "addr": "http://evil.example:1", "labels": {"x": "y"}});
+    for _ in 0..20 {
+        let (s, body) = as_token(
+            &a,
+            "hostile-w",
+            reqwest::Method::PUT,
+            &format!("{victim}/heartbeat"),
+            Some(evil.clone()),
+        )
+        .await;
+        assert_eq!(s, 409, "{body}");
+        assert!(body["detail"].as_str().unwrap().contains("muster node"), "{body}");
+    }
+    let (s, body) = as_token(&a, "hostile-w", reqwest::Method::POST, &format!("{victim}/leave"), None).await;
+    assert_eq!(s, 409, "{body}");
+    // Even an admin's heartbeat is a worker's: it never converts a node.
+    let (s, body) = as_token(
+        &a,
+        "hostile-a",
+        reqwest::Method::PUT,
+        &format!("{victim}/heartbeat"),
+        Some(evil.clone()),
+    )
+    .await;
+    assert_eq!(s, 409, "{body}");
+
+    let (_, after) = as_token(&a, "hostile-a", reqwest::Method::GET, &victim, None).await;
+    assert_eq!(after["kind"], "node", "{after}");
+    assert_eq!(after["addr"], before["addr"], "{after}");
+    assert_eq!(after["state"], "alive", "{after}");
+    assert!(after["labels"].get("x").is_none(), "{after}");
+    let events = redis.events("muster").await;
+    assert!(
+        !events.iter().any(|(t, id, _)| t == "node.left" && id == &b.node_id),
+        "the node never left: {events:?}"
+    );
+}
+
+/// N1: a worker id belongs to the token that registered it while it lives:
+/// another worker token can neither refresh it (its labels and addr) nor
+/// make it leave; the owner can, and then the id is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_id_belongs_to_the_token_that_registered_it() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let hb = "/api/v1/nodes/wk-owned/heartbeat";
+    let (s, body) = as_token(
+        &app,
+        "hostile-w",
+        reqwest::Method::PUT,
+        hb,
+        Some(json!({"ttl_ms": 60000, "addr": "good", "labels": {"zone": "a"}})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let (s, body) = as_token(
+        &app,
+        "hostile-w2",
+        reqwest::Method::PUT,
+        hb,
+        Some(json!({"ttl_ms": 60000, "addr": "evil", "labels": {"zone": "evil"}})),
+    )
+    .await;
+    assert_eq!(s, 409, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("another credential"),
+        "{body}"
+    );
+    let (s, body) = as_token(
+        &app,
+        "hostile-w2",
+        reqwest::Method::POST,
+        "/api/v1/nodes/wk-owned/leave",
+        None,
+    )
+    .await;
+    assert_eq!(s, 403, "{body}");
+    assert_eq!(body["status"], 403, "problem+json: {body}");
+    let (_, node) = as_token(&app, "hostile-r", reqwest::Method::GET, "/api/v1/nodes/wk-owned", None).await;
+    assert_eq!(
+        (node["addr"].as_str(), node["state"].as_str()),
+        (Some("good"), Some("alive")),
+        "{node}"
+    );
+    assert_eq!(node["labels"]["zone"], "a", "{node}");
+
+    // The owner refreshes and leaves; then another token may take the id.
+    let (s, _) = as_token(&app, "hostile-w", reqwest::Method::PUT, hb, None).await;
+    assert_eq!(s, 200);
+    let (s, _) = as_token(
+        &app,
+        "hostile-w",
+        reqwest::Method::POST,
+        "/api/v1/nodes/wk-owned/leave",
+        None,
+    )
+    .await;
+    assert_eq!(s, 204);
+    let (s, body) = as_token(&app, "hostile-w2", reqwest::Method::PUT, hb, None).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["joined"], true, "{body}");
+}
+
+const SECRET: &str = "a-shared-secret-for-hostile-tests";
+
+/// A round far ahead of the coordinator's (rounds are Redis ms).
+const FAR_ROUND: u64 = 9_000_000_000_000;
+
+async fn failover_node(set: &TestReplicaSet, id: &str, role: FailoverRole, clients: Vec<String>) -> TestApp {
+    let dir = tempfile::Builder::new().prefix("muster-node").tempdir().unwrap();
+    let mut cfg = test_config("", dir.path());
+    cfg.redis.url.clear();
+    cfg.server.node_id = id.to_string();
+    cfg.auth.tokens = tokens();
+    cfg.failover.role = role;
+    cfg.failover.redis_servers = vec![set.addr(0), set.addr(1)];
+    cfg.failover.secret = SECRET.into();
+    cfg.failover.clients = clients;
+    cfg.failover.interval_ms = 200;
+    cfg.failover.retries = 2;
+    cfg.failover.answer_timeout_ms = 500;
+    cfg.failover.max_backoff_ms = 2000;
+    cfg.failover.republish_ms = 200;
+    TestApp::start_config(cfg, dir).await
+}
+
+/// A listener that counts connections and answers nothing useful: where
+/// an attacker would collect the failover secret.
+async fn trap() -> (String, Arc<AtomicUsize>, Arc<std::sync::Mutex<String>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let hits = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let (h, sn) = (hits.clone(), seen.clone());
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            h.fetch_add(1, Ordering::SeqCst);
+            let sn = sn.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                if let Ok(n) = c.read(&mut buf).await {
+                    sn.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+                let _ = c.write_all(b"HTTP/1.1 500 Nope\r\ncontent-length: 0\r\n\r\n").await;
+            });
+        }
+    });
+    (url, hits, seen)
+}
+
+/// N1: the review's attack on coordinated failover. A worker token
+/// heartbeats the client's id through the coordinator with the address of
+/// a listener (refused), and registers a worker under a configured client
+/// id that no muster node runs (accepted: it is only a worker). The
+/// coordinator posts its messages to neither: it trusts registry records of
+/// kind `node` only. And the client refuses a master outside
+/// `failover.redis_servers`, even with the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_never_sends_the_secret_to_an_address_a_worker_chose() {
+    if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
+        return;
+    }
+    let set = TestReplicaSet::start(1);
+    let p = std::process::id();
+    let (fc, fx, ghost) = (format!("fc-{p}"), format!("fx-{p}"), format!("ghost-{p}"));
+    let client = failover_node(&set, &fx, FailoverRole::Client, vec![]).await;
+    let coord = failover_node(&set, &fc, FailoverRole::Coordinator, vec![fx.clone(), ghost.clone()]).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            let (_, st) = as_token(&coord, "hostile-a", reqwest::Method::GET, "/api/v1/failover", None).await;
+            st["coordinator"]["clients"][fx.as_str()].as_str() == Some(client.url.as_str())
+        })
+        .await,
+        "the coordinator learns the client's URL"
+    );
+    let (url, hits, seen) = trap().await;
+    let body = json!({"ttl_ms": 600000, "addr": url});
+    let (s, b) = as_token(
+        &coord,
+        "hostile-w",
+        reqwest::Method::PUT,
+        &format!("/api/v1/nodes/{fx}/heartbeat"),
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!(s, 409, "{b}");
+    let (s, b) = as_token(
+        &coord,
+        "hostile-w",
+        reqwest::Method::PUT,
+        &format!("/api/v1/nodes/{ghost}/heartbeat"),
+        Some(body.clone()),
+    )
+    .await;
+    assert_eq!(s, 200, "a worker under an unused id is only a worker: {b}");
+    // Several refreshes and republishes (every 200 ms).
+    for _ in 0..15 {
+        let (s, _) = as_token(
+            &coord,
+            "hostile-w",
+            reqwest::Method::PUT,
+            &format!("/api/v1/nodes/{ghost}/heartbeat"),
+            Some(body.clone()),
+        )
+        .await;
+        assert_eq!(s, 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, st) = as_token(&coord, "hostile-a", reqwest::Method::GET, "/api/v1/failover", None).await;
+    assert_eq!(
+        st["coordinator"]["clients"][fx.as_str()].as_str(),
+        Some(client.url.as_str()),
+        "{st}"
+    );
+    assert!(
+        !st["coordinator"]["clients"].to_string().contains(&url),
+        "the coordinator took a worker's addr: {st}"
+    );
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "the coordinator connected to the trap: {}",
+        seen.lock().unwrap()
+    );
+
+    // With the secret, a master outside failover.redis_servers (a real,
+    // reachable Redis: the review's switch succeeded) is refused, and the
+    // client keeps its master.
+    let master_before = set.addr(0);
+    let other = TestRedis::start();
+    let other_addr = other
+        .url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_string();
+    let req = client
+        .http
+        .post(format!("{}/internal/failover/reconfigure", client.url))
+        .header("x-muster-failover-secret", SECRET)
+        .json(&json!({"round": FAR_ROUND, "master": other_addr}));
+    let (s, b) = send(req).await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b["detail"].as_str().unwrap().contains("failover.redis_servers"), "{b}");
+    let (_, st) = as_token(&client, "hostile-a", reqwest::Method::GET, "/api/v1/failover", None).await;
+    assert_eq!(st["master"].as_str(), Some(master_before.as_str()), "{st}");
+    // The refused message did not record its round: the coordinator's next
+    // messages are not stale.
+    assert!(st["newest_round"].as_u64().unwrap_or(0) < FAR_ROUND, "{st}");
+    assert_eq!(other.dbsize().await, 0, "the client wrote to the other Redis");
+}
+
+/// Sends `n` pipelined requests made by `make(i)` over one connection and
+/// waits for `n` answers (each a status line).
+async fn pipelined(addr: std::net::SocketAddr, n: usize, make: impl Fn(usize) -> String + Send + 'static) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        let mut batch = String::new();
+        for i in 0..n {
+            batch.push_str(&make(i));
+            if batch.len() > 64 * 1024 || i + 1 == n {
+                wr.write_all(batch.as_bytes()).await.unwrap();
+                batch.clear();
+            }
+        }
+        wr
+    });
+    let mut seen = 0;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut tail = Vec::new();
+    while seen < n {
+        let got = tokio::time::timeout(Duration::from_secs(60), rd.read(&mut buf))
+            .await
+            .expect("answers keep coming")
+            .unwrap();
+        assert!(got > 0, "closed after {seen} of {n} answers");
+        tail.extend_from_slice(&buf[..got]);
+        let text = String::from_utf8_lossy(&tail);
+        seen += text.matches("HTTP/1.1 ").count();
+        let keep = tail.len().saturating_sub(8);
+        tail.drain(..keep);
+    }
+    let _ = writer.await;
+}
+
+/// Every value of `label` in a Prometheus text body.
+fn label_values(metrics: &str, label: &str) -> std::collections::BTreeSet<String> {
+    let key = format!("{label}=\"");
+    let mut out = std::collections::BTreeSet::new();
+    for l in metrics.lines().filter(|l| !l.starts_with('#')) {
+        for (at, _) in l.match_indices(&key) {
+            if let Some(v) = l[at + key.len()..].split('"').next() {
+                out.insert(v.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// N2: 50 000 distinct methods on 50 000 distinct paths (no token needed
+/// for the label to be made), then distinct queues and worker ids: every
+/// label stays bounded and `/metrics` grows by less than 256 KiB (before
+/// the fix the methods alone added tens of MB: each one 19 series).
+/// Queues and node ids are sent 400 times each, not 50 000: the queue
+/// label is capped at 100 values (+ `other`) by `QueueLabels` and node ids
+/// are no label at all, which the test checks by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_labels_stay_bounded_under_a_flood_of_names() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let scrape = || async {
+        app.http
+            .get(format!("{}/metrics", app.url))
+            .bearer_auth("hostile-r")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    // Warm up every route's series once, so the growth measured is the flood's.
+    let _ = app.http.get(format!("{}/api/v1/nope", app.url)).send().await;
+    let before = scrape().await.len();
+    let addr = app.running.as_ref().unwrap().addr;
+    let mut floods = Vec::new();
+    for c in 0..4 {
+        floods.push(tokio::spawn(pipelined(addr, 12_500, move |i| {
+            format!("ZZM{c}X{i} /api/v1/nope-{c}-{i} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        })));
+    }
+    for f in floods {
+        f.await.unwrap();
+    }
+    for i in 0..400 {
+        let (s, b) = as_token(
+            &app,
+            "hostile-w",
+            reqwest::Method::POST,
+            &format!("/api/v1/queues/floodq-{i}/tasks"),
+            Some(json!({"payload": i})),
+        )
+        .await;
+        assert!(s == 201 || s == 409, "{s} {b}");
+        let (s, b) = as_token(
+            &app,
+            "hostile-w",
+            reqwest::Method::PUT,
+            &format!("/api/v1/nodes/floodw-{i}/heartbeat"),
+            None,
+        )
+        .await;
+        assert!(s == 200 || s == 409, "{s} {b}");
+    }
+    let text = scrape().await;
+    let known: std::collections::BTreeSet<String> = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "other",
+    ]
+    .iter()
+    .map(|m| m.to_string())
+    .collect();
+    let methods = label_values(&text, "method");
+    assert!(methods.is_subset(&known), "methods: {methods:?}");
+    assert!(
+        methods.contains("other"),
+        "the flood is counted as `other`: {methods:?}"
+    );
+    let paths = label_values(&text, "path");
+    assert!(paths.iter().all(|p| !p.contains("nope-")), "raw paths as labels");
+    let queues = label_values(&text, "queue");
+    assert!(
+        queues.iter().filter(|q| q.starts_with("floodq-")).count() <= 100,
+        "queue label values: {}",
+        queues.len()
+    );
+    assert!(!text.contains("floodw-"), "a node id became a label");
+    let grown = text.len().saturating_sub(before);
+    println!("/metrics: {before} bytes before, {} after", text.len());
+    assert!(grown < 256 * 1024, "/metrics grew by {grown} bytes");
+}
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// Signs in with `token`; returns the `muster_session=<id>` cookie.
+async fn sign_in(http: &reqwest::Client, app: &TestApp, token: &str) -> String {
+    let resp = http
+        .post(format!("{}/login", app.url))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    let set = resp.headers()["set-cookie"].to_str().unwrap().to_string();
+    set.split(';').next().unwrap().to_string()
+}
+
+async fn paused(app: &TestApp, queue: &str) -> bool {
+    let (_, list) = as_token(app, "hostile-r", reqwest::Method::GET, "/api/v1/queues", None).await;
+    list["queues"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|q| q["name"] == queue && q["paused"] == true)
+}
+
+/// N3: the review's attacks with an admin's session cookie, as a browser
+/// sends them: a form post from a page on another port (`Origin` of that
+/// page, `Sec-Fetch-Site: same-site`), a `no-cors` fetch (same headers, no
+/// body), and a cross-site one with only `Sec-Fetch-Site`. All 403 and
+/// nothing changes. From the node's own page, the cookie needs the CSRF
+/// token in `x-csrf-token`; a bearer token needs neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cookie_cannot_write_through_the_api_from_another_origin() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let http = no_redirects();
+    let cookie = sign_in(&http, &app, "hostile-a").await;
+    let (s, _) = as_token(
+        &app,
+        "hostile-w",
+        reqwest::Method::PUT,
+        "/api/v1/nodes/victim-w/heartbeat",
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let host = app.url.trim_start_matches("http://").to_string();
+    let attacker = format!("http://{}", host.replace(&host[host.rfind(':').unwrap()..], ":9999"));
+    let post = |path: &str| http.post(format!("{}{path}", app.url)).header("cookie", &cookie);
+    let attacks = [
+        // <form method=POST action=.../pause> auto-submitted by the page on another port
+        post("/api/v1/queues/victim-q/pause")
+            .header("origin", &attacker)
+            .header("sec-fetch-site", "same-site")
+            .header("sec-fetch-mode", "navigate")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(""),
+        // fetch(..., {method: "POST", mode: "no-cors", credentials: "include"})
+        post("/api/v1/nodes/victim-w/drain")
+            .header("origin", &attacker)
+            .header("sec-fetch-site", "same-site")
+            .header("sec-fetch-mode", "no-cors"),
+        // a browser that sends no Origin, only Fetch metadata
+        post("/api/v1/queues/victim-q/pause").header("sec-fetch-site", "cross-site"),
+        post("/api/v1/barriers/victim-b/hold").header("origin", "http://evil.example"),
+        // no Origin at all and no CSRF token
+        post("/api/v1/queues/victim-q/pause"),
+        // the right Origin but no CSRF token
+        post("/api/v1/nodes/victim-w/drain").header("origin", &app.url),
+    ];
+    for req in attacks {
+        let (s, b) = send(req).await;
+        assert_eq!(s, 403, "{b}");
+        assert_eq!(b["status"], 403, "problem+json: {b}");
+    }
+    assert!(!paused(&app, "victim-q").await, "paused by a cross-origin page");
+    let (_, node) = as_token(&app, "hostile-r", reqwest::Method::GET, "/api/v1/nodes/victim-w", None).await;
+    assert_eq!(node["state"], "alive", "drained by a cross-origin page: {node}");
+    let (s, _) = as_token(
+        &app,
+        "hostile-r",
+        reqwest::Method::GET,
+        "/api/v1/barriers/victim-b",
+        None,
+    )
+    .await;
+    let (_, b) = as_token(
+        &app,
+        "hostile-r",
+        reqwest::Method::GET,
+        "/api/v1/barriers/victim-b",
+        None,
+    )
+    .await;
+    assert!(s == 404 || b["hold"].is_null(), "held by a cross-origin page: {b}");
+
+    // The node's own page: the cookie with its CSRF token works.
+    let page = http
+        .get(format!("{}/", app.url))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page);
+    let (s, b) = send(
+        post("/api/v1/queues/victim-q/pause")
+            .header("origin", &app.url)
+            .header("sec-fetch-site", "same-origin")
+            .header("x-csrf-token", &csrf),
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+    assert!(paused(&app, "victim-q").await);
+    // Even with the token (leaked, say), another origin is refused.
+    let (s, b) = send(
+        post("/api/v1/queues/victim-q/resume")
+            .header("origin", &attacker)
+            .header("x-csrf-token", &csrf),
+    )
+    .await;
+    assert_eq!(s, 403, "{b}");
+    assert!(paused(&app, "victim-q").await);
+    // A wrong token is refused; reads need none.
+    let (s, _) = send(post("/api/v1/queues/victim-q/resume").header("x-csrf-token", "0".repeat(64))).await;
+    assert_eq!(s, 403);
+    let (s, _) = send(http.get(format!("{}/api/v1/queues", app.url)).header("cookie", &cookie)).await;
+    assert_eq!(s, 200);
+    // Bearer tokens are not a browser's: no Origin check.
+    let (s, b) = send(
+        http.post(format!("{}/api/v1/queues/victim-q/resume", app.url))
+            .bearer_auth("hostile-a")
+            .header("origin", "http://evil.example"),
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+}
+
+/// N4: with no tokens (every local caller is an admin), a page of another
+/// origin cannot write nor open a WebSocket, and a DNS-rebinding `Host`
+/// is refused for everything; loopback names, the listen address and
+/// `server.allowed_hosts` are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_auth_mode_refuses_other_origins_and_foreign_hosts() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.server.allowed_hosts = vec!["muster.internal".into()]).await;
+    let port = app.running.as_ref().unwrap().addr.port();
+    let http = no_redirects();
+    let post = |path: &str| http.post(format!("{}{path}", app.url));
+    for req in [
+        post("/api/v1/queues/nq/pause").header("origin", "http://evil.example"),
+        post("/api/v1/queues/nq/pause")
+            .header("origin", format!("http://127.0.0.1:{}", port + 1))
+            .header("sec-fetch-site", "same-site"),
+        post("/api/v1/queues/nq/pause").header("sec-fetch-site", "cross-site"),
+        post("/api/v1/barriers/deploy/hold")
+            .header("origin", "http://evil.example")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(""),
+    ] {
+        let (s, b) = send(req).await;
+        assert_eq!(s, 403, "{b}");
+        assert!(b["detail"].as_str().unwrap().contains("other origins"), "{b}");
+    }
+    let (_, list) = app.get("/api/v1/queues").await;
+    assert!(
+        !list["queues"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|q| q["paused"] == true),
+        "{list}"
+    );
+    // DNS rebinding: the attacker's name resolves to 127.0.0.1; its page is
+    // same-origin with itself, so Origin matches Host. Host is refused.
+    for (method, path) in [
+        ("GET", "/api/v1/nodes"),
+        ("DELETE", "/api/v1/barriers/deploy"),
+        ("GET", "/"),
+    ] {
+        let (s, b) = send(
+            http.request(method.parse().unwrap(), format!("{}{path}", app.url))
+                .header("host", format!("rebind.evil.example:{port}"))
+                .header("origin", format!("http://rebind.evil.example:{port}")),
+        )
+        .await;
+        assert_eq!(s, 403, "{method} {path}: {b}");
+        assert!(b["detail"].as_str().unwrap().contains("allowed_hosts"), "{b}");
+    }
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        format!("app.localhost:{port}"),
+        "muster.internal".to_string(),
+        format!("muster.internal:{port}"),
+    ] {
+        let (s, b) = send(http.get(format!("{}/api/v1/nodes", app.url)).header("host", &host)).await;
+        assert_eq!(s, 200, "{host}: {b}");
+    }
+    // A write from a non-browser (curl) or the node's own page is served.
+    let (s, b) = send(post("/api/v1/queues/nq/pause")).await;
+    assert_eq!(s, 204, "{b}");
+    let (s, b) = send(
+        post("/api/v1/queues/nq/resume")
+            .header("origin", &app.url)
+            .header("sec-fetch-site", "same-origin"),
+    )
+    .await;
+    assert_eq!(s, 204, "{b}");
+    // A WebSocket from another origin would read every event.
+    let ws = format!("{}/api/v1/events/ws", app.url.replace("http://", "ws://"));
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(ws.as_str()).unwrap();
+    req.headers_mut()
+        .insert("origin", "http://evil.example".parse().unwrap());
+    match tokio_tungstenite::connect_async(req).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => assert_eq!(resp.status().as_u16(), 403),
+        other => panic!(
+            "a cross-origin WebSocket was accepted: {:?}",
+            other.map(|(_, r)| r.status())
+        ),
+    }
+}
