@@ -369,6 +369,7 @@ async fn build_services(
         store.clone(),
         cfg.orphans.clone(),
         &cfg.nodes,
+        &cfg.claim,
         cfg.tasks.clone(),
         node_id.clone(),
         tasks.labels.clone(),

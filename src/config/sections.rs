@@ -323,11 +323,20 @@ pub struct ClaimConfig {
     /// attempt counted. A claim may ask for another within
     /// `validate::CLAIM_ACK_MS`. 0: no claim lease.
     pub ack_ms: u64,
+    /// A task put back this many times for want of an acknowledgement has
+    /// its attempt counted at every later lapse (requeued while attempts
+    /// remain, else dead), so a task whose worker crashes on receipt and
+    /// comes back under the same id reaches the dead letters. 0: never
+    /// counted.
+    pub max_unacked: u32,
 }
 
 impl Default for ClaimConfig {
     fn default() -> Self {
-        Self { ack_ms: 10_000 }
+        Self {
+            ack_ms: 10_000,
+            max_unacked: 5,
+        }
     }
 }
 

@@ -67,6 +67,11 @@ pub struct Unacked {
     pub grace_until: i64,
     /// The queue of each requeued task.
     pub requeued_queues: Vec<String>,
+    /// Put back more than `claim.max_unacked` times with no attempt left:
+    /// dead.
+    pub dead: i64,
+    /// The queue of each task that went dead.
+    pub dead_queues: Vec<String>,
 }
 
 /// One recovered task.
@@ -90,6 +95,8 @@ pub struct Orphans {
     pub(crate) store: Store,
     cfg: OrphansConfig,
     node_ttl_ms: u64,
+    /// `claim.max_unacked`.
+    max_unacked: u32,
     tasks: TasksConfig,
     node_id: String,
     scripts: Scripts,
@@ -106,6 +113,7 @@ impl Orphans {
         store: Store,
         cfg: OrphansConfig,
         nodes: &NodesConfig,
+        claim: &crate::config::ClaimConfig,
         tasks: TasksConfig,
         node_id: String,
         labels: Arc<crate::tasks::QueueLabels>,
@@ -116,6 +124,7 @@ impl Orphans {
             store,
             cfg,
             node_ttl_ms: nodes.ttl_ms,
+            max_unacked: claim.max_unacked,
             tasks,
             node_id,
             labels,
@@ -180,6 +189,8 @@ impl Orphans {
             limit: 1000,
             retention_ms: self.tasks.retention_ms,
             actor: &self.node_id,
+            max_unacked: self.max_unacked,
+            dead_retention_ms: self.tasks.dead_retention_ms,
         };
         s.run(&self.scripts.unacked, &call).await
     }

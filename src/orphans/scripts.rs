@@ -205,6 +205,10 @@ pub(crate) struct UnackedCall<'a> {
     pub retention_ms: u64,
     /// The acting node, for events.
     pub actor: &'a str,
+    /// Lapses not counted as attempts, per task (0: none counted).
+    pub max_unacked: u32,
+    /// For tasks dead here.
+    pub dead_retention_ms: u64,
 }
 
 impl ScriptCall for UnackedCall<'_> {
@@ -218,6 +222,8 @@ impl ScriptCall for UnackedCall<'_> {
             self.limit.to_string(),
             self.retention_ms.to_string(),
             self.actor.to_string(),
+            self.max_unacked.to_string(),
+            self.dead_retention_ms.to_string(),
         ]
     }
 }
@@ -230,6 +236,8 @@ impl FromRedisValue for Unacked {
                 cancelled: count(r, "cancelled")?,
                 grace_until: count(r, "grace_until_ms")?,
                 requeued_queues: names(r, "the requeued tasks' queues")?,
+                dead: count(r, "dead")?,
+                dead_queues: names(r, "the dead tasks' queues")?,
             })
         })
     }

@@ -74,12 +74,15 @@ async fn shard_loop(orphans: Arc<Orphans>, shard: Store, cancel: CancellationTok
             );
         }
         if let Some(u) = unacked_log.outcome(orphans.unacked_in(&shard).await)
-            && u.requeued + u.cancelled > 0
+            && u.requeued + u.cancelled + u.dead > 0
         {
             count_by_queue(&orphans, "muster_tasks_not_acknowledged_total", &u.requeued_queues);
+            count_by_queue(&orphans, "muster_tasks_not_acknowledged_total", &u.dead_queues);
+            count_by_queue(&orphans, "muster_tasks_dead_total", &u.dead_queues);
             tracing::info!(
                 requeued = u.requeued,
                 cancelled = u.cancelled,
+                dead = u.dead,
                 shard = shard.shard_index(),
                 "claimed tasks not acknowledged in time went back to their queues"
             );

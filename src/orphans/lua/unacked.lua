@@ -17,41 +17,65 @@
 -- undoes). Skipped during the post-stall grace, like every other liveness decision:
 -- no worker could acknowledge while Redis stood still.
 --
+--
+-- A task put back more than max_unacked times (a worker that crashes on receipt and
+-- comes back under the same id before its registration lapses, again and again) has
+-- its attempt counted from then on, like an orphan's: requeued while attempts remain,
+-- else dead (reason not_acknowledged). So a poison task still reaches the dead
+-- letters instead of cycling for ever. 0: never counted.
+--
 -- KEYS[1]  P:unacked              zset, task id -> end of its claim lease (Redis ms)
 -- ARGV[1]  ttl_ms                 node ttl (grace)
 -- ARGV[2]  limit                  most tasks per pass
 -- ARGV[3]  retention_ms           for tasks cancelled here
 -- ARGV[4]  acting node id         for events
+-- ARGV[5]  max_unacked            lapses not counted as attempts, per task (0: all)
+-- ARGV[6]  dead_retention_ms      for tasks dead here
 --
--- Returns {requeued, cancelled, grace_until_ms, {queue of each requeued task}}
+-- Returns {requeued, cancelled, grace_until_ms, {queue of each requeued task}, dead,
+--          {queue of each dead task}}
 --   grace_until_ms  while liveness decisions wait after a stall (Redis ms; nothing
 --                   done), else 0
--- Emits task.requeued (reason not_acknowledged), or task.cancelled.
+-- Emits task.requeued (reason not_acknowledged), task.cancelled or task.dead.
 local ttl, limit, retention, actor = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local max_unacked, dead_retention = tonumber(ARGV[5]), ARGV[6]
 local now = now_ms()
 local nows = int(now)
 local grace = liveness_pass(now, ttl)
-if grace > 0 then return {0, 0, grace, {}} end
+if grace > 0 then return {0, 0, grace, {}, 0, {}} end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', nows, 'LIMIT', 0, limit)
-local requeued, cancelled = 0, 0
-local queues = {}
+local requeued, cancelled, dead = 0, 0, 0
+local queues, dead_queues = {}, {}
 for i = 1, #due do
   local id = due[i]
   local t = tkey(id)
   redis.call('ZREM', KEYS[1], id)
-  local f = redis.call('HMGET', t, 'state', 'owner', 'queue', 'group', 'attempts', 'priority', 'cancel_requested')
+  local f = redis.call('HMGET', t, 'state', 'owner', 'queue', 'group', 'attempts', 'priority', 'cancel_requested',
+    'max_attempts')
   if f[1] == 'running' and not node_gone(f[2], now) then
     local owner, q, g, attempt = f[2], f[3], f[4] or '', tonumber(f[5] or '0')
     release_running(id, q, g, owner)
-    local claim = redis.call('HGET', t, 'a' .. attempt) or ''
     local k = redis.call('HINCRBY', t, 'unacked', 1)
-    redis.call('HDEL', t, 'a' .. attempt, 'e' .. attempt)
-    redis.call('HSET', t, 'x' .. ((k - 1) % 10 + 1), attempt .. '|' .. claim .. '|' .. nows,
-      'attempts', int(math.max(attempt - 1, 0)), 'updated_at', nows)
+    local counted = max_unacked > 0 and k > max_unacked
+    if counted then
+      redis.call('HSET', t, 'e' .. attempt, nows .. '|not_acknowledged', 'updated_at', nows,
+        'error', 'not acknowledged within its claim lease, ' .. k .. ' times (claim.max_unacked is ' ..
+        max_unacked .. ')')
+    else
+      local claim = redis.call('HGET', t, 'a' .. attempt) or ''
+      redis.call('HDEL', t, 'a' .. attempt, 'e' .. attempt)
+      redis.call('HSET', t, 'x' .. ((k - 1) % 10 + 1), attempt .. '|' .. claim .. '|' .. nows,
+        'attempts', int(math.max(attempt - 1, 0)), 'updated_at', nows)
+    end
     if f[7] == '1' then
       finish(id, q, 'cancelled', nows, retention)
       emit_task('task.cancelled', actor, '{"attempt":' .. attempt .. ',"reason":"not_acknowledged"}', id, q, g)
       cancelled = cancelled + 1
+    elseif counted and attempt >= tonumber(f[8] or '1') then
+      finish(id, q, 'dead', nows, dead_retention)
+      emit_task('task.dead', actor, '{"attempt":' .. attempt .. ',"reason":"not_acknowledged"}', id, q, g)
+      dead = dead + 1
+      dead_queues[#dead_queues + 1] = q
     else
       make_queued(id, q, g, order_score(tonumber(f[6] or '0'), front_seq()), nows)
       emit_task('task.requeued', actor, {owner = owner, attempt = attempt, reason = 'not_acknowledged'}, id, q, g)
@@ -60,4 +84,4 @@ for i = 1, #due do
     end
   end
 end
-return {requeued, cancelled, grace, queues}
+return {requeued, cancelled, grace, queues, dead, dead_queues}

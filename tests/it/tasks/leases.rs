@@ -363,3 +363,54 @@ async fn without_a_claim_lease_an_unacknowledged_claim_stays_running() {
     }
     assert_eq!(task_of(&app, &id).await["state"], "running");
 }
+
+/// A task whose worker never acknowledges it (one that crashes on receipt
+/// and comes back under the same id before its registration lapses) is put
+/// back `claim.max_unacked` times for free; every later lapse counts an
+/// attempt, so it goes dead when its attempts run out instead of cycling
+/// for ever. Without the bound it would be queued again at the 4th lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_never_acknowledged_goes_dead_after_max_unacked_lapses() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.claim.ack_ms = ACK_MS;
+        c.claim.max_unacked = 2;
+    })
+    .await;
+    let (q, w) = ("poison", "w-poison");
+    join(&app, w).await;
+    let id = submit(&app, q, json!({"payload": 0, "max_attempts": 2})).await;
+    // (state after the lapse, attempts after it)
+    let expected = [("queued", 0), ("queued", 0), ("queued", 1), ("dead", 2)];
+    for (lapse, (state, attempts)) in expected.iter().enumerate() {
+        let got = claim(&app, q, w, 1, 2000).await;
+        assert_eq!(got.len(), 1, "claim {}: {got:?}", lapse + 1);
+        assert_eq!(got[0]["id"], id.as_str());
+        let left = wait_until(Duration::from_millis(ACK_MS + 3000), || async {
+            task_of(&app, &id).await["state"] != "running"
+        })
+        .await;
+        assert!(left, "lapse {}: still running", lapse + 1);
+        let t = task_of(&app, &id).await;
+        assert_eq!(
+            (t["state"].as_str(), t["attempts"].as_u64()),
+            (Some(*state), Some(*attempts)),
+            "after lapse {}: {t}",
+            lapse + 1
+        );
+    }
+    let t = task_of(&app, &id).await;
+    let outcomes: Vec<&str> = t["attempt_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(outcomes, ["not_acknowledged"; 4], "{t}");
+    assert!(
+        t["error"].as_str().unwrap_or("").contains("claim.max_unacked"),
+        "the dead task says why: {t}"
+    );
+    let (_, page) = app.get("/api/v1/events?topics=task.dead&limit=10").await;
+    assert_eq!(page["events"][0]["data"]["reason"], "not_acknowledged", "{page}");
+}
