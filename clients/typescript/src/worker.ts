@@ -584,7 +584,9 @@ export class Worker {
     // whatever is running, not a list taken once.
     while (this.running.size > 0 && now() < deadline) {
       const all = [...this.running.values()].map((r) => r.done);
-      await Promise.race([Promise.race(all), sleep(deadline - now())]);
+      const timer = new AbortController();
+      await Promise.race([Promise.race(all), sleep(deadline - now(), timer.signal)]);
+      timer.abort(); // a pending timer would keep the process alive
     }
     for (const [token, { ctx }] of [...this.running.entries()]) {
       ctx.cancel("shutdown");
