@@ -173,8 +173,10 @@ test("waitForResult returns the finished task; follow sees its event", async (t)
     }
   })();
   const waiting = c.waitForResult(s.id, 10_000);
-  await c.heartbeatNode("ts-raw", { ttl_ms: 10_000 });
-  const [task] = await c.claim(q, "ts-raw");
+  // Another worker id than the test above's: a worker id belongs to the
+  // token that registered it while it lives (this one is the admin's).
+  await c.heartbeatNode("ts-raw-wait", { ttl_ms: 10_000 });
+  const [task] = await c.claim(q, "ts-raw-wait");
   assert.ok(task);
   await c.complete(task.id, task.token, "r");
   const done = await waiting;
