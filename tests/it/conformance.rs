@@ -197,7 +197,11 @@ fn worker_process_main() {
         let out = out.clone();
         move |e: Value| {
             use std::io::Write;
-            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&out).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&out)
+                .unwrap();
             writeln!(f, "{e}").unwrap();
         }
     };
@@ -304,7 +308,11 @@ impl Run {
     }
 
     fn worker_id(&self, alias: &str) -> String {
-        format!("conf-rs-{}-{alias}-{}", self.name.replace('_', "-"), std::process::id() % 10_000)
+        format!(
+            "conf-rs-{}-{alias}-{}",
+            self.name.replace('_', "-"),
+            std::process::id() % 10_000
+        )
     }
 
     fn worker(&mut self, s: &Value) -> &mut AnyWorker {
@@ -313,7 +321,10 @@ impl Run {
     }
 
     async fn get(&self, id: &str) -> TaskInfo {
-        self.client.task(id).await.unwrap_or_else(|e| panic!("GET task {id}: {e}"))
+        self.client
+            .task(id)
+            .await
+            .unwrap_or_else(|e| panic!("GET task {id}: {e}"))
     }
 
     async fn step(&mut self, s: &Value) {
@@ -337,7 +348,10 @@ impl Run {
                     ttl_ms: Some(30_000),
                     ..Default::default()
                 };
-                self.client.heartbeat_node(s["node"].as_str().unwrap(), &hb).await.unwrap();
+                self.client
+                    .heartbeat_node(s["node"].as_str().unwrap(), &hb)
+                    .await
+                    .unwrap();
             }
             "claim" => {
                 let req = ClaimRequest {
@@ -463,11 +477,17 @@ impl Run {
                     "grace_ms": s["grace_ms"].as_u64().unwrap_or(30_000),
                 });
                 let mut cmd = Command::new(std::env::current_exe().unwrap());
-                cmd.args(["--exact", "conformance::worker_process_main", "--nocapture", "--test-threads", "1"])
-                    .env(WORKER_ENV, cfg.to_string())
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::inherit());
+                cmd.args([
+                    "--exact",
+                    "conformance::worker_process_main",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
+                .env(WORKER_ENV, cfg.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit());
                 {
                     use std::os::unix::process::CommandExt;
                     // SAFETY: prctl(2) only, between fork and exec: the
@@ -484,10 +504,7 @@ impl Run {
             }
             "wait_handler" => {
                 let tid = self.task(&s["task"]);
-                let what = format!(
-                    "{}: {} of {} ({})",
-                    s["worker"], s["event"], s["task"], s["reason"]
-                );
+                let what = format!("{}: {} of {} ({})", s["worker"], s["event"], s["task"], s["reason"]);
                 let w = self.worker(s);
                 let deadline = Instant::now() + within;
                 loop {
@@ -575,13 +592,7 @@ impl Run {
             "follow" => {
                 let since = match s["since"].as_str() {
                     Some("start") => Some("0".to_string()),
-                    Some(alias) => Some(
-                        self.follows[alias]
-                            .last()
-                            .expect("the followed events")
-                            .id
-                            .clone(),
-                    ),
+                    Some(alias) => Some(self.follows[alias].last().expect("the followed events").id.clone()),
                     None => None,
                 };
                 let want = s["count"].as_u64().unwrap() as usize;
@@ -658,7 +669,11 @@ impl Run {
             }
         }
         if let Some(by) = s["result_by"].as_str() {
-            let id = self.workers.get(by).map(|w| w.id().to_string()).unwrap_or_else(|| self.worker_id(by));
+            let id = self
+                .workers
+                .get(by)
+                .map(|w| w.id().to_string())
+                .unwrap_or_else(|| self.worker_id(by));
             assert_eq!(result["by"], json!(id), "result_by {by}: {what}");
         }
     }
