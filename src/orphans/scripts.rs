@@ -326,6 +326,8 @@ mod tests {
                 limit: 1000,
                 retention_ms: 1,
                 actor: "n",
+                max_unacked: 5,
+                dead_retention_ms: 1,
             },
             include_str!("lua/unacked.lua"),
         );
@@ -400,9 +402,22 @@ mod tests {
         assert_eq!(t.grace_until, 99);
         assert!(Timeouts::from_redis_value(arr(vec![int(0), int(0), int(0), int(99)])).is_err());
 
-        let u = Unacked::from_redis_value(arr(vec![int(2), int(1), int(0), arr(vec![s("q"), s("r")])])).unwrap();
-        assert_eq!((u.requeued, u.cancelled, u.grace_until), (2, 1, 0));
+        let u = Unacked::from_redis_value(arr(vec![
+            int(2),
+            int(1),
+            int(0),
+            arr(vec![s("q"), s("r")]),
+            int(1),
+            arr(vec![s("d")]),
+        ]))
+        .unwrap();
+        assert_eq!((u.requeued, u.cancelled, u.grace_until, u.dead), (2, 1, 0, 1));
         assert_eq!(u.requeued_queues, ["q", "r"]);
+        assert_eq!(u.dead_queues, ["d"]);
+        assert!(
+            Unacked::from_redis_value(arr(vec![int(2), int(1), int(0), arr(vec![s("q"), s("r")])])).is_err(),
+            "the reply ends before dead"
+        );
         assert!(Unacked::from_redis_value(arr(vec![int(0), int(0), int(99)])).is_err());
 
         assert_eq!(
