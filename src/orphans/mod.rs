@@ -109,6 +109,7 @@ pub struct Orphans {
 }
 
 impl Orphans {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: Store,
         cfg: OrphansConfig,

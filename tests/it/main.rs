@@ -9,6 +9,7 @@ mod browser;
 mod chaos;
 mod client;
 mod client_python;
+mod conformance;
 mod contract;
 mod dead_bulk;
 mod docs;
