@@ -129,7 +129,7 @@ use NoRoom::{Full, Refused};
 /// The address a client's connections are counted under: an IPv4 address
 /// (also when it arrives IPv4-mapped), or the /64 of an IPv6 address (one
 /// host usually holds a whole /64).
-fn client_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

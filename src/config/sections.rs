@@ -367,6 +367,10 @@ pub struct EventsConfig {
     pub max_len: u64,
     /// Most WebSocket subscribers per node; beyond it 503.
     pub max_clients: u32,
+    /// Most WebSocket subscribers one principal holds on a node (a token
+    /// with all its sessions; in no-auth mode a client address); beyond it
+    /// 429, so one reader cannot take every slot.
+    pub max_clients_per_principal: u32,
     /// How many events the node's event bus keeps: how far a WebSocket
     /// client may fall behind. A client further behind, or whose socket takes
     /// longer than `send_timeout_ms` to accept a write, gets a `lagged`
@@ -386,6 +390,7 @@ impl Default for EventsConfig {
         Self {
             max_len: 100_000,
             max_clients: 1024,
+            max_clients_per_principal: 256,
             client_buffer: 8192,
             send_timeout_ms: 10_000,
             ping_ms: 20_000,

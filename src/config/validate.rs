@@ -46,6 +46,9 @@ impl Config {
                 "must be between 1 and 1000000 (above server.max_connections it is the same as that)",
             );
         }
+        if self.events.max_clients_per_principal == 0 {
+            return err("events.max_clients_per_principal", "must be at least 1");
+        }
         for o in &self.server.allowed_origins {
             let ok = o.split_once("://").is_some_and(|(sch, rest)| {
                 (sch == "http" || sch == "https") && !rest.is_empty() && !rest.contains('/')

@@ -963,3 +963,89 @@ async fn one_address_holds_at_most_its_share_of_connections() {
     );
     assert!(series(&text, "muster_http_connections_shed_total{reason=\"idle_closed\"}") >= 1.0);
 }
+
+/// Opens the events WebSocket from `from`, with `token` if any: the socket,
+/// or the refusal's status and problem body.
+async fn subscribe(
+    app: &TestApp,
+    from: [u8; 4],
+    token: Option<&str>,
+) -> Result<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>, (u16, Value)> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let to = app.running.as_ref().unwrap().addr;
+    let mut req = format!("ws://{to}/api/v1/events/ws").into_client_request().unwrap();
+    if let Some(t) = token {
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    let stream = connect_from(from, to).await.unwrap();
+    match tokio_tungstenite::client_async(req, stream).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            let body = resp.body().as_deref().unwrap_or_default();
+            Err((
+                resp.status().as_u16(),
+                serde_json::from_slice(body).unwrap_or(Value::Null),
+            ))
+        }
+        Err(e) => panic!("handshake failed: {e}"),
+    }
+}
+
+/// N11: one token (with `max_clients_per_principal = 2` of 6 slots) opens
+/// its two subscriptions, and its third gets 429 problem+json naming the
+/// setting, while another token still subscribes; a closed subscription
+/// gives its share back. Before the fix one read token took all 1 024.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_holds_at_most_its_share_of_websocket_slots() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.events.max_clients = 6;
+        c.events.max_clients_per_principal = 2;
+    })
+    .await;
+    let mine = [
+        subscribe(&app, [127, 0, 0, 1], Some("hostile-r")).await.unwrap(),
+        subscribe(&app, [127, 0, 0, 2], Some("hostile-r")).await.unwrap(),
+    ];
+    let (status, body) = subscribe(&app, [127, 0, 0, 3], Some("hostile-r")).await.err().unwrap();
+    assert_eq!(status, 429, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("max_clients_per_principal") && detail.contains("`r`"),
+        "{detail}"
+    );
+    let other = subscribe(&app, [127, 0, 0, 1], Some("hostile-w")).await;
+    assert!(other.is_ok(), "another token subscribes: {:?}", other.err());
+    let [mut first, _second] = mine;
+    first.close(None).await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            subscribe(&app, [127, 0, 0, 1], Some("hostile-r")).await.is_ok()
+        })
+        .await,
+        "a closed subscription gives its share back"
+    );
+}
+
+/// N11 without tokens (everyone is the anonymous admin): the client address
+/// is the principal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_one_address_holds_at_most_its_share_of_websocket_slots() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.events.max_clients = 6;
+        c.events.max_clients_per_principal = 2;
+    })
+    .await;
+    let _mine = [
+        subscribe(&app, [127, 0, 0, 1], None).await.unwrap(),
+        subscribe(&app, [127, 0, 0, 1], None).await.unwrap(),
+    ];
+    let (status, body) = subscribe(&app, [127, 0, 0, 1], None).await.err().unwrap();
+    assert_eq!(status, 429, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("127.0.0.1"), "{body}");
+    let other = subscribe(&app, [127, 0, 0, 2], None).await;
+    assert!(other.is_ok(), "another address subscribes: {:?}", other.err());
+}
