@@ -1049,3 +1049,56 @@ async fn without_tokens_one_address_holds_at_most_its_share_of_websocket_slots()
     let other = subscribe(&app, [127, 0, 0, 2], None).await;
     assert!(other.is_ok(), "another address subscribes: {:?}", other.err());
 }
+
+/// Item 5 of issue 36 (the claim side of N1): a claim naming a worker id
+/// that another token registered is refused with 409 and claims nothing;
+/// the owner's own claim gets the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_under_another_tokens_worker_id_is_refused() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let (s, body) = as_token(
+        &app,
+        "hostile-w",
+        reqwest::Method::PUT,
+        "/api/v1/nodes/wk-claims/heartbeat",
+        Some(json!({"ttl_ms": 60000})),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let (s, body) = as_token(
+        &app,
+        "hostile-a",
+        reqwest::Method::POST,
+        "/api/v1/queues/cq/tasks",
+        Some(json!({"payload": {"n": 1}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{body}");
+    let claim = json!({"node": "wk-claims", "max": 1});
+    for token in ["hostile-w2", "hostile-a"] {
+        let (s, body) = as_token(
+            &app,
+            token,
+            reqwest::Method::POST,
+            "/api/v1/queues/cq/claim",
+            Some(claim.clone()),
+        )
+        .await;
+        assert_eq!(s, 409, "{token}: {body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains("another credential"),
+            "{body}"
+        );
+    }
+    let (s, body) = as_token(
+        &app,
+        "hostile-w",
+        reqwest::Method::POST,
+        "/api/v1/queues/cq/claim",
+        Some(claim),
+    )
+    .await;
+    assert_eq!(s, 200, "the owner claims the task: {body}");
+    assert_eq!(body["tasks"].as_array().unwrap().len(), 1, "{body}");
+}
