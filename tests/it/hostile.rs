@@ -1102,3 +1102,38 @@ async fn a_claim_under_another_tokens_worker_id_is_refused() {
     assert_eq!(s, 200, "the owner claims the task: {body}");
     assert_eq!(body["tasks"].as_array().unwrap().len(), 1, "{body}");
 }
+
+/// N6: `Durability: replicated` and `Durability: bogus` as two headers, in
+/// either order (the review got 503 in one order, 400 in the other): 400
+/// problem+json both ways, and nothing is created; one header, any case,
+/// still counts as replicated (503 here: no replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_durability_header_is_refused_in_either_order() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.redis.ack_timeout_ms = 200).await;
+    for pair in [
+        ["replicated", "bogus"],
+        ["bogus", "replicated"],
+        ["replicated", "replicated"],
+    ] {
+        let (s, body) = send(
+            app.request(reqwest::Method::POST, "/api/v1/queues/dq/tasks")
+                .header("durability", pair[0])
+                .header("durability", pair[1])
+                .json(&json!({"payload": 1})),
+        )
+        .await;
+        assert_eq!(s, 400, "{pair:?}: {body}");
+        assert!(body["detail"].as_str().unwrap().contains("more than once"), "{body}");
+    }
+    let (_, page) = app.get("/api/v1/queues/dq/tasks").await;
+    assert_eq!(page["tasks"].as_array().map_or(0, |t| t.len()), 0, "{page}");
+    let (s, body) = send(
+        app.request(reqwest::Method::POST, "/api/v1/queues/dq/tasks")
+            .header("durability", " REPLICATED ")
+            .json(&json!({"payload": 1})),
+    )
+    .await;
+    assert_eq!(s, 503, "{body}");
+    assert_eq!(body["replicated"], false, "{body}");
+}
