@@ -1137,3 +1137,39 @@ async fn a_repeated_durability_header_is_refused_in_either_order() {
     assert_eq!(s, 503, "{body}");
     assert_eq!(body["replicated"], false, "{body}");
 }
+
+/// N9: `/ui/dead/bulk` and `/logout` posted with a session but no `csrf`
+/// field answer 403 problem+json like the other forms (they answered 422
+/// "Failed to deserialize form body"), and the session still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forms_without_their_csrf_field_are_403_not_422() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let http = no_redirects();
+    let cookie = sign_in(&http, &app, "hostile-a").await;
+    for (path, form) in [
+        ("/ui/dead/bulk", vec![("action", "retry"), ("confirm", "yes")]),
+        ("/ui/dead/bulk", vec![]),
+        ("/logout", vec![]),
+    ] {
+        let resp = http
+            .post(format!("{}{path}", app.url))
+            .header("cookie", &cookie)
+            .header("origin", &app.url)
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.text().await.unwrap();
+        assert_eq!(status, 403, "{path} {form:?}: {body}");
+        assert!(body.contains("CSRF") || body.contains("csrf"), "{path}: {body}");
+    }
+    let resp = http
+        .get(format!("{}/", app.url))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "the session was not ended");
+}
