@@ -60,8 +60,9 @@ pub struct AppParts {
     pub bus: Arc<Bus>,
     /// The cached live view the dashboard reads.
     pub live: Arc<crate::events::live::Live>,
-    /// One permit per WebSocket subscriber (`events.max_clients`).
-    pub ws_slots: Arc<tokio::sync::Semaphore>,
+    /// One slot per WebSocket subscriber (`events.max_clients`, and
+    /// `events.max_clients_per_principal` per token or no-auth address).
+    pub ws_slots: Arc<crate::events::slots::Slots>,
     /// Cancelled when the node starts shutting down: long polls and
     /// WebSockets end early.
     pub shutdown: tokio_util::sync::CancellationToken,

@@ -70,12 +70,21 @@ pub fn is_acked(method: &str, path: &str) -> bool {
         .any(|(m, p)| m.as_str().eq_ignore_ascii_case(method) && *p == path)
 }
 
-/// How many replicas a request needs: the header's `replicated` asks for
-/// `max(redis.ack_replicas, 1)`; without the header, `redis.ack_replicas`.
-pub fn replicas(header: Option<&HeaderValue>, configured: u32) -> Result<u32, ApiError> {
-    let Some(v) = header else {
+/// How many replicas a request needs: the header's `replicated` (any case,
+/// surrounding blanks ignored) asks for `max(redis.ack_replicas, 1)`;
+/// without the header, `redis.ack_replicas`. The header given twice is
+/// refused, whatever its values: which one counts would be a guess (issue
+/// 36, N6).
+pub fn replicas<'a>(headers: impl IntoIterator<Item = &'a HeaderValue>, configured: u32) -> Result<u32, ApiError> {
+    let mut headers = headers.into_iter();
+    let Some(v) = headers.next() else {
         return Ok(configured);
     };
+    if headers.next().is_some() {
+        return Err(ApiError::bad_request(
+            "the Durability header is given more than once: send it once, with the value `replicated`",
+        ));
+    }
     match v.to_str().map(str::trim) {
         Ok(v) if v.eq_ignore_ascii_case("replicated") => Ok(configured.max(1)),
         _ => Err(ApiError::bad_request(
@@ -95,7 +104,7 @@ pub async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> 
     if !acked {
         return next.run(req).await;
     }
-    let n = match replicas(req.headers().get(HEADER), s.cfg.redis.ack_replicas) {
+    let n = match replicas(req.headers().get_all(HEADER), s.cfg.redis.ack_replicas) {
         Ok(n) => n,
         Err(e) => return e.into_response(),
     };

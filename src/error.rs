@@ -49,6 +49,10 @@ pub enum ApiError {
     /// 415: the body is not JSON.
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// 429: this caller holds its whole share of a resource (WebSocket
+    /// subscriptions); others are still served.
+    #[error("{0}")]
+    TooMany(String),
     /// 503: Redis is unreachable, or this node cannot serve the request now.
     #[error("{0}")]
     Unavailable(String),
@@ -92,6 +96,7 @@ impl ApiError {
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

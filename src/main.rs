@@ -423,7 +423,16 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(a) => a,
         Err(_) => return config_error("invalid value for key `server.listen`"),
     };
-    let listener = match tokio::net::TcpListener::bind(addr).await {
+    match muster::serve::raise_open_files_limit() {
+        Ok(limit) if limit < cfg.server.max_connections as u64 + 256 => tracing::warn!(
+            "the open-files limit ({limit}) is below server.max_connections ({}) plus 256: \
+             raise it (ulimit -n, systemd's LimitNOFILE); out of files, idle connections are closed to accept new ones",
+            cfg.server.max_connections
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read the open-files limit"),
+    }
+    let listener = match muster::serve::bind(addr) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("muster: cannot listen on {addr}: {e} (is another node using this port? set --listen)");

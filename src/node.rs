@@ -430,7 +430,10 @@ async fn build_services(
         workflows,
         bus,
         live: Arc::new(events::live::Live::default()),
-        ws_slots: Arc::new(tokio::sync::Semaphore::new(cfg.events.max_clients as usize)),
+        ws_slots: Arc::new(events::slots::Slots::new(
+            cfg.events.max_clients as usize,
+            cfg.events.max_clients_per_principal as usize,
+        )),
         shutdown,
         health,
         auth: Arc::new(Auth::new(&cfg.auth)),

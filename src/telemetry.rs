@@ -96,6 +96,18 @@ pub const METRICS: &[Metric] = &[
         Histogram,
         "HTTP request duration by method and matched route",
     ),
+    m(
+        "muster_http_connections",
+        Gauge,
+        "HTTP connections open (WebSockets leave the count at the upgrade)",
+    ),
+    fixed(
+        "muster_http_connections_shed_total",
+        Counter,
+        "HTTP connections closed or refused at server.max_connections or server.max_connections_per_address, by reason",
+        "reason",
+        crate::serve::Shed::ALL,
+    ),
     open(
         "muster_redis_call_duration_seconds",
         Histogram,

@@ -32,9 +32,16 @@ pub struct ServerConfig {
     /// A keep-alive connection with no request and no traffic for this long
     /// is closed.
     pub idle_timeout_ms: u64,
-    /// Most connections open at once; beyond it new connections wait in the
-    /// kernel's listen backlog until one closes.
+    /// Most connections open at once. At the bound the longest-idle
+    /// keep-alive connection is closed to make room; with none idle, new
+    /// connections wait in the kernel's listen backlog until one closes or
+    /// idles.
     pub max_connections: usize,
+    /// Most connections open at once from one client address (an IPv4
+    /// address, an IPv6 /64). At the bound that address's longest-idle
+    /// connection is closed to make room; with none idle, the new one is
+    /// refused at once. Behind a proxy every client has the proxy's address.
+    pub max_connections_per_address: usize,
     /// Origins (`https://ops.example.com`) besides this node's own whose
     /// pages may open a WebSocket, or send an API write, with the session
     /// cookie.
@@ -59,6 +66,7 @@ impl Default for ServerConfig {
             body_read_timeout_ms: 30_000,
             idle_timeout_ms: 60_000,
             max_connections: 10_000,
+            max_connections_per_address: 256,
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
         }
@@ -368,6 +376,10 @@ pub struct EventsConfig {
     pub max_len: u64,
     /// Most WebSocket subscribers per node; beyond it 503.
     pub max_clients: u32,
+    /// Most WebSocket subscribers one principal holds on a node (a token
+    /// with all its sessions; in no-auth mode a client address); beyond it
+    /// 429, so one reader cannot take every slot.
+    pub max_clients_per_principal: u32,
     /// How many events the node's event bus keeps: how far a WebSocket
     /// client may fall behind. A client further behind, or whose socket takes
     /// longer than `send_timeout_ms` to accept a write, gets a `lagged`
@@ -387,6 +399,7 @@ impl Default for EventsConfig {
         Self {
             max_len: 100_000,
             max_clients: 1024,
+            max_clients_per_principal: 256,
             client_buffer: 8192,
             send_timeout_ms: 10_000,
             ping_ms: 20_000,

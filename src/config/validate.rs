@@ -40,6 +40,15 @@ impl Config {
         if !(1..=1_000_000).contains(&self.server.max_connections) {
             return err("server.max_connections", "must be between 1 and 1000000");
         }
+        if !(1..=1_000_000).contains(&self.server.max_connections_per_address) {
+            return err(
+                "server.max_connections_per_address",
+                "must be between 1 and 1000000 (above server.max_connections it is the same as that)",
+            );
+        }
+        if self.events.max_clients_per_principal == 0 {
+            return err("events.max_clients_per_principal", "must be at least 1");
+        }
         for o in &self.server.allowed_origins {
             let ok = o.split_once("://").is_some_and(|(sch, rest)| {
                 (sch == "http" || sch == "https") && !rest.is_empty() && !rest.contains('/')

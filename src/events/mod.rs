@@ -18,6 +18,7 @@
 mod cursor;
 pub mod live;
 pub mod routes;
+pub mod slots;
 mod stream;
 pub mod tail;
 pub mod tailer;

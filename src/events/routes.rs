@@ -1,15 +1,16 @@
 //! Event routes: the WebSocket feed, the same replay over plain HTTP, and the
 //! node's cached live view.
 
-use axum::Json;
-use axum::extract::{State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::live::Snapshot;
+use super::slots::NoSlot;
 use super::stream::{check_cursor, retained_all};
 use super::{Cursor, EventPage, Filter, Retained, replay};
 use crate::app::AppState;
@@ -72,10 +73,12 @@ fn refuse_future_since(since: &Cursor, info: &[Retained], now_ms: i64) -> Result
 #[utoipa::path(get, path = "/api/v1/events/ws", tag = "events", security(("bearer" = ["read"]), ("session" = ["read"])), params(WsParams),
     responses((status = 101, description = "Switching to the WebSocket protocol"),
               (status = 400, description = "Bad or unknown topics, bad queue, or a `since` that is not a stream id or lies past the stream's newest event"),
+              (status = 429, description = "The caller's token (with its sessions), or in no-auth mode its address, holds `events.max_clients_per_principal` subscribers on this node"),
               (status = 503, description = "Too many subscribers on this node (events.max_clients)")))]
 async fn events_ws(
     State(s): State<AppState>,
-    _caller: ReadCaller,
+    caller: ReadCaller,
+    remote: Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
     ApiQuery(p): ApiQuery<WsParams>,
     ws: WebSocketUpgrade,
 ) -> Result<Response> {
@@ -85,11 +88,24 @@ async fn events_ws(
         let info = retained_all(&s.store).await?;
         refuse_future_since(since, &info, s.store.time_ms().await?)?;
     }
-    let permit = s.ws_slots.clone().try_acquire_owned().map_err(|_| {
-        ApiError::Unavailable(format!(
+    // Tokens are principals; without tokens everyone is "anonymous", so the
+    // client's address is.
+    let principal = match remote {
+        Some(Extension(ConnectInfo(remote))) if s.cfg.auth.tokens.is_empty() => {
+            format!("the address {}", crate::serve::client_key(remote.ip()))
+        }
+        _ => format!("the token `{}`", caller.name),
+    };
+    let permit = s.ws_slots.take(&principal).map_err(|why| match why {
+        NoSlot::Share => ApiError::TooMany(format!(
+            "{principal} already holds {} event subscribers on this node \
+             (events.max_clients_per_principal); close one first",
+            s.ws_slots.per_principal()
+        )),
+        NoSlot::Node => ApiError::Unavailable(format!(
             "this node already serves {} event subscribers (events.max_clients); connect to another node",
-            s.cfg.events.max_clients
-        ))
+            s.ws_slots.max()
+        )),
     })?;
     if s.health.stopping() {
         return Err(ApiError::Unavailable("this node is shutting down".into()));

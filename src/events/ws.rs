@@ -28,7 +28,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
-use tokio::sync::{OwnedSemaphorePermit, broadcast};
+use tokio::sync::broadcast;
 
 use super::{Cursor, Event, Filter, StreamId, read_after};
 use crate::app::AppState;
@@ -108,13 +108,7 @@ enum End {
 }
 
 /// Serves one client until it leaves, lags, goes silent, or the node stops.
-pub async fn serve(
-    socket: WebSocket,
-    s: AppState,
-    filter: Filter,
-    since: Option<Cursor>,
-    permit: OwnedSemaphorePermit,
-) {
+pub async fn serve(socket: WebSocket, s: AppState, filter: Filter, since: Option<Cursor>, permit: super::slots::Slot) {
     metrics::gauge!("muster_ws_clients").increment(1.0);
     let cfg = s.cfg.events.clone();
     // Subscribe first: anything published from now on is caught live.

@@ -27,10 +27,19 @@ impl Tasks {
     /// Claims up to `max` tasks of `queue` for `node`: from the queue's
     /// shard, then (split namespaces) from the other shards that hold its
     /// tasks, one script each, until `max` are claimed.
-    /// `ack_ms` is the claim lease (0: none).
-    pub async fn claim(&self, queue: &str, node: &str, max: u32, ack_ms: u64) -> Result<ClaimResult, TaskError> {
+    /// `ack_ms` is the claim lease (0: none). `credential` is the caller's
+    /// (token name): a worker registered by another credential is refused
+    /// ("": not checked).
+    pub async fn claim(
+        &self,
+        queue: &str,
+        node: &str,
+        credential: &str,
+        max: u32,
+        ack_ms: u64,
+    ) -> Result<ClaimResult, TaskError> {
         let shards = self.shards_of(queue).await;
-        self.claim_in(&shards, queue, node, max, ack_ms).await
+        self.claim_in(&shards, queue, node, credential, max, ack_ms).await
     }
 
     /// Why this node skips `shard` in a claim's fan-out now, if it does:
@@ -58,6 +67,7 @@ impl Tasks {
         shards: &[usize],
         queue: &str,
         node: &str,
+        credential: &str,
         max: u32,
         ack_ms: u64,
     ) -> Result<ClaimResult, TaskError> {
@@ -82,6 +92,7 @@ impl Tasks {
                 node,
                 max: max - got,
                 ack_ms,
+                credential,
             };
             let reply = match self.store.shard(shard).run(&self.scripts.claim, &call).await {
                 Ok(r) => r,
@@ -146,6 +157,7 @@ impl Tasks {
     fn decode_claim(&self, queue: &str, node: &str, reply: ClaimReply, ack_ms: u64) -> Result<ClaimResult, TaskError> {
         match reply {
             ClaimReply::Refused(Code::NodeDraining) => Err(TaskError::NodeDraining(node.into())),
+            ClaimReply::Refused(Code::NotOwner) => Err(TaskError::NotOwner(node.into())),
             ClaimReply::Refused(_) => Err(TaskError::NodeNotAlive(node.into())),
             ClaimReply::Claimed { tasks, next_due, more } => {
                 let tasks = tasks
@@ -196,7 +208,7 @@ impl Tasks {
                     .into_iter()
                     .filter(|&s| s != tried)
                     .collect();
-                match self.claim_in(&others, &n.queue, &n.owner, max - got, ack_ms).await {
+                match self.claim_in(&others, &n.queue, &n.owner, "", max - got, ack_ms).await {
                     Ok(more) => r.absorb(more),
                     // Nothing was claimed in the others: the answer stands.
                     Err(_) => r.not_tried.extend(others),

@@ -96,6 +96,11 @@ pub enum TaskError {
     NodeNotAlive(String),
     #[error("node `{0}` is draining (or has left) and takes no new work")]
     NodeDraining(String),
+    #[error(
+        "worker `{0}` was registered by another credential: claim under the worker id your own token \
+         registered (PUT /api/v1/nodes/{{id}}/heartbeat)"
+    )]
+    NotOwner(String),
 
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -117,7 +122,8 @@ impl From<TaskError> for ApiError {
             TaskError::TooManyQueues(_)
             | TaskError::TooManyGroups(_)
             | TaskError::NodeNotAlive(_)
-            | TaskError::NodeDraining(_) => ApiError::conflict(e.to_string(), serde_json::Value::Null),
+            | TaskError::NodeDraining(_)
+            | TaskError::NotOwner(_) => ApiError::conflict(e.to_string(), serde_json::Value::Null),
             TaskError::Store(s) => s.into(),
         }
     }

@@ -186,6 +186,9 @@ pub(crate) struct Claim<'a> {
     pub max: u32,
     /// The claim lease (ms); 0: none.
     pub ack_ms: u64,
+    /// The caller's credential (token name): a worker registered by another
+    /// one is refused. "": not checked.
+    pub credential: &'a str,
 }
 
 /// A claimed task as the script returns it.
@@ -212,7 +215,7 @@ pub(crate) enum ClaimReply {
         /// `max` tasks were claimed and more are ready: wake another waiter.
         more: bool,
     },
-    /// NodeNotAlive or NodeDraining.
+    /// NodeNotAlive, NodeDraining or NotOwner.
     Refused(Code),
 }
 
@@ -223,7 +226,7 @@ impl ClaimReply {
         let more = r.int("more")? == 1;
         let n = match code {
             Ok(n) => n,
-            Err(c @ (Code::NodeNotAlive | Code::NodeDraining)) => return Ok(ClaimReply::Refused(c)),
+            Err(c @ (Code::NodeNotAlive | Code::NodeDraining | Code::NotOwner)) => return Ok(ClaimReply::Refused(c)),
             Err(c) => return Err(decode_error(format!("claim code {c:?}"))),
         };
         let mut tasks = Vec::with_capacity(n as usize);
@@ -259,6 +262,7 @@ impl ScriptCall for Claim<'_> {
             self.node.to_string(),
             self.max.to_string(),
             self.ack_ms.to_string(),
+            self.credential.to_string(),
         ]
     }
 }

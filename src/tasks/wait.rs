@@ -62,10 +62,12 @@ impl Tasks {
     /// for one to become claimable anywhere in the cluster. Empty when none
     /// came in time or the node is stopping. Dropping the future (the client
     /// went away) drops the registration. `ack_ms`: the claim lease (0: none).
+    #[allow(clippy::too_many_arguments)]
     pub async fn claim_wait(
         &self,
         queue: &str,
         node: &str,
+        credential: &str,
         max: u32,
         ack_ms: u64,
         wait: Duration,
@@ -73,7 +75,7 @@ impl Tasks {
         let deadline = Instant::now() + wait;
         let waiter = self.bus.wakers.wait(queue);
         let notified = armed(&waiter);
-        self.claim_until(queue, node, max, ack_ms, deadline, &waiter, notified, None)
+        self.claim_until(queue, node, credential, max, ack_ms, deadline, &waiter, notified, None)
             .await
     }
 
@@ -86,6 +88,7 @@ impl Tasks {
         &self,
         queue: &str,
         node: &str,
+        credential: &str,
         max: u32,
         ack_ms: u64,
         deadline: Instant,
@@ -95,7 +98,7 @@ impl Tasks {
     ) -> Result<ClaimResult, TaskError> {
         let claim = || async {
             let started = Instant::now();
-            let r = self.claim(queue, node, max, ack_ms).await;
+            let r = self.claim(queue, node, credential, max, ack_ms).await;
             metrics::histogram!("muster_claim_duration_seconds").record(started.elapsed().as_secs_f64());
             r
         };
@@ -174,13 +177,13 @@ impl Tasks {
                 let deadline = started + ask.wait;
                 match (&early, notified) {
                     (Some(w), Some(n)) if next.queue == w.queue() => {
-                        self.claim_until(&next.queue, &next.owner, max, ack_ms, deadline, w, n, Some(r))
+                        self.claim_until(&next.queue, &next.owner, "", max, ack_ms, deadline, w, n, Some(r))
                             .await
                     }
                     _ => {
                         let late = self.bus.wakers.wait(&next.queue);
                         let n = armed(&late);
-                        self.claim_until(&next.queue, &next.owner, max, ack_ms, deadline, &late, n, None)
+                        self.claim_until(&next.queue, &next.owner, "", max, ack_ms, deadline, &late, n, None)
                             .await
                     }
                 }

@@ -400,6 +400,8 @@ async fn login(State(s): State<AppState>, headers: HeaderMap, Form(form): Form<L
 
 #[derive(Deserialize)]
 pub struct CsrfForm {
+    /// Missing reads as empty: the CSRF check's 403, not a 422 (issue 36, N9).
+    #[serde(default)]
     pub csrf: String,
 }
 

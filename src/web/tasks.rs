@@ -239,8 +239,13 @@ async fn ui_discard(State(s): State<AppState>, f: UiForm) -> Result<Response> {
 /// dead tab (`queue` set).
 #[derive(Debug, Deserialize)]
 pub struct BulkForm {
+    /// Missing reads as empty, so a form without it is the CSRF check's
+    /// 403, not a deserialization 422 (issue 36, N9); likewise `action`,
+    /// refused (400) after the CSRF and role checks.
+    #[serde(default)]
     csrf: String,
     queue: Option<String>,
+    #[serde(default)]
     action: String,
     /// The form's checkbox: "yes" when the admin confirmed.
     confirm: Option<String>,

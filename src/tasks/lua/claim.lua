@@ -14,9 +14,11 @@
 -- ARGV[3]  max tasks to claim (1-1000)
 -- ARGV[4]  ack_ms: the claim lease (ms); each task must be acknowledged within it or it
 --          goes back to the queue (orphans/lua/unacked.lua); 0: no lease
+-- ARGV[5]  the caller's credential (token name): a worker registered by another one
+--          is refused (E.NOT_OWNER); '' not checked
 --
 -- Returns {code, next_due, more, task...}
---   code      n >= 0 tasks claimed, E.NODE_NOT_ALIVE, E.NODE_DRAINING
+--   code      n >= 0 tasks claimed, E.NODE_NOT_ALIVE, E.NODE_DRAINING, E.NOT_OWNER
 --   next_due  Redis ms when the earliest delayed task is due, or -1
 --   more      1 when `max` tasks were claimed (the queue may hold more), else 0
 --   task      9 entries per task: id, token, attempt, payload, max_attempts,
@@ -24,7 +26,7 @@
 -- Emits task.claimed per task.
 local q, node, max, ack_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
-local refused = claim_refusal(node, now)
+local refused = claim_refusal(node, now, ARGV[5])
 if refused then return {refused, -1, 0} end
 local out = {0, -1, 0}
 local n, next_due, more = claim_tasks(q, node, max, now, out, ack_ms)

@@ -269,10 +269,15 @@ end
 
 -- Why `node` may not claim now: E.NODE_NOT_ALIVE (unknown, or its heartbeat expired
 -- by Redis time), E.NODE_DRAINING (draining or left), or nil.
-local function claim_refusal(node, now)
+-- credential: the claiming caller's (token name); a worker registered by another
+-- credential is refused with E.NOT_OWNER, as its heartbeats are (nodes/lua/heartbeat.lua).
+-- nil or '': not checked (a complete's or fail's next claim, for the finished task's owner).
+local function claim_refusal(node, now, credential)
   local score = redis.call('ZSCORE', P .. ':nodes', node)
   if not score or tonumber(score) <= now then return E.NODE_NOT_ALIVE end
-  local st = redis.call('HGET', P .. ':node:' .. node, 'state')
+  local info = redis.call('HMGET', P .. ':node:' .. node, 'state', 'owner')
+  if credential and credential ~= '' and info[2] and info[2] ~= credential then return E.NOT_OWNER end
+  local st = info[1]
   if st == 'draining' or st == 'left' then return E.NODE_DRAINING end
   return nil
 end

@@ -55,11 +55,11 @@ pub struct ClaimResponse {
     params(("queue" = String, Path, description = "Queue name")),
     request_body = ClaimRequest,
     responses((status = 200, body = ClaimResponse), (status = 204, description = "Nothing to claim"),
-               (status = 409, description = "The node is not registered, or draining"),
+               (status = 409, description = "The node is not registered, or draining, or a worker registered by another credential"),
                (status = 503, description = "Redis unreachable or this node is stopping")))]
 pub(super) async fn claim_tasks(
     State(s): State<AppState>,
-    _caller: WorkerCaller,
+    caller: WorkerCaller,
     Path(queue): Path<String>,
     ApiJson(req): ApiJson<ClaimRequest>,
 ) -> Result<Response> {
@@ -78,7 +78,14 @@ pub(super) async fn claim_tasks(
     let ack_ms = s.tasks.ack_ms(req.ack_ms);
     let r = s
         .tasks
-        .claim_wait(&queue, &req.node, max, ack_ms, Duration::from_millis(wait))
+        .claim_wait(
+            &queue,
+            &req.node,
+            &caller.name,
+            max,
+            ack_ms,
+            Duration::from_millis(wait),
+        )
         .await?;
     if r.tasks.is_empty() {
         return Ok(no_content());
