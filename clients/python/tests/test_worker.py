@@ -299,10 +299,11 @@ def test_a_claim_whose_answer_was_lost_is_adopted_once(cluster: Cluster, queue: 
 
     async def main() -> None:
         with Client(cluster.urls, ADMIN_TOKEN) as c:
-            with Client(cluster.urls, WORKER_TOKEN) as wc:  # a worker id belongs to the token that registers it
-                wc.heartbeat_node("py-adopt", ttl_ms=5000)
             sub = c.submit(queue, "lost")
-            [lost] = c.claim(queue, "py-adopt")  # its answer never reaches the worker
+            # A worker id belongs to the token that registers it: its claims too.
+            with Client(cluster.urls, WORKER_TOKEN) as wc:
+                wc.heartbeat_node("py-adopt", ttl_ms=5000)
+                [lost] = wc.claim(queue, "py-adopt")  # its answer never reaches the worker
             w = AsyncWorker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-adopt", concurrency=3,
                             poll_ms=300)
             run = asyncio.ensure_future(w.run(handle_signals=False))
@@ -326,10 +327,11 @@ def test_a_lost_claim_without_a_free_slot_is_handed_back(cluster: Cluster, queue
 
     async def main() -> None:
         with Client(cluster.urls, ADMIN_TOKEN) as c:
-            with Client(cluster.urls, WORKER_TOKEN) as wc:  # a worker id belongs to the token that registers it
-                wc.heartbeat_node("py-adopt-full", ttl_ms=5000)
             sub = c.submit(queue, "lost", backoff_base_ms=60_000, backoff_cap_ms=60_000)
-            c.claim(queue, "py-adopt-full")
+            # A worker id belongs to the token that registers it: its claims too.
+            with Client(cluster.urls, WORKER_TOKEN) as wc:
+                wc.heartbeat_node("py-adopt-full", ttl_ms=5000)
+                wc.claim(queue, "py-adopt-full")
             # Its one slot is held by its long-polling claim.
             w = AsyncWorker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-adopt-full",
                             poll_ms=5000)
