@@ -1173,3 +1173,69 @@ async fn forms_without_their_csrf_field_are_403_not_422() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200, "the session was not ended");
 }
+
+/// N7: control and bidi characters in a worker's label keys and values,
+/// `addr` and `version` were stored and echoed (U+202E reorders what the
+/// Nodes page shows). Each is 400 problem+json naming the field, nothing
+/// is registered, and plain non-ASCII text still passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_and_bidi_characters_in_worker_text_are_refused() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let hb = |body: Value| {
+        as_token(
+            &app,
+            "hostile-w",
+            reqwest::Method::PUT,
+            "/api/v1/nodes/w/heartbeat",
+            Some(body),
+        )
+    };
+    let mut cases = vec![(
+        json!({"ttl_ms": 10000, "labels": {"a\u{202e}b": "v"}}),
+        "a `labels` key",
+    )];
+    for bad in [
+        "\0",
+        "\u{1}",
+        "a\nb",
+        "a\r\nb",
+        "\u{7f}",
+        "\u{202e}",
+        "\u{2066}x",
+        "\u{200f}",
+    ] {
+        cases.push((json!({"labels": {format!("k{bad}"): "v"}}), "a `labels` key"));
+        cases.push((json!({"labels": {"k": bad}}), "`labels.k`"));
+        cases.push((json!({"addr": format!("host{bad}")}), "`addr`"));
+        cases.push((json!({"version": bad}), "`version`"));
+    }
+    for (body, field) in cases {
+        let (s, problem) = hb(body.clone()).await;
+        assert_eq!(s, 400, "{body}: {problem}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(field) && detail.contains("control or bidirectional"),
+            "{body}: {problem}"
+        );
+    }
+    let (s, _) = as_token(&app, "hostile-r", reqwest::Method::GET, "/api/v1/nodes/w", None).await;
+    assert_eq!(s, 404, "nothing was registered");
+    let (s, body) =
+        hb(json!({"labels": {"zone": "zürich 🚀", "名前": "v"}, "addr": "10.0.0.1:80", "version": "1.0 (β)"})).await;
+    assert_eq!(s, 200, "{body}");
+    let (s, node) = as_token(&app, "hostile-r", reqwest::Method::GET, "/api/v1/nodes/w", None).await;
+    assert_eq!(s, 200, "{node}");
+    assert_eq!(node["labels"]["zone"], "zürich 🚀", "{node}");
+    let doc = app.get("/api/v1/openapi.json").await.1;
+    let schema = &doc["components"]["schemas"]["HeartbeatBody"]["properties"];
+    let pattern = muster::validate::plain_text_pattern();
+    for p in [
+        &schema["addr"]["pattern"],
+        &schema["version"]["pattern"],
+        &schema["labels"]["propertyNames"]["pattern"],
+        &schema["labels"]["additionalProperties"]["pattern"],
+    ] {
+        assert_eq!(p.as_str(), Some(pattern.as_str()), "{schema}");
+    }
+}
