@@ -1239,3 +1239,48 @@ async fn control_and_bidi_characters_in_worker_text_are_refused() {
         assert_eq!(p.as_str(), Some(pattern.as_str()), "{schema}");
     }
 }
+
+/// N12: the header search refused valid idempotency keys (`/search?q=a%3Ab`
+/// was 400 "Nothing can match" while the key `a:b` existed). Every key the
+/// submit accepts now finds its task, in a split namespace too; a term the
+/// submit would refuse is still 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_search_finds_every_valid_idempotency_key() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.redis.shards = 3;
+    })
+    .await;
+    let keys = ["a:b", "x/y*z", "<k>&\"q\"", "{tag}", "a%b?c#d", "~!@$^()[]|\\;',=+`"];
+    for key in keys {
+        let (s, t) = as_token(
+            &app,
+            "hostile-w",
+            reqwest::Method::POST,
+            "/api/v1/queues/sq/tasks",
+            Some(json!({"payload": 1, "idempotency_key": key})),
+        )
+        .await;
+        assert_eq!(s, 201, "{key}: {t}");
+        let id = t["id"].as_str().unwrap();
+        let mut url = reqwest::Url::parse(&format!("{}/search", app.url)).unwrap();
+        url.query_pairs_mut().append_pair("q", key);
+        let resp = app
+            .http
+            .get(url)
+            .bearer_auth("hostile-r")
+            .header("accept", "text/html")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{key}");
+        assert_eq!(resp.url().path(), format!("/tasks/{id}"), "{key}");
+    }
+    for (term, status) in [("a b", 400), ("é", 400), ("no:such", 404)] {
+        let mut url = reqwest::Url::parse(&format!("{}/search", app.url)).unwrap();
+        url.query_pairs_mut().append_pair("q", term);
+        let resp = app.http.get(url).bearer_auth("hostile-r").send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{term}");
+    }
+}
