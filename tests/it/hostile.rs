@@ -1284,3 +1284,90 @@ async fn the_search_finds_every_valid_idempotency_key() {
         assert_eq!(resp.status().as_u16(), status, "{term}");
     }
 }
+
+/// N15: 8 open-label metric families had no series until their first event,
+/// so `absent(muster_redis_errors_total)` was true on a healthy node. The
+/// first scrape now has a zero series for each (`queue="other"`,
+/// `op="none"`), and one per pass and shard of the shard pass failures;
+/// only the three families docs/operations.md names wait for their event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_family_but_three_has_a_series_at_start() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .bearer_auth("hostile-r")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let waits = [
+        "muster_http_requests_total",
+        "muster_http_request_duration_seconds",
+        "muster_redis_call_duration_seconds",
+    ];
+    let ops = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
+    for m in muster::telemetry::METRICS {
+        if waits.contains(&m.name) {
+            assert!(
+                ops.contains(&format!("`{}`", m.name)) && m.start.is_empty(),
+                "{}",
+                m.name
+            );
+            continue;
+        }
+        if m.name == "muster_shard_pass_failures_total" {
+            continue; // below
+        }
+        let samples: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                !l.starts_with('#')
+                    && (l.starts_with(&format!("{} ", m.name))
+                        || l.starts_with(&format!("{}{{", m.name))
+                        || l.starts_with(&format!("{}_count", m.name)))
+            })
+            .collect();
+        assert!(!samples.is_empty(), "{} has no series at start", m.name);
+    }
+    for line in [
+        "muster_redis_errors_total{op=\"none\",kind=\"timeout\"} 0",
+        "muster_tasks_enqueued_total{queue=\"other\"} 0",
+        "muster_tasks_dead_total{queue=\"other\"} 0",
+        "muster_queue_depth{queue=\"other\",state=\"queued\"} 0",
+        "muster_queue_latency_seconds{queue=\"other\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+    // Each pass registers its zero as it starts, which can be just after
+    // the node is ready.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = app
+            .http
+            .get(format!("{}/metrics", app.url))
+            .bearer_auth("hostile-r")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let zero = |pass: &str| {
+            text.lines().any(|l| {
+                l.starts_with(&format!("muster_shard_pass_failures_total{{pass=\"{pass}\"")) && l.ends_with(" 0")
+            })
+        };
+        if zero("janitor") && zero("heartbeat") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no zero pass failures series:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
