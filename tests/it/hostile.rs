@@ -1371,3 +1371,75 @@ async fn every_metric_family_but_three_has_a_series_at_start() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// N14: `tasks.max_queues` was a cluster-wide quota any worker token could
+/// fill with junk queues (998 submits to new queues, then 409 for every new
+/// real queue). Worker tokens now create queues up to nine tenths of it;
+/// the last tenth is kept for admin tokens, so the operator can still
+/// create the real queues, and workers keep using existing ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_token_cannot_fill_the_queue_quota() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.redis.shards = 1;
+        c.tasks.max_queues = 20;
+    })
+    .await;
+    let submit = |token: &'static str, queue: String| {
+        let app = &app;
+        async move {
+            as_token(
+                app,
+                token,
+                reqwest::Method::POST,
+                &format!("/api/v1/queues/{queue}/tasks"),
+                Some(json!({"payload": 1})),
+            )
+            .await
+        }
+    };
+    let mut created = 0;
+    for i in 0..30 {
+        let (s, body) = submit("hostile-w", format!("junk-{i}")).await;
+        match s {
+            201 => created += 1,
+            409 => assert!(
+                body["detail"].as_str().unwrap().contains("kept for admin tokens"),
+                "{body}"
+            ),
+            _ => panic!("{s} {body}"),
+        }
+    }
+    assert_eq!(created, 18, "a worker token fills nine tenths of the quota");
+    let (s, body) = as_token(
+        &app,
+        "hostile-w2",
+        reqwest::Method::POST,
+        "/api/v1/queues/tasks-0/tasks/batch",
+        Some(json!({"tasks": [{"payload": 1}]})),
+    )
+    .await;
+    assert!(s == 200 || s == 207 || s == 201, "{s} {body}");
+    assert!(body.to_string().contains("kept for admin tokens"), "{body}");
+    let (s, body) = as_token(
+        &app,
+        "hostile-w2",
+        reqwest::Method::POST,
+        "/api/v1/workflows",
+        Some(json!({"tasks": [{"key": "a", "queue": "wf-new", "payload": 1}]})),
+    )
+    .await;
+    assert_eq!(s, 409, "{body}");
+    let (s, body) = submit("hostile-w2", "junk-0".into()).await;
+    assert_eq!(s, 201, "existing queues stay usable: {body}");
+    for q in ["real-1", "real-2"] {
+        let (s, body) = submit("hostile-a", q.into()).await;
+        assert_eq!(s, 201, "the admin creates {q}: {body}");
+    }
+    let (s, body) = submit("hostile-w", "real-1".into()).await;
+    assert_eq!(s, 201, "{body}");
+    let (s, body) = submit("hostile-a", "real-3".into()).await;
+    assert_eq!(s, 409, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("maximum of 20"), "{body}");
+}
