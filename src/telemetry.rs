@@ -7,9 +7,13 @@
 //! values (`action`, `result`, `verdict`, `state`), are registered at zero
 //! when the recorder is installed, so dashboards and alerts
 //! (`rate(...)`, `absent(...)`) can tell "zero" from "not exported". Metrics
-//! labelled by an open set (`queue`, `op`, `path`) have no series until
-//! their first event; [`render`] still writes their `# HELP` and `# TYPE`
-//! lines, which the text format allows for a family without samples.
+//! labelled by `queue` get a zero `queue="other"` series (the bucket of the
+//! queues beyond the label limit, empty at start) and
+//! `muster_redis_errors_total` one `op="none"` series per kind
+//! ([`Metric::start`]). The HTTP families and the Redis call durations
+//! (`method`/`path`, `op`) have no series until the first request or call;
+//! [`render`] still writes their `# HELP` and `# TYPE` lines, which the text
+//! format allows for a family without samples.
 //!
 //! The metrics table in `docs/operations.md` lists the same names; a test
 //! keeps the two in step.
@@ -44,6 +48,11 @@ pub struct Metric {
     /// label set are marked by `open: true` and registered on first use.
     pub fixed: Option<(&'static str, &'static [&'static str])>,
     pub open: bool,
+    /// The zero series an open-labelled metric gets at start, so that
+    /// `absent(...)` is false on a healthy node: the `queue="other"` bucket
+    /// (queues beyond the label limit, none at start) or `op="none"`.
+    /// Empty: none until the first event.
+    pub start: &'static [&'static [(&'static str, &'static str)]],
 }
 
 const fn m(name: &'static str, kind: Kind, help: &'static str) -> Metric {
@@ -53,6 +62,7 @@ const fn m(name: &'static str, kind: Kind, help: &'static str) -> Metric {
         help,
         fixed: None,
         open: false,
+        start: &[],
     }
 }
 
@@ -63,8 +73,42 @@ const fn open(name: &'static str, kind: Kind, help: &'static str) -> Metric {
         help,
         fixed: None,
         open: true,
+        start: &[],
     }
 }
+
+const fn open_at_start(
+    name: &'static str,
+    kind: Kind,
+    help: &'static str,
+    start: &'static [&'static [(&'static str, &'static str)]],
+) -> Metric {
+    Metric {
+        name,
+        kind,
+        help,
+        fixed: None,
+        open: true,
+        start,
+    }
+}
+
+/// `queue="other"`: the bucket of the queues beyond the label limit.
+const OTHER_QUEUE: &[&[(&str, &str)]] = &[&[("queue", "other")]];
+const OTHER_QUEUE_DEPTH: &[&[(&str, &str)]] = &[
+    &[("queue", "other"), ("state", "queued")],
+    &[("queue", "other"), ("state", "delayed")],
+    &[("queue", "other"), ("state", "running")],
+    &[("queue", "other"), ("state", "dead")],
+];
+/// `op="none"`, one per kind: a Redis error names its op, never `none`.
+const NO_REDIS_ERRORS: &[&[(&str, &str)]] = &[
+    &[("op", "none"), ("kind", "unavailable")],
+    &[("op", "none"), ("kind", "server")],
+    &[("op", "none"), ("kind", "decode")],
+    &[("op", "none"), ("kind", "timeout")],
+    &[("op", "none"), ("kind", "cut")],
+];
 
 const fn fixed(
     name: &'static str,
@@ -79,6 +123,7 @@ const fn fixed(
         help,
         fixed: Some((label, values)),
         open: false,
+        start: &[],
     }
 }
 
@@ -113,10 +158,11 @@ pub const METRICS: &[Metric] = &[
         Histogram,
         "Redis call duration by operation (script or command)",
     ),
-    open(
+    open_at_start(
         "muster_redis_errors_total",
         Counter,
         "Failed Redis calls by operation and kind (unavailable, server, decode, timeout, cut)",
+        NO_REDIS_ERRORS,
     ),
     m(
         "muster_redis_reconnects_total",
@@ -204,33 +250,53 @@ pub const METRICS: &[Metric] = &[
         "state",
         &["alive", "expired"],
     ),
-    open(
+    open_at_start(
         "muster_tasks_enqueued_total",
         Counter,
         "Tasks created by the submit endpoints, by queue",
+        OTHER_QUEUE,
     ),
-    open("muster_tasks_claimed_total", Counter, "Tasks claimed, by queue"),
-    open("muster_tasks_succeeded_total", Counter, "Tasks completed, by queue"),
-    open(
+    open_at_start(
+        "muster_tasks_claimed_total",
+        Counter,
+        "Tasks claimed, by queue",
+        OTHER_QUEUE,
+    ),
+    open_at_start(
+        "muster_tasks_succeeded_total",
+        Counter,
+        "Tasks completed, by queue",
+        OTHER_QUEUE,
+    ),
+    open_at_start(
         "muster_tasks_failed_total",
         Counter,
         "Failed executions (fail calls accepted and timeouts), by queue",
+        OTHER_QUEUE,
     ),
-    open("muster_tasks_dead_total", Counter, "Tasks dead-lettered, by queue"),
-    open(
+    open_at_start(
+        "muster_tasks_dead_total",
+        Counter,
+        "Tasks dead-lettered, by queue",
+        OTHER_QUEUE,
+    ),
+    open_at_start(
         "muster_tasks_not_acknowledged_total",
         Counter,
         "Claimed tasks put back in their queue because their worker did not acknowledge them within ack_ms, by queue",
+        OTHER_QUEUE,
     ),
-    open(
+    open_at_start(
         "muster_queue_depth",
         Gauge,
         "Tasks per queue and state (queued, delayed, running, dead)",
+        OTHER_QUEUE_DEPTH,
     ),
-    open(
+    open_at_start(
         "muster_queue_latency_seconds",
         Gauge,
         "How long the longest-waiting head of each queue has been claimable",
+        OTHER_QUEUE,
     ),
     m(
         "muster_claim_duration_seconds",
@@ -321,6 +387,9 @@ pub fn register() {
             Histogram => metrics::describe_histogram!(name, metric.help),
         }
         if metric.open {
+            for labels in metric.start {
+                zero(metric.kind, name, labels);
+            }
             continue;
         }
         match metric.fixed {

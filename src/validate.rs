@@ -164,6 +164,39 @@ pub fn opaque_key(field: &str, value: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A control character (C0, DEL, C1) or a bidirectional formatting
+/// character (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069):
+/// refused in free text that is shown to people (a worker's labels, `addr`
+/// and `version`), where a line break forges lines and U+202E reorders
+/// what a page shows.
+pub fn is_hidden_char(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// The JSON Schema pattern of free text: no control or bidi characters
+/// (see [`is_hidden_char`]).
+pub fn plain_text_pattern() -> String {
+    "^[^\\u0000-\\u001F\\u007F-\\u009F\\u061C\\u200E\\u200F\\u202A-\\u202E\\u2066-\\u2069]*$".to_string()
+}
+
+/// Returns a 400 naming the field when `value` has a control or bidi
+/// character (`field` names it, e.g. "`labels` key \"a\"").
+pub fn plain_text(field: &str, value: &str) -> Result<(), ApiError> {
+    match value.chars().position(is_hidden_char) {
+        None => Ok(()),
+        Some(i) => {
+            let c = value.chars().nth(i).unwrap_or_default();
+            Err(ApiError::bad_request(format!(
+                "{field} may not contain control or bidirectional formatting characters (U+{:04X} at character {}, in {})",
+                c as u32,
+                i + 1,
+                shorten(value)
+            )))
+        }
+    }
+}
+
 /// Returns a 400 naming the field when `value` is not a task or workflow
 /// id (`what`: "task", "workflow").
 pub fn id(what: &str, value: &str) -> Result<(), ApiError> {
@@ -235,6 +268,38 @@ mod tests {
         assert!(is_name(&"a".repeat(128)));
         assert!(is_node_id(&"n".repeat(64)));
         assert!(!is_node_id(&"n".repeat(65)));
+    }
+
+    #[test]
+    fn plain_text_refuses_control_and_bidi_characters() {
+        for bad in [
+            "\0",
+            "a\u{1}",
+            "a\nb",
+            "\r\n",
+            "\u{7f}",
+            "\u{85}",
+            "a\u{202e}b",
+            "\u{2066}",
+            "\u{200f}",
+            "\u{61c}",
+        ] {
+            let msg = plain_text("`addr`", bad).unwrap_err().to_string();
+            assert!(msg.contains("`addr` may not contain"), "{bad:?}: {msg}");
+        }
+        for good in [
+            "",
+            "host:8080",
+            "v1.2.3 (linux)",
+            "zürich",
+            "日本",
+            "emoji 🚀",
+            "tab-free\u{200d}",
+        ] {
+            plain_text("`addr`", good).unwrap();
+        }
+        let re = plain_text_pattern();
+        assert!(re.starts_with("^[^\\u0000-\\u001F") && re.ends_with("]*$"), "{re}");
     }
 
     #[test]

@@ -305,6 +305,20 @@ pub struct TasksConfig {
     pub janitor_interval_ms: u64,
 }
 
+impl TasksConfig {
+    /// How many queues a caller of `role` may bring the cluster to: all of
+    /// `max_queues` for an admin, all but the last tenth for the others, so
+    /// a worker token filling the quota with junk queues leaves an admin
+    /// room to create the real ones (issue 36 N14).
+    pub fn queue_room(&self, role: Role) -> u32 {
+        if role >= Role::Admin {
+            self.max_queues
+        } else {
+            self.max_queues - self.max_queues / 10
+        }
+    }
+}
+
 impl Default for TasksConfig {
     fn default() -> Self {
         Self {

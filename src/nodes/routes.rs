@@ -51,13 +51,16 @@ async fn get_node(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path
 pub struct HeartbeatBody {
     /// Lifetime of this heartbeat, 500 to 3 600 000 ms; default `nodes.ttl_ms`.
     pub ttl_ms: Option<u64>,
-    /// Up to 32 labels (keys up to 64 characters, values up to 256).
+    /// Up to 32 labels (keys up to 64 characters, values up to 256); no
+    /// control or bidirectional formatting characters in keys or values.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// Where the worker runs (host, URL); shown on the Nodes page.
+    /// Where the worker runs (host, URL); shown on the Nodes page. No
+    /// control or bidirectional formatting characters.
     #[serde(default)]
     pub addr: String,
-    /// The worker's version, shown on the Nodes page.
+    /// The worker's version, shown on the Nodes page. No control or
+    /// bidirectional formatting characters.
     #[serde(default)]
     pub version: String,
 }
@@ -106,6 +109,12 @@ async fn heartbeat_node(
             validate::WORKER_VERSION_MAX_LEN
         )));
     }
+    for (k, v) in &body.labels {
+        validate::plain_text("a `labels` key", k)?;
+        validate::plain_text(&format!("`labels.{}`", k.escape_debug()), v)?;
+    }
+    validate::plain_text("`addr`", &body.addr)?;
+    validate::plain_text("`version`", &body.version)?;
     if *s.node_id == *id {
         return Err(ApiError::bad_request(format!(
             "`{id}` is this muster node's own id; pick another worker id"

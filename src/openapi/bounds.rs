@@ -144,15 +144,19 @@ pub(super) fn field_bounds(cfg: &Config) -> Vec<(&'static str, &'static str, Val
             "labels",
             json!({
                 "maxProperties": v::WORKER_LABELS_MAX,
-                "propertyNames": {"minLength": 1, "maxLength": v::WORKER_LABEL_KEY_MAX_LEN},
-                "additionalProperties": {"type": "string", "maxLength": v::WORKER_LABEL_VALUE_MAX_LEN},
+                "propertyNames": {"minLength": 1, "maxLength": v::WORKER_LABEL_KEY_MAX_LEN, "pattern": v::plain_text_pattern()},
+                "additionalProperties": {"type": "string", "maxLength": v::WORKER_LABEL_VALUE_MAX_LEN, "pattern": v::plain_text_pattern()},
             }),
         ),
-        ("HeartbeatBody", "addr", json!({"maxLength": v::WORKER_ADDR_MAX_LEN})),
+        (
+            "HeartbeatBody",
+            "addr",
+            json!({"maxLength": v::WORKER_ADDR_MAX_LEN, "pattern": v::plain_text_pattern()}),
+        ),
         (
             "HeartbeatBody",
             "version",
-            json!({"maxLength": v::WORKER_VERSION_MAX_LEN}),
+            json!({"maxLength": v::WORKER_VERSION_MAX_LEN, "pattern": v::plain_text_pattern()}),
         ),
         ("BarrierSpec", "participants", {
             let mut item = json!({"type": "string"});

@@ -50,6 +50,10 @@ pub struct PassLog {
 impl PassLog {
     pub fn new(pass: &'static str, store: &Store) -> PassLog {
         let shard = store.shard_index();
+        // A zero series from the pass's start, so alerts can tell no
+        // failures from not exported (issue 36 N15).
+        metrics::counter!("muster_shard_pass_failures_total", "pass" => pass, "shard" => shard.to_string())
+            .increment(0);
         PassLog {
             pass,
             shard,

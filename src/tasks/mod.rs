@@ -77,6 +77,11 @@ pub enum TaskError {
     AliasTaken { alias: String, holder: String },
     #[error("the cluster already has the maximum of {0} queues (tasks.max_queues)")]
     TooManyQueues(u32),
+    #[error(
+        "the cluster already has {room} queues: a worker token creates none beyond {room} of the {max} of \
+         tasks.max_queues, the rest are kept for admin tokens"
+    )]
+    QueuesKeptForAdmin { room: u32, max: u32 },
     #[error("the cluster already has the maximum of {0} group limits (tasks.max_groups)")]
     TooManyGroups(u32),
     #[error(
@@ -120,6 +125,7 @@ impl From<TaskError> for ApiError {
                 ApiError::conflict(e.to_string(), serde_json::json!({"holder": holder}))
             }
             TaskError::TooManyQueues(_)
+            | TaskError::QueuesKeptForAdmin { .. }
             | TaskError::TooManyGroups(_)
             | TaskError::NodeNotAlive(_)
             | TaskError::NodeDraining(_)
@@ -176,6 +182,19 @@ fn raw(json: &str) -> Box<RawValue> {
         .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("null is JSON"))
 }
 impl Tasks {
+    /// The 409 of a submit refused for the queue quota, with the caller's
+    /// `room` ([`TasksConfig::queue_room`]).
+    pub fn too_many_queues(&self, room: u32) -> TaskError {
+        if room < self.cfg.max_queues {
+            TaskError::QueuesKeptForAdmin {
+                room,
+                max: self.cfg.max_queues,
+            }
+        } else {
+            TaskError::TooManyQueues(self.cfg.max_queues)
+        }
+    }
+
     pub fn new(
         store: Store,
         cfg: TasksConfig,
@@ -218,7 +237,15 @@ impl Tasks {
     /// with one shard); outcomes in order. A task goes to its group's shard,
     /// or its queue's ([`Tasks::home`]); with several shards a batch is
     /// atomic per shard, not as a whole.
-    pub async fn submit(&self, queue: &str, items: &[NewTask], node: &str) -> Result<Vec<Submitted>, TaskError> {
+    /// `room`: how many queues this caller may bring the cluster to
+    /// ([`TasksConfig::queue_room`]).
+    pub async fn submit(
+        &self,
+        queue: &str,
+        items: &[NewTask],
+        node: &str,
+        room: u32,
+    ) -> Result<Vec<Submitted>, TaskError> {
         let mut parts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (i, t) in items.iter().enumerate() {
             parts.entry(self.home(queue, &t.group)).or_default().push(i);
@@ -227,7 +254,7 @@ impl Tasks {
             .into_iter()
             .map(|(shard, at)| async move {
                 let part: Vec<&NewTask> = at.iter().map(|&i| &items[i]).collect();
-                let out = self.submit_in(shard, queue, &part, node).await?;
+                let out = self.submit_in(shard, queue, &part, node, room).await?;
                 self.note_queue_in(queue, shard);
                 Ok::<_, TaskError>(at.into_iter().zip(out))
             })
@@ -246,12 +273,13 @@ impl Tasks {
         queue: &str,
         items: &[&NewTask],
         node: &str,
+        room: u32,
     ) -> Result<Vec<Submitted>, TaskError> {
         let store = self.store.shard(shard);
         let call = scripts::Enqueue {
             queue,
             idempotency_window_ms: self.cfg.idempotency_window_ms,
-            max_queues: self.cfg.max_queues,
+            max_queues: room.min(self.cfg.max_queues),
             node,
             max_delay_ms: MAX_DELAY_MS,
             items: items

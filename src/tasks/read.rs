@@ -47,19 +47,31 @@ impl Tasks {
     /// (at once): a task id, an alias (held while its task lives, kept
     /// through retention) or an idempotency key (within its window), in that
     /// order; the newest task when several shards hold the alias or the key
-    /// (see [`Tasks::alias_holder`]). The term must already be a valid name.
+    /// (see [`Tasks::alias_holder`]). The term must already be a valid
+    /// opaque key; one that is not also a name (`:`, `/`, `*`...) can only
+    /// be an idempotency key, and only that is looked up for it.
     pub async fn lookup(&self, term: &str) -> Result<Option<(String, Found)>, TaskError> {
         let id_shard = self.store.shards().home(term);
+        let named = crate::validate::is_name(term);
         let found = self
             .every_shard(|s| {
                 let p0 = s.keys().prefix().to_string();
                 let mut p = redis::pipe();
-                p.cmd("EXISTS").arg(tkey(&s, term));
-                p.cmd("GET").arg(format!("{p0}:alias:{term}"));
                 p.cmd("GET").arg(format!("{p0}:idem:{term}"));
+                if named {
+                    p.cmd("EXISTS").arg(tkey(&s, term));
+                    p.cmd("GET").arg(format!("{p0}:alias:{term}"));
+                }
                 async move {
-                    s.pipe::<(bool, Option<String>, Option<String>)>("task_lookup", &p)
-                        .await
+                    if named {
+                        let (idem, exists, alias) = s
+                            .pipe::<(Option<String>, bool, Option<String>)>("task_lookup", &p)
+                            .await?;
+                        Ok((exists, alias, idem))
+                    } else {
+                        let (idem,) = s.pipe::<(Option<String>,)>("task_lookup", &p).await?;
+                        Ok((false, None, idem))
+                    }
                 }
             })
             .await?;

@@ -87,7 +87,7 @@ pub(crate) fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>> 
                (status = 413, description = "Payload too large")))]
 async fn submit_task(
     State(s): State<AppState>,
-    _caller: WorkerCaller,
+    caller: WorkerCaller,
     Path(queue): Path<String>,
     headers: HeaderMap,
     ApiJson(mut spec): ApiJson<TaskSpec>,
@@ -105,7 +105,8 @@ async fn submit_task(
     }
     let task = spec.validate(s.tasks.config())?;
     let (alias, run_at) = (task.alias.clone(), task.run_at);
-    let out = s.tasks.submit(&queue, &[task], &s.node_id).await?;
+    let room = s.tasks.config().queue_room(caller.role);
+    let out = s.tasks.submit(&queue, &[task], &s.node_id, room).await?;
     match out.into_iter().next() {
         Some(Submitted::Created { id, state }) => Ok((
             StatusCode::CREATED,
@@ -132,7 +133,7 @@ async fn submit_task(
         )
             .into_response()),
         Some(Submitted::AliasTaken { holder }) => Err(TaskError::AliasTaken { alias, holder }.into()),
-        Some(Submitted::TooManyQueues) => Err(TaskError::TooManyQueues(s.tasks.config().max_queues).into()),
+        Some(Submitted::TooManyQueues) => Err(s.tasks.too_many_queues(room).into()),
         Some(Submitted::RunAtTooFar { now }) => Err(TaskError::RunAtTooFar { run_at, now }.into()),
         None => Err(ApiError::internal("enqueue returned nothing")),
     }
@@ -185,7 +186,7 @@ fn item_error(e: &ApiError) -> BatchItem {
     responses((status = 200, body = BatchResponse), (status = 400, description = "Bad queue or batch size")))]
 async fn submit_batch(
     State(s): State<AppState>,
-    _caller: WorkerCaller,
+    caller: WorkerCaller,
     Path(queue): Path<String>,
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> Result<Json<BatchResponse>> {
@@ -210,7 +211,8 @@ async fn submit_batch(
             Err(e) => results.push(Some(item_error(&e))),
         }
     }
-    let outcomes = s.tasks.submit(&queue, &valid, &s.node_id).await?;
+    let room = s.tasks.config().queue_room(caller.role);
+    let outcomes = s.tasks.submit(&queue, &valid, &s.node_id, room).await?;
     for ((slot, outcome), task) in slots.into_iter().zip(outcomes).zip(valid.iter()) {
         results[slot] = Some(match outcome {
             Submitted::Created { id, state } => BatchItem {
@@ -234,7 +236,7 @@ async fn submit_batch(
                 }
                 .into(),
             ),
-            Submitted::TooManyQueues => item_error(&TaskError::TooManyQueues(s.tasks.config().max_queues).into()),
+            Submitted::TooManyQueues => item_error(&s.tasks.too_many_queues(room).into()),
             Submitted::RunAtTooFar { now } => item_error(
                 &TaskError::RunAtTooFar {
                     run_at: task.run_at,

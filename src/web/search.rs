@@ -47,19 +47,24 @@ async fn search(State(s): State<AppState>, caller: ReadCaller, Query(q): Query<S
     if term.is_empty() {
         return Ok(page(String::new()).into_response());
     }
-    if let Err(e) = validate::name("search term", &term) {
+    // Idempotency keys take any printable ASCII but spaces, as the submit
+    // does; task ids, aliases and workflow ids are names within that.
+    if let Err(e) = validate::opaque_key("search term", &term) {
         let why = format!(
-            "Nothing can match: {e}. Task ids, aliases, idempotency keys and workflow ids are made of those characters."
+            "Nothing can match: {e}. Task ids, aliases and workflow ids are made of A-Z a-z 0-9 . _ -, \
+             and idempotency keys of printable ASCII characters without spaces."
         );
         return Ok((StatusCode::BAD_REQUEST, page(why)).into_response());
     }
     if let Some((id, _how)) = s.tasks.lookup(&term).await? {
         return Ok(Redirect::to(&format!("/tasks/{id}")).into_response());
     }
-    match s.workflows.get(&term).await {
-        Ok(_) => return Ok(Redirect::to(&format!("/workflows/{term}")).into_response()),
-        Err(WorkflowError::NotFound(_)) => {}
-        Err(e) => return Err(e.into()),
+    if validate::is_name(&term) {
+        match s.workflows.get(&term).await {
+            Ok(_) => return Ok(Redirect::to(&format!("/workflows/{term}")).into_response()),
+            Err(WorkflowError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     let why = "No task id, alias, idempotency key or workflow id matches it. Finished tasks and \
                workflows are kept for their retention only; idempotency keys for their window."

@@ -97,6 +97,11 @@ pub enum WorkflowError {
     Finished(String, String),
     #[error("the cluster already has the maximum of {0} queues (tasks.max_queues)")]
     TooManyQueues(u32),
+    #[error(
+        "the cluster already has {room} queues: a worker token creates none beyond {room} of the {max} of \
+         tasks.max_queues, the rest are kept for admin tokens"
+    )]
+    QueuesKeptForAdmin { room: u32, max: u32 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -108,7 +113,9 @@ impl From<WorkflowError> for ApiError {
             WorkflowError::Finished(_, ref state) => {
                 ApiError::conflict(e.to_string(), serde_json::json!({"state": state}))
             }
-            WorkflowError::TooManyQueues(_) => ApiError::conflict(e.to_string(), serde_json::Value::Null),
+            WorkflowError::TooManyQueues(_) | WorkflowError::QueuesKeptForAdmin { .. } => {
+                ApiError::conflict(e.to_string(), serde_json::Value::Null)
+            }
             WorkflowError::Store(s) => s.into(),
         }
     }
@@ -355,8 +362,10 @@ impl Workflows {
         self.store.shard(self.store.shards().home(id))
     }
 
-    /// Starts a workflow; returns its id and whether it is new.
-    pub async fn create(&self, plan: &Plan, node: &str) -> Result<(String, bool), WorkflowError> {
+    /// Starts a workflow; returns its id and whether it is new. `room`: how
+    /// many queues this caller may bring the cluster to
+    /// ([`crate::config::TasksConfig::queue_room`]).
+    pub async fn create(&self, plan: &Plan, node: &str, room: u32) -> Result<(String, bool), WorkflowError> {
         let call = scripts::Create {
             id: &plan.id,
             policy: plan.policy.as_str(),
@@ -364,13 +373,17 @@ impl Workflows {
             idempotency_window_ms: self.tasks.idempotency_window_ms,
             retention_ms: self.tasks.retention_ms,
             node,
-            max_queues: self.tasks.max_queues,
+            max_queues: room.min(self.tasks.max_queues),
             dead_retention_ms: self.tasks.dead_retention_ms,
             keys: &plan.keys,
         };
         match self.at(&plan.id).run(&self.scripts.create, &call).await? {
             CreateReply::Created { id } => Ok((id, true)),
             CreateReply::Replayed { id } => Ok((id, false)),
+            CreateReply::TooManyQueues if room < self.tasks.max_queues => Err(WorkflowError::QueuesKeptForAdmin {
+                room,
+                max: self.tasks.max_queues,
+            }),
             CreateReply::TooManyQueues => Err(WorkflowError::TooManyQueues(self.tasks.max_queues)),
         }
     }

@@ -43,7 +43,7 @@ fn check_id(id: &str) -> Result<()> {
               (status = 413, description = "A payload is too large")))]
 async fn create_workflow(
     State(s): State<AppState>,
-    _caller: WorkerCaller,
+    caller: WorkerCaller,
     headers: HeaderMap,
     ApiJson(mut w): ApiJson<NewWorkflow>,
 ) -> Result<Response> {
@@ -61,7 +61,8 @@ async fn create_workflow(
         }
     }
     let plan = plan(&w, s.tasks.config(), s.store.shards())?;
-    let (id, new) = s.workflows.create(&plan, &s.node_id).await?;
+    let room = s.tasks.config().queue_room(caller.role);
+    let (id, new) = s.workflows.create(&plan, &s.node_id, room).await?;
     // This node's claims look in the workflow's shard at once.
     for q in w.tasks.iter().map(|t| t.queue.as_str()) {
         s.tasks.note_queue_in(q, s.store.shards().home(&id));

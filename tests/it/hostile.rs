@@ -1173,3 +1173,273 @@ async fn forms_without_their_csrf_field_are_403_not_422() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200, "the session was not ended");
 }
+
+/// N7: control and bidi characters in a worker's label keys and values,
+/// `addr` and `version` were stored and echoed (U+202E reorders what the
+/// Nodes page shows). Each is 400 problem+json naming the field, nothing
+/// is registered, and plain non-ASCII text still passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_and_bidi_characters_in_worker_text_are_refused() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let hb = |body: Value| {
+        as_token(
+            &app,
+            "hostile-w",
+            reqwest::Method::PUT,
+            "/api/v1/nodes/w/heartbeat",
+            Some(body),
+        )
+    };
+    let mut cases = vec![(
+        json!({"ttl_ms": 10000, "labels": {"a\u{202e}b": "v"}}),
+        "a `labels` key",
+    )];
+    for bad in [
+        "\0",
+        "\u{1}",
+        "a\nb",
+        "a\r\nb",
+        "\u{7f}",
+        "\u{202e}",
+        "\u{2066}x",
+        "\u{200f}",
+    ] {
+        cases.push((json!({"labels": {format!("k{bad}"): "v"}}), "a `labels` key"));
+        cases.push((json!({"labels": {"k": bad}}), "`labels.k`"));
+        cases.push((json!({"addr": format!("host{bad}")}), "`addr`"));
+        cases.push((json!({"version": bad}), "`version`"));
+    }
+    for (body, field) in cases {
+        let (s, problem) = hb(body.clone()).await;
+        assert_eq!(s, 400, "{body}: {problem}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(field) && detail.contains("control or bidirectional"),
+            "{body}: {problem}"
+        );
+    }
+    let (s, _) = as_token(&app, "hostile-r", reqwest::Method::GET, "/api/v1/nodes/w", None).await;
+    assert_eq!(s, 404, "nothing was registered");
+    let (s, body) =
+        hb(json!({"labels": {"zone": "zürich 🚀", "名前": "v"}, "addr": "10.0.0.1:80", "version": "1.0 (β)"})).await;
+    assert_eq!(s, 200, "{body}");
+    let (s, node) = as_token(&app, "hostile-r", reqwest::Method::GET, "/api/v1/nodes/w", None).await;
+    assert_eq!(s, 200, "{node}");
+    assert_eq!(node["labels"]["zone"], "zürich 🚀", "{node}");
+    let doc = app.get("/api/v1/openapi.json").await.1;
+    let schema = &doc["components"]["schemas"]["HeartbeatBody"]["properties"];
+    let pattern = muster::validate::plain_text_pattern();
+    for p in [
+        &schema["addr"]["pattern"],
+        &schema["version"]["pattern"],
+        &schema["labels"]["propertyNames"]["pattern"],
+        &schema["labels"]["additionalProperties"]["pattern"],
+    ] {
+        assert_eq!(p.as_str(), Some(pattern.as_str()), "{schema}");
+    }
+}
+
+/// N12: the header search refused valid idempotency keys (`/search?q=a%3Ab`
+/// was 400 "Nothing can match" while the key `a:b` existed). Every key the
+/// submit accepts now finds its task, in a split namespace too; a term the
+/// submit would refuse is still 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_search_finds_every_valid_idempotency_key() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.redis.shards = 3;
+    })
+    .await;
+    let keys = ["a:b", "x/y*z", "<k>&\"q\"", "{tag}", "a%b?c#d", "~!@$^()[]|\\;',=+`"];
+    for key in keys {
+        let (s, t) = as_token(
+            &app,
+            "hostile-w",
+            reqwest::Method::POST,
+            "/api/v1/queues/sq/tasks",
+            Some(json!({"payload": 1, "idempotency_key": key})),
+        )
+        .await;
+        assert_eq!(s, 201, "{key}: {t}");
+        let id = t["id"].as_str().unwrap();
+        let mut url = reqwest::Url::parse(&format!("{}/search", app.url)).unwrap();
+        url.query_pairs_mut().append_pair("q", key);
+        let resp = app
+            .http
+            .get(url)
+            .bearer_auth("hostile-r")
+            .header("accept", "text/html")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{key}");
+        assert_eq!(resp.url().path(), format!("/tasks/{id}"), "{key}");
+    }
+    for (term, status) in [("a b", 400), ("é", 400), ("no:such", 404)] {
+        let mut url = reqwest::Url::parse(&format!("{}/search", app.url)).unwrap();
+        url.query_pairs_mut().append_pair("q", term);
+        let resp = app.http.get(url).bearer_auth("hostile-r").send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{term}");
+    }
+}
+
+/// N15: 8 open-label metric families had no series until their first event,
+/// so `absent(muster_redis_errors_total)` was true on a healthy node. The
+/// first scrape now has a zero series for each (`queue="other"`,
+/// `op="none"`), and one per pass and shard of the shard pass failures;
+/// only the three families docs/operations.md names wait for their event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_family_but_three_has_a_series_at_start() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .bearer_auth("hostile-r")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let waits = [
+        "muster_http_requests_total",
+        "muster_http_request_duration_seconds",
+        "muster_redis_call_duration_seconds",
+    ];
+    let ops = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
+    for m in muster::telemetry::METRICS {
+        if waits.contains(&m.name) {
+            assert!(
+                ops.contains(&format!("`{}`", m.name)) && m.start.is_empty(),
+                "{}",
+                m.name
+            );
+            continue;
+        }
+        if m.name == "muster_shard_pass_failures_total" {
+            continue; // below
+        }
+        let samples: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                !l.starts_with('#')
+                    && (l.starts_with(&format!("{} ", m.name))
+                        || l.starts_with(&format!("{}{{", m.name))
+                        || l.starts_with(&format!("{}_count", m.name)))
+            })
+            .collect();
+        assert!(!samples.is_empty(), "{} has no series at start", m.name);
+    }
+    for line in [
+        "muster_redis_errors_total{op=\"none\",kind=\"timeout\"} 0",
+        "muster_tasks_enqueued_total{queue=\"other\"} 0",
+        "muster_tasks_dead_total{queue=\"other\"} 0",
+        "muster_queue_depth{queue=\"other\",state=\"queued\"} 0",
+        "muster_queue_latency_seconds{queue=\"other\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+    // Each pass registers its zero as it starts, which can be just after
+    // the node is ready.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = app
+            .http
+            .get(format!("{}/metrics", app.url))
+            .bearer_auth("hostile-r")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let zero = |pass: &str| {
+            text.lines().any(|l| {
+                l.starts_with(&format!("muster_shard_pass_failures_total{{pass=\"{pass}\"")) && l.ends_with(" 0")
+            })
+        };
+        if zero("janitor") && zero("heartbeat") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no zero pass failures series:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// N14: `tasks.max_queues` was a cluster-wide quota any worker token could
+/// fill with junk queues (998 submits to new queues, then 409 for every new
+/// real queue). Worker tokens now create queues up to nine tenths of it;
+/// the last tenth is kept for admin tokens, so the operator can still
+/// create the real queues, and workers keep using existing ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_token_cannot_fill_the_queue_quota() {
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = tokens();
+        c.redis.shards = 1;
+        c.tasks.max_queues = 20;
+    })
+    .await;
+    let submit = |token: &'static str, queue: String| {
+        let app = &app;
+        async move {
+            as_token(
+                app,
+                token,
+                reqwest::Method::POST,
+                &format!("/api/v1/queues/{queue}/tasks"),
+                Some(json!({"payload": 1})),
+            )
+            .await
+        }
+    };
+    let mut created = 0;
+    for i in 0..30 {
+        let (s, body) = submit("hostile-w", format!("junk-{i}")).await;
+        match s {
+            201 => created += 1,
+            409 => assert!(
+                body["detail"].as_str().unwrap().contains("kept for admin tokens"),
+                "{body}"
+            ),
+            _ => panic!("{s} {body}"),
+        }
+    }
+    assert_eq!(created, 18, "a worker token fills nine tenths of the quota");
+    let (s, body) = as_token(
+        &app,
+        "hostile-w2",
+        reqwest::Method::POST,
+        "/api/v1/queues/tasks-0/tasks/batch",
+        Some(json!({"tasks": [{"payload": 1}]})),
+    )
+    .await;
+    assert!(s == 200 || s == 207 || s == 201, "{s} {body}");
+    assert!(body.to_string().contains("kept for admin tokens"), "{body}");
+    let (s, body) = as_token(
+        &app,
+        "hostile-w2",
+        reqwest::Method::POST,
+        "/api/v1/workflows",
+        Some(json!({"tasks": [{"key": "a", "queue": "wf-new", "payload": 1}]})),
+    )
+    .await;
+    assert_eq!(s, 409, "{body}");
+    let (s, body) = submit("hostile-w2", "junk-0".into()).await;
+    assert_eq!(s, 201, "existing queues stay usable: {body}");
+    for q in ["real-1", "real-2"] {
+        let (s, body) = submit("hostile-a", q.into()).await;
+        assert_eq!(s, 201, "the admin creates {q}: {body}");
+    }
+    let (s, body) = submit("hostile-w", "real-1".into()).await;
+    assert_eq!(s, 201, "{body}");
+    let (s, body) = submit("hostile-a", "real-3".into()).await;
+    assert_eq!(s, 409, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("maximum of 20"), "{body}");
+}

@@ -135,7 +135,13 @@ async fn the_search_finds_tasks_by_id_alias_and_key_and_workflows_by_id() {
     assert_eq!(resp.status().as_u16(), 404);
     let body = resp.text().await.unwrap();
     assert!(body.contains("Nothing found for <code>no-such-thing</code>"), "{body}");
+    // `<b>` could be an idempotency key: looked for (404), shown escaped.
     let resp = search("%3Cb%3E".into()).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    let body = resp.text().await.unwrap();
+    assert!(!body.contains("<b>") && body.contains("Nothing found"), "{body}");
+    // A space inside can be nothing.
+    let resp = search("%3Cb%3E%20x".into()).await.unwrap();
     assert_eq!(resp.status().as_u16(), 400);
     let body = resp.text().await.unwrap();
     assert!(!body.contains("<b>") && body.contains("Nothing can match"), "{body}");
