@@ -18,7 +18,14 @@ fn once() -> CallOptions {
     CallOptions::new(Retry::Once)
 }
 
-/// A create without an idempotency key: retried only if it never left.
+/// The idempotency key of a create that was given none: a ULID (26
+/// characters, within the keys' alphabet).
+fn random_key() -> String {
+    ulid::Ulid::generate().to_string()
+}
+
+/// A create that cannot carry an idempotency key: retried only if it never
+/// left.
 fn unkeyed() -> CallOptions {
     CallOptions::new(Retry::Connect)
 }
@@ -38,22 +45,27 @@ mod system;
 impl Client {
     // ---- tasks and queues -------------------------------------------------
 
-    /// Submits a task. With an idempotency key (in `spec` or `key`) the call
-    /// is retried on any transient error and a retry returns the same task
-    /// (`replayed`); without one it is retried only on a connect error (the
-    /// request never left), since a retry after an unknown outcome could
-    /// create the task twice.
+    /// Submits a task. Without an idempotency key in `spec` a random one is
+    /// sent (as the Python and TypeScript clients do), so the call is
+    /// retried on any transient error, through another node too, and a retry
+    /// returns the same task (`replayed`) instead of creating it twice.
     pub async fn submit(&self, queue: &str, spec: &TaskSpec) -> Result<Submitted> {
-        let opts = if spec.idempotency_key.is_some() {
-            idem()
-        } else {
-            unkeyed()
+        let keyed;
+        let spec = match spec.idempotency_key {
+            Some(_) => spec,
+            None => {
+                keyed = TaskSpec {
+                    idempotency_key: Some(random_key()),
+                    ..spec.clone()
+                };
+                &keyed
+            }
         };
         self.call_json(
             Method::POST,
             &format!("/api/v1/queues/{}/tasks", enc(queue)),
             Some(spec),
-            &opts,
+            &idem(),
         )
         .await
     }
@@ -71,15 +83,22 @@ impl Client {
     }
 
     /// Submits up to 1 000 tasks in one call; one result per task, in order.
+    /// Tasks without an idempotency key get a random one, so the call is
+    /// retried like a keyed submit.
     pub async fn submit_batch(&self, queue: &str, tasks: &[TaskSpec]) -> Result<Vec<BatchItem>> {
-        let keyed = tasks.iter().all(|t| t.idempotency_key.is_some());
-        let opts = if keyed { idem() } else { unkeyed() };
+        let tasks: Vec<TaskSpec> = tasks
+            .iter()
+            .map(|t| TaskSpec {
+                idempotency_key: Some(t.idempotency_key.clone().unwrap_or_else(random_key)),
+                ..t.clone()
+            })
+            .collect();
         let a: BatchAnswer = self
             .call_json(
                 Method::POST,
                 &format!("/api/v1/queues/{}/tasks/batch", enc(queue)),
                 Some(&json!({ "tasks": tasks })),
-                &opts,
+                &idem(),
             )
             .await?;
         Ok(a.results)
@@ -341,10 +360,22 @@ impl Client {
 
     // ---- workflows --------------------------------------------------------
 
-    /// Starts a workflow.
+    /// Starts a workflow (a random idempotency key unless `w` has one, so
+    /// the call is retried safely).
     pub async fn start_workflow(&self, w: &NewWorkflow) -> Result<CreatedWorkflow> {
-        let opts = if w.idempotency_key.is_some() { idem() } else { unkeyed() };
-        self.call_json(Method::POST, "/api/v1/workflows", Some(w), &opts).await
+        let keyed;
+        let w = match w.idempotency_key {
+            Some(_) => w,
+            None => {
+                keyed = NewWorkflow {
+                    idempotency_key: Some(random_key()),
+                    ..w.clone()
+                };
+                &keyed
+            }
+        };
+        self.call_json(Method::POST, "/api/v1/workflows", Some(w), &idem())
+            .await
     }
 
     /// A page of workflows, newest first, optionally in one `state`

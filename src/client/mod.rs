@@ -5,9 +5,9 @@
 //! - [`Client`]: one or several node URLs and a bearer token. Every call goes
 //!   through one place ([`Client::send`]), which fails over to the next URL
 //!   with backoff on a connect error, a timeout or a 5xx, and never retries
-//!   a 4xx. Calls that are not safe to repeat (a claim, a submit without an
-//!   idempotency key) are retried only when the request never left (connect
-//!   error) or the node answered 503, which means nothing was applied or
+//!   a 4xx. Calls that are not safe to repeat (a claim, a schedule's create)
+//!   are retried only when the request never left (connect error) or the
+//!   node answered 503, which means nothing was applied or
 //!   nothing will be (G12).
 //! - [`Error`]: the problem+json fields of an error answer ([`Problem`]), or
 //!   why there was no answer.
@@ -60,8 +60,8 @@ pub enum Retry {
     /// (the node refused it, or its outcome is unknown and will never
     /// change, G12): a claim.
     Once,
-    /// Retried only on a connect error: a submit without an idempotency key,
-    /// which a retry after an unknown outcome could create twice.
+    /// Retried only on a connect error: a create without an idempotency
+    /// key, which a retry after an unknown outcome could create twice.
     Connect,
     /// Never retried; one attempt on the current URL.
     Never,
