@@ -289,7 +289,12 @@ impl Live {
         if recount_ms > 0 {
             // At most 100 000 events, as many as a full window holds.
             super::stream::scan_after(&s.store, &mut after, 1000, 100_000, |ev| {
-                if ev.mirrored() {
+                // Only up to the mark: a later event is still on its way
+                // through the channel and `apply` counts it (read here too,
+                // as the scan of 12 shards can outlast a burst, it was
+                // counted twice).
+                let marked = matches!(ev.sid, Some(id) if mark.covers(ev.shard, id));
+                if ev.mirrored() || !marked {
                     return;
                 }
                 // [finished, failed, dead], as `apply` counts them.
