@@ -450,6 +450,9 @@ def test_a_worker_cut_from_every_node_stops_its_handlers_before_others_get_the_t
         other_thread.join(15)
         again = c.submit(queue, "again").id
         wait_until("the cut worker claims again", lambda: c.get_task(again).owner == "py-cut", timeout=20)
+        # Its answer reached the worker too (the owner is set before the
+        # answer is read: a stop in between leaves nothing to hand back).
+        wait_until("the cut worker got the claim", lambda: cut.stats.claimed == n + 1, timeout=20)
         cut.stop()
         cut_thread.join(15)
         assert not cut_thread.is_alive()
