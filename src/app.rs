@@ -91,7 +91,11 @@ pub struct AppParts {
     description = "High-availability coordination server for worker clusters. Errors are \
                    application/problem+json (schema `Problem`). Authenticate with \
                    `Authorization: Bearer <token>`; each operation names the least role it needs \
-                   (read < worker < admin) as the scopes of its security requirement."
+                   (read < worker < admin) as the scopes of its security requirement. A method a \
+                   path does not list answers 405 with an `Allow` header (components.responses.\
+                   MethodNotAllowed); a body that does not arrive within server.body_read_timeout_ms \
+                   answers 408 and closes the connection. Integers may be written as integral \
+                   floats (`30.0`), as JSON Schema counts them."
 ))]
 struct ApiDoc;
 

@@ -13,6 +13,8 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, REQUEST_ID, problem};
 
+pub(crate) mod lenient;
+
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Gives every request an id (the caller's `x-request-id` when it is sane,
@@ -186,25 +188,53 @@ where
 
     async fn from_request(req: Request<Body>, state: &S) -> Result<Self, Self::Rejection> {
         use axum::extract::rejection::JsonRejection;
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::UnsupportedMediaType(
+        if !json_content_type(req.headers()) {
+            return Err(ApiError::UnsupportedMediaType(
                 "send the body as JSON with `Content-Type: application/json`".into(),
-            )),
+            ));
+        }
+        let bytes = match axum::body::Bytes::from_request(req, state).await {
+            Ok(b) => b,
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                return Err(ApiError::TooLarge(
+                    "the request body is larger than the limit (server.max_body_bytes); send less".into(),
+                ));
+            }
+            Err(e) => return Err(ApiError::bad_request(e.body_text())),
+        };
+        match axum::Json::<T>::from_bytes(&bytes) {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
             Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::bad_request(format!(
                 "the body is not valid JSON: {}",
                 e.body_text()
             ))),
+            // `4197.0` where an integer belongs: JSON Schema calls it an
+            // integer, so it is read as one (src/http/lenient.rs).
+            Err(JsonRejection::JsonDataError(e)) if e.body_text().contains("invalid type: floating point") => {
+                lenient::json(&bytes).map(ApiJson).map_err(|text| {
+                    ApiError::bad_request(format!("the JSON does not match the expected fields: {text}"))
+                })
+            }
             Err(JsonRejection::JsonDataError(e)) => Err(ApiError::bad_request(format!(
                 "the JSON does not match the expected fields: {}",
                 e.body_text()
             ))),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::TooLarge(
-                "the request body is larger than the limit (server.max_body_bytes); send less".into(),
-            )),
             Err(e) => Err(ApiError::bad_request(e.body_text())),
         }
     }
+}
+
+/// `application/json` or `application/<anything>+json`, parameters ignored
+/// (as axum's `Json` decides it).
+fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let Some(subtype) = essence.strip_prefix("application/") else {
+        return false;
+    };
+    subtype == "json" || (subtype.ends_with("+json") && subtype.len() > "+json".len())
 }
 
 /// An optional JSON body: an empty body is `T::default()`.
@@ -243,7 +273,11 @@ where
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            Err(e) => Err(ApiError::bad_request(format!("bad query string: {}", e.body_text()))),
+            // `limit=10.0` where an integer belongs (src/http/lenient.rs).
+            Err(e) => match lenient::query(parts.uri.query().unwrap_or("")) {
+                Ok(v) => Ok(ApiQuery(v)),
+                Err(_) => Err(ApiError::bad_request(format!("bad query string: {}", e.body_text()))),
+            },
         }
     }
 }

@@ -182,6 +182,18 @@ fn add_components(d: &mut Value) {
             }),
         );
     }
+    // A method a path does not list: not an operation, so no operation can
+    // name it; stated once here and in `info.description`.
+    let responses = components.entry("responses").or_insert_with(|| json!({}));
+    if let Some(responses) = responses.as_object_mut() {
+        responses.insert(
+            "MethodNotAllowed".into(),
+            problem_response(
+                "405 for a method the path does not list (every path answers it for the others); the `Allow` \
+                 header and `detail` name the methods it takes",
+            ),
+        );
+    }
     let schemes = components.entry("securitySchemes").or_insert_with(|| json!({}));
     if let Some(schemes) = schemes.as_object_mut() {
         schemes.insert(
@@ -287,6 +299,15 @@ fn complete_operation(path: &str, method: &str, op: &mut Value, cfg: &Config) {
     if has_body {
         add_problem(responses, 413, "The body or a value in it is larger than allowed");
         add_problem(responses, 415, "The body is not sent as `application/json`");
+        add_problem(
+            responses,
+            408,
+            &format!(
+                "The body did not arrive within `server.body_read_timeout_ms` ({} ms on this node) after the \
+                 request's head; the connection is closed",
+                cfg.server.body_read_timeout_ms
+            ),
+        );
     }
     if crate::durability::is_acked(method, path) {
         add_problem(

@@ -74,6 +74,14 @@ pub const TASK_TIMEOUT_MAX_MS: u64 = 7 * 24 * 3600 * 1000;
 pub const BACKOFF_MAX_MS: u64 = 24 * 3600 * 1000;
 /// A schedule's `starting_deadline_ms`: 1 s to 7 days.
 pub const STARTING_DEADLINE_MS: RangeInclusive<u64> = 1000..=7 * 24 * 3600 * 1000;
+/// A schedule's cron `expression`: 1 to 256 characters.
+pub const EXPRESSION_LEN: RangeInclusive<usize> = 1..=256;
+/// A schedule's `timezone` (an IANA name, the longest is 32): 1 to 64 characters.
+pub const TIMEZONE_LEN: RangeInclusive<usize> = 1..=64;
+/// An event filter's `topics`: at most 32 comma-separated parts, each at
+/// most 64 characters.
+pub const TOPICS_MAX: usize = 32;
+pub const TOPIC_MAX_LEN: usize = 64;
 
 /// The JSON Schema pattern of a name: the charset, not `.` or `..`
 /// (ECMA-262 without lookaround, which some schema tools cannot run).
@@ -236,7 +244,12 @@ macro_rules! object_only {
         impl<'de> serde::Deserialize<'de> for $t {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let fields = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
-                <$t>::deserialize(serde_json::Value::Object(fields)).map_err(serde::de::Error::custom)
+                // Through `lenient`: `4197.0` is an integer here too.
+                let value = $crate::http::lenient::value(serde_json::Value::Object(fields));
+                let mut track = serde_path_to_error::Track::new();
+                let tracked = serde_path_to_error::Deserializer::new(value, &mut track);
+                <$t>::deserialize(tracked)
+                    .map_err(|e| serde::de::Error::custom(serde_path_to_error::Error::new(track.path(), e)))
             }
         }
     };

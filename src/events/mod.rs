@@ -358,17 +358,19 @@ impl Filter {
         {
             return Err("`queue` must be 1 to 128 characters from A-Z a-z 0-9 . _ -".into());
         }
-        let topics = topics.unwrap_or("").trim();
+        // Parts are trimmed of spaces only: the document's pattern says so.
+        let topics = topics.unwrap_or("").trim_matches(' ');
         if topics.is_empty() {
             f.all = true;
             return Ok(f);
         }
-        let parts: Vec<&str> = topics.split(',').map(str::trim).filter(|t| !t.is_empty()).collect();
-        if parts.len() > 32 {
-            return Err("at most 32 topics".into());
+        let parts: Vec<&str> = topics.split(',').map(|t| t.trim_matches(' ')).collect();
+        if parts.len() > crate::validate::TOPICS_MAX {
+            return Err(format!("at most {} topics", crate::validate::TOPICS_MAX));
         }
-        for t in parts {
-            let ok = t.len() <= 64 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._*-".contains(&b));
+        for t in parts.into_iter().filter(|t| !t.is_empty()) {
+            let ok = t.len() <= crate::validate::TOPIC_MAX_LEN
+                && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._*-".contains(&b));
             if !ok || t[..t.len().saturating_sub(1)].contains('*') {
                 return Err(format!(
                     "bad topic {}: use event types like `task.claimed`, prefixes like `task.*`, or `*`",

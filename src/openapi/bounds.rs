@@ -31,12 +31,26 @@ pub(super) fn query_bounds(path: &str, name: &str) -> Option<Value> {
             range(&v::LONG_PAGE_LIMIT)
         }
         ("/api/v1/schedules/{id}", "history") => range(&v::SCHEDULE_HISTORY),
+        ("/api/v1/events" | "/api/v1/events/ws", "topics") => json!({"pattern": topics_pattern()}),
         (_, "queue") => json!({"maxLength": v::NAME_MAX_LEN, "pattern": v::name_pattern(v::NAME_MAX_LEN)}),
         (_, "Idempotency-Key") => {
             json!({"minLength": 1, "maxLength": v::OPAQUE_KEY_MAX_LEN, "pattern": v::opaque_key_pattern()})
         }
         _ => return None,
     })
+}
+
+/// The grammar of an event filter's `topics` (`src/events/mod.rs`,
+/// `Filter::parse`): up to 32 comma-separated parts with spaces around them,
+/// each empty, an event type or prefix of it (`task.claimed`, `task.*`) or
+/// `*`. Whether a part names a real event type is checked by the server.
+pub(super) fn topics_pattern() -> String {
+    let part = format!(
+        "([A-Za-z0-9._-]{{1,{max}}}|[A-Za-z0-9._-]{{0,{star}}}\\*)",
+        max = v::TOPIC_MAX_LEN,
+        star = v::TOPIC_MAX_LEN - 1
+    );
+    format!("^ *({part} *)?(, *({part} *)?){{0,{}}}$", v::TOPICS_MAX - 1)
 }
 
 /// The pattern of an event cursor (`since`) of a namespace split into
@@ -204,6 +218,16 @@ pub(super) fn field_bounds(cfg: &Config) -> Vec<(&'static str, &'static str, Val
         ),
         ("ScheduleDef", "id", name()),
         ("ScheduleDef", "queue", name()),
+        (
+            "ScheduleDef",
+            "expression",
+            json!({"minLength": v::EXPRESSION_LEN.start(), "maxLength": v::EXPRESSION_LEN.end()}),
+        ),
+        (
+            "ScheduleDef",
+            "timezone",
+            json!({"minLength": v::TIMEZONE_LEN.start(), "maxLength": v::TIMEZONE_LEN.end()}),
+        ),
         ("ScheduleDef", "starting_deadline_ms", range(&v::STARTING_DEADLINE_MS)),
     ];
     b.extend(task_options("TaskSpec"));

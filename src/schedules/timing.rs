@@ -22,6 +22,21 @@ pub fn parse_expression(expr: &str) -> Result<Cron, String> {
 impl Timing {
     /// Parses both parts; the message says which one is wrong and why.
     pub fn parse(expression: &str, timezone: &str) -> Result<Timing, String> {
+        let (e, z) = (&crate::validate::EXPRESSION_LEN, &crate::validate::TIMEZONE_LEN);
+        if !e.contains(&expression.chars().count()) {
+            return Err(format!(
+                "`expression` must be {} to {} characters, for example \"*/5 * * * *\"",
+                e.start(),
+                e.end()
+            ));
+        }
+        if !z.contains(&timezone.chars().count()) {
+            return Err(format!(
+                "`timezone` must be {} to {} characters: an IANA time zone name such as \"UTC\"",
+                z.start(),
+                z.end()
+            ));
+        }
         let cron = parse_expression(expression).map_err(|e| {
             format!(
                 "`expression` {} is not a valid cron expression ({e}); use 5 fields \

@@ -49,19 +49,25 @@ async fn until_live(c: &fantoccini::Client) -> bool {
     false
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_overview_updates_live_in_a_real_browser() {
+/// A headless Chromium session: the driver, its profile and the client.
+/// `None` (after saying so) when Chromium is not installed, unless
+/// MUSTER_REQUIRE_BROWSER=1 makes that a failure.
+struct Browser {
+    c: fantoccini::Client,
+    _profile: tempfile::TempDir,
+    _driver: Driver,
+}
+
+async fn browser() -> Option<Browser> {
     let (Some(driver_bin), Some(chromium)) = (find("chromedriver"), find("chromium")) else {
         if std::env::var("MUSTER_REQUIRE_BROWSER").is_ok_and(|v| v == "1") {
             panic!("chromium and chromium-driver are required (apt-get install -y chromium chromium-driver)");
         }
         eprintln!("SKIPPED the browser test: install chromium and chromium-driver to run it");
-        return;
+        return None;
     };
-    let redis = TestRedis::start();
-    let app = TestApp::start(&redis).await;
     let port = free_port();
-    let _driver = Driver(
+    let driver = Driver(
         Command::new(driver_bin)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
@@ -82,7 +88,6 @@ async fn the_overview_updates_live_in_a_real_browser() {
         }),
     );
     let webdriver = format!("http://127.0.0.1:{port}");
-    let mut client = None;
     for _ in 0..100 {
         match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
             .capabilities(caps.clone())
@@ -90,13 +95,24 @@ async fn the_overview_updates_live_in_a_real_browser() {
             .await
         {
             Ok(c) => {
-                client = Some(c);
-                break;
+                return Some(Browser {
+                    c,
+                    _profile: profile,
+                    _driver: driver,
+                });
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    let c = client.expect("a WebDriver session");
+    panic!("no WebDriver session within 10 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_updates_live_in_a_real_browser() {
+    let Some(browser) = browser().await else { return };
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let c = browser.c.clone();
     c.goto(&format!("{}/", app.url)).await.unwrap();
     // The page's WebSocket is up ...
     assert!(until_live(&c).await, "the page connected to the event feed");
@@ -377,5 +393,219 @@ async fn the_overview_updates_live_in_a_real_browser() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(at, want, "the search by alias opened the task's page");
+    c.close().await.unwrap();
+}
+
+/// Serves `pages` (path -> HTML) on a port of its own: another origin of the
+/// same site as the node (127.0.0.1, another port), as in the review's
+/// attack. Any other path is 404. Stops when dropped.
+struct AttackerSite {
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+impl Drop for AttackerSite {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn attacker_site(pages: Vec<(&'static str, String)>) -> AttackerSite {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let pages = std::sync::Arc::new(pages);
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let pages = pages.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut n = 0;
+                while n < buf.len() {
+                    match conn.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => n += k,
+                    }
+                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let (status, body) = match pages.iter().find(|(p, _)| *p == path) {
+                    Some((_, html)) => ("200 OK", html.clone()),
+                    None => ("404 Not Found", String::new()),
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    AttackerSite { url, task }
+}
+
+/// The count of `muster_http_requests_total` for `path` (a route template)
+/// and `status`, from the node's metrics.
+async fn requests_counted(app: &TestApp, token: &str, path: &str, status: u16) -> u64 {
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("muster_http_requests_total{"))
+        .filter(|l| l.contains(&format!("path=\"{path}\"")) && l.contains(&format!("status=\"{status}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// Issue 36, N3 in a real browser: an admin signed in on the dashboard (the
+/// session cookie is HttpOnly and SameSite=Strict) opens a page on another
+/// port of the same host, which is the same site, so the cookie goes along.
+/// That page's auto-submitted form (pause a queue) and its `no-cors` fetch
+/// (drain a worker) reach the node with the cookie and are refused with 403:
+/// nothing changes. From the dashboard's own page the same cookie, with the
+/// page's CSRF token, does write: the session was real.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_on_another_origin_cannot_write_with_the_dashboard_cookie() {
+    let Some(browser) = browser().await else { return };
+    let c = browser.c.clone();
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |cfg| cfg.auth.tokens = role_tokens("browser")).await;
+    let bearer = |method: reqwest::Method, path: &str| {
+        app.http
+            .request(method, format!("{}{path}", app.url))
+            .bearer_auth("browser-a")
+    };
+    let (s, b) =
+        send(bearer(reqwest::Method::PUT, "/api/v1/nodes/victim-w/heartbeat").json(&json!({"ttl_ms": 3_600_000})))
+            .await;
+    assert_eq!(s, 200, "{b}");
+    for q in ["victim-q", "control-q"] {
+        let (s, b) = send(bearer(reqwest::Method::POST, &format!("/api/v1/queues/{q}/tasks")).json(&json!({}))).await;
+        assert_eq!(s, 201, "{b}");
+    }
+    let paused = |q: &'static str| {
+        let req = bearer(reqwest::Method::GET, &format!("/api/v1/queues/{q}"));
+        async move { send(req).await.1["paused"] == true }
+    };
+    let node_state = || {
+        let req = bearer(reqwest::Method::GET, "/api/v1/nodes/victim-w");
+        async move { send(req).await.1["state"].as_str().unwrap_or("").to_string() }
+    };
+
+    // Sign in through the login form, as an operator does.
+    c.goto(&format!("{}/login", app.url)).await.unwrap();
+    c.find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys("browser-a")
+        .await
+        .unwrap();
+    c.find(Locator::Css("form button, form input[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    for _ in 0..50 {
+        if !c.current_url().await.unwrap().path().starts_with("/login") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !c.current_url().await.unwrap().path().starts_with("/login"),
+        "signed in"
+    );
+
+    let target = &app.url;
+    let site = attacker_site(vec![
+        (
+            "/form.html",
+            format!(
+                "<!doctype html><form id=f method=post action=\"{target}/api/v1/queues/victim-q/pause\"></form>\
+                 <script>document.getElementById('f').submit()</script>"
+            ),
+        ),
+        (
+            "/fetch.html",
+            format!(
+                "<!doctype html><title>waiting</title><script>\
+                 fetch('{target}/api/v1/nodes/victim-w/drain', {{method: 'POST', mode: 'no-cors', \
+                 credentials: 'include'}}).then(() => document.title = 'sent', e => document.title = 'error ' + e)\
+                 </script>"
+            ),
+        ),
+    ])
+    .await;
+
+    // The form: the browser navigates to the node's answer.
+    let before = requests_counted(&app, "browser-r", "/api/v1/queues/{queue}/pause", 403).await;
+    c.goto(&format!("{}/form.html", site.url)).await.unwrap();
+    let mut answer = String::new();
+    for _ in 0..50 {
+        if c.current_url().await.unwrap().as_str().starts_with(target.as_str()) {
+            answer = c.source().await.unwrap_or_default();
+            if answer.contains("403") {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // 403, not 401: the cookie went along, and the origin is what was refused.
+    assert!(answer.contains("\"status\":403"), "the form's answer: {answer}");
+    assert!(answer.contains("Bearer"), "the refusal names the way out: {answer}");
+    // (The metrics are the test process's: other tests may add to them.)
+    assert!(requests_counted(&app, "browser-r", "/api/v1/queues/{queue}/pause", 403).await > before);
+    assert!(!paused("victim-q").await, "a page on another origin paused a queue");
+
+    // The no-cors fetch: its answer is opaque to the page; the node counts it.
+    let before = requests_counted(&app, "browser-r", "/api/v1/nodes/{id}/drain", 403).await;
+    c.goto(&format!("{}/fetch.html", site.url)).await.unwrap();
+    let mut title = String::new();
+    for _ in 0..50 {
+        title = c.title().await.unwrap_or_default();
+        if title != "waiting" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(title, "sent", "the fetch went out");
+    assert!(
+        requests_counted(&app, "browser-r", "/api/v1/nodes/{id}/drain", 403).await > before,
+        "the fetch reached the node and was refused"
+    );
+    assert_eq!(node_state().await, "alive", "a page on another origin drained a worker");
+
+    // The control: the dashboard's own page, the same cookie and its CSRF
+    // token (on <body data-csrf>), pauses a queue.
+    c.goto(&format!("{}/", app.url)).await.unwrap();
+    let status = c
+        .execute_async(
+            "const done = arguments[arguments.length - 1];\
+             fetch('/api/v1/queues/control-q/pause', {method: 'POST', \
+               headers: {'x-csrf-token': document.body.dataset.csrf}})\
+             .then(r => done(r.status), e => done(String(e)));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        status,
+        json!(204),
+        "the dashboard's own page writes with its CSRF token"
+    );
+    assert!(paused("control-q").await);
+    assert!(!paused("victim-q").await);
     c.close().await.unwrap();
 }

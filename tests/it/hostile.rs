@@ -1448,3 +1448,86 @@ async fn a_worker_token_cannot_fill_the_queue_quota() {
     assert_eq!(s, 409, "{body}");
     assert!(body["detail"].as_str().unwrap().contains("maximum of 20"), "{body}");
 }
+
+/// N8: JSON Schema counts `4197.0` as an integer, and the document says
+/// `integer`: such a value is taken wherever an integer is, in bodies
+/// (nested too) and query strings, and means the integer. A payload's own
+/// floats stay as sent; a fraction is still refused, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integral_floats_are_integers_as_the_document_says() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    // The review's example: a heartbeat's ttl_ms.
+    let (s, b) = app
+        .put("/api/v1/nodes/float-w/heartbeat", json!({"ttl_ms": 4197.0}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let body = r#"{"payload": {"x": 1.0, "y": 2.50}, "max_attempts": 3.0, "priority": -2.0, "timeout_ms": 6e4}"#;
+    let (s, b) = send(
+        app.http
+            .post(format!("{}/api/v1/queues/floats/tasks", app.url))
+            .header("content-type", "application/json")
+            .body(body),
+    )
+    .await;
+    assert_eq!(s, 201, "{b}");
+    let id = b["id"].as_str().unwrap().to_string();
+    let (_, t) = app.get(&format!("/api/v1/tasks/{id}")).await;
+    assert_eq!(
+        (t["max_attempts"].as_u64(), t["priority"].as_i64()),
+        (Some(3), Some(-2)),
+        "{t}"
+    );
+    assert_eq!(t["timeout_ms"], 60_000, "{t}");
+    assert_eq!(t["payload"], json!({"x": 1.0, "y": 2.5}), "{t}");
+    assert!(t["payload"]["x"].is_f64(), "the payload's float stays a float: {t}");
+    // Nested: a batch's items.
+    let (s, b) = app
+        .post(
+            "/api/v1/queues/floats/tasks/batch",
+            json!({"tasks": [{"payload": 1, "max_attempts": 2.0}, {"payload": 2}]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    // A claim's max and wait, and a query string's limit.
+    let (s, b) = app
+        .post(
+            "/api/v1/queues/floats/claim",
+            json!({"node": "float-w", "max": 2.0, "wait_ms": 0.0}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["tasks"].as_array().map(Vec::len), Some(2), "{b}");
+    let (s, b) = app.get("/api/v1/queues/floats/tasks?state=queued&limit=10.0").await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["tasks"].as_array().map(Vec::len), Some(1), "{b}");
+    // Fractions, and floats out of range, are refused with the field named.
+    for (method, path, body, field) in [
+        (
+            reqwest::Method::PUT,
+            "/api/v1/nodes/float-w/heartbeat",
+            json!({"ttl_ms": 4197.5}),
+            "ttl_ms",
+        ),
+        (
+            reqwest::Method::POST,
+            "/api/v1/queues/floats/tasks",
+            json!({"max_attempts": 1e30}),
+            "max_attempts",
+        ),
+        (
+            reqwest::Method::POST,
+            "/api/v1/queues/floats/tasks",
+            json!({"priority": -0.5}),
+            "priority",
+        ),
+    ] {
+        let (s, b) = send(app.request(method, path).json(&body)).await;
+        assert_eq!(s, 400, "{path} {body}: {b}");
+        assert!(b["detail"].as_str().unwrap_or("").contains(field), "{body}: {b}");
+    }
+    let (s, b) = app.get("/api/v1/queues/floats/tasks?state=queued&limit=1.5").await;
+    assert_eq!(s, 400, "{b}");
+    let (_, q) = app.get("/api/v1/queues/floats").await;
+    assert_eq!(q["queued"], 1, "nothing refused changed anything: {q}");
+}
