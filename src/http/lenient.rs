@@ -25,6 +25,23 @@ pub(crate) fn json<T: de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     Ok(value)
 }
 
+/// Reads `T` from JSON text: strictly, and once more through [`Lenient`]
+/// when only an integral float stood in the way.
+pub(crate) fn from_str<T: de::DeserializeOwned>(text: &str) -> Result<T, serde_json::Error> {
+    match serde_json::from_str(text) {
+        Err(e) if e.is_data() && e.to_string().starts_with("invalid type: floating point") => {
+            let mut de = serde_json::Deserializer::from_str(text);
+            let value = T::deserialize(Lenient {
+                inner: &mut de,
+                strings: false,
+            })?;
+            de.end()?;
+            Ok(value)
+        }
+        other => other,
+    }
+}
+
 /// A JSON value as a deserializer that takes integral floats for integers
 /// (for types that read their body as a map first: `validate::object_only`).
 pub(crate) fn value(value: serde_json::Value) -> Lenient<serde_json::Value> {
@@ -50,20 +67,19 @@ pub(crate) struct Lenient<D> {
     strings: bool,
 }
 
-/// The largest float that converts to an integer without rounding surprises
-/// (2^64).
-const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+/// Integral floats are taken up to 2^53 either way: beyond it a float is
+/// not exact (`-9223372036854775809` reads as the float -2^63), so a value
+/// that is no integer the client meant could pass as one.
+const EXACT: f64 = 9_007_199_254_740_992.0;
 
 /// Hands an integral float to `v` as the integer it is, else as the float
 /// (whose refusal then names the value and what was expected).
 fn integral<'de, V: Visitor<'de>, E: de::Error>(v: V, f: f64) -> Result<V::Value, E> {
-    if f.is_finite() && f.fract() == 0.0 {
-        if (0.0..TWO_POW_64).contains(&f) {
+    if f.fract() == 0.0 && (-EXACT..=EXACT).contains(&f) {
+        if f >= 0.0 {
             return v.visit_u64(f as u64);
         }
-        if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
-            return v.visit_i64(f as i64);
-        }
+        return v.visit_i64(f as i64);
     }
     v.visit_f64(f)
 }
@@ -452,6 +468,9 @@ mod tests {
             (r#"{"ttl_ms": 1.5}"#, "ttl_ms"),
             (r#"{"ttl_ms": -1.0}"#, "ttl_ms"),
             (r#"{"ttl_ms": 1e300}"#, "ttl_ms"),
+            (r#"{"ttl_ms": 18446744073709551616}"#, "ttl_ms"),
+            (r#"{"ttl_ms": 9007199254740994.0}"#, "ttl_ms"),
+            (r#"{"ttl_ms": 1, "max": 1, "offset": -9223372036854775809}"#, "offset"),
             (r#"{"ttl_ms": "5"}"#, "ttl_ms"),
             (r#"{"ttl_ms": 1, "max": 5e9}"#, "max"),
             (

@@ -1501,6 +1501,14 @@ async fn integral_floats_are_integers_as_the_document_says() {
     let (s, b) = app.get("/api/v1/queues/floats/tasks?state=queued&limit=10.0").await;
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["tasks"].as_array().map(Vec::len), Some(1), "{b}");
+    // Bodies read apart from the JSON extractor: a group's limit, a batch
+    // of completions (a stale token: answered per item, not refused).
+    let (s, b) = app.put("/api/v1/groups/floats-g", json!({"limit": 5.0})).await;
+    assert_eq!((s, &b["limit"]), (200, &json!(5)), "{b}");
+    let (s, b) = app
+        .post("/api/v1/tasks/complete", json!([{"id": id, "token": 1.0}]))
+        .await;
+    assert_eq!(s, 200, "{b}");
     // Fractions, and floats out of range, are refused with the field named.
     for (method, path, body, field) in [
         (

@@ -325,9 +325,9 @@ struct Wrapped {
 fn parse_batch(body: &RawValue) -> Result<Vec<CompleteItem>> {
     let text = body.get().trim_start();
     let parsed = if text.starts_with('[') {
-        serde_json::from_str::<Vec<CompleteItem>>(text)
+        crate::http::lenient::from_str::<Vec<CompleteItem>>(text)
     } else {
-        serde_json::from_str::<Wrapped>(text).map(|w| w.tasks)
+        crate::http::lenient::from_str::<Wrapped>(text).map(|w| w.tasks)
     };
     parsed.map_err(|e| {
         ApiError::bad_request(format!(
