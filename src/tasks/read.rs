@@ -371,6 +371,21 @@ fn opt(s: Option<&String>) -> Option<String> {
 }
 
 /// Builds a task from its hash.
+/// A task's payload: its `payload` field, or its parts `p1`..`pN` joined
+/// (`parts` = N: see `payload_fields` in tasks/lua/lib.lua), or `null`.
+fn payload_of(m: &BTreeMap<String, String>) -> String {
+    if let Some(p) = m.get("payload") {
+        return p.clone();
+    }
+    let n: usize = m.get("parts").and_then(|n| n.parse().ok()).unwrap_or(0);
+    if n == 0 {
+        return "null".into();
+    }
+    (1..=n)
+        .filter_map(|k| m.get(&format!("p{k}")).map(String::as_str))
+        .collect()
+}
+
 fn task_from(id: &str, m: &BTreeMap<String, String>) -> Task {
     let num = |f: &str| m.get(f).and_then(|v| v.parse::<i64>().ok());
     let attempts = num("attempts").unwrap_or(0) as u32;
@@ -413,7 +428,7 @@ fn task_from(id: &str, m: &BTreeMap<String, String>) -> Task {
         id: id.to_string(),
         queue: m.get("queue").cloned().unwrap_or_default(),
         state: m.get("state").cloned().unwrap_or_default(),
-        payload: raw(m.get("payload").map(String::as_str).unwrap_or("null")),
+        payload: raw(&payload_of(m)),
         group: opt(m.get("group")),
         priority: num("priority").unwrap_or(0) as i32,
         max_attempts: num("max_attempts").unwrap_or(0) as u32,

@@ -93,9 +93,10 @@ local function submit_task(s, sf, id, idem, occurrence, nows, o)
   end
   local prev = redis.call('GET', P .. ':idem:' .. idem)
   if prev then return 2, prev end
-  local fields = {'queue', q, 'payload', sf.payload, 'priority', sf.priority, 'max_attempts', sf.max_attempts,
+  local fields = {'queue', q, 'priority', sf.priority, 'max_attempts', sf.max_attempts,
     'backoff_base', sf.backoff_base, 'backoff_cap', sf.backoff_cap, 'created_at', nows, 'node', o.node,
     'idem', idem, 'schedule', s, 'occurrence', occurrence}
+  payload_fields(fields, sf.payload)
   if sf.timeout_ms and sf.timeout_ms ~= '0' then
     fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = sf.timeout_ms
   end

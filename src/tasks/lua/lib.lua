@@ -56,6 +56,47 @@ local function grunning(g) return P .. ':group:' .. g .. ':running' end
 local function gqueues(g) return P .. ':group:' .. g .. ':queues' end
 local function ntasks(node) return P .. ':node:' .. node .. ':tasks' end
 
+-- A task's payload goes into its hash as one field when it is at most
+-- PAYLOAD_PART bytes, else in parts p1..pN of at most PAYLOAD_PART bytes each
+-- (cut between UTF-8 characters) with 'parts' = N, up to PAYLOAD_PARTS_MAX
+-- parts. Redis keeps a hash whose values are all at most
+-- hash-max-listpack-value bytes (64 by default) as a listpack, a third of
+-- the memory of the hashtable one long value turns it into. A longer payload
+-- stays one field. Read it back with task_payload.
+local PAYLOAD_PART = 64
+local PAYLOAD_PARTS_MAX = 32
+local function payload_fields(fields, payload)
+  local n = #payload
+  if n <= PAYLOAD_PART or n > PAYLOAD_PART * PAYLOAD_PARTS_MAX then
+    fields[#fields + 1] = 'payload'; fields[#fields + 1] = payload
+    return
+  end
+  local i, k = 1, 0
+  while i <= n do
+    local e = math.min(i + PAYLOAD_PART - 1, n)
+    -- Do not cut a UTF-8 character: move back over continuation bytes.
+    while e < n and e > i do
+      local b = string.byte(payload, e + 1)
+      if b < 128 or b >= 192 then break end
+      e = e - 1
+    end
+    k = k + 1
+    fields[#fields + 1] = 'p' .. k; fields[#fields + 1] = string.sub(payload, i, e)
+    i = e + 1
+  end
+  fields[#fields + 1] = 'parts'; fields[#fields + 1] = tostring(k)
+end
+
+-- The payload of task hash t, given its 'payload' and 'parts' fields as read;
+-- nil when the task has neither.
+local function task_payload(t, whole, parts)
+  if whole then return whole end
+  if not parts then return nil end
+  local names = {}
+  for i = 1, tonumber(parts) do names[i] = 'p' .. i end
+  return table.concat(redis.call('HMGET', t, unpack(names)))
+end
+
 -- Emits a task event; the group is a subject when there is one, so that nodes
 -- can wake claimers of every queue when a group slot frees up.
 local function emit_task(etype, node, data, id, q, g)
@@ -348,7 +389,8 @@ local function claim_tasks(q, node, max, now, out, ack_ms)
     local id = picked[i]
     local t = tkey(id)
     local f = redis.call('HMGET', t, 'payload', 'attempts', 'max_attempts', 'timeout_ms', 'priority', 'created_at',
-      'progress')
+      'progress', 'parts')
+    f[1] = task_payload(t, f[1], f[8])
     if f[1] then
       local attempt = tonumber(f[2] or '0') + 1
       local tok = int(token + i - 1)

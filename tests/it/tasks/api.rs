@@ -398,3 +398,89 @@ async fn task_outcome_metrics_are_labelled_by_queue() {
     assert_eq!(value("muster_tasks_failed_total"), 2.0, "fail and timeout");
     assert_eq!(value("muster_tasks_dead_total"), 2.0, "fail and timeout");
 }
+
+/// Issue 41 (memory per queued task): a payload over 64 bytes is kept in
+/// parts of at most 64 bytes, cut between UTF-8 characters, so the task's
+/// hash stays a listpack (Redis's `hash-max-listpack-value`). Whatever the
+/// length and characters, the task's reads and its claim hand back exactly
+/// the payload sent, from a submit, a batch, a workflow and a schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_payloads_are_kept_in_parts_and_read_back_whole() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    // Texts whose 64-byte cuts fall inside two-, three- and four-byte characters.
+    let texts: Vec<String> = vec![
+        "x".repeat(79),
+        "é".repeat(100),
+        format!("a{}", "€".repeat(70)),
+        format!("ab{}", "😀".repeat(60)),
+        "y".repeat(62),
+        "z".repeat(63),
+        "q".repeat(2040),
+        "r".repeat(2046),
+        "s".repeat(5000),
+    ];
+    let mut sent: std::collections::HashMap<String, Value> = Default::default();
+    for t in &texts {
+        let payload = json!(t);
+        let id = submit(&a, "parts", json!({"payload": payload})).await;
+        sent.insert(id, payload);
+    }
+    let batch: Vec<Value> = texts.iter().map(|t| json!({"payload": {"t": t, "n": 1.5}})).collect();
+    let (s, b) = a
+        .post("/api/v1/queues/parts/tasks/batch", json!({"tasks": batch}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    for (r, t) in b["results"].as_array().unwrap().iter().zip(&texts) {
+        sent.insert(r["id"].as_str().unwrap().into(), json!({"t": t, "n": 1.5}));
+    }
+    // The hash of a task with a 90-byte payload is a listpack.
+    let ninety = submit(&a, "parts", json!({"payload": {"data": "x".repeat(79)}})).await;
+    sent.insert(ninety.clone(), json!({"data": "x".repeat(79)}));
+    let mut conn = redis.conn().await;
+    let key = format!("{}:task:{ninety}", task_tag("muster", &ninety));
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "listpack", "a 90-byte payload keeps the hash compact");
+    for (id, payload) in &sent {
+        let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
+        assert_eq!(&t["payload"], payload, "read back: {id}");
+    }
+    let mut claimed = 0;
+    while claimed < sent.len() {
+        let got = claim(&a, "parts", "w", 100, 0).await;
+        assert!(!got.is_empty(), "{claimed} of {} claimed", sent.len());
+        for t in got {
+            assert_eq!(&t["payload"], &sent[t["id"].as_str().unwrap()], "claimed: {t}");
+            claimed += 1;
+        }
+    }
+    // A workflow's task and a schedule's task.
+    let long = json!({"w": "é".repeat(80)});
+    let (s, b) = a
+        .post(
+            "/api/v1/workflows",
+            json!({"tasks": [{"key": "a", "queue": "parts-wf", "payload": long}]}),
+        )
+        .await;
+    assert_eq!(s, 201, "{b}");
+    let got = claim(&a, "parts-wf", "w", 1, 0).await;
+    assert_eq!(got[0]["payload"], long);
+    let (s, b) = a
+        .post(
+            "/api/v1/schedules",
+            json!({"id": "parts-s", "expression": "0 0 1 1 *", "queue": "parts-s",
+                   "task": {"payload": long}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{b}");
+    let (s, b) = a.post("/api/v1/schedules/parts-s/trigger", json!({})).await;
+    assert!(s == 200 || s == 201, "{s} {b}");
+    let got = claim(&a, "parts-s", "w", 1, 0).await;
+    assert_eq!(got[0]["payload"], long);
+}
