@@ -39,6 +39,7 @@ pub struct Running {
     pub node_id: String,
     pub state: AppState,
     cancel: CancellationToken,
+    #[cfg(feature = "test-util")]
     kill: CancellationToken,
     join: JoinHandle<()>,
 }
@@ -64,6 +65,7 @@ impl Running {
     /// Stops the node *without* leaving the cluster: its server and loops
     /// stop at once, as if the process died (its embedded Redis, if any, is
     /// still stopped). For tests of failure handling.
+    #[cfg(feature = "test-util")]
     pub async fn kill(self) {
         self.kill.cancel();
         let _ = self.join.await;
@@ -169,6 +171,7 @@ pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartE
         node_id,
         state,
         cancel,
+        #[cfg(feature = "test-util")]
         kill,
         join,
     })

@@ -439,8 +439,10 @@ pub struct SchedulesConfig {
     pub record_ttl_ms: u64,
     /// Upper bound on schedules in the cluster.
     pub max_schedules: u32,
-    /// For tests only: shifts this node's scheduler clock (ms, may be
-    /// negative), to show that a wrong clock neither duplicates nor misses.
+    /// For tests only (the `test-util` feature): shifts this node's
+    /// scheduler clock (ms, may be negative), to show that a wrong clock
+    /// neither duplicates nor misses.
+    #[cfg(feature = "test-util")]
     pub clock_offset_ms: i64,
     /// `[[schedules.items]]`: written into Redis at every start; config wins
     /// for its ids.
@@ -455,6 +457,7 @@ impl Default for SchedulesConfig {
             history_max: 100,
             record_ttl_ms: 600_000,
             max_schedules: 1000,
+            #[cfg(feature = "test-util")]
             clock_offset_ms: 0,
             items: Vec::new(),
         }

@@ -362,6 +362,7 @@ impl Config {
         if c.max_schedules == 0 {
             return err("schedules.max_schedules", "must be greater than 0");
         }
+        #[cfg(feature = "test-util")]
         if c.clock_offset_ms.abs() > 24 * 3600 * 1000 {
             return err(
                 "schedules.clock_offset_ms",

@@ -11,6 +11,7 @@
 //! rates several times the tailer's own reading.
 
 use std::collections::BTreeMap;
+#[cfg(feature = "test-util")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -237,6 +238,7 @@ impl Snapshot {
 #[derive(Default)]
 pub struct Live {
     snap: RwLock<Snapshot>,
+    #[cfg(feature = "test-util")]
     drop_events: AtomicBool,
     /// The newest stream id when the last reconciliation started reading:
     /// events up to it are already in the counts it read, so applying them
@@ -252,11 +254,13 @@ impl Live {
     }
 
     /// For tests of convergence: ignore incoming events, as if they were lost.
+    #[cfg(feature = "test-util")]
     pub fn drop_events(&self, drop: bool) {
         self.drop_events.store(drop, Ordering::Relaxed);
     }
 
     pub fn apply(&self, ev: &Event) {
+        #[cfg(feature = "test-util")]
         if self.drop_events.load(Ordering::Relaxed) {
             return;
         }

@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{FireOutcome, Schedules, Timing};
+use crate::config::SchedulesConfig;
 use crate::store::{PassLog, Store, StoreError};
 
 /// Occurrences proposed per script call.
@@ -31,8 +32,16 @@ const BATCH: usize = 1000;
 const MAX_BATCHES: usize = 100;
 
 /// This node's clock in Unix ms, shifted by `schedules.clock_offset_ms` (tests
-/// use it to play a node with a wrong clock).
-fn local_now_ms(offset_ms: i64) -> i64 {
+/// use it to play a node with a wrong clock; 0 without the `test-util`
+/// feature).
+fn local_now_ms(cfg: &SchedulesConfig) -> i64 {
+    #[cfg(feature = "test-util")]
+    let offset_ms = cfg.clock_offset_ms;
+    #[cfg(not(feature = "test-util"))]
+    let offset_ms = {
+        let _ = cfg;
+        0
+    };
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
@@ -122,7 +131,7 @@ impl Schedules {
             };
             // Recomputed per batch: a long catch-up takes real time.
             for _ in 0..MAX_BATCHES {
-                let horizon = local_now_ms(self.cfg.clock_offset_ms) + self.cfg.max_skew_ms as i64;
+                let horizon = local_now_ms(&self.cfg) + self.cfg.max_skew_ms as i64;
                 let (due, after) = timing.occurrences(cursor, horizon, BATCH);
                 if due.is_empty() {
                     break;
