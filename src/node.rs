@@ -347,7 +347,7 @@ async fn build_services(
         store::layout::check(&store, &ctx).await.map_err(StartError::Config)?;
     }
     // The bus keeps client_buffer events: how far any subscriber may fall behind.
-    let bus = events::Bus::new(cfg.events.client_buffer as usize, store.shards().len());
+    let bus = events::Bus::new(cfg.events.client_buffer as usize, store.shard_count());
     // Cancelled when the node starts stopping: long polls answer at once.
     let shutdown = CancellationToken::new();
     let park = longpoll::Park {
@@ -357,7 +357,7 @@ async fn build_services(
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);
     let health = Arc::new(Health::new(
         Duration::from_millis(cfg.nodes.ttl_ms),
-        store.shards().len(),
+        store.shard_count(),
     ));
     let tasks = tasks::Tasks::new(
         store.clone(),
@@ -378,13 +378,14 @@ async fn build_services(
         tasks.labels.clone(),
         &ctx,
     );
-    let workflows = workflows::Workflows::new(store.clone(), cfg.tasks.clone(), &ctx);
+    let workflows = workflows::Workflows::new(store.clone(), cfg.tasks.clone(), &ctx, tasks.clone());
     let schedules = schedules::Schedules::new(
         store.clone(),
         cfg.schedules.clone(),
         cfg.tasks.clone(),
         node_id.clone(),
         &ctx,
+        tasks.clone(),
     );
     let barriers = barriers::Barriers::new(
         store.clone(),

@@ -79,7 +79,7 @@ pub async fn readiness(s: &AppState) -> (Vec<String>, Vec<usize>) {
     }
     failing.sort_unstable();
     failing.dedup();
-    if failing.len() == s.store.shards().len() {
+    if failing.len() == s.store.shard_count() {
         match first_error {
             Some(e) => reasons.push(format!("Redis is unreachable: {e}")),
             None => reasons.push("no shard serves: this node's heartbeats fail in every one".to_string()),

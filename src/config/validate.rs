@@ -371,7 +371,8 @@ impl Config {
         }
         let mut seen = std::collections::HashSet::new();
         for (i, item) in c.items.iter().enumerate() {
-            if let Err(e) = crate::schedules::check(item, &self.tasks, self.redis.shards) {
+            let placement = crate::store::shards::ShardMap::new(&self.redis.key_prefix, self.redis.shards);
+            if let Err(e) = crate::schedules::check(item, &self.tasks, &placement) {
                 return Err(ConfigError(format!(
                     "invalid value for key `schedules.items[{i}]`: {e}"
                 )));

@@ -289,7 +289,7 @@ impl Live {
         // Recount finished tasks per second over the recent window from the stream.
         let from = now - recount_ms;
         let mut recent: BTreeMap<i64, [u32; 3]> = BTreeMap::new();
-        let mut after = Cursor::at(s.store.shards().len(), StreamId(from.max(0) as u64, 0));
+        let mut after = Cursor::at(s.store.shard_count(), StreamId(from.max(0) as u64, 0));
         if recount_ms > 0 {
             // At most 100 000 events, as many as a full window holds.
             super::stream::scan_after(&s.store, &mut after, 1000, 100_000, |ev| {

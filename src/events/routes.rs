@@ -83,7 +83,7 @@ async fn events_ws(
     ws: WebSocketUpgrade,
 ) -> Result<Response> {
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
-    let since = parse_since(p.since.as_deref(), s.store.shards().len())?;
+    let since = parse_since(p.since.as_deref(), s.store.shard_count())?;
     if let Some(since) = &since {
         let info = retained_all(&s.store).await?;
         refuse_future_since(since, &info, s.store.time_ms().await?)?;
@@ -142,7 +142,7 @@ async fn list_events(
     let limit = p.limit.unwrap_or(100);
     crate::validate::in_range("limit", limit, &crate::validate::LONG_PAGE_LIMIT)?;
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
-    let since = parse_since(p.since.as_deref(), s.store.shards().len())?;
+    let since = parse_since(p.since.as_deref(), s.store.shard_count())?;
     let info = retained_all(&s.store).await?;
     if let Some(since) = &since {
         refuse_future_since(since, &info, s.store.time_ms().await?)?;

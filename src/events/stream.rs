@@ -93,10 +93,7 @@ impl Retained {
 
 /// What every shard's stream retains, in shard order.
 pub async fn retained_all(store: &Store) -> Result<Vec<Retained>, StoreError> {
-    futures_util::future::try_join_all(
-        (0..store.shards().len()).map(|i| async move { retained(&store.shard(i)).await }),
-    )
-    .await
+    store.fan_out(|s| async move { retained(&s).await }).await
 }
 
 /// Reads `XINFO STREAM` of the view's shard (an absent stream retains
@@ -173,12 +170,13 @@ pub async fn retained(store: &Store) -> Result<Retained, StoreError> {
 /// merged by stream id (ties: shard order); what is returned is a prefix of
 /// every shard's entries after its position, so no entry is skipped.
 pub async fn read_after(store: &Store, after: &Cursor, count: usize) -> Result<Vec<Event>, StoreError> {
-    let n = store.shards().len();
-    let pages = futures_util::future::try_join_all((0..n).map(|i| {
-        let from = after.get(i);
-        async move { read_shard_after(&store.shard(i), from, count).await }
-    }))
-    .await?;
+    let n = store.shard_count();
+    let pages = store
+        .fan_out(|s| {
+            let from = after.get(s.shard_index());
+            async move { read_shard_after(&s, from, count).await }
+        })
+        .await?;
     if n == 1 {
         return Ok(pages.into_iter().flatten().collect());
     }
@@ -210,7 +208,7 @@ pub async fn scan_after(
     max: usize,
     mut each: impl FnMut(&Event),
 ) -> Result<usize, StoreError> {
-    let n = store.shards().len();
+    let n = store.shard_count();
     let mut done = vec![false; n];
     let mut read = 0;
     while read < max && done.iter().any(|d| !d) {
@@ -338,18 +336,19 @@ pub async fn replay(
 /// every event's cursor has read each shard up to an id it saw, or the
 /// shard's whole stream).
 pub(super) async fn latest(store: &Store, count: usize) -> Result<Vec<Event>, StoreError> {
-    let n = store.shards().len();
-    let pages = futures_util::future::try_join_all((0..n).map(|i| async move {
-        let s = store.shard(i);
-        let rows = read_latest(&s, count).await?;
-        Ok::<_, StoreError>(
-            rows.into_iter()
-                .rev()
-                .map(|(id, f)| Event::from_fields(id, f).in_shard(i))
-                .collect::<Vec<_>>(),
-        )
-    }))
-    .await?;
+    let n = store.shard_count();
+    let pages = store
+        .fan_out(|s| async move {
+            let rows = read_latest(&s, count).await?;
+            let i = s.shard_index();
+            Ok::<_, StoreError>(
+                rows.into_iter()
+                    .rev()
+                    .map(|(id, f)| Event::from_fields(id, f).in_shard(i))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .await?;
     if n == 1 {
         return Ok(pages.into_iter().flatten().collect());
     }

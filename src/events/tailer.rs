@@ -36,10 +36,7 @@ pub async fn last_id(store: &Store) -> Result<StreamId, StoreError> {
 
 /// The newest entry of every shard's stream: where new events start.
 pub async fn last_cursor(store: &Store) -> Result<Cursor, StoreError> {
-    let ids = futures_util::future::try_join_all(
-        (0..store.shards().len()).map(|i| async move { last_id(&store.shard(i)).await }),
-    )
-    .await?;
+    let ids = store.fan_out(|s| async move { last_id(&s).await }).await?;
     Ok(Cursor::from_ids(ids))
 }
 
@@ -50,10 +47,11 @@ pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<Cursor>, cancel: Cancell
     if let Some(at) = &start {
         bus.set_mark(at);
     }
-    let tails: Vec<JoinHandle<()>> = (0..store.shards().len())
-        .map(|i| {
-            let from = start.as_ref().map(|c| c.get(i));
-            spawn_shard(store.shard(i), bus.clone(), from, cancel.clone())
+    let tails: Vec<JoinHandle<()>> = store
+        .every_shard()
+        .map(|s| {
+            let from = start.as_ref().map(|c| c.get(s.shard_index()));
+            spawn_shard(s, bus.clone(), from, cancel.clone())
         })
         .collect();
     tokio::spawn(async move {
@@ -70,7 +68,7 @@ fn spawn_shard(store: Store, bus: Arc<Bus>, start: Option<StreamId>, cancel: Can
     tokio::spawn(async move {
         let key = store.keys().events();
         let shard = store.shard_index();
-        let linger = (LINGER * store.shards().len() as u32).min(MAX_LINGER);
+        let linger = (LINGER * store.shard_count() as u32).min(MAX_LINGER);
         let mut backoff = Duration::from_millis(50);
         let mut last = match start {
             Some(s) => s.to_string(),

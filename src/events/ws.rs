@@ -160,7 +160,7 @@ pub async fn serve(socket: WebSocket, s: AppState, filter: Filter, since: Option
             let last = out
                 .upto
                 .clone()
-                .unwrap_or_else(|| Cursor::at(s.store.shards().len(), StreamId(0, 0)))
+                .unwrap_or_else(|| Cursor::at(s.store.shard_count(), StreamId(0, 0)))
                 .to_string();
             // The `lagged` message goes out behind everything already
             // queued, which a client that was slow takes a while to read: it

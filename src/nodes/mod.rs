@@ -321,7 +321,7 @@ impl Nodes {
         skip: impl Fn(usize) -> bool,
     ) -> Result<Heartbeat, NodesError> {
         use futures_util::StreamExt;
-        let n = self.store.shards().len();
+        let n = self.store.shard_count();
         let started = Instant::now();
         let mut each: Vec<Option<Result<ShardBeat, NodesError>>> = (0..n).map(|_| None).collect();
         let call = Arc::new((
@@ -529,12 +529,15 @@ impl Nodes {
                 merge_into(&mut merged, shard, node);
             }
         }
-        if unavailable.len() == self.store.shards().len()
+        if unavailable.len() == self.store.shard_count()
             && let Some(e) = first_error
         {
             return Err(e.into());
         }
-        let read: Vec<usize> = (0..self.store.shards().len())
+        let read: Vec<usize> = self
+            .store
+            .every_shard()
+            .map(|s| s.shard_index())
             .filter(|i| !unavailable.contains(i))
             .collect();
         for node in merged.values_mut() {

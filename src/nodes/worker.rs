@@ -102,7 +102,7 @@ async fn beat(nodes: &Nodes, shard: &Store, me: &Identity, health: &Health, log:
         }
     }
     drop(log);
-    if i == 0 && shard.shards().len() > 1 {
+    if i == 0 && shard.shard_count() > 1 {
         watch_skew(shard, health);
     }
 }

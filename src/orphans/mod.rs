@@ -120,7 +120,7 @@ impl Orphans {
         labels: Arc<crate::tasks::QueueLabels>,
         ctx: &ScriptCtx,
     ) -> Arc<Orphans> {
-        let shards = store.shards().len();
+        let shards = store.shard_count();
         Arc::new(Orphans {
             store,
             cfg,

@@ -1,6 +1,7 @@
 //! A schedule's definition as configured or sent to the API, and its check.
 
 use super::*;
+use crate::store::shards::ShardMap;
 
 /// What happens when an occurrence is due while the previous firing's task is
 /// still live (queued, delayed or running).
@@ -122,7 +123,7 @@ pub struct Checked {
 /// Checks a definition: the id, expression, time zone, queue, deadline and
 /// task template. Errors are 400s that say what is wrong (413 for a payload
 /// over `tasks.max_payload_bytes`).
-pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: u32) -> Result<Checked, ApiError> {
+pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -> Result<Checked, ApiError> {
     crate::validate::name("id", &def.id)?;
     let timing = Timing::parse(&def.expression, &def.timezone).map_err(ApiError::BadRequest)?;
     // A pattern such as "0 0 30 2 *" parses but never matches.
@@ -172,10 +173,9 @@ pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: u32) -> Result<Chec
 /// a group must live in the group's shard (its limit is one atomic check
 /// there). Refuses an id and a group in different shards, suggesting an id
 /// that fits.
-fn same_shard(id: &str, group: &str, shards: u32) -> Result<(), ApiError> {
-    use crate::store::shards::fnv1a32;
-    let n = shards.max(1);
-    let home = |s: &str| fnv1a32(s) % n;
+fn same_shard(id: &str, group: &str, shards: &ShardMap) -> Result<(), ApiError> {
+    let n = shards.len();
+    let home = |s: &str| shards.home(s);
     if n == 1 || group.is_empty() || home(id) == home(group) {
         return Ok(());
     }

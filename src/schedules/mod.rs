@@ -173,6 +173,9 @@ pub struct Schedules {
     /// Per shard: woken when a schedule of that shard changes, so its
     /// scheduler loop looks again at once.
     pub(crate) changed: Vec<tokio::sync::Notify>,
+    /// The task service, told which queue a trigger put a task in (its
+    /// claim-routing cache), so this node's claims look in its shard at once.
+    routing: Arc<crate::tasks::Tasks>,
 }
 
 impl Schedules {
@@ -182,9 +185,10 @@ impl Schedules {
         tasks: TasksConfig,
         node_id: String,
         ctx: &ScriptCtx,
+        routing: Arc<crate::tasks::Tasks>,
     ) -> Arc<Schedules> {
         let config_ids = cfg.items.iter().map(|d| d.id.clone()).collect();
-        let shards = store.shards().len();
+        let shards = store.shard_count();
         for result in ["fired", "skipped_overlap", "missed"] {
             metrics::counter!("muster_schedule_fires_total", "result" => result).increment(0);
         }
@@ -196,6 +200,7 @@ impl Schedules {
             config_ids,
             scripts: Scripts::new(ctx),
             changed: (0..shards).map(|_| tokio::sync::Notify::new()).collect(),
+            routing,
         })
     }
 
@@ -209,7 +214,7 @@ impl Schedules {
 
     /// Checks a definition against this node's task limits.
     pub fn check(&self, def: &ScheduleDef) -> Result<Checked, ApiError> {
-        check(def, &self.tasks, self.store.shards().len() as u32)
+        check(def, &self.tasks, self.store.shards())
     }
 
     /// Whether this node's config.toml defines `id`.
@@ -386,7 +391,12 @@ impl Schedules {
             retention_ms: self.tasks.retention_ms,
             key,
         };
-        match self.at(id).run(&self.scripts.trigger, &call).await? {
+        let reply = self.at(id).run(&self.scripts.trigger, &call).await?;
+        if let TriggerReply::Fired { queue, .. } | TriggerReply::Replayed { queue, .. } = &reply {
+            // This node's claims look in the schedule's shard at once.
+            self.routing.note_queue_in(queue, self.store.shards().home(id));
+        }
+        match reply {
             TriggerReply::Fired {
                 task,
                 occurrence,

@@ -169,7 +169,6 @@ async fn trigger_schedule(
     validate::name("id", &id)?;
     let key = crate::tasks::routes::idempotency_header(&headers)?;
     let t = s.schedules.trigger(&id, &caller.name, key.as_deref()).await?;
-    s.tasks.note_queue_in(&t.queue, s.store.shards().home(&id));
     let status = if t.replayed {
         StatusCode::OK
     } else {

@@ -254,7 +254,13 @@ mod tests {
             starting_deadline_ms: None,
             backfill: false,
         };
-        let e = check(&def, &TasksConfig::default(), 1).unwrap_err().to_string();
+        let e = check(
+            &def,
+            &TasksConfig::default(),
+            &crate::store::shards::ShardMap::new("muster", 1),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("never matches"), "{e}");
     }
 

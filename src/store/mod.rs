@@ -273,9 +273,39 @@ impl Store {
     pub fn home_of(&self, name: &str) -> Store {
         self.shard(self.inner.shards.home(name))
     }
+    /// How many shards the namespace is split into (1: not split).
+    pub fn shard_count(&self) -> usize {
+        self.inner.shards.len()
+    }
     /// Every shard's view, in shard order.
     pub fn every_shard(&self) -> impl Iterator<Item = Store> + '_ {
         (0..self.inner.shards.len()).map(|i| self.shard(i))
+    }
+    /// Every shard's view but shard `home`'s, in shard order.
+    pub fn other_shards(&self, home: usize) -> impl Iterator<Item = Store> + '_ {
+        self.every_shard().filter(move |s| s.shard != home)
+    }
+    /// The views of shards `from..`, in shard order.
+    pub fn shards_from(&self, from: usize) -> impl Iterator<Item = Store> + '_ {
+        (from.min(self.inner.shards.len())..self.inner.shards.len()).map(|i| self.shard(i))
+    }
+    /// Runs `f` on every shard's view at once: the answers in shard order,
+    /// or the first error. The one fan-out over a namespace's shards.
+    pub async fn fan_out<T, E, F, Fut>(&self, f: F) -> Result<Vec<T>, E>
+    where
+        F: FnMut(Store) -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        futures_util::future::try_join_all(self.every_shard().map(f)).await
+    }
+    /// Runs `f` on every shard's view at once, each answer kept apart (a
+    /// shard that fails does not hide the others'): in shard order.
+    pub async fn fan_out_each<T, F, Fut>(&self, f: F) -> Vec<T>
+    where
+        F: FnMut(Store) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        futures_util::future::join_all(self.every_shard().map(f)).await
     }
     /// The first `n` members of sorted set `key` (lowest scores first, or
     /// highest with `rev`) over every shard: each shard's first `n`, read at

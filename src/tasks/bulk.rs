@@ -119,8 +119,8 @@ impl Tasks {
     ) -> Result<BulkOutcome, TaskError> {
         let mut out = BulkOutcome::default();
         // Shard by shard (one shard: the whole set, oldest first).
-        for shard in 0..self.store.shards().len() {
-            let store = self.store.shard(shard);
+        for store in self.store.every_shard() {
+            let shard = store.shard_index();
             let (mut left, mut refused) = (0, 0);
             while out.done < limit {
                 let call = DeadBulk {
@@ -138,7 +138,7 @@ impl Tasks {
                     break;
                 }
             }
-            if out.done >= limit && shard + 1 < self.store.shards().len() {
+            if out.done >= limit && shard + 1 < self.store.shard_count() {
                 // The shards not reached still hold theirs.
                 left += self.dead_left(shard + 1, queue).await?;
             }
@@ -154,8 +154,7 @@ impl Tasks {
     /// The dead letters (of `queue`, or of all) in shards `from..`.
     async fn dead_left(&self, from: usize, queue: Option<&str>) -> Result<u64, TaskError> {
         let mut left = 0;
-        for shard in from..self.store.shards().len() {
-            let store = self.store.shard(shard);
+        for store in self.store.shards_from(from) {
             let p = store.keys().prefix();
             let key = match queue {
                 Some(q) => format!("{p}:q:{q}:dead"),

@@ -205,7 +205,7 @@ impl Tasks {
         health: Arc<crate::health::Health>,
     ) -> Arc<Tasks> {
         let scripts = Scripts::new(ctx);
-        let shards = store.shards().len();
+        let shards = store.shard_count();
         Arc::new(Tasks {
             store,
             cfg,
@@ -614,9 +614,9 @@ impl Tasks {
             .0
             .map_err(|_| TaskError::TooManyQueues(self.cfg.max_queues))?;
         if self.sharded() {
-            let others = (0..self.store.shards().len()).filter(|&s| s != home).map(|s| {
+            let others = self.store.other_shards(home).map(|s| {
                 let call = call(Some(version));
-                async move { (s, self.store.shard(s).run(&self.scripts.pause, &call).await) }
+                async move { (s.shard_index(), s.run(&self.scripts.pause, &call).await) }
             });
             for (s, r) in futures_util::future::join_all(others).await {
                 match r {

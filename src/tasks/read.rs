@@ -93,7 +93,7 @@ impl Tasks {
         F: Fn(Store) -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
-        futures_util::future::try_join_all((0..self.store.shards().len()).map(|i| read(self.store.shard(i)))).await
+        self.store.fan_out(read).await
     }
 
     /// Several tasks in one pipelined round trip per shard they are in (at
@@ -175,7 +175,7 @@ impl Tasks {
         if cursor > MAX_QUEUED_CURSOR && self.sharded() {
             return Err(TaskError::CursorTooDeep);
         }
-        let shards: Vec<usize> = (0..self.store.shards().len()).collect();
+        let shards: Vec<usize> = self.store.every_shard().map(|s| s.shard_index()).collect();
         self.page(&shards, |k| format!("{}:dead", k.prefix()), false, limit, cursor)
             .await
     }

@@ -58,7 +58,7 @@ impl QueueShards {
 impl Tasks {
     /// Whether the namespace is split.
     pub(super) fn sharded(&self) -> bool {
-        self.store.shards().len() > 1
+        self.store.shard_count() > 1
     }
 
     /// The shard a task of `queue` in `group` (empty: none) is stored in.
@@ -128,7 +128,12 @@ impl Tasks {
             known.mask.get(queue).copied().unwrap_or(0)
         };
         let mut out = vec![home];
-        out.extend((0..self.store.shards().len()).filter(|&s| s != home && mask & (1 << s) != 0));
+        out.extend(
+            self.store
+                .other_shards(home)
+                .map(|s| s.shard_index())
+                .filter(|&s| mask & (1 << s) != 0),
+        );
         out
     }
 
@@ -157,13 +162,13 @@ impl Tasks {
 
     /// The queues each shard has registered, in shard order.
     pub(super) async fn queue_names_by_shard(&self) -> Result<Vec<Vec<String>>, StoreError> {
-        futures_util::future::try_join_all((0..self.store.shards().len()).map(|i| async move {
-            let s = self.store.shard(i);
-            let key = format!("{}:queues", s.keys().prefix());
-            s.query::<Vec<String>>("queues_names", redis::cmd("SMEMBERS").arg(key))
-                .await
-        }))
-        .await
+        self.store
+            .fan_out(|s| async move {
+                let key = format!("{}:queues", s.keys().prefix());
+                s.query::<Vec<String>>("queues_names", redis::cmd("SMEMBERS").arg(key))
+                    .await
+            })
+            .await
     }
 }
 

@@ -25,7 +25,7 @@ use crate::store::{PassLog, Store};
 type Rows = Arc<Mutex<Vec<Vec<(String, [i64; 10])>>>>;
 
 pub fn spawn(tasks: Arc<Tasks>, cancel: CancellationToken) -> JoinHandle<()> {
-    let rows: Rows = Arc::new(Mutex::new(vec![Vec::new(); tasks.store().shards().len()]));
+    let rows: Rows = Arc::new(Mutex::new(vec![Vec::new(); tasks.store().shard_count()]));
     let store = tasks.store().clone();
     store.spawn_each_shard(move |shard| {
         let (tasks, rows, cancel) = (tasks.clone(), rows.clone(), cancel.clone());
@@ -93,7 +93,7 @@ fn set_gauges(tasks: &Tasks, rows: impl Iterator<Item = (String, [i64; 10])>) {
 /// claims know which shards hold a queue's tasks without waiting for any
 /// shard (see `Tasks::shards_of`).
 async fn refresh_loop(tasks: Arc<Tasks>, shard: Store, cancel: CancellationToken) {
-    if shard.shards().len() == 1 {
+    if shard.shard_count() == 1 {
         return;
     }
     let mut tick = tokio::time::interval(REFRESH);

@@ -168,12 +168,17 @@ pub struct Plan {
     pub keys: Vec<(String, String, usize, String)>,
     pub policy: FailurePolicy,
     pub idempotency_key: String,
+    /// The queues its tasks go to (each once).
+    pub queues: Vec<String>,
 }
 
 pub struct Workflows {
     store: Store,
     tasks: TasksConfig,
     scripts: Scripts,
+    /// The task service, told which queues a new workflow put tasks in (its
+    /// claim-routing cache), so this node's claims look in its shard at once.
+    routing: Arc<crate::tasks::Tasks>,
 }
 
 /// Validates a workflow: sizes, names, task options, unique keys, known
@@ -270,11 +275,15 @@ pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Pla
         let next: Vec<&str> = dependents[i].iter().map(|&j| w.tasks[j].key.as_str()).collect();
         keys.push((t.key.clone(), json.to_string(), deps[i].len(), next.join(",")));
     }
+    let mut queues: Vec<String> = w.tasks.iter().map(|t| t.queue.clone()).collect();
+    queues.sort();
+    queues.dedup();
     Ok(Plan {
         id,
         keys,
         policy: w.failure_policy,
         idempotency_key: w.idempotency_key.clone().unwrap_or_default(),
+        queues,
     })
 }
 
@@ -349,12 +358,18 @@ fn find_cycle(deps: &[BTreeSet<usize>]) -> Option<Vec<usize>> {
 }
 
 impl Workflows {
-    pub fn new(store: Store, tasks: TasksConfig, ctx: &ScriptCtx) -> Arc<Workflows> {
+    pub fn new(store: Store, tasks: TasksConfig, ctx: &ScriptCtx, routing: Arc<crate::tasks::Tasks>) -> Arc<Workflows> {
         Arc::new(Workflows {
             store,
             tasks,
             scripts: Scripts::new(ctx),
+            routing,
         })
+    }
+
+    /// Validates `w` and places it in a shard of this namespace ([`plan`]).
+    pub fn plan(&self, w: &NewWorkflow) -> Result<Plan, ApiError> {
+        plan(w, &self.tasks, self.store.shards())
     }
 
     /// The view of the shard workflow `id` lives in (its id names it).
@@ -377,15 +392,23 @@ impl Workflows {
             dead_retention_ms: self.tasks.dead_retention_ms,
             keys: &plan.keys,
         };
-        match self.at(&plan.id).run(&self.scripts.create, &call).await? {
-            CreateReply::Created { id } => Ok((id, true)),
-            CreateReply::Replayed { id } => Ok((id, false)),
-            CreateReply::TooManyQueues if room < self.tasks.max_queues => Err(WorkflowError::QueuesKeptForAdmin {
-                room,
-                max: self.tasks.max_queues,
-            }),
-            CreateReply::TooManyQueues => Err(WorkflowError::TooManyQueues(self.tasks.max_queues)),
+        let created = match self.at(&plan.id).run(&self.scripts.create, &call).await? {
+            CreateReply::Created { id } => (id, true),
+            CreateReply::Replayed { id } => (id, false),
+            CreateReply::TooManyQueues if room < self.tasks.max_queues => {
+                return Err(WorkflowError::QueuesKeptForAdmin {
+                    room,
+                    max: self.tasks.max_queues,
+                });
+            }
+            CreateReply::TooManyQueues => return Err(WorkflowError::TooManyQueues(self.tasks.max_queues)),
+        };
+        // This node's claims look in the workflow's shard at once.
+        let shard = self.store.shards().home(&created.0);
+        for q in &plan.queues {
+            self.routing.note_queue_in(q, shard);
         }
+        Ok(created)
     }
 
     pub async fn cancel(&self, id: &str, actor: &str) -> Result<(), WorkflowError> {
@@ -466,7 +489,7 @@ impl Workflows {
         limit: usize,
         cursor: usize,
     ) -> Result<(Vec<WorkflowSummary>, Option<usize>), WorkflowError> {
-        let n = self.store.shards().len();
+        let n = self.store.shard_count();
         let mut out = Vec::new();
         let mut at = cursor;
         // Scan at most ten pages of the index to fill one page of a state.
@@ -474,8 +497,8 @@ impl Workflows {
             let window = limit * 2;
             // With several shards each is read from its start down to the
             // page's end, and the merge skips what earlier pages showed.
-            let reads = (0..n).map(|i| {
-                let s = self.store.shard(i);
+            let reads = self.store.every_shard().map(|s| {
+                let i = s.shard_index();
                 let key = scripts::workflows_key(s.keys());
                 let (from, to) = if n == 1 {
                     (at, at + window - 1)

@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{NewWorkflow, Workflow, WorkflowSummary, plan};
+use super::{NewWorkflow, Workflow, WorkflowSummary};
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
@@ -60,13 +60,9 @@ async fn create_workflow(
             _ => w.idempotency_key = Some(h.to_string()),
         }
     }
-    let plan = plan(&w, s.tasks.config(), s.store.shards())?;
+    let plan = s.workflows.plan(&w)?;
     let room = s.tasks.config().queue_room(caller.role);
     let (id, new) = s.workflows.create(&plan, &s.node_id, room).await?;
-    // This node's claims look in the workflow's shard at once.
-    for q in w.tasks.iter().map(|t| t.queue.as_str()) {
-        s.tasks.note_queue_in(q, s.store.shards().home(&id));
-    }
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(CreatedWorkflow { id, replayed: !new })).into_response())
 }
