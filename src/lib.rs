@@ -4,8 +4,10 @@
 //! coordinate only through it. Module map:
 //!
 //! - [`config`]: `config.toml`, environment and flags, validated at start.
-//! - [`store`]: the one Redis client (embedded child, standalone, TLS, unix),
-//!   key builders, the Lua script wrapper with its shared prelude.
+//! - [`store`]: the one Redis client (embedded child, standalone, TLS, unix,
+//!   Sentinel, Cluster), the split of a namespace into shards (placement,
+//!   fan-out over every shard), the pool of connections that wait for
+//!   replicas, and the Lua script wrapper with its shared prelude.
 //! - [`nodes`]: membership by heartbeat into a sorted set scored by Redis time.
 //! - [`failover`]: Redis high availability: following the master under
 //!   Sentinel, and the coordinated failover in which every node confirms.
@@ -25,7 +27,9 @@
 //! - [`system`]: probes, `/metrics`, the Redis summary, the OpenAPI document.
 //! - [`telemetry`]: the catalogue of Prometheus metrics (help, type, zero series).
 //! - [`health`]: this node's own view of whether it can serve.
-//! - [`validate`]: every user-supplied name that becomes part of a Redis key.
+//! - [`validate`]: the API's bounds (names that become parts of Redis keys,
+//!   ids, sizes, waits, ttls), read by the checks and the OpenAPI document.
+//! - [`stats`]: the outcome history behind the charts (per minute and per day).
 //! - [`barriers`]: barrier rounds decided once in Redis (G8), etcd-style
 //!   Barrier and DoubleBarrier.
 //! - [`locks`]: locks with fencing tokens and FIFO waiters, leader elections.

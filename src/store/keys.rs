@@ -1,9 +1,14 @@
-//! Every Redis key muster uses is built here.
+//! The keys of one shard of a namespace: its prefix and the fixed keys
+//! shared by several subsystems. Keys of one subsystem's own records are
+//! built by its `scripts.rs` (beside the Lua scripts that use them) from
+//! the same prefix; scripts compute keys from ids from the `P` of the Lua
+//! prelude, with the same suffixes.
 //!
-//! All keys start with `{<prefix>}`: the braces are a Cluster hash tag, so all
-//! keys of a namespace live in one slot and every multi-key script runs on a
-//! Redis Cluster too. Scripts that compute keys from ids build them from the
-//! same prefix (the `P` of the Lua prelude) with the same suffixes as here.
+//! Every key starts with its shard's tag, `{<prefix>}` for a namespace of
+//! one shard (see `shards`): the braces are a Cluster hash tag, so all keys
+//! of one shard live in one slot and every multi-key script runs on a Redis
+//! Cluster too. A namespace split into `redis.shards` shards spreads over
+//! that many slots, one tag each.
 //!
 //! Names that come from users are validated (see `validate`) before they get
 //! here, so they contain no braces, colons or spaces.
