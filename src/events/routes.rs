@@ -11,8 +11,8 @@ use utoipa_axum::routes;
 
 use super::live::Snapshot;
 use super::slots::NoSlot;
-use super::stream::{check_cursor, retained_all};
-use super::{Cursor, EventPage, Filter, Retained, replay};
+use super::stream::{SinceError, read_since};
+use super::{EventPage, Filter, replay};
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result};
@@ -43,26 +43,11 @@ pub struct WsParams {
     pub token: Option<String>,
 }
 
-fn parse_since(since: Option<&str>, shards: usize) -> Result<Option<Cursor>> {
-    match since {
-        None | Some("") => Ok(None),
-        Some(s) => Cursor::parse(s, shards).map(Some).ok_or_else(|| {
-            ApiError::bad_request(if shards == 1 {
-                "`since` must be a stream id such as 1795388490502-0 (the `id` of the last event you saw)".to_string()
-            } else {
-                format!(
-                    "`since` must be the `id` of the last event you saw: {shards} stream ids joined by commas \
-                     (one per shard) such as 1795388490502-0,1795388490511-2,..., or one stream id for every shard"
-                )
-            })
-        }),
+fn since_error(e: SinceError) -> ApiError {
+    match e {
+        SinceError::Bad(m) => ApiError::BadRequest(m),
+        SinceError::Store(e) => e.into(),
     }
-}
-
-/// Refuses a `since` past a stream's newest id and Redis time (see
-/// [`check_cursor`]), which would hide every new event from the caller.
-fn refuse_future_since(since: &Cursor, info: &[Retained], now_ms: i64) -> Result<()> {
-    check_cursor(since, info, now_ms).map_err(ApiError::BadRequest)
 }
 
 /// The cluster event feed over a WebSocket. Each text message is one event
@@ -83,11 +68,7 @@ async fn events_ws(
     ws: WebSocketUpgrade,
 ) -> Result<Response> {
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
-    let since = parse_since(p.since.as_deref(), s.store.shard_count())?;
-    if let Some(since) = &since {
-        let info = retained_all(&s.store).await?;
-        refuse_future_since(since, &info, s.store.time_ms().await?)?;
-    }
+    let (since, _) = read_since(&s.store, p.since.as_deref()).await.map_err(since_error)?;
     // Tokens are principals; without tokens everyone is "anonymous", so the
     // client's address is.
     let principal = match remote {
@@ -142,11 +123,7 @@ async fn list_events(
     let limit = p.limit.unwrap_or(100);
     crate::validate::in_range("limit", limit, &crate::validate::LONG_PAGE_LIMIT)?;
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
-    let since = parse_since(p.since.as_deref(), s.store.shard_count())?;
-    let info = retained_all(&s.store).await?;
-    if let Some(since) = &since {
-        refuse_future_since(since, &info, s.store.time_ms().await?)?;
-    }
+    let (since, info) = read_since(&s.store, p.since.as_deref()).await.map_err(since_error)?;
     Ok(Json(replay(&s.store, since, limit, &filter, &info).await?))
 }
 

@@ -14,6 +14,43 @@ use crate::store::{Store, StoreError};
 /// a cursor that would hide every event for longer than this is refused.
 pub const SINCE_AHEAD_MS: u64 = 5_000;
 
+/// Why a client's `since` was not taken.
+#[derive(Debug)]
+pub enum SinceError {
+    /// Not a cursor of this namespace, or past every stream and Redis time:
+    /// the message says which.
+    Bad(String),
+    Store(StoreError),
+}
+
+/// Reads a client's resume point `since` (absent or empty: none): parsed
+/// against this namespace's shards, and refused when it lies past every
+/// shard's newest event and Redis time ([`check_cursor`]), which would hide
+/// every new event from the caller. Answers it with what every shard's
+/// stream retains (one read per shard, which a replay needs too).
+pub async fn read_since(store: &Store, since: Option<&str>) -> Result<(Option<Cursor>, Vec<Retained>), SinceError> {
+    let shards = store.shard_count();
+    let since = match since {
+        None | Some("") => None,
+        Some(s) => Some(Cursor::parse(s, shards).ok_or_else(|| {
+            SinceError::Bad(if shards == 1 {
+                "`since` must be a stream id such as 1795388490502-0 (the `id` of the last event you saw)".to_string()
+            } else {
+                format!(
+                    "`since` must be the `id` of the last event you saw: {shards} stream ids joined by commas \
+                     (one per shard) such as 1795388490502-0,1795388490511-2,..., or one stream id for every shard"
+                )
+            })
+        })?),
+    };
+    let info = retained_all(store).await.map_err(SinceError::Store)?;
+    if let Some(since) = &since {
+        let now = store.time_ms().await.map_err(SinceError::Store)?;
+        check_cursor(since, &info, now).map_err(SinceError::Bad)?;
+    }
+    Ok((since, info))
+}
+
 /// Checks a resume point against every shard's stream (see [`check_since`]).
 pub fn check_cursor(since: &Cursor, info: &[Retained], now_ms: i64) -> Result<(), String> {
     // Measured against the newest event of any shard, which the message names.
