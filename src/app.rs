@@ -105,7 +105,6 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::system::router())
         .merge(crate::nodes::routes::router())
         .merge(crate::tasks::routes::router())
-        .merge(crate::tasks::bulk::router())
         .merge(crate::orphans::routes::router())
         .merge(crate::events::routes::router())
         .merge(crate::workflows::routes::router())

@@ -9,7 +9,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use crate::store::StoreError;
+use crate::problem::{Classify, Kind};
 
 tokio::task_local! {
     /// The id of the request being served, set by the request-id middleware so
@@ -103,11 +103,18 @@ impl ApiError {
     }
 }
 
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Unavailable(msg) => ApiError::Unavailable(format!("Redis is unavailable: {msg}")),
-            other => ApiError::Internal(other.to_string()),
+/// The one mapping from a domain error to a response (see `problem`).
+impl<E: Classify> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        let detail = crate::problem::detail(&e);
+        match e.kind() {
+            Kind::BadRequest => ApiError::BadRequest(detail),
+            Kind::NotFound => ApiError::NotFound(detail),
+            Kind::Forbidden => ApiError::Forbidden(detail),
+            Kind::Conflict(extra) => ApiError::conflict(detail, extra),
+            Kind::TooLarge => ApiError::TooLarge(detail),
+            Kind::Unavailable => ApiError::Unavailable(detail),
+            Kind::Internal => ApiError::Internal(detail),
         }
     }
 }

@@ -13,8 +13,6 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, REQUEST_ID, problem};
 
-pub(crate) mod lenient;
-
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Gives every request an id (the caller's `x-request-id` when it is sane,
@@ -209,9 +207,9 @@ where
                 e.body_text()
             ))),
             // `4197.0` where an integer belongs: JSON Schema calls it an
-            // integer, so it is read as one (src/http/lenient.rs).
+            // integer, so it is read as one (src/lenient.rs).
             Err(JsonRejection::JsonDataError(e)) if e.body_text().contains("invalid type: floating point") => {
-                lenient::json(&bytes).map(ApiJson).map_err(|text| {
+                crate::lenient::json(&bytes).map(ApiJson).map_err(|text| {
                     ApiError::bad_request(format!("the JSON does not match the expected fields: {text}"))
                 })
             }
@@ -273,8 +271,8 @@ where
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            // `limit=10.0` where an integer belongs (src/http/lenient.rs).
-            Err(e) => match lenient::query(parts.uri.query().unwrap_or("")) {
+            // `limit=10.0` where an integer belongs (src/lenient.rs).
+            Err(e) => match crate::lenient::query(parts.uri.query().unwrap_or("")) {
                 Ok(v) => Ok(ApiQuery(v)),
                 Err(_) => Err(ApiError::bad_request(format!("bad query string: {}", e.body_text()))),
             },

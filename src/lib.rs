@@ -22,8 +22,9 @@
 //!   out to local consumers (claim wake-ups, WebSockets).
 //! - [`durability`]: which changes wait for replicas (`redis.ack_replicas`,
 //!   the `Durability` header) and the 503 when they cannot be confirmed.
-//! - [`auth`], [`http`], [`error`]: tokens and roles, request ids, metrics,
-//!   problem+json errors.
+//! - [`problem`]: what kind of failure a domain error is ([`problem::Classify`]),
+//!   without HTTP; [`auth`], [`http`], [`error`]: tokens and roles, request
+//!   ids, metrics, problem+json errors (the one mapping from a kind to a status).
 //! - [`system`]: probes, `/metrics`, the Redis summary, the OpenAPI document.
 //! - [`telemetry`]: the catalogue of Prometheus metrics (help, type, zero series).
 //! - [`health`]: this node's own view of whether it can serve.
@@ -59,8 +60,10 @@ pub mod events;
 pub mod failover;
 pub mod health;
 pub mod http;
+pub(crate) mod lenient;
 pub mod nodes;
 pub mod orphans;
+pub mod problem;
 pub mod schedules;
 pub mod serve;
 pub mod stats;

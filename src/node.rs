@@ -512,7 +512,18 @@ fn spawn_loops(
         events::tailer::spawn(s.store.clone(), s.bus.clone(), tail_from, cancel.clone()),
         tasks::worker::spawn(s.tasks.clone(), cancel.clone()),
         orphans::worker::spawn(s.orphans.clone(), cancel.clone()),
-        events::live::spawn(s.clone(), cancel.clone()),
+        events::live::spawn(
+            events::live::LiveDeps {
+                live: s.live.clone(),
+                store: s.store.clone(),
+                nodes: s.nodes.clone(),
+                tasks: s.tasks.clone(),
+                orphans: s.orphans.clone(),
+                bus: s.bus.clone(),
+                reconcile_ms: s.cfg.events.reconcile_ms,
+            },
+            cancel.clone(),
+        ),
         crate::stats::worker::spawn(s.stats.clone(), s.bus.clone(), s.live.clone(), cancel.clone()),
         workflows::worker::spawn(
             s.workflows.clone(),

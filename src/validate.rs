@@ -9,7 +9,7 @@
 
 use std::ops::RangeInclusive;
 
-use crate::error::ApiError;
+use crate::problem::Invalid;
 
 // The bounds below are the single source of both the checks in handlers and
 // the OpenAPI document (`crate::openapi` writes them into the schemas), so
@@ -126,21 +126,21 @@ pub fn is_name(s: &str) -> bool {
 }
 
 /// The 400 for a name that is only dots.
-fn dot_segment_error(field: &str, value: &str) -> ApiError {
-    ApiError::bad_request(format!(
+fn dot_segment_error(field: &str, value: &str) -> Invalid {
+    Invalid::new(format!(
         "`{field}` cannot be {value:?}: URLs drop `.` and `..` path segments, so it could not be addressed; \
          pick a name with another character"
     ))
 }
 
 /// Returns a 400 naming the field when `value` is not a valid node id.
-pub fn node_id(field: &str, value: &str) -> Result<(), ApiError> {
+pub fn node_id(field: &str, value: &str) -> Result<(), Invalid> {
     if is_node_id(value) {
         Ok(())
     } else if dot_segment(value) {
         Err(dot_segment_error(field, value))
     } else {
-        Err(ApiError::bad_request(format!(
+        Err(Invalid::new(format!(
             "`{field}` must be 1 to {NODE_ID_MAX_LEN} characters from A-Z a-z 0-9 . _ - (got {})",
             shorten(value)
         )))
@@ -148,13 +148,13 @@ pub fn node_id(field: &str, value: &str) -> Result<(), ApiError> {
 }
 
 /// Returns a 400 naming the field when `value` is not a valid name.
-pub fn name(field: &str, value: &str) -> Result<(), ApiError> {
+pub fn name(field: &str, value: &str) -> Result<(), Invalid> {
     if is_name(value) {
         Ok(())
     } else if dot_segment(value) {
         Err(dot_segment_error(field, value))
     } else {
-        Err(ApiError::bad_request(format!(
+        Err(Invalid::new(format!(
             "`{field}` must be 1 to {NAME_MAX_LEN} characters from A-Z a-z 0-9 . _ - (got {})",
             shorten(value)
         )))
@@ -162,11 +162,11 @@ pub fn name(field: &str, value: &str) -> Result<(), ApiError> {
 }
 
 /// Idempotency keys and similar opaque tokens: 1 to 200 printable ASCII characters.
-pub fn opaque_key(field: &str, value: &str) -> Result<(), ApiError> {
+pub fn opaque_key(field: &str, value: &str) -> Result<(), Invalid> {
     if (1..=OPAQUE_KEY_MAX_LEN).contains(&value.len()) && value.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
         Ok(())
     } else {
-        Err(ApiError::bad_request(format!(
+        Err(Invalid::new(format!(
             "`{field}` must be 1 to {OPAQUE_KEY_MAX_LEN} printable ASCII characters without spaces"
         )))
     }
@@ -190,12 +190,12 @@ pub fn plain_text_pattern() -> String {
 
 /// Returns a 400 naming the field when `value` has a control or bidi
 /// character (`field` names it, e.g. "`labels` key \"a\"").
-pub fn plain_text(field: &str, value: &str) -> Result<(), ApiError> {
+pub fn plain_text(field: &str, value: &str) -> Result<(), Invalid> {
     match value.chars().position(is_hidden_char) {
         None => Ok(()),
         Some(i) => {
             let c = value.chars().nth(i).unwrap_or_default();
-            Err(ApiError::bad_request(format!(
+            Err(Invalid::new(format!(
                 "{field} may not contain control or bidirectional formatting characters (U+{:04X} at character {}, in {})",
                 c as u32,
                 i + 1,
@@ -207,11 +207,11 @@ pub fn plain_text(field: &str, value: &str) -> Result<(), ApiError> {
 
 /// Returns a 400 naming the field when `value` is not a task or workflow
 /// id (`what`: "task", "workflow").
-pub fn id(what: &str, value: &str) -> Result<(), ApiError> {
+pub fn id(what: &str, value: &str) -> Result<(), Invalid> {
     if value.len() == ID_LEN && value.bytes().all(|b| b.is_ascii_alphanumeric()) {
         Ok(())
     } else {
-        Err(ApiError::bad_request(format!(
+        Err(Invalid::new(format!(
             "`id` must be a {ID_LEN}-character {what} id (got {})",
             shorten(value)
         )))
@@ -223,11 +223,11 @@ pub fn in_range<T: PartialOrd + std::fmt::Display>(
     field: &str,
     value: T,
     range: &RangeInclusive<T>,
-) -> Result<(), ApiError> {
+) -> Result<(), Invalid> {
     if range.contains(&value) {
         Ok(())
     } else {
-        Err(ApiError::bad_request(format!(
+        Err(Invalid::new(format!(
             "`{field}` must be between {} and {}",
             range.start(),
             range.end()
@@ -245,7 +245,7 @@ macro_rules! object_only {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let fields = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
                 // Through `lenient`: `4197.0` is an integer here too.
-                let value = $crate::http::lenient::value(serde_json::Value::Object(fields));
+                let value = $crate::lenient::value(serde_json::Value::Object(fields));
                 let mut track = serde_path_to_error::Track::new();
                 let tracked = serde_path_to_error::Deserializer::new(value, &mut track);
                 <$t>::deserialize(tracked)

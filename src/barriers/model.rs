@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::ApiError;
+use crate::problem::{Classify, Kind};
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -45,27 +45,24 @@ pub enum BarrierError {
     Store(#[from] StoreError),
 }
 
-impl From<BarrierError> for ApiError {
-    fn from(e: BarrierError) -> Self {
+impl Classify for BarrierError {
+    fn kind(&self) -> Kind {
         use serde_json::json;
-        match e {
-            BarrierError::NotFound(_) | BarrierError::RoundNotFound { .. } => ApiError::NotFound(e.to_string()),
-            BarrierError::NotParticipant { .. } => ApiError::Forbidden(e.to_string()),
-            BarrierError::HeldByOther { ref holder, .. } => {
-                ApiError::conflict(e.to_string(), json!({"holder": holder}))
-            }
+        match self {
+            BarrierError::NotFound(_) | BarrierError::RoundNotFound { .. } => Kind::NotFound,
+            BarrierError::NotParticipant { .. } => Kind::Forbidden,
+            BarrierError::HeldByOther { holder, .. } => Kind::Conflict(json!({"holder": holder})),
             BarrierError::TooManyEntrants { count, .. } => {
-                ApiError::conflict(e.to_string(), json!({"reason": "too_many", "count": count}))
+                Kind::Conflict(json!({"reason": "too_many", "count": count}))
             }
             BarrierError::CountMismatch { count, .. } => {
-                ApiError::conflict(e.to_string(), json!({"reason": "count_mismatch", "count": count}))
+                Kind::Conflict(json!({"reason": "count_mismatch", "count": count}))
             }
-            BarrierError::TooManyOpenRounds { max, .. } => ApiError::conflict(
-                e.to_string(),
-                json!({"reason": "too_many_open_rounds", "max_open_rounds": max}),
-            ),
-            BarrierError::TooMany(_) | BarrierError::NodeNotAlive(_) => ApiError::conflict(e.to_string(), json!(null)),
-            BarrierError::Store(s) => s.into(),
+            BarrierError::TooManyOpenRounds { max, .. } => {
+                Kind::Conflict(json!({"reason": "too_many_open_rounds", "max_open_rounds": max}))
+            }
+            BarrierError::TooMany(_) | BarrierError::NodeNotAlive(_) => Kind::Conflict(json!(null)),
+            BarrierError::Store(s) => s.kind(),
         }
     }
 }

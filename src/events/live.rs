@@ -21,8 +21,35 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
-use super::{Cursor, Event, StreamId};
-use crate::app::AppState;
+use super::{Bus, Cursor, Event, StreamId};
+use crate::nodes::{Nodes, NodesError};
+use crate::orphans::Orphans;
+use crate::store::{Store, StoreError};
+use crate::tasks::{TaskError, Tasks};
+
+/// What the live view reads from and listens to.
+#[derive(Clone)]
+pub struct LiveDeps {
+    pub live: Arc<Live>,
+    pub store: Store,
+    pub nodes: Arc<Nodes>,
+    pub tasks: Arc<Tasks>,
+    pub orphans: Arc<Orphans>,
+    pub bus: Arc<Bus>,
+    /// `events.reconcile_ms`: how often the view is rebuilt from Redis.
+    pub reconcile_ms: u64,
+}
+
+/// Why a reconciliation failed (it is tried again at the next period).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Nodes(#[from] NodesError),
+    #[error(transparent)]
+    Tasks(#[from] TaskError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// Seconds of throughput history.
 pub const WINDOW_SECS: usize = 600;
@@ -280,7 +307,7 @@ impl Live {
 
     /// Rebuilds the view from Redis; recounts the throughput of the last
     /// `recount_ms` from the stream (0: keeps the counted throughput).
-    pub async fn reconcile(&self, s: &AppState, recount_ms: i64) -> Result<(), crate::error::ApiError> {
+    pub async fn reconcile(&self, s: &LiveDeps, recount_ms: i64) -> Result<(), ReconcileError> {
         let mark = crate::events::tailer::last_cursor(&s.store).await?;
         let nodes = s.nodes.list().await?;
         let queues = s.tasks.queues().await?;
@@ -372,10 +399,10 @@ impl Live {
 }
 
 /// Feeds the cache from the bus and reconciles it on a timer.
-pub fn spawn(s: AppState, cancel: CancellationToken) -> JoinHandle<()> {
+pub fn spawn(s: LiveDeps, cancel: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut rx = s.bus.subscribe();
-        let every = Duration::from_millis(s.cfg.events.reconcile_ms);
+        let every = Duration::from_millis(s.reconcile_ms);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first reconciliation fills the whole throughput window; after
@@ -392,7 +419,7 @@ pub fn spawn(s: AppState, cancel: CancellationToken) -> JoinHandle<()> {
                     Ok(ev) => s.live.apply(&ev),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         if recounted_at.is_none_or(|t| t.elapsed() >= every * 10) {
-                            recount = recount.max((s.cfg.events.reconcile_ms as i64) * 3);
+                            recount = recount.max((s.reconcile_ms as i64) * 3);
                             recounted_at = Some(std::time::Instant::now());
                         }
                         tick.reset_immediately();

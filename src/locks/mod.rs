@@ -41,7 +41,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::config::LocksConfig;
-use crate::error::ApiError;
+use crate::problem::{Classify, Kind};
 use crate::store::reply::{at, int, text};
 use crate::store::{ScriptCtx, Store, StoreError};
 
@@ -89,29 +89,21 @@ fn busy(name: &str, holder: &Option<String>) -> String {
     }
 }
 
-impl From<LockError> for ApiError {
-    fn from(e: LockError) -> Self {
+impl Classify for LockError {
+    fn kind(&self) -> Kind {
         use serde_json::json;
-        match e {
-            LockError::Stale {
-                ref holder, current, ..
-            } => ApiError::conflict(
-                e.to_string(),
-                json!({"reason": "stale_token", "holder": holder, "token": current}),
-            ),
-            LockError::Lapsed { .. } => ApiError::conflict(e.to_string(), json!({"reason": "lapsed"})),
-            LockError::NotHeld(_) => ApiError::NotFound(e.to_string()),
-            LockError::NotLeader {
-                ref leader, current, ..
-            } => ApiError::conflict(e.to_string(), json!({"leader": leader, "epoch": current})),
-            LockError::NodeNotAlive(_) => ApiError::conflict(e.to_string(), json!(null)),
-            LockError::Busy {
-                ref holder, position, ..
-            } => ApiError::conflict(
-                e.to_string(),
-                json!({"reason": "busy", "holder": holder, "position": position}),
-            ),
-            LockError::Store(s) => s.into(),
+        match self {
+            LockError::Stale { holder, current, .. } => {
+                Kind::Conflict(json!({"reason": "stale_token", "holder": holder, "token": current}))
+            }
+            LockError::Lapsed { .. } => Kind::Conflict(json!({"reason": "lapsed"})),
+            LockError::NotHeld(_) => Kind::NotFound,
+            LockError::NotLeader { leader, current, .. } => Kind::Conflict(json!({"leader": leader, "epoch": current})),
+            LockError::NodeNotAlive(_) => Kind::Conflict(json!(null)),
+            LockError::Busy { holder, position, .. } => {
+                Kind::Conflict(json!({"reason": "busy", "holder": holder, "position": position}))
+            }
+            LockError::Store(s) => s.kind(),
         }
     }
 }

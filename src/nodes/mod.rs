@@ -25,6 +25,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::config::NodesConfig;
+use crate::problem::{Classify, Kind};
 use crate::store::{ScriptCtx, Store, StoreError};
 use scripts::{DrainReply, HeartbeatOutcome, LeaveReply, Scripts};
 
@@ -47,23 +48,16 @@ pub enum NodesError {
     Store(#[from] StoreError),
 }
 
-impl From<NodesError> for crate::error::ApiError {
-    fn from(e: NodesError) -> Self {
-        use crate::error::ApiError;
-        match e {
-            NodesError::TooMany(_) => ApiError::Conflict {
-                message: e.to_string(),
-                extra: Default::default(),
-            },
-            NodesError::NotFound(_) => ApiError::NotFound(e.to_string()),
-            NodesError::NotAWorker(_) | NodesError::MusterNode(_) | NodesError::OtherOwner { leave: false, .. } => {
-                ApiError::Conflict {
-                    message: e.to_string(),
-                    extra: Default::default(),
-                }
-            }
-            NodesError::OtherOwner { leave: true, .. } => ApiError::Forbidden(e.to_string()),
-            NodesError::Store(s) => s.into(),
+impl Classify for NodesError {
+    fn kind(&self) -> Kind {
+        match self {
+            NodesError::NotFound(_) => Kind::NotFound,
+            NodesError::TooMany(_)
+            | NodesError::NotAWorker(_)
+            | NodesError::MusterNode(_)
+            | NodesError::OtherOwner { leave: false, .. } => Kind::Conflict(serde_json::Value::Null),
+            NodesError::OtherOwner { leave: true, .. } => Kind::Forbidden,
+            NodesError::Store(s) => s.kind(),
         }
     }
 }

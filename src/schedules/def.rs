@@ -1,6 +1,7 @@
 //! A schedule's definition as configured or sent to the API, and its check.
 
 use super::*;
+use crate::problem::Invalid;
 use crate::store::shards::ShardMap;
 
 /// What happens when an occurrence is due while the previous firing's task is
@@ -123,15 +124,15 @@ pub struct Checked {
 /// Checks a definition: the id, expression, time zone, queue, deadline and
 /// task template. Errors are 400s that say what is wrong (413 for a payload
 /// over `tasks.max_payload_bytes`).
-pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -> Result<Checked, ApiError> {
+pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -> Result<Checked, Invalid> {
     crate::validate::name("id", &def.id)?;
-    let timing = Timing::parse(&def.expression, &def.timezone).map_err(ApiError::BadRequest)?;
+    let timing = Timing::parse(&def.expression, &def.timezone).map_err(Invalid::Value)?;
     // A pattern such as "0 0 30 2 *" parses but never matches.
     let probe = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
     if timing.next(probe, 1).is_empty() {
-        return Err(ApiError::bad_request(format!(
+        return Err(Invalid::new(format!(
             "`expression` {} never matches a real date; check the day-of-month and month fields",
             crate::validate::shorten(&def.expression)
         )));
@@ -141,7 +142,7 @@ pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -> Resul
         .starting_deadline_ms
         .is_some_and(|d| !crate::validate::STARTING_DEADLINE_MS.contains(&d))
     {
-        return Err(ApiError::bad_request(
+        return Err(Invalid::new(
             "`starting_deadline_ms` must be between 1000 (1 s) and 604800000 (7 days), or absent for no deadline",
         ));
     }
@@ -157,7 +158,7 @@ pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -> Resul
         ..TaskSpec::default()
     };
     let task = spec.validate(tasks).map_err(|e| match e {
-        ApiError::BadRequest(m) => ApiError::BadRequest(format!("in `task`: {m}")),
+        Invalid::Value(m) => Invalid::Value(format!("in `task`: {m}")),
         other => other,
     })?;
     same_shard(&def.id, &task.group, shards)?;
@@ -173,7 +174,7 @@ pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -> Resul
 /// a group must live in the group's shard (its limit is one atomic check
 /// there). Refuses an id and a group in different shards, suggesting an id
 /// that fits.
-fn same_shard(id: &str, group: &str, shards: &ShardMap) -> Result<(), ApiError> {
+fn same_shard(id: &str, group: &str, shards: &ShardMap) -> Result<(), Invalid> {
     let n = shards.len();
     let home = |s: &str| shards.home(s);
     if n == 1 || group.is_empty() || home(id) == home(group) {
@@ -182,7 +183,7 @@ fn same_shard(id: &str, group: &str, shards: &ShardMap) -> Result<(), ApiError> 
     let fit = (1..10_000)
         .map(|k| format!("{id}-{k}"))
         .find(|c| c.len() <= 128 && home(c) == home(group));
-    Err(ApiError::bad_request(format!(
+    Err(Invalid::new(format!(
         "with redis.shards = {n} a schedule lives in the shard of its id and fires its task there, but the \
          task names the group `{group}`, whose tasks live in shard {}, and the id `{id}` is in shard {}: \
          use an id in the group's shard{}, or no group (docs/sharding.md)",

@@ -50,7 +50,8 @@ use utoipa::ToSchema;
 
 use self::scripts::{DeleteReply, Scripts, SetEnabledReply, TriggerReply, UpsertMode, UpsertReply};
 use crate::config::{SchedulesConfig, TasksConfig};
-use crate::error::ApiError;
+use crate::problem::Invalid;
+use crate::problem::{Classify, Kind};
 use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::{NewTask, TaskSpec};
 
@@ -96,17 +97,17 @@ pub enum ScheduleError {
     Store(#[from] StoreError),
 }
 
-impl From<ScheduleError> for ApiError {
-    fn from(e: ScheduleError) -> Self {
-        match e {
-            ScheduleError::NotFound(_) => ApiError::NotFound(e.to_string()),
-            ScheduleError::Overlap(ref task) => ApiError::conflict(e.to_string(), serde_json::json!({"task": task})),
+impl Classify for ScheduleError {
+    fn kind(&self) -> Kind {
+        match self {
+            ScheduleError::NotFound(_) => Kind::NotFound,
+            ScheduleError::Overlap(task) => Kind::Conflict(serde_json::json!({"task": task})),
             ScheduleError::Exists(_)
             | ScheduleError::InThisConfig(_)
             | ScheduleError::FromConfig(_)
             | ScheduleError::TooMany(_)
-            | ScheduleError::TooManyQueues(_) => ApiError::conflict(e.to_string(), serde_json::Value::Null),
-            ScheduleError::Store(s) => s.into(),
+            | ScheduleError::TooManyQueues(_) => Kind::Conflict(serde_json::Value::Null),
+            ScheduleError::Store(s) => s.kind(),
         }
     }
 }
@@ -213,7 +214,7 @@ impl Schedules {
     }
 
     /// Checks a definition against this node's task limits.
-    pub fn check(&self, def: &ScheduleDef) -> Result<Checked, ApiError> {
+    pub fn check(&self, def: &ScheduleDef) -> Result<Checked, Invalid> {
         check(def, &self.tasks, self.store.shards())
     }
 
@@ -334,7 +335,7 @@ impl Schedules {
                 }
             };
             let text = serde_json::to_string(def).unwrap_or_default();
-            let hash = crate::auth::hex(&<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
+            let hash = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
             match self.upsert(&c, UpsertMode::Config, &self.node_id, &hash).await? {
                 UpsertReply::TooMany => return Err(ScheduleError::TooMany(self.cfg.max_schedules)),
                 UpsertReply::Created { .. } | UpsertReply::Replaced { .. } => changed += 1,

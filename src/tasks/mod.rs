@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
-use crate::error::ApiError;
+use crate::problem::{Classify, Kind};
 use crate::store::{Code, ScriptCtx, Store, StoreError};
 
 pub use self::model::{
@@ -111,26 +111,22 @@ pub enum TaskError {
     Store(#[from] StoreError),
 }
 
-impl From<TaskError> for ApiError {
-    fn from(e: TaskError) -> Self {
-        match e {
-            TaskError::NotFound(_) => ApiError::NotFound(e.to_string()),
-            TaskError::RunAtTooFar { .. } | TaskError::CursorTooDeep => ApiError::bad_request(e.to_string()),
-            TaskError::Conflict {
-                message,
-                state,
-                attempt,
-            } => ApiError::conflict(message, serde_json::json!({"state": state, "attempt": attempt})),
-            TaskError::AliasTaken { ref holder, .. } => {
-                ApiError::conflict(e.to_string(), serde_json::json!({"holder": holder}))
+impl Classify for TaskError {
+    fn kind(&self) -> Kind {
+        match self {
+            TaskError::NotFound(_) => Kind::NotFound,
+            TaskError::RunAtTooFar { .. } | TaskError::CursorTooDeep => Kind::BadRequest,
+            TaskError::Conflict { state, attempt, .. } => {
+                Kind::Conflict(serde_json::json!({"state": state, "attempt": attempt}))
             }
+            TaskError::AliasTaken { holder, .. } => Kind::Conflict(serde_json::json!({"holder": holder})),
             TaskError::TooManyQueues(_)
             | TaskError::QueuesKeptForAdmin { .. }
             | TaskError::TooManyGroups(_)
             | TaskError::NodeNotAlive(_)
             | TaskError::NodeDraining(_)
-            | TaskError::NotOwner(_) => ApiError::conflict(e.to_string(), serde_json::Value::Null),
-            TaskError::Store(s) => s.into(),
+            | TaskError::NotOwner(_) => Kind::Conflict(serde_json::Value::Null),
+            TaskError::Store(s) => s.kind(),
         }
     }
 }

@@ -17,9 +17,11 @@ use crate::http::ApiJson;
 use crate::validate;
 
 mod admin;
+mod bulk;
 mod work;
 
 pub use admin::{CancelResponse, GroupList, GroupRequest, ListParams, PageParams, QueueDetail, QueueList};
+pub use bulk::{ALL_QUEUES, BulkRequest};
 pub use work::{
     AckRequest, ClaimRequest, ClaimResponse, CompleteBatch, CompleteBatchResponse, CompleteItem, CompleteOutcome,
     CompleteRequest, FailRequest, FinishedNext, HeartbeatRequest, HeartbeatResponse, NextRequest,
@@ -46,6 +48,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::list_dead))
         .routes(routes!(admin::list_groups))
         .routes(routes!(admin::put_group))
+        .merge(bulk::router())
 }
 
 /// The answer to a submit.
@@ -208,7 +211,7 @@ async fn submit_batch(
                 slots.push(i);
                 results.push(None);
             }
-            Err(e) => results.push(Some(item_error(&e))),
+            Err(e) => results.push(Some(item_error(&e.into()))),
         }
     }
     let room = s.tasks.config().queue_room(caller.role);
@@ -252,5 +255,5 @@ async fn submit_batch(
 }
 
 fn check_task_id(id: &str) -> Result<()> {
-    validate::id("task", id)
+    Ok(validate::id("task", id)?)
 }

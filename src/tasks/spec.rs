@@ -1,6 +1,7 @@
 //! Task options as the API takes them, and their validation.
 
 use super::*;
+use crate::problem::Invalid;
 
 /// Task options as the API takes them (shared by single and batch submit,
 /// and by workflows and schedules, which submit tasks too).
@@ -37,10 +38,10 @@ pub struct TaskSpec {
 
 impl TaskSpec {
     /// Validates and fills defaults.
-    pub fn validate(&self, cfg: &TasksConfig) -> Result<NewTask, ApiError> {
-        let payload = serde_json::to_string(&self.payload).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    pub fn validate(&self, cfg: &TasksConfig) -> Result<NewTask, Invalid> {
+        let payload = serde_json::to_string(&self.payload).map_err(|e| Invalid::new(e.to_string()))?;
         if payload.len() > cfg.max_payload_bytes {
-            return Err(ApiError::TooLarge(format!(
+            return Err(Invalid::TooLarge(format!(
                 "the payload is {} bytes; the limit is {} (tasks.max_payload_bytes)",
                 payload.len(),
                 cfg.max_payload_bytes
@@ -58,15 +59,15 @@ impl TaskSpec {
         let priority = self.priority.unwrap_or(0);
         crate::validate::in_range("priority", priority, &crate::validate::PRIORITY)?;
         if self.delay_ms.is_some() && self.run_at.is_some() {
-            return Err(ApiError::bad_request("give `delay_ms` or `run_at`, not both"));
+            return Err(Invalid::new("give `delay_ms` or `run_at`, not both"));
         }
         if self.delay_ms.is_some_and(|d| d > MAX_DELAY_MS) {
-            return Err(ApiError::bad_request("`delay_ms` must be at most one year"));
+            return Err(Invalid::new("`delay_ms` must be at most one year"));
         }
         // The one-year bound is checked by the enqueue script against Redis
         // time (G11); this only keeps out values no clock can be near.
         if self.run_at.is_some_and(|r| !(0..=MAX_RUN_AT).contains(&r)) {
-            return Err(ApiError::bad_request(
+            return Err(Invalid::new(
                 "`run_at` is milliseconds since the Unix epoch (Redis time), at most one year ahead",
             ));
         }
@@ -74,13 +75,13 @@ impl TaskSpec {
         crate::validate::in_range("max_attempts", max_attempts, &crate::validate::MAX_ATTEMPTS)?;
         let timeout_ms = self.timeout_ms.unwrap_or(0);
         if timeout_ms > crate::validate::TASK_TIMEOUT_MAX_MS {
-            return Err(ApiError::bad_request("`timeout_ms` must be at most 7 days"));
+            return Err(Invalid::new("`timeout_ms` must be at most 7 days"));
         }
         let base = self.backoff_base_ms.unwrap_or(cfg.backoff_base_ms);
         let cap = self.backoff_cap_ms.unwrap_or(cfg.backoff_cap_ms.max(base));
         let most = crate::validate::BACKOFF_MAX_MS;
         if base > most || cap > most || cap < base {
-            return Err(ApiError::bad_request(
+            return Err(Invalid::new(
                 "`backoff_base_ms` and `backoff_cap_ms` must be at most 24 h, with the cap at least the base",
             ));
         }

@@ -15,7 +15,7 @@ use tokio::sync::futures::Notified;
 use utoipa::ToSchema;
 
 use super::{ClaimResult, Claimed, NextClaim, NextClaimed, TaskError, Tasks};
-use crate::error::ApiError;
+
 use crate::events::QueueWaiter;
 
 /// The task(s) claimed next by a complete or fail that asked for them.
@@ -54,7 +54,7 @@ fn armed<'a>(waiter: &'a QueueWaiter<'_>) -> Pin<Box<Notified<'a>>> {
 
 /// Why a next claim failed, worded as the claim's own error would be.
 fn refusal(e: TaskError) -> String {
-    ApiError::from(e).to_string()
+    crate::problem::detail(&e)
 }
 
 impl Tasks {

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
-use crate::error::ApiError;
+use crate::problem::Invalid;
+use crate::problem::{Classify, Kind};
 use crate::store::shards::ShardMap;
 use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::TaskSpec;
@@ -106,17 +107,15 @@ pub enum WorkflowError {
     Store(#[from] StoreError),
 }
 
-impl From<WorkflowError> for ApiError {
-    fn from(e: WorkflowError) -> Self {
-        match e {
-            WorkflowError::NotFound(_) => ApiError::NotFound(e.to_string()),
-            WorkflowError::Finished(_, ref state) => {
-                ApiError::conflict(e.to_string(), serde_json::json!({"state": state}))
-            }
+impl Classify for WorkflowError {
+    fn kind(&self) -> Kind {
+        match self {
+            WorkflowError::NotFound(_) => Kind::NotFound,
+            WorkflowError::Finished(_, state) => Kind::Conflict(serde_json::json!({"state": state})),
             WorkflowError::TooManyQueues(_) | WorkflowError::QueuesKeptForAdmin { .. } => {
-                ApiError::conflict(e.to_string(), serde_json::Value::Null)
+                Kind::Conflict(serde_json::Value::Null)
             }
-            WorkflowError::Store(s) => s.into(),
+            WorkflowError::Store(s) => s.kind(),
         }
     }
 }
@@ -184,28 +183,25 @@ pub struct Workflows {
 /// Validates a workflow: sizes, names, task options, unique keys, known
 /// dependencies, and no cycle (the error names one); places it in a shard
 /// of `shards` (see [`shard_of`]) and draws its ids there.
-pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Plan, ApiError> {
+pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Plan, Invalid> {
     if w.tasks.is_empty() || w.tasks.len() > MAX_TASKS {
-        return Err(ApiError::bad_request(format!(
-            "`tasks` must hold 1 to {MAX_TASKS} tasks"
-        )));
+        return Err(Invalid::new(format!("`tasks` must hold 1 to {MAX_TASKS} tasks")));
     }
     if let Some(k) = &w.idempotency_key {
         crate::validate::opaque_key("idempotency_key", k)?;
     }
     let mut index: HashMap<&str, usize> = HashMap::new();
     for (i, t) in w.tasks.iter().enumerate() {
-        crate::validate::name("key", &t.key).map_err(|e| ApiError::bad_request(format!("task {i}: {e}")))?;
-        crate::validate::name("queue", &t.queue)
-            .map_err(|e| ApiError::bad_request(format!("task `{}`: {e}", t.key)))?;
+        crate::validate::name("key", &t.key).map_err(|e| Invalid::new(format!("task {i}: {e}")))?;
+        crate::validate::name("queue", &t.queue).map_err(|e| Invalid::new(format!("task `{}`: {e}", t.key)))?;
         if index.insert(&t.key, i).is_some() {
-            return Err(ApiError::bad_request(format!(
+            return Err(Invalid::new(format!(
                 "the key `{}` is used twice; keys must be unique",
                 t.key
             )));
         }
         if t.depends_on.len() > MAX_DEPS {
-            return Err(ApiError::bad_request(format!(
+            return Err(Invalid::new(format!(
                 "task `{}` has more than {MAX_DEPS} dependencies",
                 t.key
             )));
@@ -216,13 +212,13 @@ pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Pla
     for (i, t) in w.tasks.iter().enumerate() {
         for d in &t.depends_on {
             let Some(&j) = index.get(d.as_str()) else {
-                return Err(ApiError::bad_request(format!(
+                return Err(Invalid::new(format!(
                     "task `{}` depends on `{d}`, which is not in the workflow",
                     t.key
                 )));
             };
             if j == i {
-                return Err(ApiError::bad_request(format!(
+                return Err(Invalid::new(format!(
                     "cycle: {0} -> {0} (a task cannot depend on itself)",
                     t.key
                 )));
@@ -233,7 +229,7 @@ pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Pla
     }
     if let Some(cycle) = find_cycle(&deps) {
         let names: Vec<&str> = cycle.iter().map(|&i| w.tasks[i].key.as_str()).collect();
-        return Err(ApiError::bad_request(format!("cycle: {}", names.join(" -> "))));
+        return Err(Invalid::new(format!("cycle: {}", names.join(" -> "))));
     }
     let shard = shard_of(w, shards)?;
     let id = shards.new_id(shard);
@@ -252,11 +248,7 @@ pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Pla
             backoff_base_ms: t.backoff_base_ms,
             backoff_cap_ms: t.backoff_cap_ms,
         };
-        let v = spec.validate(cfg).map_err(|e| match e {
-            ApiError::BadRequest(m) => ApiError::BadRequest(format!("task `{}`: {m}", t.key)),
-            ApiError::TooLarge(m) => ApiError::TooLarge(format!("task `{}`: {m}", t.key)),
-            other => other,
-        })?;
+        let v = spec.validate(cfg).map_err(|e| e.within(&format!("task `{}`", t.key)))?;
         let json = serde_json::json!({
             "id": shards.new_id(shard),
             "queue": t.queue,
@@ -292,7 +284,7 @@ pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Pla
 /// shard of the groups its steps name, which must all be in one shard (a
 /// group's tasks live in its shard, for its limit to be one atomic check);
 /// else the shard of its idempotency key, so a replay finds it; else any.
-fn shard_of(w: &NewWorkflow, shards: &ShardMap) -> Result<usize, ApiError> {
+fn shard_of(w: &NewWorkflow, shards: &ShardMap) -> Result<usize, Invalid> {
     let mut homes: BTreeMap<usize, &str> = BTreeMap::new();
     for t in &w.tasks {
         if let Some(g) = t.group.as_deref().filter(|g| !g.is_empty()) {
@@ -310,7 +302,7 @@ fn shard_of(w: &NewWorkflow, shards: &ShardMap) -> Result<usize, ApiError> {
                 .iter()
                 .map(|(shard, g)| format!("`{g}` (shard {shard})"))
                 .collect();
-            Err(ApiError::bad_request(format!(
+            Err(Invalid::new(format!(
                 "the steps name concurrency groups in different shards of this namespace ({}): a workflow's \
                  tasks live in one shard, and a group's tasks in the group's; use groups of one shard \
                  (redis.shards, docs/sharding.md)",
@@ -368,7 +360,7 @@ impl Workflows {
     }
 
     /// Validates `w` and places it in a shard of this namespace ([`plan`]).
-    pub fn plan(&self, w: &NewWorkflow) -> Result<Plan, ApiError> {
+    pub fn plan(&self, w: &NewWorkflow) -> Result<Plan, Invalid> {
         plan(w, &self.tasks, self.store.shards())
     }
 
@@ -625,7 +617,7 @@ mod tests {
         }
     }
 
-    fn check(tasks: Vec<WorkflowTaskSpec>) -> Result<Plan, ApiError> {
+    fn check(tasks: Vec<WorkflowTaskSpec>) -> Result<Plan, Invalid> {
         plan(
             &NewWorkflow {
                 tasks,

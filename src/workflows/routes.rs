@@ -30,7 +30,7 @@ pub struct CreatedWorkflow {
 }
 
 fn check_id(id: &str) -> Result<()> {
-    crate::validate::id("workflow", id)
+    Ok(crate::validate::id("workflow", id)?)
 }
 
 /// Starts a workflow: a DAG of tasks. Tasks without dependencies are queued

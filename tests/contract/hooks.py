@@ -3,7 +3,7 @@
 The `Durability` header is left out (see below). Nothing else is changed:
 integral floats (`3.0`), which JSON Schema counts as integers, reach the
 server as generated and are read as the integers they are
-(src/http/lenient.rs).
+(src/lenient.rs).
 """
 
 import schemathesis

@@ -296,7 +296,7 @@ pub(super) async fn put_group(
     validate::name("group", &group)?;
     let hint = |m: String| format!("{m}; {GROUP_BODY}");
     let req: GroupRequest = match body {
-        Ok(OptJson(Some(v))) => GroupRequest::deserialize(crate::http::lenient::value(v))
+        Ok(OptJson(Some(v))) => GroupRequest::deserialize(crate::lenient::value(v))
             .map_err(|e| ApiError::bad_request(hint(e.to_string())))?,
         Ok(OptJson(None)) => return Err(ApiError::bad_request(hint("the body is missing".into()))),
         Err(ApiError::BadRequest(m)) => return Err(ApiError::BadRequest(hint(m))),

@@ -325,9 +325,9 @@ struct Wrapped {
 fn parse_batch(body: &RawValue) -> Result<Vec<CompleteItem>> {
     let text = body.get().trim_start();
     let parsed = if text.starts_with('[') {
-        crate::http::lenient::from_str::<Vec<CompleteItem>>(text)
+        crate::lenient::from_str::<Vec<CompleteItem>>(text)
     } else {
-        crate::http::lenient::from_str::<Wrapped>(text).map(|w| w.tasks)
+        crate::lenient::from_str::<Wrapped>(text).map(|w| w.tasks)
     };
     parsed.map_err(|e| {
         ApiError::bad_request(format!(
