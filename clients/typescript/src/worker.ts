@@ -32,8 +32,10 @@
  *   then the worker adopts (below). A told handler's outcome is still sent
  *   with its token: it counts if the task was not recovered meanwhile.
  * - A cancel request (seen on a task heartbeat) aborts the signal with
- *   `cancel_requested`; when the handler settles the task is finished with
- *   `fail`, which muster turns into `cancelled`.
+ *   `cancel_requested`. A handler that then throws fails the task without
+ *   retry, which muster records as `cancelled`; one that returns completes
+ *   it with its result: the work happened (as the Rust and Python workers,
+ *   docs/workers.md).
  * - A handler that throws fails the task: retried by the server while
  *   attempts are left (`throw new Fail(msg, { retry: false })`: dead at once).
  * - Transient errors (connection errors, timeouts, 5xx) are retried across
@@ -106,7 +108,8 @@ export class TaskContext {
   /**
    * Why `signal` aborted: `stale` (409 or 404: the task is no longer ours,
    * the result will be dropped), `cancel_requested` (someone cancelled the
-   * task: it ends cancelled), `lease_expired` (the worker reached no node
+   * task: stop and throw, e.g. `signal.throwIfAborted()`, and it ends
+   * cancelled; return and it completes), `lease_expired` (the worker reached no node
    * for its ttl less the margin: stop; the outcome is still sent and counts
    * only if the task was not recovered), or `shutdown` (the grace period
    * ran out: the task was handed back).
@@ -146,7 +149,7 @@ export interface WorkerStats {
   claimed: number;
   completed: number;
   failed: number;
-  /** Finished with fail after a cancel request (the task ends cancelled). */
+  /** Failed after a cancel request (the task ends cancelled; one whose handler returned counts as completed). */
   cancelled: number;
   /** Results dropped because the token was stale (409/404). */
   stale: number;
@@ -660,6 +663,7 @@ export class Worker {
             // Applied on a try whose answer was lost; the retry saw 409.
             this.adoptSoon(); // that answer may have carried a next task
             if (kind === "complete") this.stats.completed += 1;
+            else if (ctx.reason === "cancel_requested") this.stats.cancelled += 1;
             else this.stats.failed += 1;
             return;
           }
@@ -718,10 +722,9 @@ export class Worker {
         this.log(`task ${task.id}: result dropped (${ctx.reason})`);
         return;
       }
-      if (ctx.reason === "cancel_requested") {
-        await this.finish("fail", task, ctx, "cancel requested", false);
-      } else if (threw) {
-        const retry = !(error instanceof Fail) || error.retry;
+      if (threw) {
+        // After a cancel request never retried: the server records it cancelled.
+        const retry = ctx.reason !== "cancel_requested" && (!(error instanceof Fail) || error.retry);
         const msg = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
         await this.finish("fail", task, ctx, msg, retry);
       } else {
