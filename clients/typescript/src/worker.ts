@@ -203,6 +203,24 @@ class Flag {
   clear(): void {
     this.on = false;
   }
+  /**
+   * Resolves once this flag or `other` is set, and leaves no waiter on
+   * either (racing two `wait()`s would leave one behind on the flag that
+   * stayed unset: one per loop turn, for as long as the worker runs).
+   */
+  waitEither(other: Flag): Promise<void> {
+    if (this.on || other.on) return Promise.resolve();
+    return new Promise((resolve) => {
+      const w = (): void => {
+        this.waiters.delete(w);
+        other.waiters.delete(w);
+        resolve();
+      };
+      this.waiters.add(w);
+      other.waiters.add(w);
+    });
+  }
+
   /** Resolves true once set, false after `ms` (if given). */
   wait(ms?: number): Promise<boolean> {
     if (this.on) return Promise.resolve(true);
@@ -435,13 +453,13 @@ export class Worker {
     while (!this.stopping.isSet) {
       if (!this.leaseOk()) {
         // Nothing is claimed while the worker's own lease has lapsed.
-        await Promise.race([this.leaseHolds.wait(), this.stopping.wait()]);
+        await this.leaseHolds.waitEither(this.stopping);
         continue;
       }
       const free = this.concurrency - this.running.size;
       if (free <= 0) {
         this.slotFreed.clear();
-        await Promise.race([this.slotFreed.wait(), this.stopping.wait()]);
+        await this.slotFreed.waitEither(this.stopping);
         continue;
       }
       this.reserved = Math.min(this.batch, free);
