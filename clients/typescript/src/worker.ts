@@ -101,11 +101,6 @@ export class TaskContext {
   readonly task: ClaimedTask;
   readonly workerId: string;
   /**
-   * Aborts when the handler should stop: see `reason`. Pass it to fetch,
-   * timers and child processes, or check `signal.aborted`.
-   */
-  readonly signal: AbortSignal;
-  /**
    * Why `signal` aborted: `stale` (409 or 404: the task is no longer ours,
    * the result will be dropped), `cancel_requested` (someone cancelled the
    * task: stop and throw, e.g. `signal.throwIfAborted()`, and it ends
@@ -117,16 +112,25 @@ export class TaskContext {
   reason: CancelReason | undefined;
   /** @internal */ pending: { progress?: number | undefined; fields?: Record<string, unknown> | undefined } = {};
   /** @internal */ reported = "";
-  private readonly ac = new AbortController();
+  /** Made when first asked for: most handlers of short tasks never look. */
+  private ac: AbortController | undefined;
 
   constructor(task: ClaimedTask, workerId: string) {
     this.task = task;
     this.workerId = workerId;
-    this.signal = this.ac.signal;
+  }
+
+  /**
+   * Aborts when the handler should stop: see `reason`. Pass it to fetch,
+   * timers and child processes, or check `signal.aborted`.
+   */
+  get signal(): AbortSignal {
+    this.ac ??= new AbortController();
+    return this.ac.signal;
   }
 
   get cancelled(): boolean {
-    return this.signal.aborted;
+    return this.reason !== undefined;
   }
 
   /** Reports progress (0-100) and optional fields with the next heartbeat. */
@@ -138,7 +142,7 @@ export class TaskContext {
   /** @internal */
   cancel(reason: CancelReason): void {
     if (this.reason === undefined || reason === "stale") this.reason = reason;
-    if (!this.ac.signal.aborted) this.ac.abort(new TaskCancelled(reason));
+    if (!this.signal.aborted) this.ac?.abort(new TaskCancelled(reason));
   }
 }
 
@@ -624,13 +628,11 @@ export class Worker {
 
   // ---- one task ---------------------------------------------------------------
 
+  /** Heartbeats now and every `heartbeatMs` until `stop` aborts (or the token is stale). */
   private async heartbeatTask(task: ClaimedTask, ctx: TaskContext, stop: AbortSignal): Promise<void> {
-    // The first heartbeat acknowledges the claim: by a third of its lease.
-    let every = firstHeartbeat(this.heartbeatMs, task.ack_ms);
-    for (;;) {
-      await sleep(every, stop);
+    for (let first = true; ; first = false) {
+      if (!first) await sleep(this.heartbeatMs, stop);
       if (stop.aborted) return;
-      every = this.heartbeatMs;
       const { progress, fields } = ctx.pending;
       const key = JSON.stringify([progress, fields]);
       const send = key !== ctx.reported;
@@ -720,8 +722,16 @@ export class Worker {
   private async runOne(task: ClaimedTask, ctx: TaskContext): Promise<void> {
     // Let start() record the task before anything here can settle.
     await Promise.resolve();
-    const beatStop = new AbortController();
-    const beat = this.heartbeatTask(task, ctx, beatStop.signal);
+    // The first heartbeat acknowledges the claim: by a third of its lease.
+    // The loop starts only if the handler still runs then, so a task that
+    // finishes sooner costs one timer and no request (its complete is its
+    // acknowledgement).
+    let beatStop: AbortController | undefined;
+    let beat: Promise<void> | undefined;
+    const firstBeat = setTimeout(() => {
+      beatStop = new AbortController();
+      beat = this.heartbeatTask(task, ctx, beatStop.signal);
+    }, firstHeartbeat(this.heartbeatMs, task.ack_ms));
     try {
       let value: unknown;
       let error: unknown;
@@ -732,8 +742,9 @@ export class Worker {
         threw = true;
         error = e;
       } finally {
-        beatStop.abort();
-        await beat.catch(() => undefined);
+        clearTimeout(firstBeat);
+        beatStop?.abort();
+        await beat?.catch(() => undefined);
       }
       if (ctx.reason === "stale" || ctx.reason === "shutdown") {
         if (ctx.reason === "stale") this.stats.stale += 1;
