@@ -173,25 +173,37 @@ class Conn {
     }
   }
 
-  /** The head of an answer; undefined for an interim 1xx one. */
+  /**
+   * The head of an answer; undefined for an interim 1xx one. Scans for the
+   * three headers it needs without splitting or lower-casing the others
+   * (this runs once per task).
+   */
   private parseHead(text: string): Head | undefined {
-    const lines = text.split("\r\n");
-    const m = /^HTTP\/1\.([01]) (\d{3})(?: (.*))?$/.exec(lines[0] ?? "");
-    if (!m) throw new Error(`malformed status line: ${JSON.stringify((lines[0] ?? "").slice(0, 80))}`);
-    const status = Number(m[2]);
+    let eol = text.indexOf("\r\n");
+    if (eol < 0) eol = text.length;
+    // "HTTP/1.1 200 OK"
+    const code = text.charCodeAt(7);
+    const status = Number(text.slice(9, 12));
+    if (!text.startsWith("HTTP/1.") || (code !== 48 && code !== 49) || text.charCodeAt(8) !== 32 || !(status >= 100 && status <= 999)) {
+      throw new Error(`malformed status line: ${JSON.stringify(text.slice(0, Math.min(eol, 80)))}`);
+    }
     if (status < 200) return undefined;
+    const statusText = text.slice(13, eol);
     let length = -1;
     let chunked = false;
-    let close = m[1] === "0";
-    for (let i = 1; i < lines.length; i++) {
-      const line = lines[i] as string;
-      const colon = line.indexOf(":");
-      if (colon <= 0) throw new Error("malformed header line");
-      const name = line.slice(0, colon).trim().toLowerCase();
-      const value = line.slice(colon + 1).trim().toLowerCase();
+    let close = code === 48; // HTTP/1.0
+    for (let at = eol + 2; at < text.length; at = eol + 2) {
+      eol = text.indexOf("\r\n", at);
+      if (eol < 0) eol = text.length;
+      const colon = text.indexOf(":", at);
+      if (colon <= at || colon > eol) throw new Error("malformed header line");
+      const n = colon - at;
+      if (n !== 14 && n !== 17 && n !== 10) continue;
+      const name = text.slice(at, colon).toLowerCase();
+      const value = text.slice(colon + 1, eol).trim().toLowerCase();
       if (name === "content-length") {
         length = Number(value);
-        if (!Number.isSafeInteger(length) || length < 0) throw new Error("malformed content-length");
+        if (!Number.isSafeInteger(length) || length < 0 || value === "") throw new Error("malformed content-length");
       } else if (name === "transfer-encoding") {
         chunked = value.split(",").pop()?.trim() === "chunked";
       } else if (name === "connection") {
@@ -200,9 +212,9 @@ class Conn {
       }
     }
     const method = (this.pending as Pending).method;
-    if (method === "HEAD" || status === 204 || status === 304) return { status, statusText: m[3] ?? "", length: 0, chunked: false, close };
+    if (method === "HEAD" || status === 204 || status === 304) return { status, statusText, length: 0, chunked: false, close };
     if (chunked) length = -1;
-    return { status, statusText: m[3] ?? "", length, chunked, close: close || (length < 0 && !chunked) };
+    return { status, statusText, length, chunked, close: close || (length < 0 && !chunked) };
   }
 
   private onBody(d: Buffer): void {
