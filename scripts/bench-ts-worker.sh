@@ -7,8 +7,9 @@
 # in one Node process, batch 1, claimNext). Both warm up on 2 000 tasks, then
 # drain TASKS no-op tasks with the same payload, queued before the clock
 # starts, so the rates differ only by what drains them. Prints each round
-# with the load average before it, and the median of each side and their
-# ratio (the machine may be shared: compare within a run).
+# with the load average before it, the median of each side and their ratio,
+# and the median and quartiles of the per-round ratios (each round's two runs
+# are back to back: on a shared machine those compare best).
 #
 # usage: scripts/bench-ts-worker.sh [muster binary] [tasks] [workers] [rounds]
 #   e.g. cargo build --release && scripts/bench-ts-worker.sh target/release/muster 10000 8 5
@@ -38,5 +39,9 @@ import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
 raw = statistics.median(float(r[1]) for r in rows)
 ts = statistics.median(float(r[2]) for r in rows)
+ratios = sorted(float(r[2]) / float(r[1]) for r in rows)
 print(f"median: raw HTTP (muster bench) {raw:6.0f} tasks/s, TypeScript Worker {ts:6.0f} tasks/s ({100 * ts / raw:.0f} % of raw)")
+if len(ratios) >= 4:
+    q = statistics.quantiles(ratios, n=4)
+    print(f"per-round ratio: median {100 * statistics.median(ratios):.0f} %, quartiles {100 * q[0]:.0f} % to {100 * q[2]:.0f} %")
 PY
