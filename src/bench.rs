@@ -48,6 +48,11 @@ pub struct BenchOptions {
     /// and claiming up to `batch` tasks per call (the handler returns at
     /// once), so the difference to a raw run is what the library costs.
     pub via_worker: bool,
+    /// Queue every task before the peak phase's clock starts (batch
+    /// submits), so its rate is the drain's alone: no submit shares the
+    /// node while the workers run. For comparing drains (a worker library
+    /// against raw calls); phase 2 ignores it.
+    pub prefill: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -62,6 +67,8 @@ pub struct Latency {
 pub struct BenchReport {
     /// `http` (raw REST calls) or `worker` (the Worker library).
     pub via: String,
+    /// Whether the tasks were queued before the clock started (`--prefill`).
+    pub prefill: bool,
     pub tasks: usize,
     pub workers: usize,
     pub batch: usize,
@@ -219,6 +226,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let mut rconn = redis_client.get_multiplexed_async_connection().await?;
     let mut report = BenchReport {
         via: if opts.via_worker { "worker" } else { "http" }.into(),
+        prefill: opts.prefill,
         tasks: opts.tasks,
         workers: opts.workers,
         batch: opts.batch,
@@ -304,11 +312,27 @@ async fn phase(
     let failed = Arc::new(AtomicBool::new(false));
     let claim_ms: Arc<Mutex<Vec<f64>>> = Arc::default();
     let finished_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let payload = json!({"kind": "bench", "data": "x".repeat(64)});
+    let prefill = opts.prefill && rate.is_none();
+    if prefill {
+        let mut round = 0;
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(1000);
+            let queue = &queues[round % queues.len()];
+            round += 1;
+            let tasks: Vec<Value> = (0..k).map(|_| json!({"payload": payload})).collect();
+            let (s, b) = client
+                .post(&format!("/api/v1/queues/{queue}/tasks/batch"), &json!({"tasks": tasks}))
+                .await?;
+            anyhow::ensure!(s == 200, "prefill failed: {s} {b}");
+            left -= k;
+        }
+    }
     let start = Instant::now();
     let mut handles = Vec::new();
     let per_producer = n.div_ceil(opts.producers.max(1));
-    let payload = json!({"kind": "bench", "data": "x".repeat(64)});
-    for p in 0..opts.producers.max(1) {
+    for p in (0..opts.producers.max(1)).filter(|_| !prefill) {
         let client = client.clone();
         let submitted = submitted.clone();
         let failed = failed.clone();
@@ -559,8 +583,14 @@ async fn redis_benchmark(conn: &mut redis::aio::MultiplexedConnection, url: &str
 pub fn render(r: &BenchReport) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "tasks {}  workers {}  batch {}  via {}  Redis {} at {}\n",
-        r.tasks, r.workers, r.batch, r.via, r.redis_version, r.redis_address
+        "tasks {}  workers {}  batch {}  via {}{}  Redis {} at {}\n",
+        r.tasks,
+        r.workers,
+        r.batch,
+        r.via,
+        if r.prefill { "  prefilled" } else { "" },
+        r.redis_version,
+        r.redis_address
     ));
     s.push_str(&format!(
         "peak:       {:>9.0} tasks/s ({:.2} s)\n",

@@ -225,6 +225,11 @@ struct BenchArgs {
     /// handlers at once), to see what the library costs.
     #[arg(long, default_value = "http", value_parser = ["http", "worker"])]
     via: String,
+    /// Queue every task before the clock starts, so the peak rate is the
+    /// drain's alone (no submits share the node meanwhile): for comparing
+    /// worker libraries against raw calls.
+    #[arg(long)]
+    prefill: bool,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -475,6 +480,7 @@ async fn bench(a: BenchArgs) -> ExitCode {
         skip_baseline: a.no_baseline,
         claim_next: !a.no_next,
         via_worker: a.via == "worker",
+        prefill: a.prefill,
     };
     match muster::bench::run(opts).await {
         Ok(report) => {

@@ -39,7 +39,8 @@
 //! - **Cancel requests.** When a heartbeat says a cancel was requested, the
 //!   handler's token is cancelled ([`CancelReason::CancelRequested`]); an
 //!   `Err` from it then fails the task without retry, which the server
-//!   records as cancelled.
+//!   records as cancelled, and an `Ok` completes it with its result (the
+//!   work happened). The Python and TypeScript workers do the same.
 //! - **Transient errors** (a node down, 503, timeouts) are retried with
 //!   backoff across the client's URLs; a complete or fail is retried until
 //!   it is applied, refused (409) or the worker is stopped hard.

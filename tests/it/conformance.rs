@@ -14,12 +14,6 @@
 //! `kill_node` crashes an in-process node (`Running::kill`: its server and
 //! loops stop at once, without leaving), which is what SIGKILL does to a
 //! node process.
-//!
-//! One difference from the Python and TypeScript runners: those workers
-//! fail a task whose cancel was requested whatever the handler returns; the
-//! Rust worker completes it if the handler returns `Ok` (its documented
-//! contract: return an `Err` after [`CancelReason::CancelRequested`] and the
-//! task ends cancelled). The scripted handler here does so.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -131,10 +125,8 @@ async fn scripted(task: Task, ctx: Ctx, note: Arc<dyn Fn(Value) + Send + Sync>) 
             _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
         }
     }
-    if ctx.cancel_reason() == Some(CancelReason::CancelRequested) {
-        // The Rust worker's contract: an Err after a cancel request ends the
-        // task cancelled (an Ok would complete it).
-        return Err("cancel requested".into());
+    if ctx.cancel_reason() == Some(CancelReason::CancelRequested) && p["on_cancel"] != json!("return") {
+        return Err("stopped on a cancel request".into());
     }
     Ok(json!({"echo": p["echo"], "attempt": task.attempt, "by": ctx.worker_id()}))
 }

@@ -24,6 +24,8 @@ def scripted_handler(note: Callable[[dict[str, Any]], None]) -> Callable[[Claime
                 note({"event": "aborted", "task": task.id, "attempt": task.attempt, "reason": ctx.reason})
         if isinstance(p.get("sleep_ms"), int):
             ctx.cancelled.wait(p["sleep_ms"] / 1000)
+        if ctx.reason == "cancel_requested" and p.get("on_cancel") != "return":
+            raise RuntimeError("stopped on a cancel request")
         return {"echo": p.get("echo"), "attempt": task.attempt, "by": ctx.worker_id}
 
     return handler

@@ -9,7 +9,8 @@
   claimed, the process exits and its registration lapses.
 - A stale token (the task timed out) tells the handler (ctx.reason
   "stale") and drops its result instead of completing twice.
-- A cancel request tells the handler and the task ends cancelled.
+- A cancel request tells the handler; the task ends cancelled if the
+  handler then raises, and succeeded with its result if it returns.
 - A worker cut from every node for twice its ttl tells its handlers
   (`lease_expired`) before another worker gets their tasks.
 """
@@ -265,25 +266,34 @@ def test_stale_token_at_complete_drops_the_result(cluster: Cluster, queue: str) 
 
 
 def test_cancel_request_reaches_handler(cluster: Cluster, queue: str) -> None:
+    """A handler told of a cancel request that raises ends its task
+    cancelled (no retry); one that returns completes it (the work happened)."""
     reasons: list[str | None] = []
 
     async def handler(task: ClaimedTask, ctx: TaskContext) -> str:
         await asyncio.wait_for(ctx.wait_cancelled(), 15)
         reasons.append(ctx.reason)
-        return "ignored"
+        if task.payload == "stop":
+            raise RuntimeError("stopped on request")
+        return "done anyway"
 
     with Client(cluster.urls, ADMIN_TOKEN) as c:
-        sub = c.submit(queue, "x")
         w = Worker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-cancel", poll_ms=300,
                    heartbeat_every=0.2)
         th = run_in_thread(w)
-        wait_until("the task runs", lambda: c.get_task(sub.id).state == "running")
-        assert c.cancel(sub.id).cancel_requested
-        task = c.wait_for_result(sub.id, timeout=10)
+        outcomes = []
+        for payload in ("stop", "finish"):
+            sub = c.submit(queue, payload, max_attempts=3)
+            wait_until("the task runs", lambda: c.get_task(sub.id).state == "running")
+            assert c.cancel(sub.id).cancel_requested
+            outcomes.append(c.wait_for_result(sub.id, timeout=10))
         w.stop()
         th.join(10)
-        assert reasons == ["cancel_requested"]
-        assert task.state == "cancelled" and w.stats.cancelled == 1
+        stopped, finished = outcomes
+        assert reasons == ["cancel_requested", "cancel_requested"]
+        assert stopped.state == "cancelled" and stopped.attempts == 1
+        assert finished.state == "succeeded" and finished.result == "done anyway"
+        assert w.stats.cancelled == 1 and w.stats.completed == 1
 
 
 def test_a_claim_whose_answer_was_lost_is_adopted_once(cluster: Cluster, queue: str) -> None:

@@ -29,9 +29,13 @@ export interface NextClaim {
   ackMs?: number;
 }
 
-function nextBody(n: NextClaim | undefined): Record<string, unknown> | undefined {
-  if (!n) return undefined;
-  return drop({ max: n.max, queue: n.queue, wait_ms: n.waitMs, ack_ms: n.ackMs });
+function nextBody(n: NextClaim): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  if (n.max !== undefined) out["max"] = n.max;
+  if (n.queue !== undefined) out["queue"] = n.queue;
+  if (n.waitMs !== undefined) out["wait_ms"] = n.waitMs;
+  if (n.ackMs !== undefined) out["ack_ms"] = n.ackMs;
+  return out;
 }
 
 /** Task states after which nothing more happens to a task. */
@@ -201,10 +205,11 @@ export class Client {
 
   /** Completes a task with its token; `next` claims the worker's next task(s) in the same call. */
   complete(id: string, token: number, result?: unknown, next?: NextClaim): Promise<M.Finished> {
-    return this.call("POST", `/api/v1/tasks/${seg(id)}/complete`, {
-      json: drop({ token, result, next: nextBody(next) }),
-      waitMs: next?.waitMs ?? 0,
-    });
+    // Built by hand, not with drop(): a worker sends one per task.
+    const body: { token: number; result?: unknown; next?: Record<string, unknown> } = { token };
+    if (result !== undefined && result !== null) body.result = result;
+    if (next) body.next = nextBody(next);
+    return this.call("POST", `/api/v1/tasks/${seg(id)}/complete`, { json: body, waitMs: next?.waitMs ?? 0 });
   }
 
   /** Completes several tasks: per-item results. */
@@ -219,7 +224,7 @@ export class Client {
    */
   fail(id: string, token: number, error = "", o: { retry?: boolean; next?: NextClaim } = {}): Promise<M.Finished> {
     return this.call("POST", `/api/v1/tasks/${seg(id)}/fail`, {
-      json: drop({ token, error, retry: o.retry ?? true, next: nextBody(o.next) }),
+      json: drop({ token, error, retry: o.retry ?? true, next: o.next ? nextBody(o.next) : undefined }),
       waitMs: o.next?.waitMs ?? 0,
     });
   }

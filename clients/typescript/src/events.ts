@@ -86,6 +86,14 @@ export async function openSocket(
   let listener: ((t: string) => void) | undefined;
   let closedResolve!: () => void;
   const closed = new Promise<void>((r) => (closedResolve = r));
+  // Before the open: `ws` emits the messages that came with the upgrade's
+  // answer (a `since` replay does) right after `open`, in the same tick,
+  // before the code after the await below runs.
+  ws.onmessage = (ev) => {
+    const text = typeof ev.data === "string" ? ev.data : String(ev.data);
+    if (listener) listener(text);
+    else buffered.push(text);
+  };
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => {
       ws.close();
@@ -124,11 +132,6 @@ export async function openSocket(
       });
     });
   });
-  ws.onmessage = (ev) => {
-    const text = typeof ev.data === "string" ? ev.data : String(ev.data);
-    if (listener) listener(text);
-    else buffered.push(text);
-  };
   ws.onerror = () => undefined;
   ws.onclose = () => closedResolve();
   return {

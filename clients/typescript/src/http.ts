@@ -13,6 +13,7 @@
  */
 
 import { ConnectError, MusterError, errorFor, type Problem } from "./errors.js";
+import { Wire, checkHeaders, target, type Raw, type Target } from "./wire.js";
 
 export interface TransportOptions {
   /** A bearer token (docs/configuration.md: its role must allow the calls). */
@@ -85,10 +86,15 @@ export class Transport {
   /** Requests sent to another URL after an error (for tests and metrics). */
   failovers = 0;
   private current = 0;
+  /** `urls`, parsed once. */
+  private readonly targets: Target[];
+  /** Keep-alive connections to `urls` (wire.ts says why not fetch). */
+  private readonly wire = new Wire();
 
   constructor(urls: string | readonly string[], opts: TransportOptions = {}) {
     this.urls = (typeof urls === "string" ? [urls] : [...urls]).map((u) => u.replace(/\/+$/, ""));
     if (this.urls.length === 0) throw new Error("at least one node URL is needed");
+    this.targets = this.urls.map(target);
     this.token = opts.token;
     this.timeoutMs = opts.timeoutMs ?? 10_000;
     this.retryForMs = opts.retryForMs ?? 30_000;
@@ -118,6 +124,7 @@ export class Transport {
     const deadline = Date.now() + (o.retryForMs ?? this.retryForMs);
     const perTry = (o.timeoutMs ?? this.timeoutMs) + (o.waitMs ?? 0);
     const headers = this.headers(o.headers);
+    checkHeaders(headers);
     let body: string | undefined;
     if (o.json !== undefined) {
       body = JSON.stringify(o.json);
@@ -127,27 +134,21 @@ export class Transport {
     let delay = this.backoffBaseMs;
     let failedInRow = 0;
     for (;;) {
-      const url = this.url + path + q;
+      const to = this.targets[this.current] as Target;
+      const url = to.url + path + q;
       let err: MusterError;
-      const ac = new AbortController();
-      const timer = setTimeout(() => ac.abort(new Error(`timed out after ${perTry} ms`)), perTry);
-      const onAbort = (): void => ac.abort(o.signal?.reason);
-      o.signal?.addEventListener("abort", onAbort, { once: true });
       try {
-        const resp = await fetch(url, { method, headers, body, signal: ac.signal });
-        const text = await resp.text();
+        if (o.signal?.aborted) throw o.signal.reason;
+        const resp = await this.wire.request(to, method, path + q, headers, body, perTry, o.signal);
         if (resp.status < 400) {
-          return { status: resp.status, text, body: text ? parseJson(text) : undefined };
+          return { status: resp.status, text: resp.text, body: resp.text ? parseJson(resp.text) : undefined };
         }
-        err = errorFor(resp.status, problemOf(resp, text), method, url);
+        err = errorFor(resp.status, problemOf(resp, resp.text), method, url);
         if (resp.status < 500) throw err;
       } catch (e) {
         if (e instanceof MusterError && e.status < 500) throw e;
         if (o.signal?.aborted) throw o.signal.reason ?? e;
         err = e instanceof MusterError ? e : new ConnectError(describe(e), method, url);
-      } finally {
-        clearTimeout(timer);
-        o.signal?.removeEventListener("abort", onAbort);
       }
       // The next call, or the next try, goes to the next node.
       this.nextUrl();
@@ -170,7 +171,7 @@ function parseJson(text: string): unknown {
   }
 }
 
-function problemOf(resp: Response, text: string): Problem {
+function problemOf(resp: Raw, text: string): Problem {
   const body = parseJson(text);
   if (body && typeof body === "object" && !Array.isArray(body)) return body as Problem;
   return { title: resp.statusText, detail: text.slice(0, 500) };

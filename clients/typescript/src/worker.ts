@@ -32,8 +32,10 @@
  *   then the worker adopts (below). A told handler's outcome is still sent
  *   with its token: it counts if the task was not recovered meanwhile.
  * - A cancel request (seen on a task heartbeat) aborts the signal with
- *   `cancel_requested`; when the handler settles the task is finished with
- *   `fail`, which muster turns into `cancelled`.
+ *   `cancel_requested`. A handler that then throws fails the task without
+ *   retry, which muster records as `cancelled`; one that returns completes
+ *   it with its result: the work happened (as the Rust and Python workers,
+ *   docs/workers.md).
  * - A handler that throws fails the task: retried by the server while
  *   attempts are left (`throw new Fail(msg, { retry: false })`: dead at once).
  * - Transient errors (connection errors, timeouts, 5xx) are retried across
@@ -99,14 +101,10 @@ export class TaskContext {
   readonly task: ClaimedTask;
   readonly workerId: string;
   /**
-   * Aborts when the handler should stop: see `reason`. Pass it to fetch,
-   * timers and child processes, or check `signal.aborted`.
-   */
-  readonly signal: AbortSignal;
-  /**
    * Why `signal` aborted: `stale` (409 or 404: the task is no longer ours,
    * the result will be dropped), `cancel_requested` (someone cancelled the
-   * task: it ends cancelled), `lease_expired` (the worker reached no node
+   * task: stop and throw, e.g. `signal.throwIfAborted()`, and it ends
+   * cancelled; return and it completes), `lease_expired` (the worker reached no node
    * for its ttl less the margin: stop; the outcome is still sent and counts
    * only if the task was not recovered), or `shutdown` (the grace period
    * ran out: the task was handed back).
@@ -114,16 +112,25 @@ export class TaskContext {
   reason: CancelReason | undefined;
   /** @internal */ pending: { progress?: number | undefined; fields?: Record<string, unknown> | undefined } = {};
   /** @internal */ reported = "";
-  private readonly ac = new AbortController();
+  /** Made when first asked for: most handlers of short tasks never look. */
+  private ac: AbortController | undefined;
 
   constructor(task: ClaimedTask, workerId: string) {
     this.task = task;
     this.workerId = workerId;
-    this.signal = this.ac.signal;
+  }
+
+  /**
+   * Aborts when the handler should stop: see `reason`. Pass it to fetch,
+   * timers and child processes, or check `signal.aborted`.
+   */
+  get signal(): AbortSignal {
+    this.ac ??= new AbortController();
+    return this.ac.signal;
   }
 
   get cancelled(): boolean {
-    return this.signal.aborted;
+    return this.reason !== undefined;
   }
 
   /** Reports progress (0-100) and optional fields with the next heartbeat. */
@@ -135,7 +142,7 @@ export class TaskContext {
   /** @internal */
   cancel(reason: CancelReason): void {
     if (this.reason === undefined || reason === "stale") this.reason = reason;
-    if (!this.ac.signal.aborted) this.ac.abort(new TaskCancelled(reason));
+    if (!this.signal.aborted) this.ac?.abort(new TaskCancelled(reason));
   }
 }
 
@@ -146,7 +153,7 @@ export interface WorkerStats {
   claimed: number;
   completed: number;
   failed: number;
-  /** Finished with fail after a cancel request (the task ends cancelled). */
+  /** Failed after a cancel request (the task ends cancelled; one whose handler returned counts as completed). */
   cancelled: number;
   /** Results dropped because the token was stale (409/404). */
   stale: number;
@@ -200,6 +207,24 @@ class Flag {
   clear(): void {
     this.on = false;
   }
+  /**
+   * Resolves once this flag or `other` is set, and leaves no waiter on
+   * either (racing two `wait()`s would leave one behind on the flag that
+   * stayed unset: one per loop turn, for as long as the worker runs).
+   */
+  waitEither(other: Flag): Promise<void> {
+    if (this.on || other.on) return Promise.resolve();
+    return new Promise((resolve) => {
+      const w = (): void => {
+        this.waiters.delete(w);
+        other.waiters.delete(w);
+        resolve();
+      };
+      this.waiters.add(w);
+      other.waiters.add(w);
+    });
+  }
+
   /** Resolves true once set, false after `ms` (if given). */
   wait(ms?: number): Promise<boolean> {
     if (this.on) return Promise.resolve(true);
@@ -432,13 +457,13 @@ export class Worker {
     while (!this.stopping.isSet) {
       if (!this.leaseOk()) {
         // Nothing is claimed while the worker's own lease has lapsed.
-        await Promise.race([this.leaseHolds.wait(), this.stopping.wait()]);
+        await this.leaseHolds.waitEither(this.stopping);
         continue;
       }
       const free = this.concurrency - this.running.size;
       if (free <= 0) {
         this.slotFreed.clear();
-        await Promise.race([this.slotFreed.wait(), this.stopping.wait()]);
+        await this.slotFreed.waitEither(this.stopping);
         continue;
       }
       this.reserved = Math.min(this.batch, free);
@@ -603,13 +628,11 @@ export class Worker {
 
   // ---- one task ---------------------------------------------------------------
 
+  /** Heartbeats now and every `heartbeatMs` until `stop` aborts (or the token is stale). */
   private async heartbeatTask(task: ClaimedTask, ctx: TaskContext, stop: AbortSignal): Promise<void> {
-    // The first heartbeat acknowledges the claim: by a third of its lease.
-    let every = firstHeartbeat(this.heartbeatMs, task.ack_ms);
-    for (;;) {
-      await sleep(every, stop);
+    for (let first = true; ; first = false) {
+      if (!first) await sleep(this.heartbeatMs, stop);
       if (stop.aborted) return;
-      every = this.heartbeatMs;
       const { progress, fields } = ctx.pending;
       const key = JSON.stringify([progress, fields]);
       const send = key !== ctx.reported;
@@ -660,6 +683,7 @@ export class Worker {
             // Applied on a try whose answer was lost; the retry saw 409.
             this.adoptSoon(); // that answer may have carried a next task
             if (kind === "complete") this.stats.completed += 1;
+            else if (ctx.reason === "cancel_requested") this.stats.cancelled += 1;
             else this.stats.failed += 1;
             return;
           }
@@ -698,8 +722,16 @@ export class Worker {
   private async runOne(task: ClaimedTask, ctx: TaskContext): Promise<void> {
     // Let start() record the task before anything here can settle.
     await Promise.resolve();
-    const beatStop = new AbortController();
-    const beat = this.heartbeatTask(task, ctx, beatStop.signal);
+    // The first heartbeat acknowledges the claim: by a third of its lease.
+    // The loop starts only if the handler still runs then, so a task that
+    // finishes sooner costs one timer and no request (its complete is its
+    // acknowledgement).
+    let beatStop: AbortController | undefined;
+    let beat: Promise<void> | undefined;
+    const firstBeat = setTimeout(() => {
+      beatStop = new AbortController();
+      beat = this.heartbeatTask(task, ctx, beatStop.signal);
+    }, firstHeartbeat(this.heartbeatMs, task.ack_ms));
     try {
       let value: unknown;
       let error: unknown;
@@ -710,18 +742,18 @@ export class Worker {
         threw = true;
         error = e;
       } finally {
-        beatStop.abort();
-        await beat.catch(() => undefined);
+        clearTimeout(firstBeat);
+        beatStop?.abort();
+        await beat?.catch(() => undefined);
       }
       if (ctx.reason === "stale" || ctx.reason === "shutdown") {
         if (ctx.reason === "stale") this.stats.stale += 1;
         this.log(`task ${task.id}: result dropped (${ctx.reason})`);
         return;
       }
-      if (ctx.reason === "cancel_requested") {
-        await this.finish("fail", task, ctx, "cancel requested", false);
-      } else if (threw) {
-        const retry = !(error instanceof Fail) || error.retry;
+      if (threw) {
+        // After a cancel request never retried: the server records it cancelled.
+        const retry = ctx.reason !== "cancel_requested" && (!(error instanceof Fail) || error.retry);
         const msg = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
         await this.finish("fail", task, ctx, msg, retry);
       } else {

@@ -39,6 +39,7 @@ export function scriptedHandler(note: (e: HandlerEvent) => void) {
       if (ctx.signal.aborted) note({ event: "aborted", task: task.id, attempt: task.attempt, reason: ctx.reason });
     }
     if (typeof p["sleep_ms"] === "number") await aborted(ctx.signal, p["sleep_ms"]);
+    if (ctx.reason === "cancel_requested" && p["on_cancel"] !== "return") ctx.signal.throwIfAborted();
     return { echo: p["echo"] ?? null, attempt: task.attempt, by: ctx.workerId };
   };
 }

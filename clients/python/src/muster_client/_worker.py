@@ -40,8 +40,10 @@ What it guarantees (README.md has the user's version):
   recovered meanwhile, and is refused (409, dropped) if it was. Local
   bookkeeping only: no request is added.
 - A cancel request (seen on a heartbeat) sets `ctx.cancelled` with
-  reason `cancel_requested`; when the handler returns or raises, the task is
-  finished with `fail`, which muster turns into `cancelled`.
+  reason `cancel_requested`. A handler that then raises fails the task
+  without retry, which muster records as `cancelled`; one that returns
+  completes it with its result: the work happened (as the Rust and
+  TypeScript workers, docs/workers.md).
 - A handler that raises fails the task: retried by the server while attempts
   are left (`Fail(msg, retry=False)`: dead at once).
 - Transient errors (connection errors, timeouts, 5xx) are retried across
@@ -126,7 +128,8 @@ class TaskContext:
         self.cancelled = threading.Event()
         #: Why `cancelled` is set: "stale" (409 or 404: the task is no longer
         #: ours, the result will be dropped), "cancel_requested" (someone
-        #: cancelled the task: it ends cancelled), "lease_expired" (the worker
+        #: cancelled the task: stop and raise, and it ends cancelled; return
+        #: and it completes), "lease_expired" (the worker
         #: reached no node for its ttl less the margin, so the cluster may
         #: hand the task to another worker: stop; what the handler returns or
         #: raises is still sent with the token, and counts only if the task
@@ -171,7 +174,8 @@ class WorkerStats:
     claimed: int = 0
     completed: int = 0
     failed: int = 0
-    #: Finished with fail after a cancel request (the task ends cancelled).
+    #: Failed after a cancel request (the task ends cancelled; one whose
+    #: handler returned counts as completed).
     cancelled: int = 0
     #: Results dropped because the token was stale (409).
     stale: int = 0
@@ -705,6 +709,8 @@ class AsyncWorker:
                     self._adopt_soon()  # that answer may have carried a next task
                     if kind == "complete":
                         self.stats.completed += 1
+                    elif ctx.reason == "cancel_requested":
+                        self.stats.cancelled += 1
                     else:
                         self.stats.failed += 1
                     return
@@ -751,10 +757,9 @@ class AsyncWorker:
                     self.stats.stale += 1
                 log.warning("task %s: result dropped (%s)", task.id, ctx.reason)
                 return
-            if ctx.reason == "cancel_requested":
-                await self._finish("fail", task, ctx, "cancel requested", False)
-            elif error is not None:
-                retry = not isinstance(error, Fail) or error.retry
+            if error is not None:
+                # After a cancel request never retried: the server records it cancelled.
+                retry = ctx.reason != "cancel_requested" and (not isinstance(error, Fail) or error.retry)
                 await self._finish("fail", task, ctx, f"{type(error).__name__}: {error}", retry)
             else:
                 await self._finish("complete", task, ctx, value, True)
