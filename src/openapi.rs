@@ -26,7 +26,7 @@ use crate::validate as v;
 
 #[path = "openapi/bounds.rs"]
 mod bounds;
-use bounds::*;
+use bounds::{bound_parameter, bound_schemas};
 
 /// The finished document for a node running with `cfg`.
 pub fn document(doc: utoipa::openapi::OpenApi, cfg: &Config) -> Value {

@@ -1,7 +1,10 @@
 //! The etcd-style recipes on the barrier service: Barrier (hold, lift,
 //! wait on it) and DoubleBarrier (enter, leave, evict the dead).
 
-use super::*;
+use super::{
+    Arrival, BTreeMap, BarrierError, Barriers, DoubleBarrier, EnterReply, Entered, Hold, HoldReply, Left, Store, Value,
+    at, int, scripts,
+};
 
 impl Barriers {
     /// Raises the etcd-style barrier `name` for `ttl_ms`. Returns the hold and

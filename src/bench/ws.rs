@@ -1,6 +1,8 @@
 //! `muster bench-ws`: how many WebSocket subscribers a node feeds, and how late.
 
-use super::*;
+use super::{
+    Arc, AtomicBool, AtomicU64, Duration, Instant, Latency, Mutex, Ordering, Serialize, Value, json, percentiles,
+};
 
 /// What `muster bench-ws` runs.
 #[derive(Debug, Clone)]

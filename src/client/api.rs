@@ -7,7 +7,13 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::types::*;
+use super::types::{
+    Acquire, Acquired, Arrive, ArriveAnswer, BatchAnswer, BatchItem, BulkOutcome, Campaign, Cancelled, ClaimAnswer,
+    ClaimRequest, ClaimedTask, Complete, CompleteBatchAnswer, CompleteItem, CompleteOutcome, CreatedWorkflow,
+    DoubleBarrier, Entrant, EventPage, Fail, Finished, GroupInfo, GroupList, Hold, NewWorkflow, NodeHeartbeat,
+    NodeHeartbeatAnswer, NodeInfo, NodeList, QueueDetail, QueueList, QueueStats, Renewed, ScheduleDef, StatsSeries,
+    Submitted, TaskAck, TaskHeartbeat, TaskHeartbeatAnswer, TaskInfo, TaskPage, TaskSpec,
+};
 use super::{CallOptions, Client, Result, Retry, enc};
 
 fn idem() -> CallOptions {

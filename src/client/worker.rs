@@ -80,7 +80,10 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::types::*;
+use super::types::{
+    ClaimRequest, ClaimedTask, Complete, CompleteItem, CompleteOutcome, Fail, Finished, NextRequest, NodeHeartbeat,
+    NodeHeartbeatAnswer, TaskHeartbeat,
+};
 use super::{Client, Error, Result};
 
 mod complete;
@@ -88,7 +91,7 @@ mod lease;
 mod run;
 mod tokens;
 use lease::{Lease, lease_loop};
-use run::*;
+use run::{adopter, claim_loop, registration_loop};
 use tokens::Seen;
 
 /// The task a handler gets: what the claim returned.

@@ -1,6 +1,6 @@
 //! One struct per `config.toml` section, with its built-in defaults.
 
-use super::*;
+use super::{BTreeMap, Deserialize, PathBuf, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -1,7 +1,7 @@
 //! The checks serde cannot make: ranges, relations between keys, the Redis
 //! topology, the config schedules; and the warnings logged at start.
 
-use super::*;
+use super::{Config, ConfigError, FailoverRole, SocketAddr};
 
 /// Most replicas `redis.ack_replicas` may require.
 pub const MAX_ACK_REPLICAS: u32 = 16;

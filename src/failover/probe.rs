@@ -1,6 +1,6 @@
 //! Reaching Redis servers outside the shared connection: asking Sentinels for the master, probing a candidate's role and replication, and the node's small state files.
 
-use super::*;
+use super::{BTreeMap, Duration, Path, RedisConfig, Replica, ServerAuth, StoreError, StoreResult, Value, role_of};
 
 pub(super) fn sentinel_url(cfg: &RedisConfig, addr: &str) -> String {
     let auth = ServerAuth {

@@ -1,6 +1,6 @@
 //! Every bound the API enforces, written into the document: path and query parameters, body fields and list sizes, read from the validators and the configuration.
 
-use super::*;
+use super::{Config, Map, Value, json, v};
 
 /// The schema of a path parameter, by its name and the path it is in.
 pub(super) fn path_schema(path: &str, name: &str) -> Value {

@@ -1,6 +1,6 @@
 //! A schedule's definition as configured or sent to the API, and its check.
 
-use super::*;
+use super::{Deserialize, NewTask, Serialize, TaskSpec, TasksConfig, Timing, ToSchema};
 use crate::problem::Invalid;
 use crate::store::shards::ShardMap;
 

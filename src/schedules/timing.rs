@@ -1,7 +1,7 @@
 //! Parsing a cron expression and time zone, and computing occurrences (DST
 //! included).
 
-use super::*;
+use super::{Cron, CronParser, DateTime, FromStr, Seconds, TimeZone, Tz, Year};
 
 /// A schedule's expression and time zone, parsed: computes its occurrences.
 #[derive(Debug, Clone)]
@@ -115,6 +115,8 @@ mod tests {
     use chrono::{Datelike, Utc};
 
     use super::*;
+    use crate::config::TasksConfig;
+    use crate::schedules::{Overlap, ScheduleDef, TaskTemplate, check};
 
     fn ms(tz: Tz, y: i32, mo: u32, d: u32, h: u32, mi: u32) -> i64 {
         tz.with_ymd_and_hms(y, mo, d, h, mi, 0)

@@ -48,7 +48,10 @@ use std::sync::{Arc, Mutex};
 use redis::cluster_routing::Route;
 
 use super::call::RetryableOr;
-use super::*;
+use super::{
+    CancellationToken, Conn, Duration, FromRedisValue, Instant, Link, Lua, Ordering, Store, StoreError, StoreResult,
+    classify,
+};
 
 tokio::task_local! {
     /// The acknowledged request being served, set by [`Store::in_ack_scope`].

@@ -2,7 +2,10 @@
 //! Redis clock, bounded retries, metrics, and error classification.
 
 use super::conn::{down_error, open_manager, reconnecting_error};
-use super::*;
+use super::{
+    CancellationToken, Cmd, Conn, Duration, ErrorKind, FromRedisValue, Instant, Link, Lua, Ordering, Pipeline,
+    RedisError, ScriptCall, ServerErrorKind, Store, StoreError, StoreResult,
+};
 
 impl Store {
     pub(super) fn link(&self) -> Link {

@@ -1,7 +1,12 @@
 //! Connections: the [`Conn`] of each topology, how data servers are
 //! reached ([`ServerAuth`]), and opening the store in each mode.
 
-use super::*;
+use super::{
+    Arc, AtomicBool, AtomicU64, Cmd, ConnectionLike, ConnectionManager, ConnectionManagerConfig, Duration, Inner, Keys,
+    Lane, MasterFile, Mode, MultiplexedConnection, Path, PathBuf, Pipeline, RedisConfig, RedisError, RedisFuture,
+    Route, RoutingInfo, RwLock, ServerInfo, SingleNodeRoutingInfo, SlotAddr, Store, StoreError, StoreResult, Value,
+    ack, classify,
+};
 
 /// A connection of either topology, usable wherever redis-rs wants a
 /// `ConnectionLike` (commands, pipelines, scripts).

@@ -4,7 +4,10 @@
 
 use super::call::RetryableOr;
 use super::conn::open_single;
-use super::*;
+use super::{
+    Conn, Link, Lua, MIN_VERSION, Ordering, ScriptCall, ServerAuth, ServerInfo, Store, StoreError, StoreResult, Switch,
+    Value, node_clock_ms,
+};
 
 impl Store {
     /// The first element of `ROLE`: `master`, `slave` or `sentinel`.

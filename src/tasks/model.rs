@@ -1,6 +1,6 @@
 //! The task types the service returns and the API serializes.
 
-use super::*;
+use super::{RawValue, Serialize, TaskError, ToSchema};
 
 /// A task to submit (already validated).
 #[derive(Debug, Clone)]

@@ -1,7 +1,10 @@
 //! The read side of the task store: tasks, pages of a queue or the dead
 //! letters, queue and group statistics.
 
-use super::*;
+use super::{
+    Attempt, BTreeMap, GroupInfo, ListQueuedReply, MAX_QUEUED_CURSOR, QueueStats, Store, StoreError, Task, TaskError,
+    TaskPage, Tasks, raw, scripts,
+};
 use crate::store::Keys;
 
 /// How [`Tasks::lookup`] found a task.

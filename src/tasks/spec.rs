@@ -1,6 +1,6 @@
 //! Task options as the API takes them, and their validation.
 
-use super::*;
+use super::{Deserialize, MAX_DELAY_MS, MAX_RUN_AT, NewTask, Serialize, TasksConfig, ToSchema};
 use crate::problem::Invalid;
 
 /// Task options as the API takes them (shared by single and batch submit,

@@ -1,6 +1,9 @@
 //! The scripts of the etcd-style recipes: Barrier (hold, lift) and DoubleBarrier (enter, leave, sweep).
 
-use super::*;
+use super::{
+    Code, FromRedisValue, Keys, ParsingError, ScriptCall, Value, count, db_in_key, db_index_key, db_key, decode_error,
+    hold_key, holds_key, positive, read,
+};
 
 // --- hold.lua -----------------------------------------------------------------
 

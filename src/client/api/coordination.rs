@@ -1,7 +1,7 @@
 //! Barriers (rounds, etcd-style holds, DoubleBarriers), locks and elections
 //! beyond the calls a worker makes on its hot path.
 
-use super::*;
+use super::{Client, DoubleBarrier, Entrant, Hold, Method, NONE, Result, Retry, Value, enc, idem, json, polling};
 
 impl Client {
     // ---- barriers ---------------------------------------------------------

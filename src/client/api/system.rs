@@ -1,6 +1,6 @@
 //! The node itself: its failover status, live view, probes, API document.
 
-use super::*;
+use super::{CallOptions, Client, Method, NONE, Result, Retry, StatsSeries, Value, enc, idem};
 
 impl Client {
     /// The failover status of the node answering (as sent).

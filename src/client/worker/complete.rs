@@ -5,7 +5,7 @@
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::*;
+use super::{Arc, CancellationToken, CompleteItem, CompleteOutcome, Future, Shared};
 
 /// One result waiting to be sent, and where its outcome goes.
 pub(super) struct Pending {

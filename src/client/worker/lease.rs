@@ -22,7 +22,7 @@
 
 use std::time::Instant;
 
-use super::*;
+use super::{Arc, CancellationToken, Duration, Mutex, NodeHeartbeatAnswer, Result, Shared, inc, registration_of};
 
 /// How long before the end of its registration a worker takes its lease
 /// for lapsed: a tenth of the ttl, at least 100 ms.

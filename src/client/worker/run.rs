@@ -1,6 +1,10 @@
 //! The worker's loops: its registration heartbeat, the claim loop, and one task's run with its heartbeat, cancellation and report.
 
-use super::*;
+use super::{
+    Arc, AtomicU64, CancelReason, CancellationToken, ClaimRequest, Client, Complete, CompleteItem, Ctx, Duration, Fail,
+    Finished, Future, HandlerError, NextRequest, Ordering, Permanent, Result, Run, Shared, Task, TaskHeartbeat, Value,
+    inc,
+};
 
 pub(super) async fn registration_loop(s: Arc<Shared>, done: CancellationToken, killed: CancellationToken) {
     tokio::select! {

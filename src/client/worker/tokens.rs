@@ -2,7 +2,7 @@
 //! never started twice, and one the worker could not report is never
 //! adopted.
 
-use super::*;
+use super::{Future, Shared};
 
 /// The tokens a worker started, the newest [`Seen::MAX`] of them (a token
 /// older than that finished long ago).

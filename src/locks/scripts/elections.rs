@@ -1,6 +1,9 @@
 //! The election scripts: campaign and resign.
 
-use super::*;
+use super::{
+    Code, FromRedisValue, Keys, ParsingError, ScriptCall, Value, decode_error, election_key, elections_key, positive,
+    read,
+};
 
 // --- campaign.lua -------------------------------------------------------------
 

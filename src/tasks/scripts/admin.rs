@@ -1,6 +1,6 @@
 //! The scripts outside the worker path: cancel, retry, delete, pause, group limits, and the janitor's and listings' reads.
 
-use super::*;
+use super::{Code, FromRedisValue, Keys, ParsingError, ScriptCall, Value, qkey, read, tkey};
 
 // --- cancel.lua, retry.lua, delete.lua: {code, state} -----------------------
 
