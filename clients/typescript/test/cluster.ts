@@ -183,7 +183,15 @@ export class Cluster {
   async stop(): Promise<void> {
     // The joiner first: the host's Redis dies with it.
     for (const n of this.nodes) await n.kill();
-    rmSync(this.root, { recursive: true, force: true });
+    // The host's embedded Redis gets its parent's death as a signal and may
+    // still be writing its files into the directory while it exits: retry
+    // (Node retries ENOTEMPTY and EBUSY), and a directory left in /tmp is
+    // not a test failure.
+    try {
+      rmSync(this.root, { recursive: true, force: true, maxRetries: 20, retryDelay: 100 });
+    } catch (e) {
+      console.warn(`could not remove ${this.root}: ${e}`);
+    }
   }
 }
 
