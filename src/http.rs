@@ -208,7 +208,7 @@ where
             ))),
             // `4197.0` where an integer belongs: JSON Schema calls it an
             // integer, so it is read as one (src/lenient.rs).
-            Err(JsonRejection::JsonDataError(e)) if e.body_text().contains("invalid type: floating point") => {
+            Err(JsonRejection::JsonDataError(e)) if crate::lenient::refused_a_float(&e.body_text()) => {
                 crate::lenient::json(&bytes).map(ApiJson).map_err(|text| {
                     ApiError::bad_request(format!("the JSON does not match the expected fields: {text}"))
                 })

@@ -25,11 +25,17 @@ pub(crate) fn json<T: de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     Ok(value)
 }
 
+/// Whether a strict read's refusal was of a float where the type wanted
+/// something else: the one case a second read through [`Lenient`] can mend.
+pub(crate) fn refused_a_float(message: &str) -> bool {
+    message.contains("invalid type: floating point")
+}
+
 /// Reads `T` from JSON text: strictly, and once more through [`Lenient`]
 /// when only an integral float stood in the way.
 pub(crate) fn from_str<T: de::DeserializeOwned>(text: &str) -> Result<T, serde_json::Error> {
     match serde_json::from_str(text) {
-        Err(e) if e.is_data() && e.to_string().starts_with("invalid type: floating point") => {
+        Err(e) if e.is_data() && refused_a_float(&e.to_string()) => {
             let mut de = serde_json::Deserializer::from_str(text);
             let value = T::deserialize(Lenient {
                 inner: &mut de,

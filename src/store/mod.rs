@@ -298,15 +298,6 @@ impl Store {
     {
         futures_util::future::try_join_all(self.every_shard().map(f)).await
     }
-    /// Runs `f` on every shard's view at once, each answer kept apart (a
-    /// shard that fails does not hide the others'): in shard order.
-    pub async fn fan_out_each<T, F, Fut>(&self, f: F) -> Vec<T>
-    where
-        F: FnMut(Store) -> Fut,
-        Fut: std::future::Future<Output = T>,
-    {
-        futures_util::future::join_all(self.every_shard().map(f)).await
-    }
     /// The first `n` members of sorted set `key` (lowest scores first, or
     /// highest with `rev`) over every shard: each shard's first `n`, read at
     /// once and merged by score, so a bound of `n` holds split as unsplit.
