@@ -11,7 +11,7 @@ use utoipa_axum::routes;
 
 use super::live::Snapshot;
 use super::slots::NoSlot;
-use super::stream::{SinceError, read_since};
+use super::stream::{SinceError, read_since, retained_all};
 use super::{EventPage, Filter, replay};
 use crate::app::AppState;
 use crate::auth::ReadCaller;
@@ -68,7 +68,10 @@ async fn events_ws(
     ws: WebSocketUpgrade,
 ) -> Result<Response> {
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
-    let (since, _) = read_since(&s.store, p.since.as_deref()).await.map_err(since_error)?;
+    let since = read_since(&s.store, p.since.as_deref())
+        .await
+        .map_err(since_error)?
+        .map(|(since, _)| since);
     // Tokens are principals; without tokens everyone is "anonymous", so the
     // client's address is.
     let principal = match remote {
@@ -123,7 +126,10 @@ async fn list_events(
     let limit = p.limit.unwrap_or(100);
     crate::validate::in_range("limit", limit, &crate::validate::LONG_PAGE_LIMIT)?;
     let filter = Filter::parse(p.topics.as_deref(), p.queue.as_deref()).map_err(ApiError::BadRequest)?;
-    let (since, info) = read_since(&s.store, p.since.as_deref()).await.map_err(since_error)?;
+    let (since, info) = match read_since(&s.store, p.since.as_deref()).await.map_err(since_error)? {
+        Some((since, info)) => (Some(since), info),
+        None => (None, retained_all(&s.store).await?),
+    };
     Ok(Json(replay(&s.store, since, limit, &filter, &info).await?))
 }
 

@@ -27,8 +27,9 @@ pub enum SinceError {
 /// against this namespace's shards, and refused when it lies past every
 /// shard's newest event and Redis time ([`check_cursor`]), which would hide
 /// every new event from the caller. Answers it with what every shard's
-/// stream retains (one read per shard, which a replay needs too).
-pub async fn read_since(store: &Store, since: Option<&str>) -> Result<(Option<Cursor>, Vec<Retained>), SinceError> {
+/// stream retains, read for the check (so only when `since` was given; a
+/// replay without one reads it itself).
+pub async fn read_since(store: &Store, since: Option<&str>) -> Result<Option<(Cursor, Vec<Retained>)>, SinceError> {
     let shards = store.shard_count();
     let since = match since {
         None | Some("") => None,
@@ -43,12 +44,11 @@ pub async fn read_since(store: &Store, since: Option<&str>) -> Result<(Option<Cu
             })
         })?),
     };
+    let Some(since) = since else { return Ok(None) };
     let info = retained_all(store).await.map_err(SinceError::Store)?;
-    if let Some(since) = &since {
-        let now = store.time_ms().await.map_err(SinceError::Store)?;
-        check_cursor(since, &info, now).map_err(SinceError::Bad)?;
-    }
-    Ok((since, info))
+    let now = store.time_ms().await.map_err(SinceError::Store)?;
+    check_cursor(&since, &info, now).map_err(SinceError::Bad)?;
+    Ok(Some((since, info)))
 }
 
 /// Checks a resume point against every shard's stream (see [`check_since`]).

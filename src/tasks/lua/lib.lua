@@ -4,7 +4,9 @@
 -- KEYS and ARGV it does not read. Returns: nothing; it defines local functions.
 --
 -- Key layout (P is the hash-tagged prefix; q a queue, g a group, id a task id):
---   P:task:<id>             hash   the task; TTL once finished (retention). Attempt log:
+--   P:task:<id>             hash   the task; TTL once finished (retention). Its payload:
+--                                  `payload`, or parts p1..pN with `parts` = N (see
+--                                  payload_fields). Attempt log:
 --                                  a<n> 'node|token|claimed_at', e<n> 'ended_at|outcome';
 --                                  x<1..10> 'attempt|node|token|claimed_at|ended_at' for
 --                                  the latest claims not acknowledged (unacked: how many)
