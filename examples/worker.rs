@@ -2,11 +2,11 @@
 //! (several URLs fail over; `MUSTER_TOKEN` is a worker token). It sends
 //! emails from the `emails` queue, four at a time, until SIGTERM or ctrl-c.
 
-use muster::client::{Client, Worker};
+use muster_client::{Client, Worker};
 use serde_json::json;
 
 #[tokio::main]
-async fn main() -> Result<(), muster::client::Error> {
+async fn main() -> Result<(), muster_client::Error> {
     let client = Client::builder()
         .urls(std::env::args().skip(1))
         .token_opt(std::env::var("MUSTER_TOKEN").ok())

@@ -51,8 +51,9 @@
 
 pub mod app;
 pub mod auth;
-pub mod bench;
-pub mod client;
+pub mod cli;
+
+pub use muster_client as client;
 pub mod config;
 pub mod durability;
 pub mod error;

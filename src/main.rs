@@ -117,7 +117,7 @@ struct ArriveArgs {
     #[arg(long)]
     node: String,
     /// How long to wait for the verdict (500ms, 60s, 5m, ...).
-    #[arg(long, default_value = "60s", value_parser = muster::barriers::cli::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = muster::cli::duration::parse_duration)]
     wait: std::time::Duration,
     #[command(flatten)]
     api: ApiArgs,
@@ -157,10 +157,10 @@ struct LockRunArgs {
     /// The lock name.
     name: String,
     /// Lease length; renewed every third of it.
-    #[arg(long, default_value = "30s", value_parser = muster::barriers::cli::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = muster::cli::duration::parse_duration)]
     ttl: std::time::Duration,
     /// Give up after waiting this long in line (exit 5). Default: wait as long as it takes.
-    #[arg(long, value_parser = muster::barriers::cli::parse_duration)]
+    #[arg(long, value_parser = muster::cli::duration::parse_duration)]
     wait: Option<std::time::Duration>,
     /// Owner id shown to others. Default: <host>-<random>-<pid>.
     #[arg(long)]
@@ -169,7 +169,7 @@ struct LockRunArgs {
     #[arg(long)]
     node: Option<String>,
     /// After SIGTERM, how long the command gets before SIGKILL when the lock is lost.
-    #[arg(long, default_value = "10s", value_parser = muster::barriers::cli::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = muster::cli::duration::parse_duration)]
     kill_after: std::time::Duration,
     #[command(flatten)]
     api: ApiArgs,
@@ -305,20 +305,20 @@ fn main() -> ExitCode {
             seconds,
             json,
         } => {
-            let opts = muster::bench::WsBenchOptions {
+            let opts = muster::cli::bench::ws::WsBenchOptions {
                 url,
                 token,
                 clients,
                 rate,
                 seconds,
             };
-            match runtime.block_on(muster::bench::run_ws(opts)) {
+            match runtime.block_on(muster::cli::bench::ws::run_ws(opts)) {
                 Ok(r) if json => {
                     println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
                     ExitCode::SUCCESS
                 }
                 Ok(r) => {
-                    print!("{}", muster::bench::render_ws(&r));
+                    print!("{}", muster::cli::bench::ws::render_ws(&r));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -335,7 +335,7 @@ fn main() -> ExitCode {
             since,
             limit,
         }) => {
-            let opts = muster::events::tail::TailOptions {
+            let opts = muster::cli::events_tail::TailOptions {
                 url,
                 token,
                 topics,
@@ -343,7 +343,7 @@ fn main() -> ExitCode {
                 since,
                 limit,
             };
-            match runtime.block_on(muster::events::tail::run(opts)) {
+            match runtime.block_on(muster::cli::events_tail::run(opts)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("muster events tail: {e:#}");
@@ -351,8 +351,8 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Barrier(BarrierCommand::Arrive(a)) => ExitCode::from(runtime.block_on(muster::barriers::cli::arrive(
-            muster::barriers::cli::ArriveArgs {
+        Command::Barrier(BarrierCommand::Arrive(a)) => ExitCode::from(runtime.block_on(muster::cli::barrier::arrive(
+            muster::cli::barrier::ArriveArgs {
                 url: a.api.url,
                 token: a.api.token,
                 barrier: a.barrier,
@@ -363,7 +363,7 @@ fn main() -> ExitCode {
         ))),
         Command::Barrier(BarrierCommand::Bench(a)) => runtime.block_on(barrier_bench(a)),
         Command::Lock(LockCommand::Run(a)) => {
-            ExitCode::from(runtime.block_on(muster::locks::cli::run(muster::locks::cli::RunArgs {
+            ExitCode::from(runtime.block_on(muster::cli::lock::run(muster::cli::lock::RunArgs {
                 url: a.api.url,
                 token: a.api.token,
                 name: a.name,
@@ -466,7 +466,7 @@ async fn bench(a: BenchArgs) -> ExitCode {
         eprintln!("muster bench: --tasks and --workers must be positive, --batch and --queues between 1 and 1000");
         return ExitCode::from(2);
     }
-    let opts = muster::bench::BenchOptions {
+    let opts = muster::cli::bench::tasks::BenchOptions {
         url: a.url,
         token: a.token,
         tasks: a.tasks,
@@ -482,12 +482,12 @@ async fn bench(a: BenchArgs) -> ExitCode {
         via_worker: a.via == "worker",
         prefill: a.prefill,
     };
-    match muster::bench::run(opts).await {
+    match muster::cli::bench::tasks::run(opts).await {
         Ok(report) => {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
             } else {
-                print!("{}", muster::bench::render(&report));
+                print!("{}", muster::cli::bench::tasks::render(&report));
             }
             ExitCode::SUCCESS
         }
@@ -499,19 +499,19 @@ async fn bench(a: BenchArgs) -> ExitCode {
 }
 
 async fn barrier_bench(a: BarrierBenchArgs) -> ExitCode {
-    let opts = muster::barriers::bench::BenchOptions {
+    let opts = muster::cli::bench::barriers::BenchOptions {
         urls: a.url,
         token: a.token,
         participants: a.participants,
         rounds: a.rounds,
         warmup: a.warmup,
     };
-    match muster::barriers::bench::run(opts).await {
+    match muster::cli::bench::barriers::run(opts).await {
         Ok(report) => {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
             } else {
-                print!("{}", muster::barriers::bench::render(&report));
+                print!("{}", muster::cli::bench::barriers::render(&report));
             }
             ExitCode::SUCCESS
         }

@@ -96,30 +96,15 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// `<hostname>-<ulid suffix>`, within the node id charset and length.
-pub fn generated_node_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .unwrap_or_else(|_| "node".into());
-    let host: String = host
-        .trim()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(40)
-        .collect();
-    let host = if host.is_empty() { "node".to_string() } else { host };
-    let ulid = ulid::Ulid::generate().to_string().to_lowercase();
-    format!("{host}-{}", &ulid[ulid.len() - 8..])
-}
+pub use muster_api::generated_node_id;
 
 /// Starts a node on `listener` and returns once it serves and has joined.
 pub async fn start(cfg: Config, listener: TcpListener) -> Result<Running, StartError> {
+    // Two rustls providers are compiled in (aws-lc-rs for Redis, ring
+    // under the client crate), so rustls cannot pick one by itself: the
+    // node's TLS (Redis, failover calls) uses aws-lc-rs. Installed once per
+    // process; a second start finds it there.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let addr = listener.local_addr().map_err(|e| StartError::Io(e.to_string()))?;
     check(&cfg, addr)?;
     let node_id = if cfg.server.node_id.is_empty() {

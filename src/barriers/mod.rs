@@ -32,8 +32,6 @@
 //!   rules of `nodes/lua/liveness.lua`, leases given back after a Redis stall): a crashed
 //!   entrant is evicted, so the others never wait for it forever.
 
-pub mod bench;
-pub mod cli;
 mod etcd;
 mod model;
 pub mod routes;

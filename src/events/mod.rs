@@ -20,7 +20,6 @@ pub mod live;
 pub mod routes;
 pub mod slots;
 mod stream;
-pub mod tail;
 pub mod tailer;
 mod wakers;
 pub mod ws;

@@ -26,7 +26,6 @@
 //!   entry and its shard's counter; listings and the lease loop visit every
 //!   shard.
 
-pub mod cli;
 pub mod routes;
 mod scripts;
 mod wait;

@@ -10,6 +10,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub use muster_api::{Acquired, Renewed};
+
 use super::{Leadership, LockError, LockInfo};
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
@@ -105,18 +107,6 @@ pub struct AcquireRequest {
     pub node: Option<String>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Acquired {
-    pub name: String,
-    pub owner: String,
-    /// The fencing token: strictly greater than every token issued before.
-    /// Send it with renew and release, and to the resource you protect.
-    pub token: u64,
-    /// Redis ms when the lease lapses unless renewed.
-    pub expires_at: i64,
-    pub ttl_ms: u64,
-}
-
 /// Acquires a lock and returns its fencing token. With `wait_ms`, waits in
 /// a FIFO line and wakes when the lock is released or its lease lapses.
 /// 409 when it is still held by someone else when `wait_ms` runs out.
@@ -158,14 +148,6 @@ pub struct RenewRequest {
     pub token: u64,
     /// New lease length from now; default `locks.default_ttl_ms`.
     pub ttl_ms: Option<u64>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Renewed {
-    pub name: String,
-    pub token: u64,
-    /// Redis ms.
-    pub expires_at: i64,
 }
 
 /// Extends the lease held under `token`. 409 when the token is stale or the

@@ -55,10 +55,11 @@ use crate::problem::{Classify, Kind};
 use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::{NewTask, TaskSpec};
 
-pub use self::def::{Checked, Overlap, ScheduleDef, TaskTemplate, check};
+pub use self::def::{Checked, check};
 pub use self::timing::{Timing, parse_expression};
 pub use self::view::{FireCounts, HistoryEntry, Schedule};
 use self::view::{redis_ms, schedule_from};
+pub use muster_api::{Overlap, ScheduleDef, TaskTemplate};
 
 /// Why a schedule operation was refused.
 #[derive(Debug, thiserror::Error)]

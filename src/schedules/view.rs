@@ -1,7 +1,7 @@
 //! The API views of a schedule: its counts, history and state.
 
-use super::def::{is_false, utc};
 use super::{BTreeMap, Deserialize, Overlap, ScheduleDef, Serialize, TaskTemplate, Timing, ToSchema, Value};
+use muster_api::schedules::{is_false, utc};
 
 /// Totals of a schedule's outcomes since it was created.
 #[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]

@@ -22,7 +22,7 @@ pub use read::Found;
 pub mod routes;
 mod scripts;
 mod shards;
-mod spec;
+pub(crate) mod spec;
 mod wait;
 pub use wait::{NextAsk, NextTasks};
 pub mod worker;
@@ -30,7 +30,7 @@ pub mod worker;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
@@ -40,11 +40,10 @@ use crate::problem::{Classify, Kind};
 use crate::store::{Code, ScriptCtx, Store, StoreError};
 
 pub use self::model::{
-    Attempt, ClaimResult, Claimed, Finished, GroupInfo, NewTask, NextClaim, NextClaimed, QueueStats, Submitted, Task,
-    TaskPage,
+    Attempt, ClaimResult, Claimed, Finished, NewTask, NextClaim, NextClaimed, Submitted, Task, TaskPage,
 };
 use self::scripts::{Completed, Enqueued, FailReply, HeartbeatReply, ListQueuedReply, Scripts};
-pub use self::spec::TaskSpec;
+pub use muster_api::{GroupInfo, QueueStats, TaskSpec};
 
 /// The furthest ahead a task may be due: `delay_ms` at most, and `run_at`
 /// at most this long after the Redis time of the submit (366 days).

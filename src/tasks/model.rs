@@ -195,41 +195,6 @@ pub struct Task {
     pub attempt_log: Vec<Attempt>,
 }
 
-/// Counts of one queue.
-#[derive(Debug, Clone, Default, Serialize, ToSchema)]
-pub struct QueueStats {
-    pub name: String,
-    pub queued: u64,
-    pub delayed: u64,
-    pub running: u64,
-    pub dead: u64,
-    pub succeeded: u64,
-    pub cancelled: u64,
-    pub paused: bool,
-    /// `active`, `paused`, or on a split namespace while a pause or resume
-    /// has not reached every shard yet (a master failed), `pausing` or
-    /// `resuming`: some shards still hand out (or still hold back) the
-    /// queue's grouped tasks until the janitors converge them.
-    pub pause_state: &'static str,
-    /// Tasks that reached a terminal state in the last minute.
-    pub finished_last_minute: u64,
-    /// Queue latency: how long the longest-waiting task at the head of a
-    /// line (the ready set, each group's line) has been claimable, in Redis
-    /// ms; 0 with nothing queued.
-    pub latency_ms: u64,
-}
-
-/// A group with its limit and the slots in use.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct GroupInfo {
-    pub name: String,
-    /// None: unlimited.
-    pub limit: Option<u32>,
-    pub running: u64,
-    /// Queued tasks of the group, in the queue asked about.
-    pub queued: u64,
-}
-
 /// One page of a listing.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TaskPage {

@@ -290,7 +290,8 @@ impl Tasks {
                     (true, _, false) => "paused",
                     (false, true, _) => "resuming",
                     (false, false, _) => "active",
-                };
+                }
+                .to_string();
                 st
             })
             .collect())

@@ -106,7 +106,7 @@ async fn submit_task(
             _ => spec.idempotency_key = Some(h),
         }
     }
-    let task = spec.validate(s.tasks.config())?;
+    let task = crate::tasks::spec::check(&spec, s.tasks.config())?;
     let (alias, run_at) = (task.alias.clone(), task.run_at);
     let room = s.tasks.config().queue_room(caller.role);
     let out = s.tasks.submit(&queue, &[task], &s.node_id, room).await?;
@@ -205,7 +205,7 @@ async fn submit_batch(
     let mut valid = Vec::new();
     let mut slots = Vec::new();
     for (i, spec) in req.tasks.iter().enumerate() {
-        match spec.validate(s.tasks.config()) {
+        match crate::tasks::spec::check(spec, s.tasks.config()) {
             Ok(t) => {
                 valid.push(t);
                 slots.push(i);

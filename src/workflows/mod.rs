@@ -28,56 +28,13 @@ use crate::problem::{Classify, Kind};
 use crate::store::shards::ShardMap;
 use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::TaskSpec;
+pub use muster_api::{FailurePolicy, WorkflowTaskSpec};
 use scripts::{CancelReply, CreateReply, Scripts};
 
 /// Most tasks in one workflow.
 pub const MAX_TASKS: usize = 500;
 /// Most dependencies of one task.
 pub const MAX_DEPS: usize = 100;
-
-/// One task of a workflow, as submitted.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct WorkflowTaskSpec {
-    /// Unique in the workflow, `[A-Za-z0-9._-]{1,128}`.
-    pub key: String,
-    pub queue: String,
-    /// Keys that must succeed before this task is queued.
-    #[serde(default)]
-    pub depends_on: Vec<String>,
-    #[schema(value_type = serde_json::Value)]
-    #[serde(default)]
-    pub payload: serde_json::Value,
-    pub group: Option<String>,
-    pub priority: Option<i32>,
-    /// Queued this long after its dependencies succeeded.
-    pub delay_ms: Option<u64>,
-    pub max_attempts: Option<u32>,
-    pub timeout_ms: Option<u64>,
-    pub backoff_base_ms: Option<u64>,
-    pub backoff_cap_ms: Option<u64>,
-}
-
-/// What to do when a task of the workflow ends dead or cancelled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum FailurePolicy {
-    /// Cancel everything not yet started; the workflow fails.
-    #[default]
-    FailFast,
-    /// Skip what depends on the failed task; independent branches go on. The
-    /// workflow fails at the end.
-    Continue,
-}
-
-impl FailurePolicy {
-    fn as_str(self) -> &'static str {
-        match self {
-            FailurePolicy::FailFast => "fail_fast",
-            FailurePolicy::Continue => "continue",
-        }
-    }
-}
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -248,7 +205,7 @@ pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Pla
             backoff_base_ms: t.backoff_base_ms,
             backoff_cap_ms: t.backoff_cap_ms,
         };
-        let v = spec.validate(cfg).map_err(|e| e.within(&format!("task `{}`", t.key)))?;
+        let v = crate::tasks::spec::check(&spec, cfg).map_err(|e| e.within(&format!("task `{}`", t.key)))?;
         let json = serde_json::json!({
             "id": shards.new_id(shard),
             "queue": t.queue,

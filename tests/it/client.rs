@@ -474,3 +474,4 @@ mod coverage;
 mod failover;
 mod lagged;
 mod lost;
+mod tls;

@@ -26,11 +26,13 @@ pub use proxy::FaultProxy;
 pub mod netns;
 pub mod sharded;
 pub mod skew;
+mod tls;
 #[allow(unused_imports)]
 pub use sharded::{
     name_in_shard, name_like, name_tag, names_per_shard, shard_keys, shard_map, shard_tag, shard_tags, sharded,
     skip_when_sharded, task_tag,
 };
+pub use tls::{TlsProxy, test_cert_pem};
 pub mod venv;
 
 /// A free TCP port on loopback (bound and released; the caller retries if

@@ -1,8 +1,14 @@
 //! `muster bench-ws`: how many WebSocket subscribers a node feeds, and how late.
 
-use super::{
-    Arc, AtomicBool, AtomicU64, Duration, Instant, Latency, Mutex, Ordering, Serialize, Value, json, percentiles,
-};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use super::tasks::{Latency, percentiles};
 
 /// What `muster bench-ws` runs.
 #[derive(Debug, Clone)]

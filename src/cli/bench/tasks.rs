@@ -18,9 +18,6 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-mod ws;
-pub use ws::*;
-
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -100,12 +97,12 @@ pub struct BenchReport {
 /// The bench's calls, through the typed client's one HTTP path with no
 /// retries (a failed call fails the run).
 struct Client {
-    api: crate::client::Client,
+    api: muster_client::Client,
 }
 
 impl Client {
     async fn send(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
-        let opts = crate::client::CallOptions::new(crate::client::Retry::Never);
+        let opts = muster_client::CallOptions::new(muster_client::Retry::Never);
         let a = self.api.raw(method, path, body, &opts).await?;
         Ok((a.status, a.json()))
     }
@@ -125,7 +122,7 @@ impl Client {
     }
 }
 
-fn percentiles(mut v: Vec<f64>) -> Latency {
+pub(super) fn percentiles(mut v: Vec<f64>) -> Latency {
     if v.is_empty() {
         return Latency::default();
     }
@@ -208,7 +205,7 @@ async fn info(conn: &mut redis::aio::MultiplexedConnection, section: &str) -> an
 /// Runs the benchmark and returns its report.
 pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let client = Arc::new(Client {
-        api: crate::client::Client::builder()
+        api: muster_client::Client::builder()
             .url(opts.url.clone())
             .token_opt(opts.token.clone())
             .timeout(Duration::from_secs(30))
@@ -494,7 +491,7 @@ async fn phase(
 /// each with concurrency and batch `batch`; records when the last task was
 /// completed (as the server acknowledged it), then shuts them down.
 async fn drain_with_workers(
-    api: crate::client::Client,
+    api: muster_client::Client,
     queue: String,
     n: usize,
     workers: usize,
@@ -502,7 +499,7 @@ async fn drain_with_workers(
     failed: Arc<AtomicBool>,
     finished_at: Arc<Mutex<Option<Instant>>>,
 ) {
-    use crate::client::Worker;
+    use muster_client::Worker;
     let stop = tokio_util::sync::CancellationToken::new();
     let mut all = Vec::new();
     for w in 0..workers {

@@ -29,7 +29,7 @@ pub const POLL_MS: u64 = 30_000;
 /// The CLI commands' REST calls: the typed client's one HTTP path, one
 /// attempt per call (the commands retry by their own rules).
 pub struct Api {
-    client: crate::client::Client,
+    client: muster_client::Client,
 }
 
 /// What a call returned: an HTTP answer, or no answer at all.
@@ -41,7 +41,7 @@ pub enum Reply {
 
 impl Api {
     pub fn new(base: &str, token: Option<String>) -> Result<Api, String> {
-        let client = crate::client::Client::builder()
+        let client = muster_client::Client::builder()
             .url(base)
             .token_opt(token)
             .build()
@@ -51,7 +51,7 @@ impl Api {
 
     /// POSTs JSON; `timeout` bounds the whole call.
     pub async fn post(&self, path: &str, body: &Value, timeout: Duration) -> Reply {
-        let mut opts = crate::client::CallOptions::new(crate::client::Retry::Never);
+        let mut opts = muster_client::CallOptions::new(muster_client::Retry::Never);
         opts.timeout = Some(timeout);
         match self.client.raw(reqwest::Method::POST, path, Some(body), &opts).await {
             Ok(a) => Reply::Answer(a.status, a.json()),
@@ -68,38 +68,6 @@ pub fn detail(v: &Value) -> String {
         .unwrap_or_else(|| v.to_string())
 }
 
-/// `60s`, `500ms`, `2m`, `1h`, `1h30m`; a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
-    if let Ok(n) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(n));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!("invalid duration `{s}`: expected e.g. 500ms, 60s, 2m, 1h"));
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| format!("invalid duration `{s}`"))?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let d = match &rest[..unit_len] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" | "min" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            u => return Err(format!("invalid duration unit `{u}` in `{s}`: use ms, s, m or h")),
-        };
-        total += d;
-        rest = &rest[unit_len..];
-    }
-    Ok(total)
-}
-
 /// What `muster barrier arrive` needs.
 pub struct ArriveArgs {
     pub url: String,
@@ -113,12 +81,12 @@ pub struct ArriveArgs {
 /// Arrives, waits for the verdict, prints it, and returns the exit code.
 pub async fn arrive(a: ArriveArgs) -> u8 {
     for (field, v) in [("barrier", &a.barrier), ("round", &a.round)] {
-        if !crate::validate::is_name(v) {
+        if !muster_api::is_name(v) {
             eprintln!("muster barrier arrive: {field} must be 1 to 128 characters from A-Z a-z 0-9 . _ -");
             return 2;
         }
     }
-    if !crate::validate::is_node_id(&a.node) {
+    if !muster_api::is_node_id(&a.node) {
         eprintln!("muster barrier arrive: --node must be 1 to 64 characters from A-Z a-z 0-9 . _ -");
         return 2;
     }
@@ -174,20 +142,5 @@ pub async fn arrive(a: ArriveArgs) -> u8 {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("60s").unwrap(), Duration::from_secs(60));
-        assert_eq!(parse_duration("60").unwrap(), Duration::from_secs(60));
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5x").is_err());
     }
 }

@@ -315,7 +315,7 @@ impl WorkerBuilder {
     /// Most tasks one claim takes (1 to 1000, and never more than the free
     /// concurrency). Default 1.
     pub fn batch(mut self, n: u32) -> Self {
-        self.batch = n.clamp(1, crate::validate::CLAIM_MAX.end().to_owned());
+        self.batch = n.clamp(1, muster_api::bounds::CLAIM_MAX.end().to_owned());
         self
     }
 
@@ -340,7 +340,7 @@ impl WorkerBuilder {
     /// flight, so this bounds how long stopping can take on an idle queue.
     /// Default 5 s.
     pub fn claim_wait(mut self, d: Duration) -> Self {
-        self.claim_wait = d.min(Duration::from_millis(crate::validate::CLAIM_WAIT_MAX_MS));
+        self.claim_wait = d.min(Duration::from_millis(muster_api::bounds::CLAIM_WAIT_MAX_MS));
         self
     }
 
@@ -388,18 +388,18 @@ impl WorkerBuilder {
         if self.queues.is_empty() {
             return Err(Error::Invalid("give the worker at least one queue".into()));
         }
-        if let Some(q) = self.queues.iter().find(|q| !crate::validate::is_name(q)) {
+        if let Some(q) = self.queues.iter().find(|q| !muster_api::is_name(q)) {
             return Err(Error::Invalid(format!(
                 "queue `{q}` must be 1 to 128 characters from A-Z a-z 0-9 . _ -"
             )));
         }
         let id = self.id.unwrap_or_else(|| {
-            let host = crate::generated_node_id();
+            let host = muster_api::generated_node_id();
             let mut id = format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>());
             id.truncate(64);
             id
         });
-        if !crate::validate::is_node_id(&id) {
+        if !muster_api::is_node_id(&id) {
             return Err(Error::Invalid(format!(
                 "worker id `{id}` must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
             )));

@@ -160,7 +160,16 @@ async fn follow(client: Client, opts: EventsOptions, tx: &mpsc::Sender<Result<Ev
                 }
             }
         }
-        let connect = tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(req)).await;
+        let connect = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio_tungstenite::connect_async_tls_with_config(
+                req,
+                None,
+                false,
+                Some(tokio_tungstenite::Connector::Rustls(client.tls())),
+            ),
+        )
+        .await;
         match connect {
             Ok(Ok((mut ws, _))) => {
                 backoff = Duration::from_millis(100);

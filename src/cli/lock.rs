@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::process::Command;
 
-use crate::barriers::cli::{Api, POLL_MS, Reply, detail};
+use super::barrier::{Api, POLL_MS, Reply, detail};
 
 pub const EXIT_ERROR: u8 = 1;
 pub const EXIT_NOT_ACQUIRED: u8 = 5;
@@ -44,7 +44,7 @@ pub struct RunArgs {
 }
 
 fn default_owner() -> String {
-    let host = crate::generated_node_id();
+    let host = muster_api::generated_node_id();
     format!("{host}-{}", std::process::id())
 }
 
@@ -59,7 +59,7 @@ fn signal_group(pid: u32, sig: i32) {
 /// Acquires (waiting in line), runs the command, renews, releases; returns the exit code.
 pub async fn run(a: RunArgs) -> u8 {
     let prog = "muster lock run";
-    if !crate::validate::is_name(&a.name) {
+    if !muster_api::is_name(&a.name) {
         eprintln!("{prog}: the lock name must be 1 to 128 characters from A-Z a-z 0-9 . _ -");
         return 2;
     }

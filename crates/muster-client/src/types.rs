@@ -1,7 +1,7 @@
 //! Request and response types of the REST API as the client sends and reads
-//! them. Requests that the server already defines with `Serialize`
-//! ([`TaskSpec`], [`WorkflowTaskSpec`], [`ScheduleDef`]) are the server's own
-//! types, so the two cannot drift apart. Answers the client does not need
+//! them. The requests the server reads ([`TaskSpec`], [`WorkflowTaskSpec`],
+//! [`ScheduleDef`]) come from the contract crate `muster-api`, which the
+//! server compiles too, so the two cannot drift apart. Answers the client does not need
 //! to look inside (lists of schedules, workflows, rounds) are returned as
 //! JSON values.
 
@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use crate::schedules::{Overlap, ScheduleDef, TaskTemplate};
-pub use crate::tasks::TaskSpec;
-pub use crate::workflows::{FailurePolicy, WorkflowTaskSpec};
+pub use muster_api::{Acquired, GroupInfo, QueueStats, Renewed, TaskSpec};
+pub use muster_api::{FailurePolicy, WorkflowTaskSpec};
+pub use muster_api::{Overlap, ScheduleDef, TaskTemplate};
 
 /// The answer to a submit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,7 +66,7 @@ pub struct ClaimedTask {
     /// Redis ms.
     pub created_at: i64,
     /// The claim lease (ms): acknowledge the task within it
-    /// ([`crate::client::Client::ack_task`], a task heartbeat, or its
+    /// ([`crate::Client::ack_task`], a task heartbeat, or its
     /// complete or fail), or it goes back to the queue and the token is
     /// refused. 0: no lease (or a server without claim leases).
     #[serde(default)]
@@ -81,7 +81,7 @@ pub(crate) struct ClaimAnswer {
 /// A claim: up to `max` tasks for worker `node`, waiting up to `wait_ms`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClaimRequest {
-    /// The worker id; it must be registered ([`crate::client::Client::heartbeat_node`]).
+    /// The worker id; it must be registered ([`crate::Client::heartbeat_node`]).
     pub node: String,
     /// 1 to 1000.
     pub max: u32,
@@ -317,39 +317,6 @@ pub struct StatsSeries {
     pub latency_ms: Vec<u64>,
 }
 
-/// Counts of one queue.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct QueueStats {
-    pub name: String,
-    pub queued: u64,
-    pub delayed: u64,
-    pub running: u64,
-    pub dead: u64,
-    pub succeeded: u64,
-    pub cancelled: u64,
-    pub paused: bool,
-    /// `active`, `paused`, or while a pause or resume has not reached every
-    /// shard of a split namespace yet, `pausing` or `resuming`.
-    #[serde(default)]
-    pub pause_state: String,
-    pub finished_last_minute: u64,
-    /// How long the longest-waiting head of the queue has been claimable (ms).
-    #[serde(default)]
-    pub latency_ms: u64,
-}
-
-/// A group's limit and use.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct GroupInfo {
-    pub name: String,
-    /// None: unlimited.
-    #[serde(default)]
-    pub limit: Option<u32>,
-    pub running: u64,
-    #[serde(default)]
-    pub queued: u64,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct QueueList {
     pub queues: Vec<QueueStats>,
@@ -545,26 +512,6 @@ pub struct Acquire {
     /// Tie the lease to this node's liveness too.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-}
-
-/// A lock held.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct Acquired {
-    pub name: String,
-    pub owner: String,
-    /// The fencing token.
-    pub token: u64,
-    /// Redis ms.
-    pub expires_at: i64,
-    pub ttl_ms: u64,
-}
-
-/// A lease renewed.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct Renewed {
-    pub name: String,
-    pub token: u64,
-    pub expires_at: i64,
 }
 
 /// An election campaign.

@@ -1,4 +1,4 @@
-//! `muster::client`: a typed client for the REST API, and a [`Worker`] that
+//! `muster-client`: a typed client for the REST API, and a [`Worker`] that
 //! runs a handler per task with the heartbeats, fencing and shutdown done
 //! for it.
 //!
@@ -20,8 +20,8 @@
 //!   and shuts down gracefully.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), muster::client::Error> {
-//! use muster::client::{Client, Worker};
+//! # async fn demo() -> Result<(), muster_client::Error> {
+//! use muster_client::{Client, Worker};
 //! let client = Client::builder().url("http://127.0.0.1:7700").token("s3cret").build()?;
 //! Worker::builder(client)
 //!     .queue("emails")
@@ -35,6 +35,7 @@
 mod api;
 mod error;
 mod events;
+mod tls;
 pub mod types;
 pub mod worker;
 
@@ -131,6 +132,8 @@ struct Inner {
     /// Tries that ended in an error that may have hidden their outcome,
     /// whether or not the call was then sent again.
     unknown_outcomes: AtomicU64,
+    /// The TLS settings of every call and of the events WebSocket.
+    tls: Arc<rustls::ClientConfig>,
 }
 
 impl std::fmt::Debug for Client {
@@ -152,6 +155,8 @@ pub struct ClientBuilder {
     retry_for: Duration,
     backoff_base: Duration,
     backoff_cap: Duration,
+    /// PEM certificates trusted besides the platform's roots.
+    roots: Vec<Vec<u8>>,
 }
 
 impl Default for ClientBuilder {
@@ -164,6 +169,7 @@ impl Default for ClientBuilder {
             retry_for: Duration::from_secs(30),
             backoff_base: Duration::from_millis(100),
             backoff_cap: Duration::from_secs(2),
+            roots: Vec::new(),
         }
     }
 }
@@ -223,8 +229,17 @@ impl ClientBuilder {
         self
     }
 
-    /// Builds the client; fails without a URL or with a URL that is not
-    /// `http://` or `https://`.
+    /// Trusts the certificates of a PEM bundle for `https://` URLs (and
+    /// `wss://` events), besides the platform's roots: a private CA, or a
+    /// node's own self-signed certificate.
+    pub fn add_root_certificate_pem(mut self, pem: impl AsRef<[u8]>) -> Self {
+        self.roots.push(pem.as_ref().to_vec());
+        self
+    }
+
+    /// Builds the client; fails without a URL, with a URL that is not
+    /// `http://` or `https://`, or with an added root that is not a PEM
+    /// certificate.
     pub fn build(self) -> Result<Client> {
         if self.urls.is_empty() {
             return Err(Error::Invalid("give at least one node URL".into()));
@@ -234,7 +249,9 @@ impl ClientBuilder {
                 return Err(Error::Invalid(format!("`{u}` is not an http:// or https:// URL")));
             }
         }
+        let tls = tls::config(&self.roots)?;
         let http = reqwest::Client::builder()
+            .use_preconfigured_tls((*tls).clone())
             .tcp_nodelay(true)
             .connect_timeout(self.connect_timeout)
             .pool_max_idle_per_host(256)
@@ -251,6 +268,7 @@ impl ClientBuilder {
                 backoff_base: self.backoff_base,
                 backoff_cap: self.backoff_cap,
                 unknown_outcomes: AtomicU64::new(0),
+                tls,
             }),
         })
     }
@@ -284,6 +302,10 @@ impl Client {
     /// The URL calls start at (the one that answered last).
     pub fn current_url(&self) -> &str {
         &self.inner.urls[self.inner.current.load(Ordering::Relaxed) % self.inner.urls.len()]
+    }
+
+    pub(crate) fn tls(&self) -> Arc<rustls::ClientConfig> {
+        self.inner.tls.clone()
     }
 
     pub(crate) fn token(&self) -> Option<&str> {

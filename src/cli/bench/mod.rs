@@ -1,0 +1,6 @@
+//! The benchmarks `muster bench`, `muster bench-ws` and
+//! `muster bench-barriers`: load through a running node's API.
+
+pub mod barriers;
+pub mod tasks;
+pub mod ws;
