@@ -61,6 +61,26 @@ enum Command {
     /// Locks for scripts.
     #[command(subcommand)]
     Lock(LockCommand),
+    /// Tasks: submit, get, wait, cancel, retry.
+    Task(AdminArgs<muster::cli::admin::TaskCommand>),
+    /// Queues: list, pause, resume.
+    Queue(AdminArgs<muster::cli::admin::QueueCommand>),
+    /// Dead tasks: list, retry, discard.
+    Dead(AdminArgs<muster::cli::admin::DeadCommand>),
+    /// Nodes and workers: list, drain.
+    Node(AdminArgs<muster::cli::admin::NodeCommand>),
+    /// Schedules: list, trigger.
+    Schedule(AdminArgs<muster::cli::admin::ScheduleCommand>),
+}
+
+/// An admin command with how to reach the cluster. Exit codes: 0 done,
+/// 1 refused (4xx), 2 usage, 3 unavailable (unreachable, 5xx).
+#[derive(Args)]
+struct AdminArgs<C: clap::Subcommand> {
+    #[command(subcommand)]
+    command: C,
+    #[command(flatten)]
+    conn: muster::cli::admin::Conn,
 }
 
 #[derive(Subcommand)]
@@ -375,6 +395,11 @@ fn main() -> ExitCode {
                 kill_after: a.kill_after,
             })))
         }
+        Command::Task(a) => admin(&runtime, muster::cli::admin::Admin::Task(a.command), a.conn),
+        Command::Queue(a) => admin(&runtime, muster::cli::admin::Admin::Queue(a.command), a.conn),
+        Command::Dead(a) => admin(&runtime, muster::cli::admin::Admin::Dead(a.command), a.conn),
+        Command::Node(a) => admin(&runtime, muster::cli::admin::Admin::Node(a.command), a.conn),
+        Command::Schedule(a) => admin(&runtime, muster::cli::admin::Admin::Schedule(a.command), a.conn),
         Command::Config(args) => match load_config(&merge(&cli.serve, args)) {
             Ok(cfg) => {
                 match toml_string(&cfg) {
@@ -386,6 +411,14 @@ fn main() -> ExitCode {
             Err(e) => config_error(&e),
         },
     }
+}
+
+fn admin(
+    runtime: &tokio::runtime::Runtime,
+    cmd: muster::cli::admin::Admin,
+    conn: muster::cli::admin::Conn,
+) -> ExitCode {
+    ExitCode::from(runtime.block_on(muster::cli::admin::run(cmd, conn)))
 }
 
 /// Flags given before the subcommand count as well as those after it.

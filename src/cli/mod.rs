@@ -2,6 +2,7 @@
 //! commands and the benchmarks. They reach a node through its REST API and
 //! the typed client (`muster_client`), as any other client does.
 
+pub mod admin;
 pub mod barrier;
 pub mod bench;
 pub mod duration;

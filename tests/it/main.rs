@@ -7,6 +7,7 @@ mod barriers;
 mod binary;
 mod browser;
 mod chaos;
+mod cli_admin;
 mod client;
 mod client_python;
 mod conformance;

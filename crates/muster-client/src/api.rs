@@ -272,6 +272,15 @@ impl Client {
         self.call_json(Method::GET, "/api/v1/dead", NONE, &idem()).await
     }
 
+    /// One page of the dead letters of every queue, newest first.
+    pub async fn dead_page(&self, limit: usize, cursor: Option<&str>) -> Result<TaskPage> {
+        let mut path = format!("/api/v1/dead?limit={limit}");
+        if let Some(c) = cursor {
+            path.push_str(&format!("&cursor={}", enc(c)));
+        }
+        self.call_json(Method::GET, &path, NONE, &idem()).await
+    }
+
     /// Retries up to `limit` (all when None) of `queue`'s dead letters, or
     /// every queue's with `queue` = `"*"`, oldest first (admin). Retried on
     /// a lost answer: a second run retries only what is still dead.

@@ -212,7 +212,7 @@ pub(crate) struct CompleteBatchAnswer {
 }
 
 /// The answer to a cancel.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cancelled {
     /// `cancelled`, or `running` when the worker was asked to stop.
     pub state: String,
@@ -287,7 +287,7 @@ impl TaskInfo {
 }
 
 /// One page of a queue's tasks.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskPage {
     pub tasks: Vec<TaskInfo>,
     #[serde(default)]
@@ -367,7 +367,7 @@ pub struct NodeHeartbeatAnswer {
 }
 
 /// A node or worker in the registry.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeInfo {
     pub id: String,
     /// `node` or `worker`.
@@ -491,7 +491,7 @@ pub struct Entrant {
 }
 
 /// What a bulk retry or discard of dead letters did.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BulkOutcome {
     pub done: u64,
     /// Dead tasks left in the set acted on.
