@@ -280,6 +280,93 @@ where
     }
 }
 
+/// A path whose parameters are checked by their types before the handler
+/// runs: `Path<Name>`, `Path<NodeId>`, `Path<TaskId>`, `Path<String>` for
+/// free text, or a tuple of them in the route's order. A parameter that is
+/// not what its type requires is a 400 problem naming it, as the handler's
+/// own checks would have said.
+pub struct Path<T>(pub T);
+
+/// One path parameter, taken from its (percent-decoded) text.
+pub trait FromPathParam: Sized {
+    fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid>;
+}
+
+impl FromPathParam for String {
+    fn from_param(_key: &str, value: &str) -> Result<Self, crate::problem::Invalid> {
+        Ok(value.to_string())
+    }
+}
+
+impl FromPathParam for muster_api::Name {
+    fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid> {
+        crate::validate::name(key, value)?;
+        muster_api::Name::try_from(value).map_err(|e| crate::problem::Invalid::new(format!("`{key}` is {e}")))
+    }
+}
+
+impl FromPathParam for muster_api::NodeId {
+    fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid> {
+        crate::validate::node_id(key, value)?;
+        muster_api::NodeId::try_from(value).map_err(|e| crate::problem::Invalid::new(format!("`{key}` is {e}")))
+    }
+}
+
+impl FromPathParam for muster_api::TaskId {
+    fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid> {
+        muster_api::TaskId::try_from(value).map_err(|_| {
+            crate::problem::Invalid::new(format!(
+                "`{key}` must be a 26-character id of letters and digits (got {})",
+                crate::validate::shorten(value)
+            ))
+        })
+    }
+}
+
+/// The whole of a route's parameters.
+pub trait FromPathParams: Sized {
+    fn from_params(params: &[(&str, &str)]) -> Result<Self, crate::problem::Invalid>;
+}
+
+macro_rules! one_param {
+    ($($t:ty),*) => {$(
+        impl FromPathParams for $t {
+            fn from_params(params: &[(&str, &str)]) -> Result<Self, crate::problem::Invalid> {
+                match params {
+                    [(k, v)] => <$t>::from_param(k, v),
+                    _ => Err(crate::problem::Invalid::new("this route takes one path parameter")),
+                }
+            }
+        }
+    )*};
+}
+one_param!(String, muster_api::Name, muster_api::NodeId, muster_api::TaskId);
+
+impl<A: FromPathParam, B: FromPathParam> FromPathParams for (A, B) {
+    fn from_params(params: &[(&str, &str)]) -> Result<Self, crate::problem::Invalid> {
+        match params {
+            [(ka, va), (kb, vb)] => Ok((A::from_param(ka, va)?, B::from_param(kb, vb)?)),
+            _ => Err(crate::problem::Invalid::new("this route takes two path parameters")),
+        }
+    }
+}
+
+impl<T, S> axum::extract::FromRequestParts<S> for Path<T>
+where
+    T: FromPathParams,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let raw = axum::extract::RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("bad path: {}", e.body_text())))?;
+        let params: Vec<(&str, &str)> = raw.iter().collect();
+        Ok(Path(T::from_params(&params)?))
+    }
+}
+
 /// A 204 with no body.
 pub fn no_content() -> Response {
     StatusCode::NO_CONTENT.into_response()

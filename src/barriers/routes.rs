@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -13,10 +13,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{BarrierConfigView, BarrierError, DoubleBarrier, Entrant, Hold, Round, Verdict};
+use muster_api::Name;
+
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
-use crate::http::{ApiJson, ApiQuery, OptJson, no_content};
+use crate::http::{ApiJson, ApiQuery, OptJson, Path, no_content};
 use crate::validate;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -143,15 +145,14 @@ impl BarrierDetail {
 async fn get_barrier(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
 ) -> Result<Json<BarrierDetail>> {
-    validate::name("name", &name)?;
     let config = s.barriers.get(&name).await?;
     let (hold, _) = s.barriers.hold_state(&name).await?;
     if config.is_none() && !hold.held {
-        return Err(BarrierError::NotFound(name).into());
+        return Err(BarrierError::NotFound(name.into_string()).into());
     }
-    Ok(Json(BarrierDetail::new(name, config, hold)))
+    Ok(Json(BarrierDetail::new(name.into_string(), config, hold)))
 }
 
 /// Creates (201) or updates (200) a barrier. Rounds already open keep the
@@ -165,10 +166,9 @@ async fn get_barrier(
 async fn put_barrier(
     State(s): State<AppState>,
     caller: AdminCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     ApiJson(spec): ApiJson<BarrierSpec>,
 ) -> Result<Response> {
-    validate::name("name", &name)?;
     let n = spec.participants.len();
     if !validate::PARTICIPANTS.contains(&n) {
         return Err(ApiError::bad_request(format!(
@@ -214,8 +214,7 @@ async fn put_barrier(
 #[utoipa::path(delete, path = "/api/v1/barriers/{name}", tag = "barriers", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("name" = String, Path, description = "Barrier name")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "Neither configured nor held")))]
-async fn delete_barrier(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<String>) -> Result<Response> {
-    validate::name("name", &name)?;
+async fn delete_barrier(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<Name>) -> Result<Response> {
     s.barriers.delete(&name, &caller.name).await?;
     Ok(no_content())
 }
@@ -242,14 +241,13 @@ pub struct RoundList {
 async fn list_rounds(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     ApiQuery(p): ApiQuery<RoundsParams>,
 ) -> Result<Json<RoundList>> {
-    validate::name("name", &name)?;
     let limit = p.limit.unwrap_or(50);
     validate::in_range("limit", limit, &validate::LONG_PAGE_LIMIT)?;
     if s.barriers.get(&name).await?.is_none() {
-        return Err(BarrierError::NotFound(name).into());
+        return Err(BarrierError::NotFound(name.into_string()).into());
     }
     Ok(Json(RoundList {
         rounds: s.barriers.rounds(&name, limit).await?,
@@ -263,15 +261,16 @@ async fn list_rounds(
 async fn get_round(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path((name, round)): Path<(String, String)>,
+    Path((name, round)): Path<(Name, Name)>,
 ) -> Result<Json<Round>> {
-    validate::name("name", &name)?;
-    validate::name("round", &round)?;
     let (r, _) = s
         .barriers
         .round(&name, &round)
         .await?
-        .ok_or(BarrierError::RoundNotFound { barrier: name, round })?;
+        .ok_or(BarrierError::RoundNotFound {
+            barrier: name.into_string(),
+            round: round.into_string(),
+        })?;
     Ok(Json(r))
 }
 
@@ -355,11 +354,9 @@ impl<'a> ArriveResponse<'a> {
 async fn arrive_round(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path((name, round)): Path<(String, String)>,
+    Path((name, round)): Path<(Name, Name)>,
     ApiJson(req): ApiJson<ArriveRequest>,
 ) -> Result<Response> {
-    validate::name("name", &name)?;
-    validate::name("round", &round)?;
     validate::node_id("node", &req.node)?;
     let wait = check_wait(&s, req.wait_ms)?;
     let r = s.barriers.arrive_wait(&name, &round, &req.node, wait).await?;
@@ -391,10 +388,9 @@ validate::object_only!(HoldRequest);
 async fn hold_barrier(
     State(s): State<AppState>,
     caller: WorkerCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     OptJson(req): OptJson<HoldRequest>,
 ) -> Result<Response> {
-    validate::name("name", &name)?;
     let holder = req.holder.unwrap_or_else(|| caller.name.clone());
     validate::opaque_key("holder", &holder)?;
     let max = s.cfg.barriers.idle_ttl_ms;
@@ -424,9 +420,8 @@ pub struct Released {
 async fn release_barrier(
     State(s): State<AppState>,
     caller: WorkerCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
 ) -> Result<Json<Released>> {
-    validate::name("name", &name)?;
     Ok(Json(Released {
         released: s.barriers.lift(&name, &caller.name).await?,
     }))
@@ -450,10 +445,9 @@ validate::object_only!(WaitRequest);
 async fn wait_barrier(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     OptJson(req): OptJson<WaitRequest>,
 ) -> Result<Json<Hold>> {
-    validate::name("name", &name)?;
     let wait = check_wait(&s, req.wait_ms)?;
     Ok(Json(s.barriers.hold_wait(&name, wait).await?))
 }
@@ -481,9 +475,8 @@ async fn list_double_barriers(State(s): State<AppState>, _caller: ReadCaller) ->
 async fn get_double_barrier(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
 ) -> Result<Json<DoubleBarrier>> {
-    validate::name("name", &name)?;
     Ok(Json(s.barriers.double_barrier(&name).await?))
 }
 
@@ -546,10 +539,9 @@ impl DoubleBarrierReply {
 async fn enter_double_barrier(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     ApiJson(req): ApiJson<EnterRequest>,
 ) -> Result<Json<DoubleBarrierReply>> {
-    validate::name("name", &name)?;
     validate::node_id("node", &req.node)?;
     validate::in_range("count", req.count, &validate::DOUBLE_BARRIER_COUNT)?;
     let wait = check_wait(&s, req.wait_ms)?;
@@ -566,10 +558,9 @@ async fn enter_double_barrier(
 async fn leave_double_barrier(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     ApiJson(req): ApiJson<LeaveRequest>,
 ) -> Result<Json<DoubleBarrierReply>> {
-    validate::name("name", &name)?;
     validate::node_id("node", &req.node)?;
     let wait = check_wait(&s, req.wait_ms)?;
     let e = s.barriers.leave_wait(&name, &req.node, wait).await?;

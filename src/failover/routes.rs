@@ -3,7 +3,7 @@
 //! authenticated by the shared `[failover] secret`, not by API tokens.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 use utoipa_axum::router::OpenApiRouter;
@@ -13,7 +13,7 @@ use super::{Answer, ClientError, Kind, Message, SECRET_HEADER, Status};
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result};
-use crate::http::ApiJson;
+use crate::http::{ApiJson, Path};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

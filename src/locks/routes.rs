@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -13,10 +13,12 @@ use utoipa_axum::routes;
 pub use muster_api::{Acquired, Renewed};
 
 use super::{Leadership, LockError, LockInfo};
+use muster_api::Name;
+
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
-use crate::http::{ApiJson, no_content};
+use crate::http::{ApiJson, Path, no_content};
 use crate::validate;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -74,8 +76,7 @@ async fn list_locks(State(s): State<AppState>, _caller: ReadCaller) -> Result<Js
 #[utoipa::path(get, path = "/api/v1/locks/{name}", tag = "locks", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "Lock name")),
     responses((status = 200, body = LockInfo)))]
-async fn get_lock(State(s): State<AppState>, _caller: ReadCaller, Path(name): Path<String>) -> Result<Json<LockInfo>> {
-    validate::name("name", &name)?;
+async fn get_lock(State(s): State<AppState>, _caller: ReadCaller, Path(name): Path<Name>) -> Result<Json<LockInfo>> {
     Ok(Json(s.locks.get(&name).await?))
 }
 
@@ -84,8 +85,7 @@ async fn get_lock(State(s): State<AppState>, _caller: ReadCaller, Path(name): Pa
 #[utoipa::path(delete, path = "/api/v1/locks/{name}", tag = "locks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("name" = String, Path, description = "Lock name")),
     responses((status = 204, description = "Broken"), (status = 404, description = "Not held")))]
-async fn break_lock(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<String>) -> Result<Response> {
-    validate::name("name", &name)?;
+async fn break_lock(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<Name>) -> Result<Response> {
     s.locks.release(&name, None, &caller.name).await?;
     Ok(no_content())
 }
@@ -118,10 +118,9 @@ pub struct AcquireRequest {
 async fn acquire_lock(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     ApiJson(req): ApiJson<AcquireRequest>,
 ) -> Result<Json<Acquired>> {
-    validate::name("name", &name)?;
     validate::opaque_key("owner", &req.owner)?;
     if let Some(n) = &req.node {
         validate::node_id("node", n)?;
@@ -133,7 +132,7 @@ async fn acquire_lock(
         .acquire_wait(&name, &req.owner, ttl, req.node.as_deref(), wait)
         .await?;
     Ok(Json(Acquired {
-        name,
+        name: name.into_string(),
         owner: req.owner,
         token: g.token,
         expires_at: g.expires_at,
@@ -159,14 +158,13 @@ pub struct RenewRequest {
 async fn renew_lock(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     ApiJson(req): ApiJson<RenewRequest>,
 ) -> Result<Json<Renewed>> {
-    validate::name("name", &name)?;
     let ttl = check_ttl(&s, req.ttl_ms)?;
     let expires_at = s.locks.renew(&name, req.token, ttl).await?;
     Ok(Json(Renewed {
-        name,
+        name: name.into_string(),
         token: req.token,
         expires_at,
     }))
@@ -188,14 +186,13 @@ pub struct ReleaseRequest {
 async fn release_lock(
     State(s): State<AppState>,
     caller: WorkerCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> Result<Response> {
-    validate::name("name", &name)?;
     match s.locks.release(&name, Some(req.token), &caller.name).await {
         Ok(()) => Ok(no_content()),
         Err(LockError::NotHeld(_)) => Err(LockError::Stale {
-            name,
+            name: name.into_string(),
             token: req.token,
             holder: None,
             current: None,
@@ -227,9 +224,8 @@ async fn list_elections(State(s): State<AppState>, _caller: ReadCaller) -> Resul
 async fn get_leader(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
 ) -> Result<Json<Leadership>> {
-    validate::name("name", &name)?;
     Ok(Json(s.locks.leader(&name).await?))
 }
 
@@ -267,10 +263,9 @@ pub struct CampaignResponse {
 async fn campaign(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     ApiJson(req): ApiJson<CampaignRequest>,
 ) -> Result<Json<CampaignResponse>> {
-    validate::name("name", &name)?;
     validate::opaque_key("candidate", &req.candidate)?;
     let ttl = check_ttl(&s, req.ttl_ms)?;
     let wait = check_wait(&s, req.wait_ms)?;
@@ -312,10 +307,9 @@ pub struct ResignRequest {
 async fn resign(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(name): Path<String>,
+    Path(name): Path<Name>,
     ApiJson(req): ApiJson<ResignRequest>,
 ) -> Result<Response> {
-    validate::name("name", &name)?;
     validate::opaque_key("candidate", &req.candidate)?;
     s.locks.resign(&name, &req.candidate, req.epoch).await?;
     Ok(no_content())

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 use serde::Deserialize;
 use utoipa::ToSchema;
@@ -11,10 +11,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{Heartbeat, NodeInfo, NodeKind, NodeList};
+use muster_api::NodeId;
+
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
-use crate::http::{OptJson, no_content};
+use crate::http::{OptJson, Path, no_content};
 use crate::validate;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -36,8 +38,7 @@ async fn list_nodes(State(s): State<AppState>, _caller: ReadCaller) -> Result<Js
 #[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 200, body = NodeInfo), (status = 404, description = "Unknown node")))]
-async fn get_node(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path<String>) -> Result<Json<NodeInfo>> {
-    validate::node_id("id", &id)?;
+async fn get_node(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path<NodeId>) -> Result<Json<NodeInfo>> {
     s.nodes
         .get(&id)
         .await?
@@ -80,10 +81,9 @@ validate::object_only!(HeartbeatBody);
 async fn heartbeat_node(
     State(s): State<AppState>,
     caller: WorkerCaller,
-    Path(id): Path<String>,
+    Path(id): Path<NodeId>,
     OptJson(body): OptJson<HeartbeatBody>,
 ) -> Result<Json<Heartbeat>> {
-    validate::node_id("id", &id)?;
     let ttl = body.ttl_ms.unwrap_or(s.cfg.nodes.ttl_ms);
     validate::in_range("ttl_ms", ttl, &validate::WORKER_TTL_MS)?;
     if body.labels.len() > validate::WORKER_LABELS_MAX
@@ -140,8 +140,7 @@ async fn heartbeat_node(
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Draining"), (status = 404, description = "No live node with this id")))]
-async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
-    validate::node_id("id", &id)?;
+async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<NodeId>) -> Result<Response> {
     s.nodes.drain(&id, &caller.name).await?;
     Ok(no_content())
 }
@@ -156,8 +155,7 @@ async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Pa
     responses((status = 204, description = "Left"), (status = 404, description = "Unknown worker"),
                (status = 403, description = "A worker registered by another credential"),
                (status = 409, description = "A muster node, not a worker")))]
-async fn leave_worker(State(s): State<AppState>, caller: WorkerCaller, Path(id): Path<String>) -> Result<Response> {
-    validate::node_id("id", &id)?;
+async fn leave_worker(State(s): State<AppState>, caller: WorkerCaller, Path(id): Path<NodeId>) -> Result<Response> {
     s.nodes.leave_worker(&id, &caller.name).await?;
     Ok(no_content())
 }
@@ -167,8 +165,7 @@ async fn leave_worker(State(s): State<AppState>, caller: WorkerCaller, Path(id):
 #[utoipa::path(delete, path = "/api/v1/nodes/{id}", tag = "nodes", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Removed"), (status = 404, description = "Unknown node")))]
-async fn delete_node(State(s): State<AppState>, _caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
-    validate::node_id("id", &id)?;
+async fn delete_node(State(s): State<AppState>, _caller: AdminCaller, Path(id): Path<NodeId>) -> Result<Response> {
     s.nodes.leave(&id, "removed").await?;
     Ok(no_content())
 }

@@ -1,7 +1,7 @@
 //! REST routes of the schedules.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -10,10 +10,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{Schedule, ScheduleDef, ScheduleError, Triggered};
+use muster_api::Name;
+
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller};
 use crate::error::{ApiError, Result};
-use crate::http::{ApiJson, ApiQuery, no_content};
+use crate::http::{ApiJson, ApiQuery, Path, no_content};
 use crate::validate;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -74,17 +76,16 @@ pub struct GetParams {
 async fn get_schedule(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(id): Path<String>,
+    Path(id): Path<Name>,
     ApiQuery(p): ApiQuery<GetParams>,
 ) -> Result<Json<Schedule>> {
-    validate::name("id", &id)?;
     let history = p.history.unwrap_or(50);
     validate::in_range("history", history, &validate::SCHEDULE_HISTORY)?;
     s.schedules
         .get(&id, history)
         .await?
         .map(Json)
-        .ok_or_else(|| ScheduleError::NotFound(id).into())
+        .ok_or_else(|| ScheduleError::NotFound(id.into_string()).into())
 }
 
 /// Creates or replaces a schedule. A replaced schedule keeps its cursor:
@@ -99,13 +100,12 @@ async fn get_schedule(
 async fn put_schedule(
     State(s): State<AppState>,
     caller: AdminCaller,
-    Path(id): Path<String>,
+    Path(id): Path<Name>,
     ApiJson(mut def): ApiJson<ScheduleDef>,
 ) -> Result<Response> {
-    validate::name("id", &id)?;
     if def.id.is_empty() {
-        def.id = id.clone();
-    } else if def.id != id {
+        def.id = id.to_string();
+    } else if def.id != id.as_str() {
         return Err(ApiError::bad_request(format!(
             "the body's `id` ({}) differs from the path ({id}); leave it out or make them equal",
             validate::shorten(&def.id)
@@ -139,10 +139,9 @@ pub struct DeleteParams {
 async fn delete_schedule(
     State(s): State<AppState>,
     caller: AdminCaller,
-    Path(id): Path<String>,
+    Path(id): Path<Name>,
     ApiQuery(p): ApiQuery<DeleteParams>,
 ) -> Result<Response> {
-    validate::name("id", &id)?;
     s.schedules.delete(&id, &caller.name, p.force.unwrap_or(false)).await?;
     Ok(no_content())
 }
@@ -163,10 +162,9 @@ async fn delete_schedule(
 async fn trigger_schedule(
     State(s): State<AppState>,
     caller: AdminCaller,
-    Path(id): Path<String>,
+    Path(id): Path<Name>,
     headers: HeaderMap,
 ) -> Result<Response> {
-    validate::name("id", &id)?;
     let key = crate::tasks::routes::idempotency_header(&headers)?;
     let t = s.schedules.trigger(&id, &caller.name, key.as_deref()).await?;
     let status = if t.replayed {
@@ -182,8 +180,7 @@ async fn trigger_schedule(
 #[utoipa::path(post, path = "/api/v1/schedules/{id}/enable", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Schedule id")),
     responses((status = 204, description = "Enabled"), (status = 404, description = "Unknown schedule")))]
-async fn enable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
-    validate::name("id", &id)?;
+async fn enable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<Name>) -> Result<Response> {
     s.schedules.set_enabled(&id, true, &caller.name).await?;
     Ok(no_content())
 }
@@ -192,8 +189,7 @@ async fn enable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id
 #[utoipa::path(post, path = "/api/v1/schedules/{id}/disable", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Schedule id")),
     responses((status = 204, description = "Disabled"), (status = 404, description = "Unknown schedule")))]
-async fn disable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
-    validate::name("id", &id)?;
+async fn disable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<Name>) -> Result<Response> {
     s.schedules.set_enabled(&id, false, &caller.name).await?;
     Ok(no_content())
 }

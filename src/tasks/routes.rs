@@ -1,7 +1,7 @@
 //! REST routes of the task store.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -10,10 +10,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{Submitted, TaskError, TaskSpec};
+use muster_api::Name;
+
 use crate::app::AppState;
 use crate::auth::WorkerCaller;
 use crate::error::{ApiError, Result};
-use crate::http::ApiJson;
+use crate::http::{ApiJson, Path};
 use crate::validate;
 
 mod admin;
@@ -91,11 +93,10 @@ pub(crate) fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>> 
 async fn submit_task(
     State(s): State<AppState>,
     caller: WorkerCaller,
-    Path(queue): Path<String>,
+    Path(queue): Path<Name>,
     headers: HeaderMap,
     ApiJson(mut spec): ApiJson<TaskSpec>,
 ) -> Result<Response> {
-    validate::name("queue", &queue)?;
     if let Some(h) = idempotency_header(&headers)? {
         match &spec.idempotency_key {
             Some(k) if *k != h => {
@@ -115,7 +116,7 @@ async fn submit_task(
             StatusCode::CREATED,
             Json(SubmitResponse {
                 id,
-                queue,
+                queue: queue.into_string(),
                 state,
                 replayed: false,
             }),
@@ -190,10 +191,9 @@ fn item_error(e: &ApiError) -> BatchItem {
 async fn submit_batch(
     State(s): State<AppState>,
     caller: WorkerCaller,
-    Path(queue): Path<String>,
+    Path(queue): Path<Name>,
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> Result<Json<BatchResponse>> {
-    validate::name("queue", &queue)?;
     if !validate::BATCH_ITEMS.contains(&req.tasks.len()) {
         return Err(ApiError::bad_request(format!(
             "`tasks` must hold {} to {} tasks",

@@ -9,20 +9,22 @@
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 
 use super::Layout;
 use super::UiForm;
 use super::filters;
+use muster_api::Name;
+
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::barriers::{BarrierConfigView, BarrierError, DoubleBarrier, Hold, Round, Verdict};
 use crate::config::Role;
 use crate::error::Result;
+use crate::http::Path;
 use crate::locks::{Leadership, LockInfo};
-use crate::validate;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -136,12 +138,11 @@ pub struct BarrierPage {
     pub live: bool,
 }
 
-async fn barrier_page(State(s): State<AppState>, caller: ReadCaller, Path(name): Path<String>) -> Result<BarrierPage> {
-    validate::name("name", &name)?;
+async fn barrier_page(State(s): State<AppState>, caller: ReadCaller, Path(name): Path<Name>) -> Result<BarrierPage> {
     let config = s.barriers.get(&name).await?;
     let (hold, _) = s.barriers.hold_state(&name).await?;
     if config.is_none() && !hold.held {
-        return Err(BarrierError::NotFound(name).into());
+        return Err(BarrierError::NotFound(name.into_string()).into());
     }
     let rounds: Vec<RoundView> = match config {
         Some(_) => s
@@ -156,7 +157,7 @@ async fn barrier_page(State(s): State<AppState>, caller: ReadCaller, Path(name):
     let live = rounds.iter().any(|r| r.open);
     Ok(BarrierPage {
         layout: Layout::new(&s, Some(&caller.0), &format!("Barrier {name}"), "Barriers"),
-        name,
+        name: name.into_string(),
         config,
         hold,
         rounds,

@@ -4,18 +4,20 @@
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 
 use super::filters;
 use super::{Layout, UiForm};
+use muster_api::Name;
+
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::config::Role;
 use crate::error::{ApiError, Result};
+use crate::http::Path;
 use crate::schedules::{HistoryEntry, Schedule, Timing};
-use crate::validate;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -99,9 +101,8 @@ pub struct SchedulePageView {
 async fn schedule_page(
     State(s): State<AppState>,
     caller: ReadCaller,
-    Path(id): Path<String>,
+    Path(id): Path<Name>,
 ) -> Result<SchedulePageView> {
-    validate::name("id", &id)?;
     let sc = s
         .schedules
         .get(&id, s.schedules.config().history_max as usize)

@@ -3,17 +3,20 @@
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::filters;
 use super::{Layout, UiForm};
+use muster_api::Name;
+
 use crate::app::AppState;
 use crate::auth::{Caller, ReadCaller};
 use crate::config::Role;
 use crate::error::{ApiError, Result};
+use crate::http::Path;
 use crate::tasks::bulk::{self, BulkAction};
 use crate::tasks::{GroupInfo, QueueStats, STATES, Task, TaskPage};
 use crate::validate;
@@ -96,10 +99,9 @@ pub struct QueuePage {
 async fn queue_page(
     State(s): State<AppState>,
     caller: ReadCaller,
-    Path(queue): Path<String>,
+    Path(queue): Path<Name>,
     Query(q): Query<PageQuery>,
 ) -> Result<QueuePage> {
-    validate::name("queue", &queue)?;
     let state = q.state.clone().unwrap_or_else(|| "queued".into());
     if !STATES.contains(&state.as_str()) {
         return Err(ApiError::bad_request(format!(
@@ -108,12 +110,7 @@ async fn queue_page(
         )));
     }
     let cursor = q.cursor.unwrap_or(0).min(1_000_000);
-    let stats = s
-        .tasks
-        .stats_for(std::slice::from_ref(&queue))
-        .await?
-        .pop()
-        .unwrap_or_default();
+    let stats = s.tasks.stats_for(&[queue.to_string()]).await?.pop().unwrap_or_default();
     let tabs = vec![
         ("queued", stats.queued),
         ("delayed", stats.delayed),
@@ -124,7 +121,7 @@ async fn queue_page(
     ];
     let st = &stats;
     let empty = st.queued + st.delayed + st.running + st.succeeded + st.cancelled + st.dead == 0;
-    if empty && !s.tasks.queues().await?.iter().any(|q| q.name == queue) {
+    if empty && !s.tasks.queues().await?.iter().any(|q| q.name == queue.as_str()) {
         return Err(ApiError::not_found(format!(
             "no queue `{queue}`: a queue exists once a task was submitted to it"
         )));
@@ -135,7 +132,7 @@ async fn queue_page(
     let hour = super::hour_totals(&s, Some(&queue)).await;
     Ok(QueuePage {
         hour,
-        chart_queue: Some(queue.clone()),
+        chart_queue: Some(queue.to_string()),
         layout: Layout::new(&s, Some(&caller.0), &format!("Queue {queue}"), "Queues"),
         bulk,
         stats,
@@ -165,8 +162,7 @@ fn pretty(raw: &serde_json::value::RawValue) -> String {
         .unwrap_or_else(|_| raw.get().to_string())
 }
 
-async fn task_page(State(s): State<AppState>, caller: ReadCaller, Path(id): Path<String>) -> Result<TaskPageView> {
-    validate::name("id", &id)?;
+async fn task_page(State(s): State<AppState>, caller: ReadCaller, Path(id): Path<Name>) -> Result<TaskPageView> {
     let task = s
         .tasks
         .get(&id)

@@ -6,17 +6,20 @@ use std::collections::HashMap;
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::filters;
 use super::{Layout, UiForm};
+use muster_api::Name;
+
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::config::Role;
 use crate::error::Result;
+use crate::http::Path;
 use crate::workflows::{Workflow, WorkflowSummary};
 
 pub fn router() -> Router<AppState> {
@@ -160,8 +163,7 @@ fn layout(wf: &Workflow) -> (Vec<NodeBox>, Vec<Edge>, i64, i64) {
     (boxes, edges, width, height)
 }
 
-async fn workflow_page(State(s): State<AppState>, caller: ReadCaller, Path(id): Path<String>) -> Result<WorkflowPage> {
-    crate::validate::name("id", &id)?;
+async fn workflow_page(State(s): State<AppState>, caller: ReadCaller, Path(id): Path<Name>) -> Result<WorkflowPage> {
     let wf = s.workflows.get(&id).await?;
     let (boxes, edges, width, height) = layout(&wf);
     Ok(WorkflowPage {

@@ -1,7 +1,7 @@
 //! REST routes of workflows.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -10,10 +10,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{NewWorkflow, Workflow, WorkflowSummary};
+use muster_api::TaskId;
+
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
-use crate::http::{ApiJson, ApiQuery};
+use crate::http::{ApiJson, ApiQuery, Path};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -27,10 +29,6 @@ pub struct CreatedWorkflow {
     pub id: String,
     /// True when the idempotency key returned an existing workflow.
     pub replayed: bool,
-}
-
-fn check_id(id: &str) -> Result<()> {
-    Ok(crate::validate::id("workflow", id)?)
 }
 
 /// Starts a workflow: a DAG of tasks. Tasks without dependencies are queued
@@ -115,9 +113,8 @@ async fn list_workflows(
 async fn get_workflow(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(id): Path<String>,
+    Path(id): Path<TaskId>,
 ) -> Result<Json<Workflow>> {
-    check_id(&id)?;
     Ok(Json(s.workflows.get(&id).await?))
 }
 
@@ -127,8 +124,7 @@ async fn get_workflow(
     params(("id" = String, Path, description = "Workflow id")),
     responses((status = 204, description = "Cancelled"), (status = 404, description = "Unknown workflow"),
               (status = 409, description = "Already finished")))]
-async fn cancel_workflow(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<String>) -> Result<Response> {
-    check_id(&id)?;
+async fn cancel_workflow(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<TaskId>) -> Result<Response> {
     s.workflows.cancel(&id, &caller.name).await?;
     Ok(crate::http::no_content())
 }

@@ -29,6 +29,122 @@ async fn method_not_allowed_names_the_methods() {
     assert!(detail.ends_with(&allow), "{detail} (allow: {allow})");
 }
 
+/// Every path parameter is checked by its type before the handler runs (a
+/// name, a node id, a task id): a bad one is a 400 problem that names the
+/// parameter, and nothing is created or changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_parameters_are_checked_by_their_types_and_named() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let too_long = "n".repeat(65);
+    let cases: Vec<(Method, String, Value, &str)> = vec![
+        (
+            Method::POST,
+            "/api/v1/queues/bad%20name/tasks".into(),
+            json!({}),
+            "`queue` must be",
+        ),
+        (Method::POST, "/api/v1/queues/../tasks".into(), json!({}), ""),
+        (
+            Method::POST,
+            "/api/v1/queues/x%7By%7D/pause".into(),
+            Value::Null,
+            "`queue` must be",
+        ),
+        (
+            Method::PUT,
+            "/api/v1/groups/a:b".into(),
+            json!({"limit": 1}),
+            "`group` must be",
+        ),
+        (
+            Method::GET,
+            "/api/v1/aliases/a%20b".into(),
+            Value::Null,
+            "`alias` must be",
+        ),
+        (
+            Method::GET,
+            format!("/api/v1/nodes/{too_long}"),
+            Value::Null,
+            "`id` must be 1 to 64",
+        ),
+        (
+            Method::PUT,
+            "/api/v1/nodes/bad%20id/heartbeat".into(),
+            json!({}),
+            "`id` must be",
+        ),
+        (
+            Method::GET,
+            "/api/v1/tasks/not-an-id".into(),
+            Value::Null,
+            "`id` must be a 26-character id",
+        ),
+        (
+            Method::POST,
+            "/api/v1/tasks/01ARZ3NDEKTSV4RRFFQ69G5FA/cancel".into(),
+            json!({}),
+            "`id` must be a 26",
+        ),
+        (
+            Method::GET,
+            "/api/v1/workflows/zz".into(),
+            Value::Null,
+            "`id` must be a 26-character id",
+        ),
+        (
+            Method::PUT,
+            "/api/v1/barriers/b%20b".into(),
+            json!({"participants": ["a"]}),
+            "`name` must be",
+        ),
+        (
+            Method::GET,
+            "/api/v1/barriers/ok/rounds/r%20r".into(),
+            Value::Null,
+            "`round` must be",
+        ),
+        (
+            Method::POST,
+            "/api/v1/locks/l%20l/acquire".into(),
+            json!({"owner": "o", "ttl_ms": 1000}),
+            "`name` must be",
+        ),
+        (
+            Method::POST,
+            "/api/v1/schedules/s%20s/trigger".into(),
+            json!({}),
+            "`id` must be",
+        ),
+    ];
+    for (method, path, body, says) in cases {
+        let mut req = app.request(method.clone(), &path);
+        if !body.is_null() {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        if says.is_empty() {
+            // `..` is removed by the client before it is sent (RFC 3986):
+            // whatever route that leaves must not create a queue named so.
+            assert_ne!(status, 201, "{method} {path}");
+            continue;
+        }
+        assert_eq!(status, 400, "{method} {path}");
+        assert_eq!(
+            resp.headers()["content-type"].to_str().unwrap(),
+            "application/problem+json",
+            "{method} {path}"
+        );
+        let p: Value = resp.json().await.unwrap();
+        let detail = p["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(says), "{method} {path}: {detail}");
+    }
+    let (_, queues) = app.get("/api/v1/queues").await;
+    assert_eq!(queues["queues"], json!([]), "nothing was created");
+}
+
 fn tokens() -> Vec<TokenConfig> {
     role_tokens("tok")
 }

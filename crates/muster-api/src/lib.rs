@@ -13,7 +13,7 @@ pub mod tasks;
 pub mod workflows;
 
 pub use locks::{Acquired, Renewed};
-pub use names::{generated_node_id, is_name, is_node_id};
+pub use names::{Name, NodeId, NotA, TaskId, generated_node_id, is_id, is_name, is_node_id};
 pub use schedules::{Overlap, ScheduleDef, TaskTemplate};
 pub use tasks::{GroupInfo, QueueStats, TaskSpec};
 pub use workflows::{FailurePolicy, WorkflowTaskSpec};

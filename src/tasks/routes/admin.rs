@@ -1,19 +1,20 @@
 //! REST routes of the task store: listings, queues, single tasks, dead letters and groups.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use muster_api::{Name, TaskId};
+
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
-use crate::http::{ApiQuery, OptJson, no_content};
+use crate::http::{ApiQuery, OptJson, Path, no_content};
 use crate::tasks::{GroupInfo, QueueStats, STATES, Task, TaskError, TaskPage};
 use crate::validate;
 
-use super::check_task_id;
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
@@ -50,10 +51,9 @@ fn page_args(p: &ListParams) -> Result<(usize, usize)> {
 pub(super) async fn list_tasks(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(queue): Path<String>,
+    Path(queue): Path<Name>,
     ApiQuery(p): ApiQuery<ListParams>,
 ) -> Result<Json<TaskPage>> {
-    validate::name("queue", &queue)?;
     let state = p.state.clone().unwrap_or_else(|| "queued".into());
     if !STATES.contains(&state.as_str()) {
         return Err(ApiError::bad_request(format!(
@@ -93,15 +93,9 @@ pub struct QueueDetail {
 pub(super) async fn get_queue(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(queue): Path<String>,
+    Path(queue): Path<Name>,
 ) -> Result<Json<QueueDetail>> {
-    validate::name("queue", &queue)?;
-    let stats = s
-        .tasks
-        .stats_for(std::slice::from_ref(&queue))
-        .await?
-        .pop()
-        .unwrap_or_default();
+    let stats = s.tasks.stats_for(&[queue.to_string()]).await?.pop().unwrap_or_default();
     let groups = s.tasks.groups(Some(&queue)).await?;
     Ok(Json(QueueDetail { stats, groups }))
 }
@@ -113,9 +107,8 @@ pub(super) async fn get_queue(
 pub(super) async fn pause_queue(
     State(s): State<AppState>,
     caller: AdminCaller,
-    Path(queue): Path<String>,
+    Path(queue): Path<Name>,
 ) -> Result<Response> {
-    validate::name("queue", &queue)?;
     s.tasks.set_paused(&queue, true, &caller.name).await?;
     Ok(no_content())
 }
@@ -127,9 +120,8 @@ pub(super) async fn pause_queue(
 pub(super) async fn resume_queue(
     State(s): State<AppState>,
     caller: AdminCaller,
-    Path(queue): Path<String>,
+    Path(queue): Path<Name>,
 ) -> Result<Response> {
-    validate::name("queue", &queue)?;
     s.tasks.set_paused(&queue, false, &caller.name).await?;
     Ok(no_content())
 }
@@ -141,14 +133,13 @@ pub(super) async fn resume_queue(
 pub(super) async fn get_task(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(id): Path<String>,
+    Path(id): Path<TaskId>,
 ) -> Result<Json<Task>> {
-    check_task_id(&id)?;
     s.tasks
         .get(&id)
         .await?
         .map(Json)
-        .ok_or_else(|| TaskError::NotFound(id).into())
+        .ok_or_else(|| TaskError::NotFound(id.into_string()).into())
 }
 
 /// Discards a finished (succeeded, cancelled or dead) task now.
@@ -159,9 +150,8 @@ pub(super) async fn get_task(
 pub(super) async fn delete_task(
     State(s): State<AppState>,
     caller: AdminCaller,
-    Path(id): Path<String>,
+    Path(id): Path<TaskId>,
 ) -> Result<Response> {
-    check_task_id(&id)?;
     s.tasks.delete(&id, &caller.name).await?;
     Ok(no_content())
 }
@@ -173,9 +163,8 @@ pub(super) async fn delete_task(
 pub(super) async fn get_alias(
     State(s): State<AppState>,
     _caller: ReadCaller,
-    Path(alias): Path<String>,
+    Path(alias): Path<Name>,
 ) -> Result<Json<Task>> {
-    validate::name("alias", &alias)?;
     let id = s.tasks.alias_holder(&alias).await?;
     let not_found = || ApiError::not_found(format!("no task holds the alias `{alias}`"));
     let id = id.ok_or_else(not_found)?;
@@ -198,9 +187,8 @@ pub struct CancelResponse {
 pub(super) async fn cancel_task(
     State(s): State<AppState>,
     caller: WorkerCaller,
-    Path(id): Path<String>,
+    Path(id): Path<TaskId>,
 ) -> Result<Json<CancelResponse>> {
-    check_task_id(&id)?;
     let state = s.tasks.cancel(&id, &caller.name).await?;
     let cancel_requested = state == "running";
     Ok(Json(CancelResponse {
@@ -218,9 +206,8 @@ pub(super) async fn cancel_task(
 pub(super) async fn retry_task(
     State(s): State<AppState>,
     caller: AdminCaller,
-    Path(id): Path<String>,
+    Path(id): Path<TaskId>,
 ) -> Result<Response> {
-    check_task_id(&id)?;
     s.tasks.retry(&id, &caller.name).await?;
     Ok(no_content())
 }
@@ -290,10 +277,9 @@ const GROUP_BODY: &str = r#"send {"limit": n} (1 to 100000) to set the group's l
 pub(super) async fn put_group(
     State(s): State<AppState>,
     caller: AdminCaller,
-    Path(group): Path<String>,
+    Path(group): Path<Name>,
     body: std::result::Result<OptJson<Option<serde_json::Value>>, ApiError>,
 ) -> Result<Json<GroupInfo>> {
-    validate::name("group", &group)?;
     let hint = |m: String| format!("{m}; {GROUP_BODY}");
     let req: GroupRequest = match body {
         Ok(OptJson(Some(v))) => GroupRequest::deserialize(crate::lenient::value(v))
@@ -312,7 +298,7 @@ pub(super) async fn put_group(
     }
     let running = s.tasks.set_group_limit(&group, req.limit, &caller.name).await?;
     Ok(Json(GroupInfo {
-        name: group,
+        name: group.into_string(),
         limit: req.limit,
         running,
         queued: 0,

@@ -3,16 +3,18 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
+use muster_api::{Name, TaskId};
+
 use crate::app::AppState;
 use crate::auth::WorkerCaller;
 use crate::error::{ApiError, Result};
-use crate::http::{ApiJson, no_content};
+use crate::http::{ApiJson, Path, no_content};
 use crate::tasks::{Claimed, Finished, NextAsk, NextClaim, NextTasks, TaskError};
 use crate::validate;
 
@@ -60,10 +62,9 @@ pub struct ClaimResponse {
 pub(super) async fn claim_tasks(
     State(s): State<AppState>,
     caller: WorkerCaller,
-    Path(queue): Path<String>,
+    Path(queue): Path<Name>,
     ApiJson(req): ApiJson<ClaimRequest>,
 ) -> Result<Response> {
-    validate::name("queue", &queue)?;
     validate::node_id("node", &req.node)?;
     let max = req.max.unwrap_or(1);
     validate::in_range("max", max, &validate::CLAIM_MAX)?;
@@ -126,10 +127,9 @@ pub struct HeartbeatResponse {
 pub(super) async fn heartbeat_task(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(id): Path<String>,
+    Path(id): Path<TaskId>,
     ApiJson(req): ApiJson<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>> {
-    check_task_id(&id)?;
     if let Some(p) = req.progress {
         validate::in_range("progress", p, &validate::PROGRESS)?;
     }
@@ -168,10 +168,9 @@ pub struct AckRequest {
 pub(super) async fn ack_task(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(id): Path<String>,
+    Path(id): Path<TaskId>,
     ApiJson(req): ApiJson<AckRequest>,
 ) -> Result<Json<HeartbeatResponse>> {
-    check_task_id(&id)?;
     let cancel_requested = s.tasks.heartbeat(&id, req.token, None, None).await?;
     Ok(Json(HeartbeatResponse {
         state: "running".into(),
@@ -280,13 +279,12 @@ fn result_text(s: &AppState, result: Option<Box<RawValue>>) -> Result<String> {
 pub(super) async fn complete_task(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(id): Path<String>,
+    Path(id): Path<TaskId>,
     ApiJson(req): ApiJson<CompleteRequest>,
 ) -> Result<Json<FinishedNext>> {
-    check_task_id(&id)?;
     let result = result_text(&s, req.result)?;
     let ask = next_ask(&s, req.next)?;
-    let items = [(id.clone(), req.token, result)];
+    let items = [(id.to_string(), req.token, result)];
     let (out, next) = s
         .tasks
         .finish_then_claim(ask, |next| s.tasks.complete_then(&items, next))
@@ -461,10 +459,9 @@ pub struct FailRequest {
 pub(super) async fn fail_task(
     State(s): State<AppState>,
     _caller: WorkerCaller,
-    Path(id): Path<String>,
+    Path(id): Path<TaskId>,
     ApiJson(req): ApiJson<FailRequest>,
 ) -> Result<Json<FinishedNext>> {
-    check_task_id(&id)?;
     let mut error = req.error;
     if error.len() > 4096 {
         let mut cut = 4096;
