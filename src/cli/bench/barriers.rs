@@ -4,8 +4,8 @@
 //! the verdict (spread over the given nodes, round robin); once the round
 //! shows all of them arrived, the last participant arrives and the clock
 //! starts. Each waiter's latency is the time from sending the last arrival
-//! to having received its own `released` answer (before the load generator
-//! parses it): the decision script, the event
+//! to the typed client returning its own `released` answer: the decision
+//! script, the event
 //! through the stream, each node's tailer, the wake-up, the re-read and the
 //! HTTP response. The report gives p50/p99/max over every waiter, and over
 //! the slowest waiter of each round (the time until everyone may run).
@@ -13,8 +13,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use muster_client::{Arrive, Client};
 use serde::Serialize;
-use serde_json::{Value, json};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -65,37 +65,20 @@ pub struct BenchReport {
     pub last_arrival_call: Latency,
 }
 
-struct Client {
-    http: reqwest::Client,
-    token: Option<String>,
-}
-
-impl Client {
-    async fn send(&self, method: reqwest::Method, url: String, body: Option<Value>) -> Result<(u16, Value), String> {
-        self.send_timed(method, url, body).await.map(|(_, s, v)| (s, v))
-    }
-
-    /// Also returns when the whole answer had arrived (before the client
-    /// parses it: parsing is the load generator's cost, not the server's).
-    async fn send_timed(
-        &self,
-        method: reqwest::Method,
-        url: String,
-        body: Option<Value>,
-    ) -> Result<(Instant, u16, Value), String> {
-        let mut req = self.http.request(method, url);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
-        let at = Instant::now();
-        Ok((at, status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
-    }
+/// One typed client per node URL, so each participant keeps to its node
+/// (no failover: a node that fails fails the bench).
+fn clients(o: &BenchOptions) -> Result<Vec<Client>, String> {
+    o.urls
+        .iter()
+        .map(|u| {
+            Client::builder()
+                .url(u.as_str())
+                .token_opt(o.token.clone())
+                .retry_for(Duration::ZERO)
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// Runs the benchmark and deletes its barrier afterwards.
@@ -103,36 +86,20 @@ pub async fn run(o: BenchOptions) -> Result<BenchReport, String> {
     if o.participants < 2 || o.urls.is_empty() || o.rounds == 0 {
         return Err("need at least 2 participants, 1 round and 1 node URL".into());
     }
-    let http = reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(o.participants * 2)
-        .timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| e.to_string())?;
-    let c = Arc::new(Client {
-        http,
-        token: o.token.clone(),
-    });
-    let urls: Vec<String> = o.urls.iter().map(|u| u.trim_end_matches('/').to_string()).collect();
+    let nodes = Arc::new(clients(&o)?);
     let suffix = ulid::Ulid::generate().to_string().to_lowercase();
     let name = format!("bench-{}", &suffix[suffix.len() - 8..]);
     let parts: Vec<String> = (0..o.participants).map(|i| format!("p{i}")).collect();
-    let (status, body) = c
-        .send(
-            reqwest::Method::PUT,
-            format!("{}/api/v1/barriers/{name}", urls[0]),
-            Some(json!({"participants": parts, "max_missing": 0, "timeout_ms": 60_000})),
-        )
-        .await?;
-    if status >= 300 {
-        return Err(format!("configuring the barrier failed: {status} {body}"));
-    }
+    nodes[0]
+        .put_barrier(&name, &parts, 0, 60_000)
+        .await
+        .map_err(|e| format!("configuring the barrier failed: {e}"))?;
     let mut waiter = Vec::new();
     let mut per_round = Vec::new();
     let mut last_call = Vec::new();
     let result = async {
         for round in 0..o.warmup + o.rounds {
-            let (w, r, l) = one_round(&c, &urls, &name, &format!("r{round}"), &parts).await?;
+            let (w, r, l) = one_round(&nodes, &name, &format!("r{round}"), &parts).await?;
             if round >= o.warmup {
                 waiter.extend(w);
                 per_round.push(r);
@@ -142,18 +109,12 @@ pub async fn run(o: BenchOptions) -> Result<BenchReport, String> {
         Ok::<(), String>(())
     }
     .await;
-    let _ = c
-        .send(
-            reqwest::Method::DELETE,
-            format!("{}/api/v1/barriers/{name}", urls[0]),
-            None,
-        )
-        .await;
+    let _ = nodes[0].delete_barrier(&name).await;
     result?;
     Ok(BenchReport {
         participants: o.participants,
         rounds: o.rounds,
-        nodes: urls.len(),
+        nodes: nodes.len(),
         release_latency: Latency::of(waiter),
         round_release_latency: Latency::of(per_round),
         last_arrival_call: Latency::of(last_call),
@@ -165,9 +126,10 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// One round: returns (each waiter's latency, the slowest, the last call), ms.
+/// Latencies end when the typed client returned the answer (parsed: a few
+/// microseconds for these small answers).
 async fn one_round(
-    c: &Arc<Client>,
-    urls: &[String],
+    nodes: &Arc<Vec<Client>>,
     name: &str,
     round: &str,
     parts: &[String],
@@ -175,45 +137,51 @@ async fn one_round(
     let (last, waiters) = parts.split_last().ok_or("no participants")?;
     let mut tasks = Vec::new();
     for (i, p) in waiters.iter().enumerate() {
-        let c = c.clone();
-        let url = format!("{}/api/v1/barriers/{name}/rounds/{round}/arrive", urls[i % urls.len()]);
-        let body = json!({"node": p, "wait_ms": 30_000});
+        let nodes = nodes.clone();
+        let (name, round) = (name.to_string(), round.to_string());
+        let arrive = Arrive {
+            node: p.clone(),
+            wait_ms: 30_000,
+        };
         tasks.push(tokio::spawn(async move {
-            c.send_timed(reqwest::Method::POST, url, Some(body)).await
+            let answer = nodes[i % nodes.len()].arrive(&name, &round, &arrive).await;
+            (Instant::now(), answer)
         }));
     }
     // Every waiter has arrived (and is waiting) before the last one comes.
-    let get = format!("{}/api/v1/barriers/{name}/rounds/{round}", urls[0]);
     let started = Instant::now();
     loop {
-        let (status, r) = c.send(reqwest::Method::GET, get.clone(), None).await?;
-        if status == 200 && r["arrived"].as_array().map_or(0, Vec::len) == waiters.len() {
+        let r = nodes[0].round(name, round).await;
+        if let Ok(r) = &r
+            && r["arrived"].as_array().map_or(0, Vec::len) == waiters.len()
+        {
             break;
         }
         if started.elapsed() > Duration::from_secs(30) {
-            return Err(format!("round {round}: the waiters did not all arrive: {r}"));
+            return Err(format!("round {round}: the waiters did not all arrive: {r:?}"));
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let url = format!(
-        "{}/api/v1/barriers/{name}/rounds/{round}/arrive",
-        urls[(parts.len() - 1) % urls.len()]
-    );
+    let arrive = Arrive {
+        node: last.clone(),
+        wait_ms: 0,
+    };
     let t0 = Instant::now();
-    let (at, status, v) = c
-        .send_timed(reqwest::Method::POST, url, Some(json!({"node": last, "wait_ms": 0})))
-        .await?;
-    let last_call = ms(at.saturating_duration_since(t0));
-    if status != 200 || v["verdict"] != "released" {
-        return Err(format!("round {round}: the last arrival got {status} {v}"));
+    let v = nodes[(parts.len() - 1) % nodes.len()]
+        .arrive(name, round, &arrive)
+        .await
+        .map_err(|e| format!("round {round}: the last arrival failed: {e}"))?;
+    let last_call = ms(t0.elapsed());
+    if v.verdict != "released" {
+        return Err(format!("round {round}: the last arrival got {v:?}"));
     }
     let mut lat = Vec::with_capacity(tasks.len());
     for t in tasks {
-        let (at, status, v) = t.await.map_err(|e| e.to_string())??;
-        if status != 200 || v["verdict"] != "released" || v["may_run"] != true {
-            return Err(format!("round {round}: a waiter got {status} {v}"));
+        let (at, answer) = t.await.map_err(|e| e.to_string())?;
+        match answer {
+            Ok(v) if v.verdict == "released" && v.may_run => lat.push(ms(at.saturating_duration_since(t0))),
+            other => return Err(format!("round {round}: a waiter got {other:?}")),
         }
-        lat.push(ms(at.saturating_duration_since(t0)));
     }
     let slowest = lat.iter().cloned().fold(0.0, f64::max);
     Ok((lat, slowest, last_call))
