@@ -41,7 +41,10 @@ use sha2::{Digest, Sha256};
 use crate::app::AppState;
 use crate::config::{AuthConfig, Role};
 use crate::error::ApiError;
-use crate::store::StoreError;
+
+mod sessions;
+pub use sessions::{create_session, end_session, hex};
+use sessions::{csrf_for, session_caller};
 
 pub const SESSION_COOKIE: &str = "muster_session";
 
@@ -157,74 +160,6 @@ impl Auth {
             csrf: self.anon_csrf.clone(),
         }
     }
-}
-
-/// Starts a dashboard session for `token` (which must resolve); returns the
-/// session id for the cookie.
-pub async fn create_session(s: &AppState, token: &str) -> Result<String, StoreError> {
-    let id = hex(&rand::random::<[u8; 32]>());
-    let token_hash = hex(&Sha256::digest(token.as_bytes()));
-    s.store
-        .session_put(&id_hash(&id), &token_hash, s.cfg.auth.session_ttl_ms)
-        .await?;
-    Ok(id)
-}
-
-/// Ends a session on every node.
-pub async fn end_session(s: &AppState, id: &str) -> Result<(), StoreError> {
-    if !is_session_id(id) {
-        return Ok(());
-    }
-    s.store.session_del(&id_hash(id)).await
-}
-
-/// The caller of a session cookie: None when the session is unknown, ended
-/// or expired, or its token is no longer configured.
-async fn session_caller(s: &AppState, id: &str) -> Result<Option<Caller>, StoreError> {
-    if !is_session_id(id) {
-        return Ok(None);
-    }
-    let Some(stored) = s.store.session_get(&id_hash(id)).await? else {
-        return Ok(None);
-    };
-    let mut digest = [0u8; 32];
-    if stored.len() != 64 {
-        return Ok(None);
-    }
-    for (i, chunk) in stored.as_bytes().chunks(2).enumerate() {
-        let Some(b) = std::str::from_utf8(chunk)
-            .ok()
-            .and_then(|h| u8::from_str_radix(h, 16).ok())
-        else {
-            return Ok(None);
-        };
-        digest[i] = b;
-    }
-    Ok(s.auth.by_digest(&digest).map(|t| Caller {
-        name: t.name.clone(),
-        role: t.role,
-        csrf: csrf_for(id.as_bytes()),
-    }))
-}
-
-/// Redis keeps the hash of the id, so a read of Redis yields no cookie.
-fn id_hash(id: &str) -> String {
-    hex(&Sha256::digest(id.as_bytes()))
-}
-
-fn is_session_id(id: &str) -> bool {
-    id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-fn csrf_for(secret: &[u8]) -> String {
-    let mut h = Sha256::new();
-    h.update(b"muster-csrf\0");
-    h.update(secret);
-    hex(&h.finalize())
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Equality that takes the same time wherever the inputs differ.
@@ -616,43 +551,4 @@ impl<S: Send + Sync> FromRequestParts<S> for MaybeCaller {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::TokenConfig;
-
-    fn auth() -> Auth {
-        let digest = hex(&Sha256::digest(b"s3cret"));
-        Auth::new(&AuthConfig {
-            tokens: vec![TokenConfig {
-                name: "ops".into(),
-                role: Role::Worker,
-                sha256: digest,
-            }],
-            ..AuthConfig::default()
-        })
-    }
-
-    #[test]
-    fn resolves_tokens_by_digest() {
-        let a = auth();
-        let c = a.resolve("s3cret").unwrap();
-        assert_eq!(c.role, Role::Worker);
-        assert!(a.resolve("s3cre").is_none());
-        assert!(c.require(Role::Read).is_ok());
-        assert!(c.require(Role::Admin).is_err());
-    }
-
-    #[test]
-    fn normalises_origins() {
-        assert_eq!(normal_origin("HTTP", "Example.com:80"), "http://example.com");
-        assert_eq!(normal_origin("https", "a:443"), "https://a");
-        assert_eq!(normal_origin("http", "a:8080"), "http://a:8080");
-        assert_ne!(normal_origin("http", "a:8080"), normal_origin("http", "a:8081"));
-    }
-
-    #[test]
-    fn decodes_query_tokens() {
-        assert_eq!(query_token(Some("a=1&token=ab%2Fc")).as_deref(), Some("ab/c"));
-        assert_eq!(query_token(Some("a=1")), None);
-    }
-}
+mod tests;

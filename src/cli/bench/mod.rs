@@ -2,5 +2,6 @@
 //! `muster bench-barriers`: load through a running node's API.
 
 pub mod barriers;
+mod redis_stats;
 pub mod tasks;
 pub mod ws;
