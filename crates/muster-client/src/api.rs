@@ -46,6 +46,7 @@ fn polling(retry: Retry, wait_ms: u64) -> CallOptions {
 const NONE: Option<&Value> = None;
 
 mod coordination;
+mod flows;
 mod system;
 
 impl Client {
@@ -371,120 +372,6 @@ impl Client {
         self.call::<Value, Value>(Method::DELETE, &format!("/api/v1/nodes/{}", enc(id)), None, &idem())
             .await
             .map(drop)
-    }
-
-    // ---- workflows --------------------------------------------------------
-
-    /// Starts a workflow (a random idempotency key unless `w` has one, so
-    /// the call is retried safely).
-    pub async fn start_workflow(&self, w: &NewWorkflow) -> Result<CreatedWorkflow> {
-        let keyed;
-        let w = match w.idempotency_key {
-            Some(_) => w,
-            None => {
-                keyed = NewWorkflow {
-                    idempotency_key: Some(random_key()),
-                    ..w.clone()
-                };
-                &keyed
-            }
-        };
-        self.call_json(Method::POST, "/api/v1/workflows", Some(w), &idem())
-            .await
-    }
-
-    /// A page of workflows, newest first, optionally in one `state`
-    /// (running, succeeded, failed, cancelled) (as sent).
-    pub async fn workflows(&self, state: Option<&str>, limit: usize) -> Result<Value> {
-        let mut path = format!("/api/v1/workflows?limit={limit}");
-        if let Some(st) = state {
-            path.push_str(&format!("&state={}", enc(st)));
-        }
-        self.call_json(Method::GET, &path, NONE, &idem()).await
-    }
-
-    /// A workflow's state and each task's (as sent).
-    pub async fn workflow(&self, id: &str) -> Result<Value> {
-        self.call_json(Method::GET, &format!("/api/v1/workflows/{}", enc(id)), NONE, &idem())
-            .await
-    }
-
-    /// Cancels a workflow (admin).
-    pub async fn cancel_workflow(&self, id: &str) -> Result<Value> {
-        self.call_json(
-            Method::POST,
-            &format!("/api/v1/workflows/{}/cancel", enc(id)),
-            NONE,
-            &idem(),
-        )
-        .await
-    }
-
-    // ---- schedules --------------------------------------------------------
-
-    /// Every schedule (as sent).
-    pub async fn schedules(&self) -> Result<Value> {
-        self.call_json(Method::GET, "/api/v1/schedules", NONE, &idem()).await
-    }
-
-    /// One schedule with its history (as sent).
-    pub async fn schedule(&self, id: &str) -> Result<Value> {
-        self.call_json(Method::GET, &format!("/api/v1/schedules/{}", enc(id)), NONE, &idem())
-            .await
-    }
-
-    /// Creates or replaces a schedule (admin).
-    pub async fn put_schedule(&self, def: &ScheduleDef) -> Result<Value> {
-        self.call_json(
-            Method::PUT,
-            &format!("/api/v1/schedules/{}", enc(&def.id)),
-            Some(def),
-            &idem(),
-        )
-        .await
-    }
-
-    /// Creates a schedule (admin); 409 when its id exists. Retried only if
-    /// the request never left ([`Client::put_schedule`] is the idempotent
-    /// create-or-replace).
-    pub async fn create_schedule(&self, def: &ScheduleDef) -> Result<Value> {
-        self.call_json(Method::POST, "/api/v1/schedules", Some(def), &unkeyed())
-            .await
-    }
-
-    /// Enables (`true`) or disables a schedule (admin): enabled, it fires
-    /// the occurrences after now.
-    pub async fn set_schedule_enabled(&self, id: &str, enabled: bool) -> Result<Value> {
-        let verb = if enabled { "enable" } else { "disable" };
-        self.call_json(
-            Method::POST,
-            &format!("/api/v1/schedules/{}/{verb}", enc(id)),
-            NONE,
-            &idem(),
-        )
-        .await
-    }
-
-    /// Deletes a schedule (admin).
-    pub async fn delete_schedule(&self, id: &str) -> Result<()> {
-        self.call::<Value, Value>(Method::DELETE, &format!("/api/v1/schedules/{}", enc(id)), None, &idem())
-            .await
-            .map(drop)
-    }
-
-    /// Fires a schedule now (admin); with `key`, a retry fires nothing more.
-    pub async fn trigger_schedule(&self, id: &str, key: Option<&str>) -> Result<Value> {
-        let mut opts = if key.is_some() { idem() } else { unkeyed() };
-        if let Some(k) = key {
-            opts.headers.push(("idempotency-key", k.to_string()));
-        }
-        self.call_json(
-            Method::POST,
-            &format!("/api/v1/schedules/{}/trigger", enc(id)),
-            NONE,
-            &opts,
-        )
-        .await
     }
 
     // ---- barriers ---------------------------------------------------------
