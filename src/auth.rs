@@ -43,7 +43,7 @@ use crate::config::{AuthConfig, Role};
 use crate::error::ApiError;
 
 mod sessions;
-pub use sessions::{create_session, end_session, hex};
+pub use sessions::{create_session, end_session};
 use sessions::{csrf_for, session_caller};
 
 pub const SESSION_COOKIE: &str = "muster_session";

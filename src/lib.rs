@@ -50,35 +50,35 @@
 //! the embedded Redis.
 
 pub mod app;
-pub mod auth;
+mod auth;
 pub mod cli;
 
 pub use muster_client as client;
 pub mod config;
 pub mod durability;
-pub mod error;
+mod error;
 pub mod events;
-pub mod failover;
-pub mod health;
-pub mod http;
+mod failover;
+mod health;
+mod http;
 pub(crate) mod lenient;
 pub mod nodes;
-pub mod orphans;
-pub mod problem;
-pub mod schedules;
+mod orphans;
+mod problem;
+mod schedules;
 pub mod serve;
-pub mod stats;
+mod stats;
 pub mod store;
-pub mod system;
-pub mod tasks;
+mod system;
+mod tasks;
 pub mod telemetry;
 pub mod validate;
-pub mod web;
-pub mod workflows;
+mod web;
+mod workflows;
 
-pub mod barriers;
-pub mod locks;
-pub mod longpoll;
+mod barriers;
+mod locks;
+mod longpoll;
 
 mod node;
 

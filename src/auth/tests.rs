@@ -1,3 +1,4 @@
+use super::sessions::hex;
 use super::*;
 use crate::config::TokenConfig;
 

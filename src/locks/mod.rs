@@ -29,7 +29,6 @@
 pub mod routes;
 mod scripts;
 mod wait;
-pub use wait::Grant;
 pub mod worker;
 
 use std::collections::BTreeMap;

@@ -56,8 +56,8 @@ use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::{NewTask, TaskSpec};
 
 pub use self::def::{Checked, check};
-pub use self::timing::{Timing, parse_expression};
-pub use self::view::{FireCounts, HistoryEntry, Schedule};
+pub use self::timing::Timing;
+pub use self::view::{HistoryEntry, Schedule};
 use self::view::{redis_ms, schedule_from};
 pub use muster_api::{Overlap, ScheduleDef, TaskTemplate};
 

@@ -21,7 +21,6 @@ mod labels;
 mod model;
 mod read;
 pub use labels::QueueLabels;
-pub use read::Found;
 pub mod routes;
 mod scripts;
 mod shards;

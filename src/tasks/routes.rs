@@ -22,12 +22,6 @@ mod admin;
 mod bulk;
 mod work;
 
-pub use admin::{CancelResponse, GroupList, GroupRequest, ListParams, PageParams, QueueDetail, QueueList};
-pub use bulk::{ALL_QUEUES, BulkRequest};
-pub use work::{
-    AckRequest, ClaimRequest, ClaimResponse, CompleteBatch, CompleteBatchResponse, CompleteItem, CompleteOutcome,
-    CompleteRequest, FailRequest, FinishedNext, HeartbeatRequest, HeartbeatResponse, NextRequest,
-};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -304,8 +304,10 @@ pub struct CompleteItem {
     pub result: Option<Box<RawValue>>,
 }
 
-/// A list of completions, bare or as `{"tasks": [...]}`.
+/// A list of completions, bare or as `{"tasks": [...]}`: the request's
+/// shape for the OpenAPI document; the body is read by [`parse_batch`].
 #[derive(Debug, Deserialize, ToSchema)]
+#[allow(dead_code)]
 #[serde(untagged)]
 pub enum CompleteBatch {
     List(Vec<CompleteItem>),
