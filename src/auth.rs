@@ -43,14 +43,14 @@ use crate::config::{AuthConfig, Role};
 use crate::error::ApiError;
 
 mod sessions;
-pub use sessions::{create_session, end_session};
+pub(crate) use sessions::{create_session, end_session};
 use sessions::{csrf_for, session_caller};
 
-pub const SESSION_COOKIE: &str = "muster_session";
+pub(crate) const SESSION_COOKIE: &str = "muster_session";
 
 /// The header that carries the CSRF token on an API write authenticated by
 /// the session cookie.
-pub const CSRF_HEADER: &str = "x-csrf-token";
+pub(crate) const CSRF_HEADER: &str = "x-csrf-token";
 
 struct Token {
     name: String,
@@ -172,7 +172,7 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 }
 
 /// Constant-time comparison of two CSRF tokens.
-pub fn csrf_ok(expected: &str, got: &str) -> bool {
+pub(crate) fn csrf_ok(expected: &str, got: &str) -> bool {
     if expected.len() != got.len() {
         return false;
     }
@@ -185,7 +185,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -261,7 +261,7 @@ fn normal_origin(scheme: &str, authority: &str) -> String {
 /// Whether a browser's `Origin` is this node's own (the request's `Host`,
 /// over http or https, or the advertised URL) or one of
 /// `server.allowed_origins`. No `Origin` at all is not a browser: allowed.
-pub fn origin_allowed(s: &AppState, headers: &HeaderMap) -> bool {
+pub(crate) fn origin_allowed(s: &AppState, headers: &HeaderMap) -> bool {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return true;
     };
@@ -288,7 +288,7 @@ fn is_write(m: &Method) -> bool {
 /// says `cross-site` or `same-site` (another port or a sibling subdomain is
 /// the same site, and SameSite cookies go along). Non-browser clients send
 /// neither header.
-pub fn from_another_origin(s: &AppState, headers: &HeaderMap) -> bool {
+pub(crate) fn from_another_origin(s: &AppState, headers: &HeaderMap) -> bool {
     if headers.contains_key(header::ORIGIN) {
         return !origin_allowed(s, headers);
     }
@@ -362,7 +362,7 @@ fn refuse_cross_site() -> Response {
 /// (a browser never sends them on its own). With no tokens configured,
 /// every write and WebSocket from another origin is refused, and so is a
 /// `Host` that does not name this node (DNS rebinding).
-pub async fn middleware(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
     let auth = &s.auth;
     if !auth.enabled() {
         if !host_allowed(&s, &req) {
@@ -488,20 +488,20 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 /// [`WorkerCaller`] answers 403 to a `read` caller before its path, query or
 /// body is parsed, because axum runs this extractor before the body one.
 /// Derefs to the [`Caller`].
-pub struct Need<R>(pub Caller, PhantomData<R>);
+pub(crate) struct Need<R>(pub Caller, PhantomData<R>);
 
 /// A role marker for [`Need`].
-pub trait LeastRole {
+pub(crate) trait LeastRole {
     const ROLE: Role;
 }
 
 /// Role markers: `Need<least::Worker>` and friends, named by the aliases below.
-pub mod least {
+pub(crate) mod least {
     use super::{LeastRole, Role};
 
-    pub struct Read;
-    pub struct Worker;
-    pub struct Admin;
+    pub(crate) struct Read;
+    pub(crate) struct Worker;
+    pub(crate) struct Admin;
 
     impl LeastRole for Read {
         const ROLE: Role = Role::Read;
@@ -515,11 +515,11 @@ pub mod least {
 }
 
 /// Any authenticated caller (`read` and up).
-pub type ReadCaller = Need<least::Read>;
+pub(crate) type ReadCaller = Need<least::Read>;
 /// A caller with the `worker` role or more.
-pub type WorkerCaller = Need<least::Worker>;
+pub(crate) type WorkerCaller = Need<least::Worker>;
 /// A caller with the `admin` role.
-pub type AdminCaller = Need<least::Admin>;
+pub(crate) type AdminCaller = Need<least::Admin>;
 
 impl<R> std::ops::Deref for Need<R> {
     type Target = Caller;
@@ -540,7 +540,7 @@ impl<S: Send + Sync, R: LeastRole> FromRequestParts<S> for Need<R> {
 }
 
 /// The caller if known (for public pages such as the sign-in form).
-pub struct MaybeCaller(pub Option<Caller>);
+pub(crate) struct MaybeCaller(pub Option<Caller>);
 
 impl<S: Send + Sync> FromRequestParts<S> for MaybeCaller {
     type Rejection = std::convert::Infallible;

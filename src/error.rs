@@ -18,11 +18,11 @@ tokio::task_local! {
 }
 
 /// The current request's id, or `-` outside a request.
-pub fn current_request_id() -> String {
+pub(crate) fn current_request_id() -> String {
     REQUEST_ID.try_with(|id| id.clone()).unwrap_or_else(|_| "-".into())
 }
 
-pub type Result<T, E = ApiError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = ApiError> = std::result::Result<T, E>;
 
 /// One error type for every handler.
 #[derive(Debug, thiserror::Error)]
@@ -121,7 +121,7 @@ impl<E: Classify> From<E> for ApiError {
 
 /// Builds a problem+json response. Also used by the middleware that turns
 /// framework errors (404, 405, 413) into problems.
-pub fn problem(status: StatusCode, detail: &str, extra: Option<&Map<String, Value>>) -> Response {
+pub(crate) fn problem(status: StatusCode, detail: &str, extra: Option<&Map<String, Value>>) -> Response {
     let mut body = json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("Error"),

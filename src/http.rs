@@ -13,12 +13,12 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, REQUEST_ID, problem};
 
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Gives every request an id (the caller's `x-request-id` when it is sane,
 /// else a new ULID), makes it visible to error bodies and logs, and echoes it
 /// on the response.
-pub async fn request_id(req: Request, next: Next) -> Response {
+pub(crate) async fn request_id(req: Request, next: Next) -> Response {
     let id = req
         .headers()
         .get(&X_REQUEST_ID)
@@ -36,10 +36,10 @@ pub async fn request_id(req: Request, next: Next) -> Response {
 /// Longest accepted request target (path and query), in bytes. Longer ones
 /// get 414 problem+json here; hyper itself refuses targets of 65534 bytes
 /// and more, with an empty 414 (see docs/configuration.md, Security).
-pub const MAX_URI_BYTES: usize = 8 * 1024;
+pub(crate) const MAX_URI_BYTES: usize = 8 * 1024;
 
 /// 414 problem+json for a request target over [`MAX_URI_BYTES`].
-pub async fn limit_uri(req: Request, next: Next) -> Response {
+pub(crate) async fn limit_uri(req: Request, next: Next) -> Response {
     let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if len > MAX_URI_BYTES {
         return problem(
@@ -55,13 +55,13 @@ pub async fn limit_uri(req: Request, next: Next) -> Response {
 /// from this node (no inline script or style, so an injected tag runs
 /// nothing), WebSockets back to this node, no framing by any site, forms
 /// posting only here.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
+pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
      img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
      frame-ancestors 'none'";
 
 /// Sets the browser hardening headers on every response (pages, assets and
 /// API alike: they are harmless on JSON). A handler's own value wins.
-pub async fn security_headers(req: Request, next: Next) -> Response {
+pub(crate) async fn security_headers(req: Request, next: Next) -> Response {
     let mut resp = next.run(req).await;
     let h = resp.headers_mut();
     for (name, value) in [
@@ -80,7 +80,7 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
 /// The `method` label: one of the standard methods, else `other`. hyper
 /// accepts any token as a method and this runs before authentication, so
 /// the raw method would let anyone add series without bound (issue 36, N2).
-pub fn method_label(m: &axum::http::Method) -> &'static str {
+pub(crate) fn method_label(m: &axum::http::Method) -> &'static str {
     use axum::http::Method;
     match *m {
         Method::GET => "GET",
@@ -100,7 +100,7 @@ pub fn method_label(m: &axum::http::Method) -> &'static str {
 /// Every label is bounded: the route template (`/api/v1/tasks/{id}`, or
 /// `unmatched`), never the raw path; the method from [`method_label`]; the
 /// status a number below 1000.
-pub async fn track_metrics(req: Request, next: Next) -> Response {
+pub(crate) async fn track_metrics(req: Request, next: Next) -> Response {
     let path = req
         .extensions()
         .get::<MatchedPath>()
@@ -119,7 +119,7 @@ pub async fn track_metrics(req: Request, next: Next) -> Response {
 
 /// Turns error responses produced outside our handlers (unknown route, wrong
 /// method, body over the limit, bad path or query) into problem+json.
-pub async fn problemize(req: Request, next: Next) -> Response {
+pub(crate) async fn problemize(req: Request, next: Next) -> Response {
     let resp = next.run(req).await;
     let status = resp.status();
     if !(status.is_client_error() || status.is_server_error()) {
@@ -165,7 +165,7 @@ pub async fn problemize(req: Request, next: Next) -> Response {
 
 /// Turns a panic inside a handler into a 500 problem (no panic should be
 /// reachable from a request; this is the last line of defence).
-pub fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
+pub(crate) fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
     let msg = err
         .downcast_ref::<String>()
         .cloned()
@@ -175,7 +175,7 @@ pub fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response 
 }
 
 /// `Json<T>` whose rejections are problem+json with a useful message.
-pub struct ApiJson<T>(pub T);
+pub(crate) struct ApiJson<T>(pub T);
 
 impl<T, S> FromRequest<S> for ApiJson<T>
 where
@@ -236,7 +236,7 @@ fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
 }
 
 /// An optional JSON body: an empty body is `T::default()`.
-pub struct OptJson<T>(pub T);
+pub(crate) struct OptJson<T>(pub T);
 
 impl<T, S> FromRequest<S> for OptJson<T>
 where
@@ -259,7 +259,7 @@ where
 }
 
 /// Query-string extractor whose rejections are problems.
-pub struct ApiQuery<T>(pub T);
+pub(crate) struct ApiQuery<T>(pub T);
 
 impl<T, S> axum::extract::FromRequestParts<S> for ApiQuery<T>
 where
@@ -285,10 +285,10 @@ where
 /// free text, or a tuple of them in the route's order. A parameter that is
 /// not what its type requires is a 400 problem naming it, as the handler's
 /// own checks would have said.
-pub struct Path<T>(pub T);
+pub(crate) struct Path<T>(pub T);
 
 /// One path parameter, taken from its (percent-decoded) text.
-pub trait FromPathParam: Sized {
+pub(crate) trait FromPathParam: Sized {
     fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid>;
 }
 
@@ -324,7 +324,7 @@ impl FromPathParam for muster_api::TaskId {
 }
 
 /// The whole of a route's parameters.
-pub trait FromPathParams: Sized {
+pub(crate) trait FromPathParams: Sized {
     fn from_params(params: &[(&str, &str)]) -> Result<Self, crate::problem::Invalid>;
 }
 
@@ -368,6 +368,6 @@ where
 }
 
 /// A 204 with no body.
-pub fn no_content() -> Response {
+pub(crate) fn no_content() -> Response {
     StatusCode::NO_CONTENT.into_response()
 }

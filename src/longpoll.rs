@@ -27,11 +27,11 @@ use tokio_util::sync::CancellationToken;
 use crate::events::{Bus, Event};
 
 /// The longest a waiter sleeps without re-reading the state.
-pub const RECHECK: Duration = Duration::from_secs(1);
+pub(crate) const RECHECK: Duration = Duration::from_secs(1);
 
 /// Why [`sleep`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
+pub(crate) enum Wake {
     /// The thing waited on changed (or events were lost): re-read the state.
     Event,
     /// `until` passed.
@@ -41,19 +41,19 @@ pub enum Wake {
 }
 
 /// What a waiter waits on; the router maps events to these.
-pub fn round_key(barrier: &str, round: &str) -> String {
+pub(crate) fn round_key(barrier: &str, round: &str) -> String {
     format!("round:{barrier}/{round}")
 }
-pub fn hold_key(barrier: &str) -> String {
+pub(crate) fn hold_key(barrier: &str) -> String {
     format!("hold:{barrier}")
 }
-pub fn dbarrier_key(name: &str) -> String {
+pub(crate) fn dbarrier_key(name: &str) -> String {
     format!("dbarrier:{name}")
 }
-pub fn lock_key(name: &str) -> String {
+pub(crate) fn lock_key(name: &str) -> String {
     format!("lock:{name}")
 }
-pub fn election_key(name: &str) -> String {
+pub(crate) fn election_key(name: &str) -> String {
     format!("election:{name}")
 }
 
@@ -156,7 +156,7 @@ impl Drop for Ticket {
 }
 
 /// Sleeps until `notified` completes, `until`, or `shutdown`.
-pub async fn sleep(notified: impl Future<Output = ()>, until: Instant, shutdown: &CancellationToken) -> Wake {
+pub(crate) async fn sleep(notified: impl Future<Output = ()>, until: Instant, shutdown: &CancellationToken) -> Wake {
     tokio::select! {
         _ = notified => Wake::Event,
         _ = tokio::time::sleep_until(until.into()) => Wake::Timer,
@@ -165,14 +165,14 @@ pub async fn sleep(notified: impl Future<Output = ()>, until: Instant, shutdown:
 }
 
 /// The instant `ms` milliseconds from now (negative: now).
-pub fn after_ms(ms: i64) -> Instant {
+pub(crate) fn after_ms(ms: i64) -> Instant {
     Instant::now() + Duration::from_millis(ms.max(0) as u64)
 }
 
 /// The router: every event on `bus` wakes the waiters it concerns. It
 /// subscribes before returning, so nothing published after this call is
 /// missed.
-pub fn spawn(bus: Arc<Bus>, waiters: Arc<Waiters>, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(bus: Arc<Bus>, waiters: Arc<Waiters>, cancel: CancellationToken) -> JoinHandle<()> {
     let mut rx = bus.subscribe();
     tokio::spawn(async move {
         loop {

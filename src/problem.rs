@@ -37,7 +37,7 @@ pub trait Classify: std::fmt::Display {
 
 /// The message a caller gets for `e`: its own, and for Redis being
 /// unreachable, said so first.
-pub fn detail<E: Classify>(e: &E) -> String {
+pub(crate) fn detail<E: Classify>(e: &E) -> String {
     match e.kind() {
         Kind::Unavailable => format!("Redis is unavailable: {e}"),
         _ => e.to_string(),

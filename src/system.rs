@@ -13,7 +13,7 @@ use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result, problem};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz))
@@ -23,7 +23,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 #[derive(Serialize, ToSchema)]
-pub struct Status {
+pub(crate) struct Status {
     pub status: &'static str,
     pub node: String,
     /// Split namespaces (`redis.shards`): the shards this node cannot serve
@@ -48,7 +48,7 @@ async fn healthz(State(s): State<AppState>) -> Json<Status> {
 
 /// This node's readiness: why it is not ready (empty when it is), and the
 /// shards it cannot serve now (each shard's master is pinged at once).
-pub async fn readiness(s: &AppState) -> (Vec<String>, Vec<usize>) {
+pub(crate) async fn readiness(s: &AppState) -> (Vec<String>, Vec<usize>) {
     let mut reasons = Vec::new();
     if s.health.stopping() {
         reasons.push("the node is shutting down".to_string());
@@ -92,7 +92,7 @@ pub async fn readiness(s: &AppState) -> (Vec<String>, Vec<usize>) {
 }
 
 /// Why this node is not ready, or None when it is.
-pub async fn not_ready_reasons(s: &AppState) -> Vec<String> {
+pub(crate) async fn not_ready_reasons(s: &AppState) -> Vec<String> {
     readiness(s).await.0
 }
 
@@ -128,7 +128,7 @@ async fn metrics(State(s): State<AppState>, _caller: ReadCaller) -> Result<Respo
 }
 
 #[derive(Serialize, ToSchema)]
-pub struct RedisSummary {
+pub(crate) struct RedisSummary {
     /// embedded, standalone, sentinel or cluster.
     pub mode: String,
     pub address: String,
@@ -145,7 +145,7 @@ pub struct RedisSummary {
     pub dbsize: Option<u64>,
 }
 
-pub async fn redis_summary(s: &AppState) -> Result<RedisSummary> {
+pub(crate) async fn redis_summary(s: &AppState) -> Result<RedisSummary> {
     let latency = s.store.ping().await?;
     let state = s.store.server_state().await?;
     let info = s.store.server_info();
@@ -179,6 +179,6 @@ async fn openapi(State(s): State<AppState>) -> Response {
 }
 
 /// Unknown routes: a problem for the API, the same for pages.
-pub async fn not_found() -> ApiError {
+pub(crate) async fn not_found() -> ApiError {
     ApiError::not_found("no such route; the API is described at /api/v1/openapi.json")
 }

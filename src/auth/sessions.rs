@@ -10,7 +10,7 @@ use crate::store::StoreError;
 
 /// Starts a dashboard session for `token` (which must resolve); returns the
 /// session id for the cookie.
-pub async fn create_session(s: &AppState, token: &str) -> Result<String, StoreError> {
+pub(crate) async fn create_session(s: &AppState, token: &str) -> Result<String, StoreError> {
     let id = hex(&rand::random::<[u8; 32]>());
     let token_hash = hex(&Sha256::digest(token.as_bytes()));
     s.store
@@ -20,7 +20,7 @@ pub async fn create_session(s: &AppState, token: &str) -> Result<String, StoreEr
 }
 
 /// Ends a session on every node.
-pub async fn end_session(s: &AppState, id: &str) -> Result<(), StoreError> {
+pub(crate) async fn end_session(s: &AppState, id: &str) -> Result<(), StoreError> {
     if !is_session_id(id) {
         return Ok(());
     }
@@ -72,6 +72,6 @@ pub(super) fn csrf_for(secret: &[u8]) -> String {
     hex(&h.finalize())
 }
 
-pub fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

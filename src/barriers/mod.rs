@@ -34,13 +34,13 @@
 
 mod etcd;
 mod model;
-pub mod routes;
+pub(crate) mod routes;
 mod scripts;
 mod wait;
 use model::split_parts;
-pub use model::*;
-pub use wait::Entrant;
-pub mod worker;
+pub(crate) use model::*;
+pub(crate) use wait::Entrant;
+pub(crate) mod worker;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -237,7 +237,7 @@ pub(super) fn split_parts(parts: &str) -> Vec<String> {
 }
 
 /// Builds a round from its hash; None when the hash is empty (gone).
-pub fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String>) -> Option<Round> {
+pub(crate) fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String>) -> Option<Round> {
     if !m.contains_key("parts") {
         return None;
     }

@@ -21,7 +21,7 @@ use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery, OptJson, Path, no_content};
 use crate::validate;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_barriers))
         .routes(routes!(get_barrier, put_barrier, delete_barrier))
@@ -53,7 +53,7 @@ fn check_wait(s: &AppState, wait_ms: Option<u64>) -> Result<Duration> {
 /// A barrier's configuration.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct BarrierSpec {
+pub(crate) struct BarrierSpec {
     /// 1 to 1000 distinct node ids, `[A-Za-z0-9._-]{1,64}`.
     pub participants: Vec<String>,
     /// How many may be missing at the deadline for the round to be released
@@ -65,7 +65,7 @@ pub struct BarrierSpec {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct BarrierList {
+pub(crate) struct BarrierList {
     /// Barriers configured with PUT, by name.
     pub barriers: Vec<BarrierConfigView>,
     /// Every etcd-style hold in force, by barrier name, whether that barrier
@@ -85,7 +85,7 @@ async fn list_barriers(State(s): State<AppState>, _caller: ReadCaller) -> Result
 /// One barrier: its configuration, if it was configured with PUT, and its
 /// etcd-style hold.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct BarrierDetail {
+pub(crate) struct BarrierDetail {
     pub name: String,
     /// Whether the barrier was configured with PUT (and so has rounds). A
     /// barrier that is only held (etcd-style) has `configured: false` and
@@ -223,13 +223,13 @@ async fn delete_barrier(State(s): State<AppState>, caller: AdminCaller, Path(nam
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct RoundsParams {
+pub(crate) struct RoundsParams {
     /// 1 to 1000; default 50.
     pub limit: Option<usize>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RoundList {
+pub(crate) struct RoundList {
     /// Newest first.
     pub rounds: Vec<Round>,
 }
@@ -276,7 +276,7 @@ async fn get_round(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ArriveRequest {
+pub(crate) struct ArriveRequest {
     /// The arriving participant's node id.
     pub node: String,
     /// Long poll: wait up to this long (at most `barriers.max_wait_ms`) for
@@ -288,7 +288,7 @@ pub struct ArriveRequest {
 /// A participant's view of a round (serialized from the shared round, not
 /// copied: every waiter of a round answers at once).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ArriveResponse<'a> {
+pub(crate) struct ArriveResponse<'a> {
     pub barrier: &'a str,
     pub round: &'a str,
     pub node: &'a str,
@@ -367,7 +367,7 @@ async fn arrive_round(
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(remote = "Self", deny_unknown_fields)]
-pub struct HoldRequest {
+pub(crate) struct HoldRequest {
     /// Who holds it; default the caller's token name. Holding again with the
     /// same holder refreshes the TTL.
     pub holder: Option<String>,
@@ -406,7 +406,7 @@ async fn hold_barrier(
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Released {
+pub(crate) struct Released {
     /// Whether the barrier was held.
     pub released: bool,
 }
@@ -429,7 +429,7 @@ async fn release_barrier(
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(remote = "Self", deny_unknown_fields)]
-pub struct WaitRequest {
+pub(crate) struct WaitRequest {
     /// Long poll: wait up to this long (at most `barriers.max_wait_ms`).
     pub wait_ms: Option<u64>,
 }
@@ -455,7 +455,7 @@ async fn wait_barrier(
 // --- DoubleBarrier ---------------------------------------------------------
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct DoubleBarrierList {
+pub(crate) struct DoubleBarrierList {
     pub double_barriers: Vec<DoubleBarrier>,
 }
 
@@ -482,7 +482,7 @@ async fn get_double_barrier(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct EnterRequest {
+pub(crate) struct EnterRequest {
     /// The entrant: a registered, heartbeating node or worker id. If its
     /// heartbeat expires it is evicted.
     pub node: String,
@@ -495,7 +495,7 @@ pub struct EnterRequest {
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct LeaveRequest {
+pub(crate) struct LeaveRequest {
     /// The entrant leaving.
     pub node: String,
     /// Long poll: wait up to this long (at most `barriers.max_wait_ms`) for
@@ -505,7 +505,7 @@ pub struct LeaveRequest {
 
 /// A DoubleBarrier as one entrant sees it.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct DoubleBarrierReply {
+pub(crate) struct DoubleBarrierReply {
     #[serde(flatten)]
     pub state: DoubleBarrier,
     pub node: String,

@@ -27,7 +27,7 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub fn new(ctx: &ScriptCtx) -> Scripts {
+    pub(super) fn new(ctx: &ScriptCtx) -> Scripts {
         let l = |name, src| Lua::load(name, src, ctx);
         Scripts {
             configure: l("barrier_configure", include_str!("lua/configure.lua")),

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::Barriers;
 use crate::store::PassLog;
 
-pub fn spawn(barriers: Arc<Barriers>, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(barriers: Arc<Barriers>, cancel: CancellationToken) -> JoinHandle<()> {
     let store = barriers.store().clone();
     store.spawn_each_shard(move |shard| {
         let (barriers, cancel) = (barriers.clone(), cancel.clone());

@@ -16,7 +16,7 @@ pub const SINCE_AHEAD_MS: u64 = 5_000;
 
 /// Why a client's `since` was not taken.
 #[derive(Debug)]
-pub enum SinceError {
+pub(super) enum SinceError {
     /// Not a cursor of this namespace, or past every stream and Redis time:
     /// the message says which.
     Bad(String),
@@ -29,7 +29,10 @@ pub enum SinceError {
 /// every new event from the caller. Answers it with what every shard's
 /// stream retains, read for the check (so only when `since` was given; a
 /// replay without one reads it itself).
-pub async fn read_since(store: &Store, since: Option<&str>) -> Result<Option<(Cursor, Vec<Retained>)>, SinceError> {
+pub(super) async fn read_since(
+    store: &Store,
+    since: Option<&str>,
+) -> Result<Option<(Cursor, Vec<Retained>)>, SinceError> {
     let shards = store.shard_count();
     let since = match since {
         None | Some("") => None,
@@ -52,7 +55,7 @@ pub async fn read_since(store: &Store, since: Option<&str>) -> Result<Option<(Cu
 }
 
 /// Checks a resume point against every shard's stream (see [`check_since`]).
-pub fn check_cursor(since: &Cursor, info: &[Retained], now_ms: i64) -> Result<(), String> {
+pub(super) fn check_cursor(since: &Cursor, info: &[Retained], now_ms: i64) -> Result<(), String> {
     // Measured against the newest event of any shard, which the message names.
     let mut newest = info.first().copied().unwrap_or(Retained {
         first: None,
@@ -66,13 +69,13 @@ pub fn check_cursor(since: &Cursor, info: &[Retained], now_ms: i64) -> Result<()
 }
 
 /// Whether entries after `since` may have been lost in any shard.
-pub fn lost_after(since: &Cursor, info: &[Retained]) -> bool {
+pub(super) fn lost_after(since: &Cursor, info: &[Retained]) -> bool {
     info.iter().enumerate().any(|(shard, r)| r.lost_after(since.get(shard)))
 }
 
 /// The oldest entry each shard still holds, as a cursor (`0-0` for an
 /// empty shard); None when every stream is empty.
-pub fn oldest(info: &[Retained]) -> Option<String> {
+pub(super) fn oldest(info: &[Retained]) -> Option<String> {
     if info.iter().all(|r| r.first.is_none()) {
         return None;
     }

@@ -80,14 +80,14 @@ struct Inner {
 }
 
 #[derive(Clone)]
-pub struct Coordinator {
+pub(crate) struct Coordinator {
     inner: Arc<Inner>,
 }
 
 const HISTORY: usize = 10;
 
 impl Coordinator {
-    pub fn new(
+    pub(crate) fn new(
         node_id: &str,
         cfg: &FailoverConfig,
         redis_cfg: &RedisConfig,
@@ -125,7 +125,7 @@ impl Coordinator {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn status(&self) -> CoordinatorStatus {
+    pub(crate) fn status(&self) -> CoordinatorStatus {
         let st = self.state();
         let urls = self.inner.urls.read().unwrap_or_else(|p| p.into_inner());
         CoordinatorStatus {
@@ -174,7 +174,7 @@ impl Coordinator {
         id
     }
 
-    pub fn spawn(&self, f: Failover, cancel: CancellationToken) -> JoinHandle<()> {
+    pub(crate) fn spawn(&self, f: Failover, cancel: CancellationToken) -> JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move { me.run(f, cancel).await })
     }

@@ -23,8 +23,8 @@
 //!   `+switch-master` message, and every `redis.sentinel_poll_ms`; the answer
 //!   is confirmed with `ROLE` before it is used.
 
-pub mod coordinator;
-pub mod routes;
+pub(crate) mod coordinator;
+pub(crate) mod routes;
 pub(crate) mod scripts;
 
 use std::collections::BTreeMap;
@@ -43,18 +43,18 @@ use crate::config::{FailoverConfig, FailoverRole, RedisConfig};
 use crate::store::{Lua, Mode, ScriptCtx, ServerAuth, Store, StoreError, StoreResult, role_of};
 
 mod probe;
-pub use probe::*;
+pub(crate) use probe::*;
 
 /// The master file's name under `data_dir`.
-pub const MASTER_FILE: &str = "redis-master";
+pub(crate) const MASTER_FILE: &str = "redis-master";
 /// The newest round a client has seen, under `data_dir`.
-pub const ROUND_FILE: &str = "failover-round";
+pub(crate) const ROUND_FILE: &str = "failover-round";
 
 /// Header carrying the shared secret on the internal endpoints.
-pub const SECRET_HEADER: &str = "x-muster-failover-secret";
+pub(crate) const SECRET_HEADER: &str = "x-muster-failover-secret";
 
 /// The epoch script, for [`Store::set_epoch_script`].
-pub fn epoch_script(ctx: &ScriptCtx) -> Lua {
+pub(crate) fn epoch_script(ctx: &ScriptCtx) -> Lua {
     Lua::load("epoch", include_str!("lua/epoch.lua"), ctx)
 }
 
@@ -522,7 +522,7 @@ fn spawn_switch_listener(
     })
 }
 
-pub use crate::store::node_clock_ms as now_ms;
+pub(crate) use crate::store::node_clock_ms as now_ms;
 
 #[cfg(test)]
 mod tests {

@@ -17,7 +17,7 @@ pub(super) fn sentinel_url(cfg: &RedisConfig, addr: &str) -> String {
 /// by the sentinel listed first), so one stale sentinel cannot send the node
 /// to an old master, and one that hangs delays nothing. The caller confirms
 /// the answer with `ROLE` before using it.
-pub async fn ask_sentinels(cfg: &RedisConfig) -> StoreResult<String> {
+pub(crate) async fn ask_sentinels(cfg: &RedisConfig) -> StoreResult<String> {
     let timeout = Duration::from_millis(cfg.timeout_ms.min(1000));
     let asks = cfg.sentinels.iter().map(|addr| async move {
         let ask = async {
@@ -58,7 +58,7 @@ pub async fn ask_sentinels(cfg: &RedisConfig) -> StoreResult<String> {
 }
 
 /// Opens a fresh connection to `addr` and checks that it answers as a master.
-pub async fn probe_master(auth: &ServerAuth, addr: &str, timeout: Duration) -> Result<(), String> {
+pub(crate) async fn probe_master(auth: &ServerAuth, addr: &str, timeout: Duration) -> Result<(), String> {
     let role = probe_role(auth, addr, timeout).await?;
     if role == "master" {
         Ok(())
@@ -68,7 +68,7 @@ pub async fn probe_master(auth: &ServerAuth, addr: &str, timeout: Duration) -> R
 }
 
 /// `ROLE` of the server at `addr`, on a fresh connection with a deadline.
-pub async fn probe_role(auth: &ServerAuth, addr: &str, timeout: Duration) -> Result<String, String> {
+pub(crate) async fn probe_role(auth: &ServerAuth, addr: &str, timeout: Duration) -> Result<String, String> {
     let run = async {
         let client = redis::Client::open(auth.url(addr)).map_err(|e| e.to_string())?;
         let cfg = redis::AsyncConnectionConfig::new()
@@ -90,7 +90,7 @@ pub async fn probe_role(auth: &ServerAuth, addr: &str, timeout: Duration) -> Res
 }
 
 /// Parses `INFO replication` of a master: its offset and its replicas.
-pub fn parse_replication(text: &str) -> (Option<i64>, Vec<Replica>) {
+pub(crate) fn parse_replication(text: &str) -> (Option<i64>, Vec<Replica>) {
     let mut offset: Option<i64> = None;
     let mut replicas = Vec::new();
     for line in text.lines() {
@@ -128,14 +128,14 @@ pub fn parse_replication(text: &str) -> (Option<i64>, Vec<Replica>) {
 
 /// Writes `content` to `path` by a rename, so a reader sees the old or the
 /// new content, never a torn one.
-pub fn write_atomic(path: &Path, content: &str) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, content: &str) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     std::fs::write(&tmp, content)?;
     std::fs::rename(&tmp, path)
 }
 
 /// `host:port` with a numeric port.
-pub fn is_addr(s: &str) -> bool {
+pub(crate) fn is_addr(s: &str) -> bool {
     s.len() <= 256
         && s.rsplit_once(':')
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))

@@ -15,7 +15,7 @@ use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, Path};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(get_failover))
         .routes(routes!(internal_message))

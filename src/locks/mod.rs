@@ -26,10 +26,10 @@
 //!   entry and its shard's counter; listings and the lease loop visit every
 //!   shard.
 
-pub mod routes;
+pub(crate) mod routes;
 mod scripts;
 mod wait;
-pub mod worker;
+pub(crate) mod worker;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

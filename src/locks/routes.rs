@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use muster_api::{Acquired, Renewed};
+pub(crate) use muster_api::{Acquired, Renewed};
 
 use super::{Leadership, LockError, LockInfo};
 use muster_api::Name;
@@ -21,7 +21,7 @@ use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, Path, no_content};
 use crate::validate;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_locks))
         .routes(routes!(get_lock, break_lock))
@@ -60,7 +60,7 @@ fn check_wait(s: &AppState, wait: Option<u64>) -> Result<Duration> {
 // --- locks -----------------------------------------------------------------
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct LockList {
+pub(crate) struct LockList {
     pub locks: Vec<LockInfo>,
 }
 
@@ -92,7 +92,7 @@ async fn break_lock(State(s): State<AppState>, caller: AdminCaller, Path(name): 
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct AcquireRequest {
+pub(crate) struct AcquireRequest {
     /// Who takes the lock: 1 to 200 printable ASCII characters, unique per
     /// holder process. Acquiring again as the holder extends the lease and
     /// returns the same token.
@@ -142,7 +142,7 @@ async fn acquire_lock(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RenewRequest {
+pub(crate) struct RenewRequest {
     /// The holder's fencing token.
     pub token: u64,
     /// New lease length from now; default `locks.default_ttl_ms`.
@@ -172,7 +172,7 @@ async fn renew_lock(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ReleaseRequest {
+pub(crate) struct ReleaseRequest {
     /// The holder's fencing token.
     pub token: u64,
 }
@@ -205,7 +205,7 @@ async fn release_lock(
 // --- elections -------------------------------------------------------------
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ElectionList {
+pub(crate) struct ElectionList {
     pub elections: Vec<Leadership>,
 }
 
@@ -231,7 +231,7 @@ async fn get_leader(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CampaignRequest {
+pub(crate) struct CampaignRequest {
     /// The candidate: 1 to 200 printable ASCII characters, unique per process.
     pub candidate: String,
     /// Leadership lease, 100 ms to `locks.max_ttl_ms`; default
@@ -245,7 +245,7 @@ pub struct CampaignRequest {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct CampaignResponse {
+pub(crate) struct CampaignResponse {
     /// Whether the candidate leads now (elected, or renewed as the leader).
     pub elected: bool,
     #[serde(flatten)]
@@ -291,7 +291,7 @@ async fn campaign(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ResignRequest {
+pub(crate) struct ResignRequest {
     /// The leader resigning.
     pub candidate: String,
     /// Its epoch; when given, the call is refused unless it leads at this epoch.

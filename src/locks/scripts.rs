@@ -23,7 +23,7 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub fn new(ctx: &ScriptCtx) -> Scripts {
+    pub(super) fn new(ctx: &ScriptCtx) -> Scripts {
         let l = |name, src| Lua::load(name, src, ctx);
         Scripts {
             acquire: l("lock_acquire", include_str!("lua/acquire.lua")),

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::Locks;
 use crate::store::PassLog;
 
-pub fn spawn(locks: Arc<Locks>, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(locks: Arc<Locks>, cancel: CancellationToken) -> JoinHandle<()> {
     let store = locks.store().clone();
     store.spawn_each_shard(move |shard| {
         let (locks, cancel) = (locks.clone(), cancel.clone());

@@ -19,7 +19,7 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub fn new(ctx: &ScriptCtx) -> Scripts {
+    pub(super) fn new(ctx: &ScriptCtx) -> Scripts {
         let l = |name, src| Lua::load(name, src, ctx);
         Scripts {
             heartbeat: l("node_heartbeat", include_str!("lua/heartbeat.lua")),

@@ -18,9 +18,9 @@
 //!   orphans.interval_ms` (`lua/unacked.lua`), unless its owner is gone
 //!   (then it is an orphan, as above).
 
-pub mod routes;
+pub(crate) mod routes;
 pub(crate) mod scripts;
-pub mod worker;
+pub(crate) mod worker;
 
 use std::sync::Arc;
 

@@ -16,12 +16,12 @@ use crate::error::Result;
 use crate::http::ApiQuery;
 use crate::nodes::{NodeInfo, NodeState};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_orphans))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct OrphanReport {
+pub(crate) struct OrphanReport {
     /// Recent recoveries, newest first.
     pub recovered: Vec<OrphanRecord>,
     /// Totals per action since the namespace began (requeued, dead, cancelled).
@@ -33,12 +33,12 @@ pub struct OrphanReport {
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct OrphanParams {
+pub(crate) struct OrphanParams {
     /// 1 to 1000; default 100.
     pub limit: Option<usize>,
 }
 
-pub async fn report(s: &AppState, limit: usize) -> Result<OrphanReport> {
+pub(crate) async fn report(s: &AppState, limit: usize) -> Result<OrphanReport> {
     let (recovered, counts) = s.orphans.history(limit).await?;
     let nodes = s.nodes.list().await?;
     let suspects = nodes

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::Orphans;
 use crate::store::{PassLog, Store};
 
-pub fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(orphans: Arc<Orphans>, cancel: CancellationToken) -> JoinHandle<()> {
     let store = orphans.store.clone();
     store.spawn_each_shard(move |shard| shard_loop(orphans.clone(), shard, cancel.clone()))
 }

@@ -15,7 +15,7 @@ pub struct Checked {
 /// Checks a definition: the id, expression, time zone, queue, deadline and
 /// task template. Errors are 400s that say what is wrong (413 for a payload
 /// over `tasks.max_payload_bytes`).
-pub fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -> Result<Checked, Invalid> {
+pub(crate) fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -> Result<Checked, Invalid> {
     crate::validate::name("id", &def.id)?;
     let timing = Timing::parse(&def.expression, &def.timezone).map_err(Invalid::Value)?;
     // A pattern such as "0 0 30 2 *" parses but never matches.

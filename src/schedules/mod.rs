@@ -30,11 +30,11 @@
 //! - Every state change emits its event in the same script (G9).
 
 mod def;
-pub mod routes;
+pub(crate) mod routes;
 mod scripts;
 mod timing;
 mod view;
-pub mod worker;
+pub(crate) mod worker;
 
 use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
@@ -55,11 +55,11 @@ use crate::problem::{Classify, Kind};
 use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::{NewTask, TaskSpec};
 
-pub use self::def::{Checked, check};
-pub use self::timing::Timing;
-pub use self::view::{HistoryEntry, Schedule};
+pub(crate) use self::def::{Checked, check};
+pub(crate) use self::timing::Timing;
+pub(crate) use self::view::{HistoryEntry, Schedule};
 use self::view::{redis_ms, schedule_from};
-pub use muster_api::{Overlap, ScheduleDef, TaskTemplate};
+pub(crate) use muster_api::{Overlap, ScheduleDef, TaskTemplate};
 
 /// Why a schedule operation was refused.
 #[derive(Debug, thiserror::Error)]

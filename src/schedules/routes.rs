@@ -18,7 +18,7 @@ use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery, Path, no_content};
 use crate::validate;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_schedules, create_schedule))
         .routes(routes!(get_schedule, put_schedule, delete_schedule))
@@ -28,7 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ScheduleList {
+pub(crate) struct ScheduleList {
     pub schedules: Vec<Schedule>,
 }
 
@@ -64,7 +64,7 @@ async fn create_schedule(
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct GetParams {
+pub(crate) struct GetParams {
     /// History entries to include, newest first: 0 to 1000, default 50.
     pub history: Option<usize>,
 }
@@ -124,7 +124,7 @@ async fn put_schedule(
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct DeleteParams {
+pub(crate) struct DeleteParams {
     /// Delete a schedule written from config.toml too: for one whose entry
     /// was removed from every node's config (a node whose config still lists
     /// it refuses, and would write it back at its next start).

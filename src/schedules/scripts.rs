@@ -18,7 +18,7 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub fn new(ctx: &ScriptCtx) -> Scripts {
+    pub(super) fn new(ctx: &ScriptCtx) -> Scripts {
         let l = |name, src| Lua::load(name, src, ctx);
         Scripts {
             upsert: l("schedule_upsert", include_str!("lua/upsert.lua")),

@@ -11,7 +11,7 @@ pub struct Timing {
 }
 
 /// Parses a 5- or 6-field cron expression (croner's extensions included).
-pub fn parse_expression(expr: &str) -> Result<Cron, String> {
+pub(super) fn parse_expression(expr: &str) -> Result<Cron, String> {
     let parser = CronParser::builder()
         .seconds(Seconds::Optional)
         .year(Year::Disallowed)

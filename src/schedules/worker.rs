@@ -171,7 +171,7 @@ impl Schedules {
 /// Runs the scheduler until `cancel`, one loop per shard. `reconciled`:
 /// whether the config schedules were already written at start; if not,
 /// shard 0's loop retries first (the write goes to every schedule's shard).
-pub fn spawn(schedules: Arc<Schedules>, reconciled: bool, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(schedules: Arc<Schedules>, reconciled: bool, cancel: CancellationToken) -> JoinHandle<()> {
     let store = schedules.store().clone();
     store.spawn_each_shard(move |shard| {
         let (schedules, cancel) = (schedules.clone(), cancel.clone());

@@ -24,9 +24,9 @@
 //! counted (another node that did not lag still counts them, and the larger
 //! count wins); a recount reads at most [`RECOUNT_MAX`] events.
 
-pub mod routes;
-pub mod scripts;
-pub mod worker;
+pub(crate) mod routes;
+pub(crate) mod scripts;
+pub(crate) mod worker;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -39,24 +39,24 @@ use crate::events::{Cursor, Event};
 use crate::store::{Lua, ScriptCtx, Store, StoreResult};
 
 /// How often a node merges what it counted into Redis.
-pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// A minute's counters live two hours: the hour chart plus slack.
-pub const MINUTE_TTL_MS: u64 = 2 * 3_600_000;
+pub(crate) const MINUTE_TTL_MS: u64 = 2 * 3_600_000;
 /// A day's counters live 32 days: the month chart plus slack.
-pub const DAY_TTL_MS: u64 = 32 * 86_400_000;
+pub(crate) const DAY_TTL_MS: u64 = 32 * 86_400_000;
 /// Minutes a node keeps in memory (older events are not counted).
 const KEEP_MINUTES: i64 = 5;
 /// At most this many events are read again after the bus lagged.
-pub const RECOUNT_MAX: usize = 200_000;
+pub(crate) const RECOUNT_MAX: usize = 200_000;
 /// The field name for all queues together (`*` is never a queue name).
-pub const ALL: &str = "*";
+pub(crate) const ALL: &str = "*";
 
 const MINUTE_MS: i64 = 60_000;
 const DAY_MS: i64 = 86_400_000;
 
 /// One queue's numbers in one minute.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Cell {
+pub(crate) struct Cell {
     pub succeeded: u64,
     pub failed: u64,
     pub dead: u64,

@@ -13,13 +13,13 @@ use crate::auth::ReadCaller;
 use crate::error::Result;
 use crate::http::ApiQuery;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get_stats))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct StatsParams {
+pub(crate) struct StatsParams {
     /// `hour` (60 points, one per minute; the default) or `month` (30
     /// points, one per UTC day).
     pub range: Option<Range>,

@@ -16,7 +16,7 @@ use super::Stats;
 use crate::events::Bus;
 use crate::events::live::Live;
 
-pub fn spawn(stats: Arc<Stats>, bus: Arc<Bus>, live: Arc<Live>, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(stats: Arc<Stats>, bus: Arc<Bus>, live: Arc<Live>, cancel: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut rx = bus.subscribe();
         let mut tick = tokio::time::interval(super::FLUSH_EVERY);

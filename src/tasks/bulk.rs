@@ -20,9 +20,9 @@ use crate::store::reply::read;
 use crate::store::{Keys, ScriptCall};
 
 /// Dead tasks handled per script call.
-pub const PAGE: u64 = 500;
+pub(crate) const PAGE: u64 = 500;
 /// The most a single request may ask for.
-pub const MAX_TASKS: u64 = 10_000_000;
+pub(crate) const MAX_TASKS: u64 = 10_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BulkAction {

@@ -15,19 +15,19 @@
 //! - Every state change emits its event in the same script (G9).
 
 mod admin;
-pub mod bulk;
+pub(crate) mod bulk;
 mod claim;
 mod labels;
 mod model;
 mod read;
-pub use labels::QueueLabels;
-pub mod routes;
+pub(crate) use labels::QueueLabels;
+pub(crate) mod routes;
 mod scripts;
 mod shards;
 pub(crate) mod spec;
 mod wait;
-pub use wait::{NextAsk, NextTasks};
-pub mod worker;
+pub(crate) use wait::{NextAsk, NextTasks};
+pub(crate) mod worker;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -41,28 +41,28 @@ use crate::config::TasksConfig;
 use crate::problem::{Classify, Kind};
 use crate::store::{Code, ScriptCtx, Store, StoreError};
 
-pub use self::model::{
+pub(crate) use self::model::{
     Attempt, ClaimResult, Claimed, Finished, NewTask, NextClaim, NextClaimed, Submitted, Task, TaskPage,
 };
 use self::scripts::{Completed, Enqueued, FailReply, HeartbeatReply, ListQueuedReply, Scripts};
-pub use muster_api::{GroupInfo, QueueStats, TaskSpec};
+pub(crate) use muster_api::{GroupInfo, QueueStats, TaskSpec};
 
 /// The furthest ahead a task may be due: `delay_ms` at most, and `run_at`
 /// at most this long after the Redis time of the submit (366 days).
-pub const MAX_DELAY_MS: u64 = 366 * 24 * 3600 * 1000;
+pub(crate) const MAX_DELAY_MS: u64 = 366 * 24 * 3600 * 1000;
 
 /// The largest `run_at` that is meaningful at all: 2^53, the largest integer
 /// every JSON client reads exactly (and far beyond Redis time + a year).
-pub const MAX_RUN_AT: i64 = 1 << 53;
+pub(crate) const MAX_RUN_AT: i64 = 1 << 53;
 
 /// How deep the listing of queued tasks goes: its `cursor` is at most this.
 /// Queued tasks are merged from the ready set and every group's queue in
 /// claim order, and that work grows with the depth (other states are one
 /// sorted set each, and page at any depth).
-pub const MAX_QUEUED_CURSOR: usize = 10_000;
+pub(crate) const MAX_QUEUED_CURSOR: usize = 10_000;
 
 /// Every state a task can be in.
-pub const STATES: &[&str] = &["queued", "delayed", "running", "succeeded", "cancelled", "dead"];
+pub(crate) const STATES: &[&str] = &["queued", "delayed", "running", "succeeded", "cancelled", "dead"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {

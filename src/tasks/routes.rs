@@ -22,8 +22,7 @@ mod admin;
 mod bulk;
 mod work;
 
-
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(submit_task, admin::list_tasks))
         .routes(routes!(submit_batch))
@@ -49,7 +48,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// The answer to a submit.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct SubmitResponse {
+pub(crate) struct SubmitResponse {
     pub id: String,
     pub queue: String,
     /// queued or delayed (or the original task's state on a replay).
@@ -139,14 +138,14 @@ async fn submit_task(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct BatchRequest {
+pub(crate) struct BatchRequest {
     /// 1 to 1000 tasks.
     pub tasks: Vec<TaskSpec>,
 }
 
 /// One item's outcome in a batch.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct BatchItem {
+pub(crate) struct BatchItem {
     /// created, replayed or error.
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -161,7 +160,7 @@ pub struct BatchItem {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct BatchResponse {
+pub(crate) struct BatchResponse {
     /// One entry per submitted task, in order.
     pub results: Vec<BatchItem>,
 }

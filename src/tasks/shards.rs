@@ -22,7 +22,7 @@ use crate::store::{Store, StoreError};
 /// background): a grouped task submitted through another node into a shard
 /// its queue was not known in waits at most this long (plus the claim's own
 /// wait) before claims look there.
-pub const REFRESH: Duration = Duration::from_secs(1);
+pub(super) const REFRESH: Duration = Duration::from_secs(1);
 
 /// Which shards have registered which queue (a bit per shard), as last read
 /// from each shard. A shard that cannot be read keeps its last known bits

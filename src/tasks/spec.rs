@@ -4,7 +4,7 @@ use super::{MAX_DELAY_MS, MAX_RUN_AT, NewTask, TaskSpec, TasksConfig};
 use crate::problem::Invalid;
 
 /// Validates a task's options and fills the defaults.
-pub fn check(spec: &TaskSpec, cfg: &TasksConfig) -> Result<NewTask, Invalid> {
+pub(crate) fn check(spec: &TaskSpec, cfg: &TasksConfig) -> Result<NewTask, Invalid> {
     let payload = serde_json::to_string(&spec.payload).map_err(|e| Invalid::new(e.to_string()))?;
     if payload.len() > cfg.max_payload_bytes {
         return Err(Invalid::TooLarge(format!(

@@ -24,7 +24,7 @@ use crate::store::{PassLog, Store};
 /// Each shard's latest janitor rows (queue, stats), for the gauges.
 type Rows = Arc<Mutex<Vec<Vec<(String, [i64; 10])>>>>;
 
-pub fn spawn(tasks: Arc<Tasks>, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(tasks: Arc<Tasks>, cancel: CancellationToken) -> JoinHandle<()> {
     let rows: Rows = Arc::new(Mutex::new(vec![Vec::new(); tasks.store().shard_count()]));
     let store = tasks.store().clone();
     store.spawn_each_shard(move |shard| {

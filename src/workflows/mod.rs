@@ -12,9 +12,9 @@
 //! - A workflow's keys expire `tasks.retention_ms` after it finishes, and the
 //!   janitor trims the indexes that name it (G4).
 
-pub mod routes;
+pub(crate) mod routes;
 pub(crate) mod scripts;
-pub mod worker;
+pub(crate) mod worker;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -28,13 +28,13 @@ use crate::problem::{Classify, Kind};
 use crate::store::shards::ShardMap;
 use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::TaskSpec;
-pub use muster_api::{FailurePolicy, WorkflowTaskSpec};
+pub(crate) use muster_api::{FailurePolicy, WorkflowTaskSpec};
 use scripts::{CancelReply, CreateReply, Scripts};
 
 /// Most tasks in one workflow.
-pub const MAX_TASKS: usize = 500;
+pub(crate) const MAX_TASKS: usize = 500;
 /// Most dependencies of one task.
-pub const MAX_DEPS: usize = 100;
+pub(crate) const MAX_DEPS: usize = 100;
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -140,7 +140,7 @@ pub struct Workflows {
 /// Validates a workflow: sizes, names, task options, unique keys, known
 /// dependencies, and no cycle (the error names one); places it in a shard
 /// of `shards` (see [`shard_of`]) and draws its ids there.
-pub fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Plan, Invalid> {
+pub(crate) fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Plan, Invalid> {
     if w.tasks.is_empty() || w.tasks.len() > MAX_TASKS {
         return Err(Invalid::new(format!("`tasks` must hold 1 to {MAX_TASKS} tasks")));
     }

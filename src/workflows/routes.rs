@@ -17,7 +17,7 @@ use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery, Path};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_workflow, list_workflows))
         .routes(routes!(get_workflow))
@@ -25,7 +25,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct CreatedWorkflow {
+pub(crate) struct CreatedWorkflow {
     pub id: String,
     /// True when the idempotency key returned an existing workflow.
     pub replayed: bool,
@@ -67,7 +67,7 @@ async fn create_workflow(
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct WorkflowListParams {
+pub(crate) struct WorkflowListParams {
     /// running, succeeded, failed or cancelled.
     pub state: Option<String>,
     /// 1 to 200; default 50.
@@ -76,7 +76,7 @@ pub struct WorkflowListParams {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct WorkflowList {
+pub(crate) struct WorkflowList {
     pub workflows: Vec<WorkflowSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<usize>,

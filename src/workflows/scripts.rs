@@ -16,7 +16,7 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub fn new(ctx: &ScriptCtx) -> Scripts {
+    pub(crate) fn new(ctx: &ScriptCtx) -> Scripts {
         let l = |name, src| Lua::load(name, src, ctx);
         Scripts {
             create: l("workflow_create", include_str!("lua/create.lua")),

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::Workflows;
 use crate::store::PassLog;
 
-pub fn spawn(workflows: Arc<Workflows>, every: Duration, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(workflows: Arc<Workflows>, every: Duration, cancel: CancellationToken) -> JoinHandle<()> {
     let store = workflows.store().clone();
     store.spawn_each_shard(move |shard| {
         let (workflows, cancel) = (workflows.clone(), cancel.clone());

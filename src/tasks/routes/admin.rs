@@ -17,7 +17,7 @@ use crate::validate;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct ListParams {
+pub(super) struct ListParams {
     /// queued, delayed, running, succeeded, cancelled or dead. Default queued.
     pub state: Option<String>,
     /// 1 to 500; default 50.
@@ -66,7 +66,7 @@ pub(super) async fn list_tasks(
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct QueueList {
+pub(super) struct QueueList {
     pub queues: Vec<QueueStats>,
 }
 
@@ -79,7 +79,7 @@ pub(super) async fn list_queues(State(s): State<AppState>, _caller: ReadCaller) 
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct QueueDetail {
+pub(super) struct QueueDetail {
     #[serde(flatten)]
     pub stats: QueueStats,
     /// Groups with queued tasks here or a configured limit.
@@ -172,7 +172,7 @@ pub(super) async fn get_alias(
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct CancelResponse {
+pub(super) struct CancelResponse {
     /// cancelled, or running when the worker was asked to stop.
     pub state: String,
     pub cancel_requested: bool,
@@ -214,7 +214,7 @@ pub(super) async fn retry_task(
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct PageParams {
+pub(super) struct PageParams {
     /// 1 to 500; default 50.
     pub limit: Option<usize>,
     pub cursor: Option<String>,
@@ -237,7 +237,7 @@ pub(super) async fn list_dead(
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct GroupList {
+pub(super) struct GroupList {
     pub groups: Vec<GroupInfo>,
 }
 
@@ -251,7 +251,7 @@ pub(super) async fn list_groups(State(s): State<AppState>, _caller: ReadCaller) 
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct GroupRequest {
+pub(super) struct GroupRequest {
     /// Required: at most this many tasks of the group run at once,
     /// cluster-wide (1 to 100 000); null removes the limit.
     #[serde(deserialize_with = "nullable")]

@@ -24,7 +24,7 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
 /// with `"queue": "*"`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct BulkRequest {
+pub(super) struct BulkRequest {
     /// The queue whose dead letters to take, or `*` for every queue's.
     #[schema(min_length = 1, max_length = 128, pattern = "^([A-Za-z0-9._-]+|\\*)$")]
     pub queue: String,
@@ -34,7 +34,7 @@ pub struct BulkRequest {
 }
 
 /// `queue: "*"`: every queue's dead letters.
-pub const ALL_QUEUES: &str = "*";
+pub(super) const ALL_QUEUES: &str = "*";
 
 fn bulk_args(b: BulkRequest) -> Result<(Option<String>, u64)> {
     let queue = if b.queue == ALL_QUEUES {

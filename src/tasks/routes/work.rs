@@ -21,7 +21,7 @@ use crate::validate;
 use super::check_task_id;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ClaimRequest {
+pub(super) struct ClaimRequest {
     /// The claiming node or worker id; it must be registered (heartbeating).
     pub node: String,
     /// 1 to 1000; default 1.
@@ -36,7 +36,7 @@ pub struct ClaimRequest {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ClaimResponse {
+pub(super) struct ClaimResponse {
     pub tasks: Vec<Claimed>,
     /// Split namespaces: shards of the queue whose claim did not run (their
     /// master failed or stalls, or this node cannot serve them now). Tasks
@@ -100,7 +100,7 @@ pub(super) async fn claim_tasks(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct HeartbeatRequest {
+pub(super) struct HeartbeatRequest {
     pub token: u64,
     /// 0 to 100.
     pub progress: Option<u8>,
@@ -110,7 +110,7 @@ pub struct HeartbeatRequest {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct HeartbeatResponse {
+pub(super) struct HeartbeatResponse {
     pub state: String,
     /// The task was asked to stop: finish with `fail` and it is cancelled.
     pub cancel_requested: bool,
@@ -150,7 +150,7 @@ pub(super) async fn heartbeat_task(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct AckRequest {
+pub(super) struct AckRequest {
     /// The token of the claim being acknowledged.
     pub token: u64,
 }
@@ -180,7 +180,7 @@ pub(super) async fn ack_task(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CompleteRequest {
+pub(super) struct CompleteRequest {
     pub token: u64,
     /// Any JSON value, at most `tasks.max_payload_bytes`.
     #[schema(value_type = Option<serde_json::Value>)]
@@ -195,7 +195,7 @@ pub struct CompleteRequest {
 /// `wait_ms`, when the wait ends; the worker then long-polls `claim` as usual.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct NextRequest {
+pub(super) struct NextRequest {
     /// 1 to 1000; default 1.
     pub max: Option<u32>,
     /// The queue to claim from; default the finished task's queue.
@@ -213,7 +213,7 @@ pub struct NextRequest {
 
 /// The outcome of a complete or fail, with the next task(s) when asked for.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct FinishedNext {
+pub(super) struct FinishedNext {
     #[serde(flatten)]
     pub finished: Finished,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -297,7 +297,7 @@ pub(super) async fn complete_task(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CompleteItem {
+pub(super) struct CompleteItem {
     pub id: String,
     pub token: u64,
     #[schema(value_type = Option<serde_json::Value>)]
@@ -309,7 +309,7 @@ pub struct CompleteItem {
 #[derive(Debug, Deserialize, ToSchema)]
 #[allow(dead_code)]
 #[serde(untagged)]
-pub enum CompleteBatch {
+pub(super) enum CompleteBatch {
     List(Vec<CompleteItem>),
     Wrapped { tasks: Vec<CompleteItem> },
 }
@@ -337,7 +337,7 @@ fn parse_batch(body: &RawValue) -> Result<Vec<CompleteItem>> {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct CompleteOutcome {
+pub(super) struct CompleteOutcome {
     pub id: String,
     /// completed, conflict (stale token), not_found, invalid, or unknown:
     /// the task's shard did not answer (its master failed or stalls, on a
@@ -353,7 +353,7 @@ pub struct CompleteOutcome {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct CompleteBatchResponse {
+pub(super) struct CompleteBatchResponse {
     pub results: Vec<CompleteOutcome>,
 }
 
@@ -438,7 +438,7 @@ pub(super) async fn complete_batch(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct FailRequest {
+pub(super) struct FailRequest {
     pub token: u64,
     /// What went wrong (at most 4 KiB kept).
     #[serde(default)]

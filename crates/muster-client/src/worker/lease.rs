@@ -26,7 +26,7 @@ use super::{Arc, CancellationToken, Duration, Mutex, NodeHeartbeatAnswer, Result
 
 /// How long before the end of its registration a worker takes its lease
 /// for lapsed: a tenth of the ttl, at least 100 ms.
-pub fn margin(ttl: Duration) -> Duration {
+pub(super) fn margin(ttl: Duration) -> Duration {
     (ttl / 10).max(Duration::from_millis(100))
 }
 
