@@ -46,6 +46,29 @@ impl std::ops::Deref for AppState {
     }
 }
 
+/// A handler that needs one service takes just that one
+/// (`State<Arc<Tasks>>`): axum hands it out of the state by `FromRef`.
+macro_rules! service_from_state {
+    ($($field:ident: $t:ty),* $(,)?) => {$(
+        impl axum::extract::FromRef<AppState> for Arc<$t> {
+            fn from_ref(s: &AppState) -> Arc<$t> {
+                s.$field.clone()
+            }
+        }
+    )*};
+}
+
+service_from_state!(
+    tasks: Tasks,
+    nodes: Nodes,
+    orphans: Orphans,
+    workflows: crate::workflows::Workflows,
+    schedules: crate::schedules::Schedules,
+    barriers: crate::barriers::Barriers,
+    locks: crate::locks::Locks,
+    stats: crate::stats::Stats,
+);
+
 /// The parts of [`AppState`].
 pub struct AppParts {
     pub cfg: Arc<Config>,

@@ -1,6 +1,7 @@
 //! REST routes of barriers: rounds, etcd-style holds and DoubleBarriers.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -17,6 +18,7 @@ use muster_api::Name;
 
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
+use crate::barriers::Barriers;
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery, OptJson, Path, no_content};
 use crate::validate;
@@ -75,10 +77,10 @@ pub(crate) struct BarrierList {
 
 /// Every configured barrier, and every etcd-style hold.
 #[utoipa::path(get, path = "/api/v1/barriers", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = BarrierList)))]
-async fn list_barriers(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<BarrierList>> {
+async fn list_barriers(State(barriers): State<Arc<Barriers>>, _caller: ReadCaller) -> Result<Json<BarrierList>> {
     Ok(Json(BarrierList {
-        barriers: s.barriers.list().await?,
-        holds: s.barriers.holds().await?,
+        barriers: barriers.list().await?,
+        holds: barriers.holds().await?,
     }))
 }
 
@@ -143,12 +145,12 @@ impl BarrierDetail {
     params(("name" = String, Path, description = "Barrier name")),
     responses((status = 200, body = BarrierDetail), (status = 404, description = "Neither configured nor held")))]
 async fn get_barrier(
-    State(s): State<AppState>,
+    State(barriers): State<Arc<Barriers>>,
     _caller: ReadCaller,
     Path(name): Path<Name>,
 ) -> Result<Json<BarrierDetail>> {
-    let config = s.barriers.get(&name).await?;
-    let (hold, _) = s.barriers.hold_state(&name).await?;
+    let config = barriers.get(&name).await?;
+    let (hold, _) = barriers.hold_state(&name).await?;
     if config.is_none() && !hold.held {
         return Err(BarrierError::NotFound(name.into_string()).into());
     }
@@ -214,8 +216,12 @@ async fn put_barrier(
 #[utoipa::path(delete, path = "/api/v1/barriers/{name}", tag = "barriers", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("name" = String, Path, description = "Barrier name")),
     responses((status = 204, description = "Deleted"), (status = 404, description = "Neither configured nor held")))]
-async fn delete_barrier(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<Name>) -> Result<Response> {
-    s.barriers.delete(&name, &caller.name).await?;
+async fn delete_barrier(
+    State(barriers): State<Arc<Barriers>>,
+    caller: AdminCaller,
+    Path(name): Path<Name>,
+) -> Result<Response> {
+    barriers.delete(&name, &caller.name).await?;
     Ok(no_content())
 }
 
@@ -239,18 +245,18 @@ pub(crate) struct RoundList {
     params(("name" = String, Path, description = "Barrier name"), RoundsParams),
     responses((status = 200, body = RoundList), (status = 404, description = "Unknown barrier")))]
 async fn list_rounds(
-    State(s): State<AppState>,
+    State(barriers): State<Arc<Barriers>>,
     _caller: ReadCaller,
     Path(name): Path<Name>,
     ApiQuery(p): ApiQuery<RoundsParams>,
 ) -> Result<Json<RoundList>> {
     let limit = p.limit.unwrap_or(50);
     validate::in_range("limit", limit, &validate::LONG_PAGE_LIMIT)?;
-    if s.barriers.get(&name).await?.is_none() {
+    if barriers.get(&name).await?.is_none() {
         return Err(BarrierError::NotFound(name.into_string()).into());
     }
     Ok(Json(RoundList {
-        rounds: s.barriers.rounds(&name, limit).await?,
+        rounds: barriers.rounds(&name, limit).await?,
     }))
 }
 
@@ -418,12 +424,12 @@ pub(crate) struct Released {
     params(("name" = String, Path, description = "Barrier name")),
     responses((status = 200, body = Released)))]
 async fn release_barrier(
-    State(s): State<AppState>,
+    State(barriers): State<Arc<Barriers>>,
     caller: WorkerCaller,
     Path(name): Path<Name>,
 ) -> Result<Json<Released>> {
     Ok(Json(Released {
-        released: s.barriers.lift(&name, &caller.name).await?,
+        released: barriers.lift(&name, &caller.name).await?,
     }))
 }
 
@@ -462,9 +468,12 @@ pub(crate) struct DoubleBarrierList {
 /// Every DoubleBarrier with entrants.
 #[utoipa::path(get, path = "/api/v1/double-barriers", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])),
     responses((status = 200, body = DoubleBarrierList)))]
-async fn list_double_barriers(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<DoubleBarrierList>> {
+async fn list_double_barriers(
+    State(barriers): State<Arc<Barriers>>,
+    _caller: ReadCaller,
+) -> Result<Json<DoubleBarrierList>> {
     Ok(Json(DoubleBarrierList {
-        double_barriers: s.barriers.double_barriers().await?,
+        double_barriers: barriers.double_barriers().await?,
     }))
 }
 
@@ -473,11 +482,11 @@ async fn list_double_barriers(State(s): State<AppState>, _caller: ReadCaller) ->
     params(("name" = String, Path, description = "DoubleBarrier name")),
     responses((status = 200, body = DoubleBarrier)))]
 async fn get_double_barrier(
-    State(s): State<AppState>,
+    State(barriers): State<Arc<Barriers>>,
     _caller: ReadCaller,
     Path(name): Path<Name>,
 ) -> Result<Json<DoubleBarrier>> {
-    Ok(Json(s.barriers.double_barrier(&name).await?))
+    Ok(Json(barriers.double_barrier(&name).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

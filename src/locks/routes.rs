@@ -1,5 +1,6 @@
 //! REST routes of locks and elections.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -12,7 +13,7 @@ use utoipa_axum::routes;
 
 pub(crate) use muster_api::{Acquired, Renewed};
 
-use super::{Leadership, LockError, LockInfo};
+use super::{Leadership, LockError, LockInfo, Locks};
 use muster_api::Name;
 
 use crate::app::AppState;
@@ -66,9 +67,9 @@ pub(crate) struct LockList {
 
 /// Every held lock.
 #[utoipa::path(get, path = "/api/v1/locks", tag = "locks", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = LockList)))]
-async fn list_locks(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<LockList>> {
+async fn list_locks(State(locks): State<Arc<Locks>>, _caller: ReadCaller) -> Result<Json<LockList>> {
     Ok(Json(LockList {
-        locks: s.locks.list().await?,
+        locks: locks.list().await?,
     }))
 }
 
@@ -76,8 +77,12 @@ async fn list_locks(State(s): State<AppState>, _caller: ReadCaller) -> Result<Js
 #[utoipa::path(get, path = "/api/v1/locks/{name}", tag = "locks", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "Lock name")),
     responses((status = 200, body = LockInfo)))]
-async fn get_lock(State(s): State<AppState>, _caller: ReadCaller, Path(name): Path<Name>) -> Result<Json<LockInfo>> {
-    Ok(Json(s.locks.get(&name).await?))
+async fn get_lock(
+    State(locks): State<Arc<Locks>>,
+    _caller: ReadCaller,
+    Path(name): Path<Name>,
+) -> Result<Json<LockInfo>> {
+    Ok(Json(locks.get(&name).await?))
 }
 
 /// Breaks a lock whoever holds it (its holder's next renew or release gets
@@ -85,8 +90,8 @@ async fn get_lock(State(s): State<AppState>, _caller: ReadCaller, Path(name): Pa
 #[utoipa::path(delete, path = "/api/v1/locks/{name}", tag = "locks", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("name" = String, Path, description = "Lock name")),
     responses((status = 204, description = "Broken"), (status = 404, description = "Not held")))]
-async fn break_lock(State(s): State<AppState>, caller: AdminCaller, Path(name): Path<Name>) -> Result<Response> {
-    s.locks.release(&name, None, &caller.name).await?;
+async fn break_lock(State(locks): State<Arc<Locks>>, caller: AdminCaller, Path(name): Path<Name>) -> Result<Response> {
+    locks.release(&name, None, &caller.name).await?;
     Ok(no_content())
 }
 
@@ -184,12 +189,12 @@ pub(crate) struct ReleaseRequest {
     request_body = ReleaseRequest,
     responses((status = 204, description = "Released"), (status = 409, description = "Stale token or lapsed lease")))]
 async fn release_lock(
-    State(s): State<AppState>,
+    State(locks): State<Arc<Locks>>,
     caller: WorkerCaller,
     Path(name): Path<Name>,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> Result<Response> {
-    match s.locks.release(&name, Some(req.token), &caller.name).await {
+    match locks.release(&name, Some(req.token), &caller.name).await {
         Ok(()) => Ok(no_content()),
         Err(LockError::NotHeld(_)) => Err(LockError::Stale {
             name: name.into_string(),
@@ -211,9 +216,9 @@ pub(crate) struct ElectionList {
 
 /// Every election that has a leader.
 #[utoipa::path(get, path = "/api/v1/elections", tag = "elections", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = ElectionList)))]
-async fn list_elections(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<ElectionList>> {
+async fn list_elections(State(locks): State<Arc<Locks>>, _caller: ReadCaller) -> Result<Json<ElectionList>> {
     Ok(Json(ElectionList {
-        elections: s.locks.elections().await?,
+        elections: locks.elections().await?,
     }))
 }
 
@@ -222,11 +227,11 @@ async fn list_elections(State(s): State<AppState>, _caller: ReadCaller) -> Resul
     params(("name" = String, Path, description = "Election name")),
     responses((status = 200, body = Leadership)))]
 async fn get_leader(
-    State(s): State<AppState>,
+    State(locks): State<Arc<Locks>>,
     _caller: ReadCaller,
     Path(name): Path<Name>,
 ) -> Result<Json<Leadership>> {
-    Ok(Json(s.locks.leader(&name).await?))
+    Ok(Json(locks.leader(&name).await?))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -305,12 +310,12 @@ pub(crate) struct ResignRequest {
     request_body = ResignRequest,
     responses((status = 204, description = "Resigned"), (status = 409, description = "Not the leader")))]
 async fn resign(
-    State(s): State<AppState>,
+    State(locks): State<Arc<Locks>>,
     _caller: WorkerCaller,
     Path(name): Path<Name>,
     ApiJson(req): ApiJson<ResignRequest>,
 ) -> Result<Response> {
     validate::opaque_key("candidate", &req.candidate)?;
-    s.locks.resign(&name, &req.candidate, req.epoch).await?;
+    locks.resign(&name, &req.candidate, req.epoch).await?;
     Ok(no_content())
 }

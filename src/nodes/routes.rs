@@ -1,6 +1,7 @@
 //! REST routes of the node registry.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
@@ -17,6 +18,7 @@ use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{OptJson, Path, no_content};
+use crate::nodes::Nodes;
 use crate::validate;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -30,16 +32,20 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Every registered node with its state, as of one Redis instant.
 #[utoipa::path(get, path = "/api/v1/nodes", tag = "nodes", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = NodeList)))]
-async fn list_nodes(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<NodeList>> {
-    Ok(Json(s.nodes.list().await?))
+async fn list_nodes(State(nodes): State<Arc<Nodes>>, _caller: ReadCaller) -> Result<Json<NodeList>> {
+    Ok(Json(nodes.list().await?))
 }
 
 /// One node.
 #[utoipa::path(get, path = "/api/v1/nodes/{id}", tag = "nodes", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 200, body = NodeInfo), (status = 404, description = "Unknown node")))]
-async fn get_node(State(s): State<AppState>, _caller: ReadCaller, Path(id): Path<NodeId>) -> Result<Json<NodeInfo>> {
-    s.nodes
+async fn get_node(
+    State(nodes): State<Arc<Nodes>>,
+    _caller: ReadCaller,
+    Path(id): Path<NodeId>,
+) -> Result<Json<NodeInfo>> {
+    nodes
         .get(&id)
         .await?
         .map(Json)
@@ -140,8 +146,8 @@ async fn heartbeat_node(
 #[utoipa::path(post, path = "/api/v1/nodes/{id}/drain", tag = "nodes", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Draining"), (status = 404, description = "No live node with this id")))]
-async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<NodeId>) -> Result<Response> {
-    s.nodes.drain(&id, &caller.name).await?;
+async fn drain_node(State(nodes): State<Arc<Nodes>>, caller: AdminCaller, Path(id): Path<NodeId>) -> Result<Response> {
+    nodes.drain(&id, &caller.name).await?;
     Ok(no_content())
 }
 
@@ -155,8 +161,12 @@ async fn drain_node(State(s): State<AppState>, caller: AdminCaller, Path(id): Pa
     responses((status = 204, description = "Left"), (status = 404, description = "Unknown worker"),
                (status = 403, description = "A worker registered by another credential"),
                (status = 409, description = "A muster node, not a worker")))]
-async fn leave_worker(State(s): State<AppState>, caller: WorkerCaller, Path(id): Path<NodeId>) -> Result<Response> {
-    s.nodes.leave_worker(&id, &caller.name).await?;
+async fn leave_worker(
+    State(nodes): State<Arc<Nodes>>,
+    caller: WorkerCaller,
+    Path(id): Path<NodeId>,
+) -> Result<Response> {
+    nodes.leave_worker(&id, &caller.name).await?;
     Ok(no_content())
 }
 
@@ -165,7 +175,11 @@ async fn leave_worker(State(s): State<AppState>, caller: WorkerCaller, Path(id):
 #[utoipa::path(delete, path = "/api/v1/nodes/{id}", tag = "nodes", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Node id")),
     responses((status = 204, description = "Removed"), (status = 404, description = "Unknown node")))]
-async fn delete_node(State(s): State<AppState>, _caller: AdminCaller, Path(id): Path<NodeId>) -> Result<Response> {
-    s.nodes.leave(&id, "removed").await?;
+async fn delete_node(
+    State(nodes): State<Arc<Nodes>>,
+    _caller: AdminCaller,
+    Path(id): Path<NodeId>,
+) -> Result<Response> {
+    nodes.leave(&id, "removed").await?;
     Ok(no_content())
 }

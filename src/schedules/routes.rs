@@ -1,5 +1,7 @@
 //! REST routes of the schedules.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -16,6 +18,7 @@ use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery, Path, no_content};
+use crate::schedules::Schedules;
 use crate::validate;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
@@ -35,9 +38,9 @@ pub(crate) struct ScheduleList {
 /// Every schedule with its next fire times and totals.
 #[utoipa::path(get, path = "/api/v1/schedules", tag = "schedules", security(("bearer" = ["read"]), ("session" = ["read"])),
     responses((status = 200, body = ScheduleList)))]
-async fn list_schedules(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<ScheduleList>> {
+async fn list_schedules(State(schedules): State<Arc<Schedules>>, _caller: ReadCaller) -> Result<Json<ScheduleList>> {
     Ok(Json(ScheduleList {
-        schedules: s.schedules.list().await?,
+        schedules: schedules.list().await?,
     }))
 }
 
@@ -74,14 +77,14 @@ pub(crate) struct GetParams {
     params(("id" = String, Path, description = "Schedule id"), GetParams),
     responses((status = 200, body = Schedule), (status = 404, description = "Unknown schedule")))]
 async fn get_schedule(
-    State(s): State<AppState>,
+    State(schedules): State<Arc<Schedules>>,
     _caller: ReadCaller,
     Path(id): Path<Name>,
     ApiQuery(p): ApiQuery<GetParams>,
 ) -> Result<Json<Schedule>> {
     let history = p.history.unwrap_or(50);
     validate::in_range("history", history, &validate::SCHEDULE_HISTORY)?;
-    s.schedules
+    schedules
         .get(&id, history)
         .await?
         .map(Json)
@@ -137,12 +140,12 @@ pub(crate) struct DeleteParams {
     responses((status = 204, description = "Deleted"), (status = 404, description = "Unknown schedule"),
                (status = 409, description = "Written from config.toml (without `force`), or defined in this node's config.toml")))]
 async fn delete_schedule(
-    State(s): State<AppState>,
+    State(schedules): State<Arc<Schedules>>,
     caller: AdminCaller,
     Path(id): Path<Name>,
     ApiQuery(p): ApiQuery<DeleteParams>,
 ) -> Result<Response> {
-    s.schedules.delete(&id, &caller.name, p.force.unwrap_or(false)).await?;
+    schedules.delete(&id, &caller.name, p.force.unwrap_or(false)).await?;
     Ok(no_content())
 }
 
@@ -160,13 +163,13 @@ async fn delete_schedule(
                (status = 404, description = "Unknown schedule"),
                (status = 409, description = "Skipped by the overlap policy (the live task is in `task`), or too many queues")))]
 async fn trigger_schedule(
-    State(s): State<AppState>,
+    State(schedules): State<Arc<Schedules>>,
     caller: AdminCaller,
     Path(id): Path<Name>,
     headers: HeaderMap,
 ) -> Result<Response> {
     let key = crate::tasks::routes::idempotency_header(&headers)?;
-    let t = s.schedules.trigger(&id, &caller.name, key.as_deref()).await?;
+    let t = schedules.trigger(&id, &caller.name, key.as_deref()).await?;
     let status = if t.replayed {
         StatusCode::OK
     } else {
@@ -180,8 +183,12 @@ async fn trigger_schedule(
 #[utoipa::path(post, path = "/api/v1/schedules/{id}/enable", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Schedule id")),
     responses((status = 204, description = "Enabled"), (status = 404, description = "Unknown schedule")))]
-async fn enable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<Name>) -> Result<Response> {
-    s.schedules.set_enabled(&id, true, &caller.name).await?;
+async fn enable_schedule(
+    State(schedules): State<Arc<Schedules>>,
+    caller: AdminCaller,
+    Path(id): Path<Name>,
+) -> Result<Response> {
+    schedules.set_enabled(&id, true, &caller.name).await?;
     Ok(no_content())
 }
 
@@ -189,7 +196,11 @@ async fn enable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id
 #[utoipa::path(post, path = "/api/v1/schedules/{id}/disable", tag = "schedules", security(("bearer" = ["admin"]), ("session" = ["admin"])),
     params(("id" = String, Path, description = "Schedule id")),
     responses((status = 204, description = "Disabled"), (status = 404, description = "Unknown schedule")))]
-async fn disable_schedule(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<Name>) -> Result<Response> {
-    s.schedules.set_enabled(&id, false, &caller.name).await?;
+async fn disable_schedule(
+    State(schedules): State<Arc<Schedules>>,
+    caller: AdminCaller,
+    Path(id): Path<Name>,
+) -> Result<Response> {
+    schedules.set_enabled(&id, false, &caller.name).await?;
     Ok(no_content())
 }

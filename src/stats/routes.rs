@@ -1,5 +1,7 @@
 //! REST route of the outcome history: the data behind the dashboard's charts.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
@@ -12,6 +14,7 @@ use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::error::Result;
 use crate::http::ApiQuery;
+use crate::stats::Stats;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get_stats))
@@ -34,7 +37,7 @@ pub(crate) struct StatsParams {
 #[utoipa::path(get, path = "/api/v1/stats", tag = "system", security(("bearer" = ["read"]), ("session" = ["read"])), params(StatsParams),
     responses((status = 200, body = Series)))]
 async fn get_stats(
-    State(s): State<AppState>,
+    State(stats): State<Arc<Stats>>,
     _caller: ReadCaller,
     ApiQuery(p): ApiQuery<StatsParams>,
 ) -> Result<Json<Series>> {
@@ -42,8 +45,6 @@ async fn get_stats(
         crate::validate::name("queue", q)?;
     }
     Ok(Json(
-        s.stats
-            .series(p.range.unwrap_or(Range::Hour), p.queue.as_deref())
-            .await?,
+        stats.series(p.range.unwrap_or(Range::Hour), p.queue.as_deref()).await?,
     ))
 }

@@ -6,6 +6,8 @@
 //! `data-live-swap`), with countdowns to round deadlines and lease ends;
 //! without it a page with an open round reloads every two seconds.
 
+use std::sync::Arc;
+
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::Router;
@@ -24,6 +26,7 @@ use crate::barriers::{BarrierConfigView, BarrierError, DoubleBarrier, Hold, Roun
 use crate::config::Role;
 use crate::error::Result;
 use crate::http::Path;
+use crate::locks::Locks;
 use crate::locks::{Leadership, LockInfo};
 
 pub fn router() -> Router<AppState> {
@@ -183,8 +186,8 @@ async fn locks_page(State(s): State<AppState>, caller: ReadCaller) -> Result<Loc
 
 /// Breaks a held lock (its holder's token dies; the next waiter gets it), as
 /// `DELETE /api/v1/locks/{name}` does.
-async fn ui_break_lock(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_break_lock(State(locks): State<Arc<Locks>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.locks.release(&f.name, None, &f.caller.name).await?;
+    locks.release(&f.name, None, &f.caller.name).await?;
     Ok(Redirect::to("/locks").into_response())
 }

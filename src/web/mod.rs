@@ -13,6 +13,7 @@ pub mod workflows;
 
 pub mod barriers;
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use askama::Template;
@@ -30,6 +31,7 @@ use crate::auth::{Caller, MaybeCaller, ReadCaller, SESSION_COOKIE, csrf_ok};
 use crate::config::Role;
 use crate::error::{ApiError, Result};
 use crate::nodes::NodeList;
+use crate::nodes::Nodes;
 use crate::system::RedisSummary;
 
 pub fn router() -> Router<AppState> {
@@ -436,17 +438,17 @@ async fn logout(
 
 /// Removes a departed (dead, late or left) node or worker from the registry,
 /// as `DELETE /api/v1/nodes/{id}` does.
-async fn ui_remove_node(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_remove_node(State(nodes): State<Arc<Nodes>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
     crate::validate::node_id("id", &f.name)?;
-    s.nodes.leave(&f.name, "removed").await?;
+    nodes.leave(&f.name, "removed").await?;
     Ok(Redirect::to("/nodes").into_response())
 }
 
-async fn ui_drain_node(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_drain_node(State(nodes): State<Arc<Nodes>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
     crate::validate::node_id("id", &f.name)?;
-    s.nodes.drain(&f.name, &f.caller.name).await?;
+    nodes.drain(&f.name, &f.caller.name).await?;
     Ok(Redirect::to("/nodes").into_response())
 }
 

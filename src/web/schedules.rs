@@ -1,6 +1,8 @@
 //! Dashboard pages of the schedules: the list and one schedule (its next fire
 //! times, history, and the enable, disable, trigger and delete forms).
 
+use std::sync::Arc;
+
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::Router;
@@ -17,6 +19,7 @@ use crate::auth::ReadCaller;
 use crate::config::Role;
 use crate::error::{ApiError, Result};
 use crate::http::Path;
+use crate::schedules::Schedules;
 use crate::schedules::{HistoryEntry, Schedule, Timing};
 
 pub fn router() -> Router<AppState> {
@@ -129,26 +132,26 @@ async fn schedule_page(
     })
 }
 
-async fn ui_enable(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_enable(State(schedules): State<Arc<Schedules>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.schedules.set_enabled(&f.name, true, &f.caller.name).await?;
+    schedules.set_enabled(&f.name, true, &f.caller.name).await?;
     Ok(f.back(&format!("/schedules/{}", f.name)))
 }
 
-async fn ui_disable(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_disable(State(schedules): State<Arc<Schedules>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.schedules.set_enabled(&f.name, false, &f.caller.name).await?;
+    schedules.set_enabled(&f.name, false, &f.caller.name).await?;
     Ok(f.back(&format!("/schedules/{}", f.name)))
 }
 
-async fn ui_trigger(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_trigger(State(schedules): State<Arc<Schedules>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.schedules.trigger(&f.name, &f.caller.name, None).await?;
+    schedules.trigger(&f.name, &f.caller.name, None).await?;
     Ok(f.back(&format!("/schedules/{}", f.name)))
 }
 
-async fn ui_delete(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_delete(State(schedules): State<Arc<Schedules>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.schedules.delete(&f.name, &f.caller.name, false).await?;
+    schedules.delete(&f.name, &f.caller.name, false).await?;
     Ok(Redirect::to("/schedules").into_response())
 }

@@ -1,5 +1,7 @@
 //! Dashboard pages of the task store: Queues, Queue, Task, Dead letters.
 
+use std::sync::Arc;
+
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::Router;
@@ -17,6 +19,7 @@ use crate::auth::{Caller, ReadCaller};
 use crate::config::Role;
 use crate::error::{ApiError, Result};
 use crate::http::Path;
+use crate::tasks::Tasks;
 use crate::tasks::bulk::{self, BulkAction};
 use crate::tasks::{GroupInfo, QueueStats, STATES, Task, TaskPage};
 use crate::validate;
@@ -200,33 +203,33 @@ async fn dead_page(State(s): State<AppState>, caller: ReadCaller, Query(q): Quer
     })
 }
 
-async fn ui_pause(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_pause(State(tasks): State<Arc<Tasks>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.tasks.set_paused(&f.name, true, &f.caller.name).await?;
+    tasks.set_paused(&f.name, true, &f.caller.name).await?;
     Ok(f.back("/queues"))
 }
 
-async fn ui_resume(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_resume(State(tasks): State<Arc<Tasks>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.tasks.set_paused(&f.name, false, &f.caller.name).await?;
+    tasks.set_paused(&f.name, false, &f.caller.name).await?;
     Ok(f.back("/queues"))
 }
 
-async fn ui_cancel(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_cancel(State(tasks): State<Arc<Tasks>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Worker)?;
-    s.tasks.cancel(&f.name, &f.caller.name).await?;
+    tasks.cancel(&f.name, &f.caller.name).await?;
     Ok(f.back(&format!("/tasks/{}", f.name)))
 }
 
-async fn ui_retry(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_retry(State(tasks): State<Arc<Tasks>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.tasks.retry(&f.name, &f.caller.name).await?;
+    tasks.retry(&f.name, &f.caller.name).await?;
     Ok(f.back("/dead"))
 }
 
-async fn ui_discard(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_discard(State(tasks): State<Arc<Tasks>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.tasks.delete(&f.name, &f.caller.name).await?;
+    tasks.delete(&f.name, &f.caller.name).await?;
     // The task page is gone; go to the dead letters.
     Ok(axum::response::Redirect::to("/dead").into_response())
 }

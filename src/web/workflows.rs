@@ -2,6 +2,7 @@
 //! (server-side layout by levels, plain SVG).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use askama::Template;
 use askama_web::WebTemplate;
@@ -20,6 +21,7 @@ use crate::auth::ReadCaller;
 use crate::config::Role;
 use crate::error::Result;
 use crate::http::Path;
+use crate::workflows::Workflows;
 use crate::workflows::{Workflow, WorkflowSummary};
 
 pub fn router() -> Router<AppState> {
@@ -176,8 +178,8 @@ async fn workflow_page(State(s): State<AppState>, caller: ReadCaller, Path(id): 
     })
 }
 
-async fn ui_cancel(State(s): State<AppState>, f: UiForm) -> Result<Response> {
+async fn ui_cancel(State(workflows): State<Arc<Workflows>>, f: UiForm) -> Result<Response> {
     f.caller.require(Role::Admin)?;
-    s.workflows.cancel(&f.name, &f.caller.name).await?;
+    workflows.cancel(&f.name, &f.caller.name).await?;
     Ok(Redirect::to(&format!("/workflows/{}", f.name)).into_response())
 }

@@ -1,5 +1,7 @@
 //! REST routes of workflows.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -16,6 +18,7 @@ use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, ApiQuery, Path};
+use crate::workflows::Workflows;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -111,11 +114,11 @@ async fn list_workflows(
     params(("id" = String, Path, description = "Workflow id")),
     responses((status = 200, body = Workflow), (status = 404, description = "Unknown workflow")))]
 async fn get_workflow(
-    State(s): State<AppState>,
+    State(workflows): State<Arc<Workflows>>,
     _caller: ReadCaller,
     Path(id): Path<TaskId>,
 ) -> Result<Json<Workflow>> {
-    Ok(Json(s.workflows.get(&id).await?))
+    Ok(Json(workflows.get(&id).await?))
 }
 
 /// Cancels a running workflow: what has not started is cancelled, running
@@ -124,7 +127,11 @@ async fn get_workflow(
     params(("id" = String, Path, description = "Workflow id")),
     responses((status = 204, description = "Cancelled"), (status = 404, description = "Unknown workflow"),
               (status = 409, description = "Already finished")))]
-async fn cancel_workflow(State(s): State<AppState>, caller: AdminCaller, Path(id): Path<TaskId>) -> Result<Response> {
-    s.workflows.cancel(&id, &caller.name).await?;
+async fn cancel_workflow(
+    State(workflows): State<Arc<Workflows>>,
+    caller: AdminCaller,
+    Path(id): Path<TaskId>,
+) -> Result<Response> {
+    workflows.cancel(&id, &caller.name).await?;
     Ok(crate::http::no_content())
 }

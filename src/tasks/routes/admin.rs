@@ -1,5 +1,7 @@
 //! REST routes of the task store: listings, queues, single tasks, dead letters and groups.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
@@ -8,10 +10,10 @@ use utoipa::{IntoParams, ToSchema};
 
 use muster_api::{Name, TaskId};
 
-use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiQuery, OptJson, Path, no_content};
+use crate::tasks::Tasks;
 use crate::tasks::{GroupInfo, QueueStats, STATES, Task, TaskError, TaskPage};
 use crate::validate;
 
@@ -49,7 +51,7 @@ fn page_args(p: &ListParams) -> Result<(usize, usize)> {
     responses((status = 200, body = TaskPage),
                (status = 400, description = "Bad state, limit or cursor (at most 10000 for state=queued)")))]
 pub(super) async fn list_tasks(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     _caller: ReadCaller,
     Path(queue): Path<Name>,
     ApiQuery(p): ApiQuery<ListParams>,
@@ -62,7 +64,7 @@ pub(super) async fn list_tasks(
         )));
     }
     let (limit, cursor) = page_args(&p)?;
-    Ok(Json(s.tasks.list(&queue, &state, limit, cursor).await?))
+    Ok(Json(tasks.list(&queue, &state, limit, cursor).await?))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -72,9 +74,9 @@ pub(super) struct QueueList {
 
 /// Every queue with its counts.
 #[utoipa::path(get, path = "/api/v1/queues", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = QueueList)))]
-pub(super) async fn list_queues(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<QueueList>> {
+pub(super) async fn list_queues(State(tasks): State<Arc<Tasks>>, _caller: ReadCaller) -> Result<Json<QueueList>> {
     Ok(Json(QueueList {
-        queues: s.tasks.queues().await?,
+        queues: tasks.queues().await?,
     }))
 }
 
@@ -91,12 +93,12 @@ pub(super) struct QueueDetail {
     params(("queue" = String, Path, description = "Queue name")),
     responses((status = 200, body = QueueDetail)))]
 pub(super) async fn get_queue(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     _caller: ReadCaller,
     Path(queue): Path<Name>,
 ) -> Result<Json<QueueDetail>> {
-    let stats = s.tasks.stats_for(&[queue.to_string()]).await?.pop().unwrap_or_default();
-    let groups = s.tasks.groups(Some(&queue)).await?;
+    let stats = tasks.stats_for(&[queue.to_string()]).await?.pop().unwrap_or_default();
+    let groups = tasks.groups(Some(&queue)).await?;
     Ok(Json(QueueDetail { stats, groups }))
 }
 
@@ -105,11 +107,11 @@ pub(super) async fn get_queue(
     params(("queue" = String, Path, description = "Queue name")),
     responses((status = 204, description = "Paused")))]
 pub(super) async fn pause_queue(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     caller: AdminCaller,
     Path(queue): Path<Name>,
 ) -> Result<Response> {
-    s.tasks.set_paused(&queue, true, &caller.name).await?;
+    tasks.set_paused(&queue, true, &caller.name).await?;
     Ok(no_content())
 }
 
@@ -118,11 +120,11 @@ pub(super) async fn pause_queue(
     params(("queue" = String, Path, description = "Queue name")),
     responses((status = 204, description = "Resumed")))]
 pub(super) async fn resume_queue(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     caller: AdminCaller,
     Path(queue): Path<Name>,
 ) -> Result<Response> {
-    s.tasks.set_paused(&queue, false, &caller.name).await?;
+    tasks.set_paused(&queue, false, &caller.name).await?;
     Ok(no_content())
 }
 
@@ -131,11 +133,11 @@ pub(super) async fn resume_queue(
     params(("id" = String, Path, description = "Task id")),
     responses((status = 200, body = Task), (status = 404, description = "Unknown task")))]
 pub(super) async fn get_task(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     _caller: ReadCaller,
     Path(id): Path<TaskId>,
 ) -> Result<Json<Task>> {
-    s.tasks
+    tasks
         .get(&id)
         .await?
         .map(Json)
@@ -148,11 +150,11 @@ pub(super) async fn get_task(
     responses((status = 204, description = "Deleted"), (status = 404, description = "Unknown task"),
                (status = 409, description = "Not finished")))]
 pub(super) async fn delete_task(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     caller: AdminCaller,
     Path(id): Path<TaskId>,
 ) -> Result<Response> {
-    s.tasks.delete(&id, &caller.name).await?;
+    tasks.delete(&id, &caller.name).await?;
     Ok(no_content())
 }
 
@@ -161,14 +163,14 @@ pub(super) async fn delete_task(
     params(("alias" = String, Path, description = "Alias")),
     responses((status = 200, body = Task), (status = 404, description = "No task holds this alias")))]
 pub(super) async fn get_alias(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     _caller: ReadCaller,
     Path(alias): Path<Name>,
 ) -> Result<Json<Task>> {
-    let id = s.tasks.alias_holder(&alias).await?;
+    let id = tasks.alias_holder(&alias).await?;
     let not_found = || ApiError::not_found(format!("no task holds the alias `{alias}`"));
     let id = id.ok_or_else(not_found)?;
-    s.tasks.get(&id).await?.map(Json).ok_or_else(not_found)
+    tasks.get(&id).await?.map(Json).ok_or_else(not_found)
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -185,11 +187,11 @@ pub(super) struct CancelResponse {
     responses((status = 200, body = CancelResponse), (status = 409, description = "Already finished"),
                (status = 404, description = "Unknown task")))]
 pub(super) async fn cancel_task(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     caller: WorkerCaller,
     Path(id): Path<TaskId>,
 ) -> Result<Json<CancelResponse>> {
-    let state = s.tasks.cancel(&id, &caller.name).await?;
+    let state = tasks.cancel(&id, &caller.name).await?;
     let cancel_requested = state == "running";
     Ok(Json(CancelResponse {
         state,
@@ -204,11 +206,11 @@ pub(super) async fn cancel_task(
                (status = 409, description = "Not dead, or its queue was forgotten and the cluster has tasks.max_queues queues"),
                (status = 404, description = "Unknown task")))]
 pub(super) async fn retry_task(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     caller: AdminCaller,
     Path(id): Path<TaskId>,
 ) -> Result<Response> {
-    s.tasks.retry(&id, &caller.name).await?;
+    tasks.retry(&id, &caller.name).await?;
     Ok(no_content())
 }
 
@@ -224,7 +226,7 @@ pub(super) struct PageParams {
 #[utoipa::path(get, path = "/api/v1/dead", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])), params(PageParams),
     responses((status = 200, body = TaskPage)))]
 pub(super) async fn list_dead(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     _caller: ReadCaller,
     ApiQuery(p): ApiQuery<PageParams>,
 ) -> Result<Json<TaskPage>> {
@@ -233,7 +235,7 @@ pub(super) async fn list_dead(
         limit: p.limit,
         cursor: p.cursor,
     })?;
-    Ok(Json(s.tasks.dead(limit, cursor).await?))
+    Ok(Json(tasks.dead(limit, cursor).await?))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -243,9 +245,9 @@ pub(super) struct GroupList {
 
 /// Groups with a configured limit, with their slots in use.
 #[utoipa::path(get, path = "/api/v1/groups", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = GroupList)))]
-pub(super) async fn list_groups(State(s): State<AppState>, _caller: ReadCaller) -> Result<Json<GroupList>> {
+pub(super) async fn list_groups(State(tasks): State<Arc<Tasks>>, _caller: ReadCaller) -> Result<Json<GroupList>> {
     Ok(Json(GroupList {
-        groups: s.tasks.groups(None).await?,
+        groups: tasks.groups(None).await?,
     }))
 }
 
@@ -275,7 +277,7 @@ const GROUP_BODY: &str = r#"send {"limit": n} (1 to 100000) to set the group's l
     responses((status = 200, body = GroupInfo), (status = 400, description = "No body, or a bad limit"),
                (status = 409, description = "Too many groups")))]
 pub(super) async fn put_group(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     caller: AdminCaller,
     Path(group): Path<Name>,
     body: std::result::Result<OptJson<Option<serde_json::Value>>, ApiError>,
@@ -296,7 +298,7 @@ pub(super) async fn put_group(
             validate::GROUP_LIMIT.end()
         )));
     }
-    let running = s.tasks.set_group_limit(&group, req.limit, &caller.name).await?;
+    let running = tasks.set_group_limit(&group, req.limit, &caller.name).await?;
     Ok(Json(GroupInfo {
         name: group.into_string(),
         limit: req.limit,

@@ -1,5 +1,6 @@
 //! REST routes of the task store: the worker path (claim, heartbeat, complete, fail).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -15,6 +16,7 @@ use crate::app::AppState;
 use crate::auth::WorkerCaller;
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, Path, no_content};
+use crate::tasks::Tasks;
 use crate::tasks::{Claimed, Finished, NextAsk, NextClaim, NextTasks, TaskError};
 use crate::validate;
 
@@ -166,12 +168,12 @@ pub(super) struct AckRequest {
                (status = 409, description = "Stale token (the task went back to its queue, or runs under a newer claim): drop the work; the body carries the current state"),
                (status = 404, description = "Unknown task")))]
 pub(super) async fn ack_task(
-    State(s): State<AppState>,
+    State(tasks): State<Arc<Tasks>>,
     _caller: WorkerCaller,
     Path(id): Path<TaskId>,
     ApiJson(req): ApiJson<AckRequest>,
 ) -> Result<Json<HeartbeatResponse>> {
-    let cancel_requested = s.tasks.heartbeat(&id, req.token, None, None).await?;
+    let cancel_requested = tasks.heartbeat(&id, req.token, None, None).await?;
     Ok(Json(HeartbeatResponse {
         state: "running".into(),
         cancel_requested,
