@@ -489,7 +489,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
         "muster node {} is ready: dashboard at {}/",
         running.node_id, running.state.advertise
     );
-    shutdown_signal().await;
+    // SIGTERM or ctrl-c, as a worker stops.
+    muster_client::worker::shutdown_signal().await;
     running.shutdown().await;
     ExitCode::SUCCESS
 }
@@ -552,23 +553,5 @@ async fn barrier_bench(a: BarrierBenchArgs) -> ExitCode {
             eprintln!("muster barrier bench: {e}");
             ExitCode::from(1)
         }
-    }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
     }
 }

@@ -164,19 +164,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names() {
-        assert!(is_name("emails.high-prio_1"));
-        assert!(!is_name(""));
-        assert!(!is_name("a:b"));
-        assert!(!is_name("{x}"));
-        assert!(!is_name("a b"));
-        assert!(!is_name(&"a".repeat(129)));
-        assert!(is_name(&"a".repeat(128)));
-        assert!(is_node_id(&"n".repeat(64)));
-        assert!(!is_node_id(&"n".repeat(65)));
-    }
-
-    #[test]
     fn plain_text_refuses_control_and_bidi_characters() {
         for bad in [
             "\0",

@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use muster_client::{Arrive, Client};
+
+pub use super::latency::Latency;
 use serde::Serialize;
 
 /// What to run.
@@ -26,30 +28,6 @@ pub struct BenchOptions {
     pub rounds: usize,
     /// Rounds run first and not measured.
     pub warmup: usize,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Latency {
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    pub samples: usize,
-}
-
-impl Latency {
-    fn of(mut v: Vec<f64>) -> Latency {
-        if v.is_empty() {
-            return Latency::default();
-        }
-        v.sort_by(|a, b| a.total_cmp(b));
-        let q = |p: f64| v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1];
-        Latency {
-            p50_ms: q(0.50),
-            p99_ms: q(0.99),
-            max_ms: v[v.len() - 1],
-            samples: v.len(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

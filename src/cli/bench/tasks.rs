@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
+pub use super::latency::Latency;
 use super::redis_stats::{command_calls, cpu_seconds, info, redis_benchmark};
 
 /// What to run.
@@ -52,14 +53,6 @@ pub struct BenchOptions {
     /// node while the workers run. For comparing drains (a worker library
     /// against raw calls); phase 2 ignores it.
     pub prefill: bool,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Latency {
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-    pub samples: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -121,20 +114,6 @@ impl Client {
         let (status, v) = self.send(reqwest::Method::GET, path, None).await?;
         anyhow::ensure!(status == 200, "GET {path}: {status} {v}");
         Ok(v)
-    }
-}
-
-pub(super) fn percentiles(mut v: Vec<f64>) -> Latency {
-    if v.is_empty() {
-        return Latency::default();
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
-    Latency {
-        p50_ms: at(0.5),
-        p99_ms: at(0.99),
-        max_ms: v[v.len() - 1],
-        samples: v.len(),
     }
 }
 
@@ -204,7 +183,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     report.empty_claims_per_task = (empty_after - empty_before) / n;
     report.peak_seconds = peak.seconds;
     report.peak_tasks_per_sec = opts.tasks as f64 / peak.seconds;
-    report.claim_latency_peak = percentiles(peak.claim_ms);
+    report.claim_latency_peak = Latency::of(peak.claim_ms);
     report.redis_commands_per_task = (all1 - all0) as f64 / opts.tasks as f64;
     report.redis_round_trips_per_task = (sent1 - sent0) as f64 / opts.tasks as f64;
     report.redis_cpu_utilisation = (cpu_after - cpu_before) / peak.seconds;
@@ -215,7 +194,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         let n = ((rate * 5.0) as usize).clamp(1000, opts.tasks.max(1000));
         let half = phase(&client, &format!("{}-half", opts.queue), n, &opts, Some(rate)).await?;
         report.half_load_tasks_per_sec = n as f64 / half.seconds;
-        report.claim_latency_half_load = percentiles(half.claim_ms);
+        report.claim_latency_half_load = Latency::of(half.claim_ms);
     }
     if !opts.skip_baseline {
         report.redis_benchmark_evalsha_per_sec = redis_benchmark(&mut rconn, &redis_url).await.ok();

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use super::tasks::{Latency, percentiles};
+use super::latency::Latency;
 
 /// What `muster bench-ws` runs.
 #[derive(Debug, Clone)]
@@ -125,7 +125,7 @@ pub async fn run_ws(opts: WsBenchOptions) -> anyhow::Result<WsBenchReport> {
         events: sent,
         deliveries: samples.len(),
         expected_deliveries: expected,
-        latency: percentiles(samples),
+        latency: Latency::of(samples),
     })
 }
 
