@@ -62,6 +62,16 @@ pub(crate) fn config(extra_pem: &[Vec<u8>]) -> Result<Arc<rustls::ClientConfig>>
 mod tests {
     use super::config;
 
+    /// This crate turns on reqwest's rustls: every other reqwest client in
+    /// the process (the application's own) must still build when nobody
+    /// installed a rustls provider. With reqwest's `-no-provider` feature it
+    /// panicked ("No provider set"), and so did the test suite's clients.
+    #[test]
+    fn other_reqwest_clients_in_the_process_still_build() {
+        assert!(rustls::crypto::CryptoProvider::get_default().is_none());
+        reqwest::Client::builder().build().unwrap();
+    }
+
     #[test]
     fn an_added_root_must_be_a_pem_certificate() {
         assert!(config(&[]).is_ok());
