@@ -350,12 +350,14 @@ fn judge(book: &Book, from: Instant, to: Instant) -> HashMap<&'static str, (f64,
 }
 
 /// The healthy queues kept working through the trouble: at least 99 % of
-/// every kind of answer 2xx, and p99 latency at most twice the figure
-/// before (plus 50 ms, for the scheduling noise of a debug build on two
-/// shared cores, where the other test thread and the Cluster's own
-/// failover share the CPU: seen up to 2.6 times a 47 ms figure with
-/// nothing waiting on the troubled master; a call that waits for a stalled
-/// master waits the whole `redis.timeout_ms`, 2 s).
+/// every kind of answer 2xx, and p99 latency at most three times the
+/// figure before plus 100 ms. The slack is the scheduling noise of a debug
+/// build on two shared cores, where the other test thread and the
+/// Cluster's own failover share the CPU: seen up to 3.3 times a 43 ms
+/// figure (144 ms) with nothing waiting on the troubled master. What the
+/// bound must tell apart is far away: a call that waits for a stalled
+/// master waits the whole `redis.timeout_ms`, 2 s, so one such call in a
+/// hundred puts the p99 at 2 s.
 fn assert_isolated(book: &Book, before: (Instant, Instant), during: (Instant, Instant)) {
     let base = judge(book, before.0, before.1);
     let trouble = judge(book, during.0, during.1);
@@ -382,7 +384,7 @@ fn assert_isolated(book: &Book, before: (Instant, Instant), during: (Instant, In
             share * 100.0
         );
         assert!(
-            p <= 2.0 * p0 + 50.0,
+            p <= 3.0 * p0 + 100.0,
             "{kind}: p99 {p:.1} ms during the trouble against {p0:.1} ms before"
         );
     }
