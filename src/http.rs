@@ -298,23 +298,38 @@ impl FromPathParam for String {
     }
 }
 
+/// The checked type's own rule decides (one pass over the text); only a
+/// refusal asks `explain` for the message that names the parameter.
+fn checked<T: TryFrom<String>>(
+    value: &str,
+    explain: impl FnOnce() -> crate::problem::Invalid,
+) -> Result<T, crate::problem::Invalid> {
+    T::try_from(value.to_string()).map_err(|_| explain())
+}
+
 impl FromPathParam for muster_api::Name {
     fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid> {
-        crate::validate::name(key, value)?;
-        muster_api::Name::try_from(value).map_err(|e| crate::problem::Invalid::new(format!("`{key}` is {e}")))
+        checked(value, || {
+            crate::validate::name(key, value)
+                .err()
+                .unwrap_or_else(|| crate::problem::Invalid::new(format!("`{key}` is not a name")))
+        })
     }
 }
 
 impl FromPathParam for muster_api::NodeId {
     fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid> {
-        crate::validate::node_id(key, value)?;
-        muster_api::NodeId::try_from(value).map_err(|e| crate::problem::Invalid::new(format!("`{key}` is {e}")))
+        checked(value, || {
+            crate::validate::node_id(key, value)
+                .err()
+                .unwrap_or_else(|| crate::problem::Invalid::new(format!("`{key}` is not a node id")))
+        })
     }
 }
 
 impl FromPathParam for muster_api::TaskId {
     fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid> {
-        muster_api::TaskId::try_from(value).map_err(|_| {
+        checked(value, || {
             crate::problem::Invalid::new(format!(
                 "`{key}` must be a 26-character id of letters and digits (got {})",
                 crate::validate::shorten(value)
