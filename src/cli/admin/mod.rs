@@ -206,13 +206,18 @@ fn show<T: Serialize>(conn: &Conn, value: &T, human: impl FnOnce(&T) -> String) 
 }
 
 fn name(what: &str, v: &str) -> Result<(), Stop> {
-    if muster_api::is_name(v) || (v == "*" && what == "queue (or *)") {
+    if muster_api::is_name(v) {
         Ok(())
     } else {
         Err(usage(format!(
             "`{v}` is not a {what} name: 1 to 128 characters from A-Z a-z 0-9 . _ -"
         )))
     }
+}
+
+/// The queue of a bulk dead-letter action: a name, or `*` for every queue.
+fn queue_or_all(v: &str) -> Result<(), Stop> {
+    if v == "*" { Ok(()) } else { name("queue", v) }
 }
 
 async fn dispatch(cmd: Admin, conn: &Conn) -> Result<u8, Stop> {
@@ -355,7 +360,7 @@ async fn dead(c: &Client, conn: &Conn, d: DeadCommand) -> Result<u8, Stop> {
             show(conn, &page, |p| table::tasks(&p.tasks, p.total))
         }
         DeadCommand::Retry { queue, limit } => {
-            name("queue (or *)", &queue)?;
+            queue_or_all(&queue)?;
             let r = c.retry_dead(&queue, limit).await?;
             show(conn, &r, |r| {
                 format!(
@@ -365,7 +370,7 @@ async fn dead(c: &Client, conn: &Conn, d: DeadCommand) -> Result<u8, Stop> {
             })
         }
         DeadCommand::Discard { queue, limit } => {
-            name("queue (or *)", &queue)?;
+            queue_or_all(&queue)?;
             let r = c.discard_dead(&queue, limit).await?;
             show(conn, &r, |r| {
                 format!("discarded {} dead tasks of {queue}; {} left dead\n", r.done, r.left)
