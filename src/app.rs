@@ -25,7 +25,7 @@ use crate::tasks::Tasks;
 // Declared here, not in lib.rs, so that the API document's code lives beside
 // the router that serves it.
 #[path = "openapi.rs"]
-pub mod openapi;
+pub(crate) mod openapi;
 
 /// Everything a handler may need; cheap to clone: one reference count
 /// (the router clones it several times per request, and a struct of two
@@ -123,7 +123,7 @@ pub struct AppParts {
 struct ApiDoc;
 
 /// The API routes with their OpenAPI description.
-pub fn api_router() -> OpenApiRouter<AppState> {
+pub(crate) fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(crate::system::router())
         .merge(crate::nodes::routes::router())
@@ -139,7 +139,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
 }
 
 /// The whole HTTP surface of a node.
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     let (api, doc) = api_router().split_for_parts();
     let doc = openapi::document(doc, &state.cfg);
     let _ = state

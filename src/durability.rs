@@ -30,10 +30,10 @@ use crate::error::{ApiError, problem};
 use crate::store::{AckScope, Confirmation};
 
 /// The request header: `Durability: replicated`.
-pub const HEADER: &str = "durability";
+pub(crate) const HEADER: &str = "durability";
 /// The response header of an acknowledged change: how many replicas
 /// confirmed it.
-pub const REPLICAS_HEADER: &str = "durability-replicas";
+pub(crate) const REPLICAS_HEADER: &str = "durability-replicas";
 
 /// Every operation that waits for replicas, as (method, route template).
 pub const ACKED: &[(Method, &str)] = &[
@@ -64,7 +64,7 @@ pub const ACKED: &[(Method, &str)] = &[
 ];
 
 /// Whether `method path` (a route template) waits for replicas.
-pub fn is_acked(method: &str, path: &str) -> bool {
+pub(crate) fn is_acked(method: &str, path: &str) -> bool {
     ACKED
         .iter()
         .any(|(m, p)| m.as_str().eq_ignore_ascii_case(method) && *p == path)
@@ -75,7 +75,10 @@ pub fn is_acked(method: &str, path: &str) -> bool {
 /// without the header, `redis.ack_replicas`. The header given twice is
 /// refused, whatever its values: which one counts would be a guess (issue
 /// 36, N6).
-pub fn replicas<'a>(headers: impl IntoIterator<Item = &'a HeaderValue>, configured: u32) -> Result<u32, ApiError> {
+pub(crate) fn replicas<'a>(
+    headers: impl IntoIterator<Item = &'a HeaderValue>,
+    configured: u32,
+) -> Result<u32, ApiError> {
     let mut headers = headers.into_iter();
     let Some(v) = headers.next() else {
         return Ok(configured);
@@ -96,7 +99,7 @@ pub fn replicas<'a>(headers: impl IntoIterator<Item = &'a HeaderValue>, configur
 
 /// The middleware: on an operation of [`ACKED`] that needs replicas, runs
 /// the handler in an ack scope and confirms a 2xx answer with `WAIT`.
-pub async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> Response {
+pub(crate) async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let acked = req
         .extensions()
         .get::<MatchedPath>()

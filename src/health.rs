@@ -178,6 +178,13 @@ impl Health {
             .collect()
     }
 
+    /// How many shards refuse work now (the `muster_shards_failing` gauge).
+    pub fn failing_count(&self) -> usize {
+        (0..self.shards.len())
+            .filter(|&i| matches!(self.refuses_work_in(i), Some(Refusal::Shard(_))))
+            .count()
+    }
+
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }
@@ -215,6 +222,7 @@ mod tests {
         assert_eq!(h.refuses_work_in(2), None);
         assert_eq!(h.refuses_work(), None);
         assert_eq!(h.failing_shards(), vec![1]);
+        assert_eq!(h.failing_count(), 1);
         assert!(h.registered());
         // Every shard lapsed: the node refuses everywhere.
         std::thread::sleep(Duration::from_millis(60));

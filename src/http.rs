@@ -281,10 +281,11 @@ where
 }
 
 /// A path whose parameters are checked by their types before the handler
-/// runs: `Path<Name>`, `Path<NodeId>`, `Path<TaskId>`, `Path<String>` for
-/// free text, or a tuple of them in the route's order. A parameter that is
-/// not what its type requires is a 400 problem naming it, as the handler's
-/// own checks would have said.
+/// runs: `Path<Name>`, `Path<NodeId>`, `Path<TaskId>`, a type that names one
+/// of a fixed set (a static asset, a failover message kind), or a tuple of
+/// them in the route's order. A parameter that is not what its type requires
+/// is a 400 problem naming it, as the handler's own checks would have said;
+/// one that names nothing there is, a 404.
 pub(crate) struct Path<T>(pub T);
 
 /// One path parameter, taken from its (percent-decoded) text.
@@ -327,6 +328,18 @@ impl FromPathParam for muster_api::NodeId {
     }
 }
 
+impl FromPathParam for muster_api::LimitName {
+    fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid> {
+        checked(value, || {
+            crate::problem::Invalid::new(format!(
+                "`{key}` must be a limit name: a name, `name:key` or a template `name:*`, each part 1 to \
+                 {} characters from A-Z a-z 0-9 . _ -",
+                muster_api::bounds::NAME_MAX_LEN
+            ))
+        })
+    }
+}
+
 impl FromPathParam for muster_api::TaskId {
     fn from_param(key: &str, value: &str) -> Result<Self, crate::problem::Invalid> {
         checked(value, || {
@@ -347,15 +360,27 @@ macro_rules! one_param {
     ($($t:ty),*) => {$(
         impl FromPathParams for $t {
             fn from_params(params: &[(&str, &str)]) -> Result<Self, crate::problem::Invalid> {
-                match params {
-                    [(k, v)] => <$t>::from_param(k, v),
-                    _ => Err(crate::problem::Invalid::new("this route takes one path parameter")),
-                }
+                one(params)
             }
         }
     )*};
 }
-one_param!(String, muster_api::Name, muster_api::NodeId, muster_api::TaskId);
+one_param!(
+    String,
+    muster_api::Name,
+    muster_api::NodeId,
+    muster_api::TaskId,
+    muster_api::LimitName
+);
+
+/// [`FromPathParams`] of a route whose one parameter is `T` (for a type
+/// defined beside its route).
+pub(crate) fn one<T: FromPathParam>(params: &[(&str, &str)]) -> Result<T, crate::problem::Invalid> {
+    match params {
+        [(k, v)] => T::from_param(k, v),
+        _ => Err(crate::problem::Invalid::new("this route takes one path parameter")),
+    }
+}
 
 impl<A: FromPathParam, B: FromPathParam> FromPathParams for (A, B) {
     fn from_params(params: &[(&str, &str)]) -> Result<Self, crate::problem::Invalid> {

@@ -1,4 +1,5 @@
-//! The `muster` command line. The only place that uses anyhow.
+//! The `muster` command line. It and the commands under `src/cli/` are the
+//! only code that uses anyhow; the library returns typed errors.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -443,7 +444,7 @@ fn toml_string(cfg: &Config) -> anyhow::Result<String> {
     mask(&mut cfg.redis.password);
     mask(&mut cfg.redis.sentinel_password);
     mask(&mut cfg.failover.secret);
-    cfg.redis.url = muster::store::redact(&cfg.redis.url);
+    cfg.redis.url = muster::redact(&cfg.redis.url);
     Ok(toml::to_string_pretty(&cfg)?)
 }
 
@@ -461,7 +462,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(a) => a,
         Err(_) => return config_error("invalid value for key `server.listen`"),
     };
-    match muster::serve::raise_open_files_limit() {
+    match muster::raise_open_files_limit() {
         Ok(limit) if limit < cfg.server.max_connections as u64 + 256 => tracing::warn!(
             "the open-files limit ({limit}) is below server.max_connections ({}) plus 256: \
              raise it (ulimit -n, systemd's LimitNOFILE); out of files, idle connections are closed to accept new ones",
@@ -470,7 +471,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "cannot read the open-files limit"),
     }
-    let listener = match muster::serve::bind(addr) {
+    let listener = match muster::bind(addr) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("muster: cannot listen on {addr}: {e} (is another node using this port? set --listen)");

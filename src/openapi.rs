@@ -29,7 +29,7 @@ mod bounds;
 use bounds::{bound_parameter, bound_schemas};
 
 /// The finished document for a node running with `cfg`.
-pub fn document(doc: utoipa::openapi::OpenApi, cfg: &Config) -> Value {
+pub(crate) fn document(doc: utoipa::openapi::OpenApi, cfg: &Config) -> Value {
     let mut d = serde_json::to_value(doc).unwrap_or_else(|_| json!({}));
     complete(&mut d, cfg);
     d

@@ -53,6 +53,10 @@ pub enum Invalid {
     /// A payload or value over its size limit.
     #[error("{0}")]
     TooLarge(String),
+    /// Well formed, but names nothing there is (a path's message kind, a
+    /// static asset): the caller asked for something that does not exist.
+    #[error("{0}")]
+    Unknown(String),
 }
 
 impl Invalid {
@@ -65,6 +69,7 @@ impl Invalid {
         match self {
             Invalid::Value(m) => Invalid::Value(format!("{place}: {m}")),
             Invalid::TooLarge(m) => Invalid::TooLarge(format!("{place}: {m}")),
+            Invalid::Unknown(m) => Invalid::Unknown(format!("{place}: {m}")),
         }
     }
 }
@@ -74,6 +79,7 @@ impl Classify for Invalid {
         match self {
             Invalid::Value(_) => Kind::BadRequest,
             Invalid::TooLarge(_) => Kind::TooLarge,
+            Invalid::Unknown(_) => Kind::NotFound,
         }
     }
 }

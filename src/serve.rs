@@ -62,11 +62,11 @@ use watch::{Phase, Tracked, Watch};
 
 /// How often the accept loop, at the total bound with every connection
 /// busy, looks again for one that turned idle.
-pub const IDLE_LOOK: Duration = Duration::from_millis(10);
+pub(crate) const IDLE_LOOK: Duration = Duration::from_millis(10);
 
 /// The bounds of [`serve`], from `[server]`.
 #[derive(Debug, Clone)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub header_read: Duration,
     pub body_read: Duration,
     pub idle: Duration,
@@ -78,7 +78,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn from_config(cfg: &ServerConfig) -> Self {
+    pub(crate) fn from_config(cfg: &ServerConfig) -> Self {
         Limits {
             header_read: Duration::from_millis(cfg.header_read_timeout_ms),
             body_read: Duration::from_millis(cfg.body_read_timeout_ms),
@@ -93,7 +93,7 @@ impl Limits {
 /// Why a connection was shed: the `reason` label of
 /// `muster_http_connections_shed_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shed {
+pub(crate) enum Shed {
     /// An idle keep-alive connection closed to make room for a new one.
     IdleClosed,
     /// A new connection refused: its address holds
@@ -102,9 +102,9 @@ pub enum Shed {
 }
 
 impl Shed {
-    pub const ALL: &'static [&'static str] = &["idle_closed", "address_full"];
+    pub(crate) const ALL: &'static [&'static str] = &["idle_closed", "address_full"];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Shed::IdleClosed => "idle_closed",
             Shed::AddressFull => "address_full",
@@ -314,7 +314,7 @@ static REFUSED: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
 /// `net.core.somaxconn`). The standard library's 128 overflowed under a
 /// connection flood: a SYN beyond it is dropped and retried after a second,
 /// which no probe bound survives.
-pub const LISTEN_BACKLOG: u32 = 4096;
+pub(crate) const LISTEN_BACKLOG: u32 = 4096;
 
 /// Binds `addr` for [`serve`], with [`LISTEN_BACKLOG`].
 pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
@@ -355,7 +355,7 @@ pub fn raise_open_files_limit() -> io::Result<u64> {
 
 /// Serves `router` on `listener` until `shutdown` is cancelled and every
 /// connection has closed.
-pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdown: CancellationToken) {
+pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdown: CancellationToken) {
     let registry = Arc::new(Registry::default());
     // Cancelled on shutdown, and also when this future is dropped (the task
     // aborted), so connections never outlive the loop unasked.

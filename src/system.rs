@@ -127,23 +127,7 @@ async fn metrics(State(s): State<AppState>, _caller: ReadCaller) -> Result<Respo
         .into_response())
 }
 
-#[derive(Serialize, ToSchema)]
-pub(crate) struct RedisSummary {
-    /// embedded, standalone, sentinel or cluster.
-    pub mode: String,
-    pub address: String,
-    pub version: String,
-    /// The server's role from `ROLE` (master, slave, ...).
-    pub role: String,
-    /// Round trip of a PING just now, milliseconds.
-    pub latency_ms: f64,
-    pub healthy: bool,
-    pub key_prefix: String,
-    /// Used memory in bytes, from `INFO memory`.
-    pub used_memory: Option<u64>,
-    /// Number of keys in the database.
-    pub dbsize: Option<u64>,
-}
+pub(crate) use muster_api::system::RedisSummary;
 
 pub(crate) async fn redis_summary(s: &AppState) -> Result<RedisSummary> {
     let latency = s.store.ping().await?;

@@ -313,6 +313,21 @@ pub const METRICS: &[Metric] = &[
         Gauge,
         "Queues with at least one long-polling claim waiting on this node",
     ),
+    open(
+        "muster_limit_running",
+        Gauge,
+        "Tasks holding a slot of each flow-control limit (named limits, not template keys)",
+    ),
+    open(
+        "muster_limit_tokens",
+        Gauge,
+        "Whole tokens in each rate limit's bucket (named limits, not template keys)",
+    ),
+    open(
+        "muster_limit_waiting",
+        Gauge,
+        "Queued tasks waiting on each flow-control limit (named limits, not template keys)",
+    ),
     fixed(
         "muster_orphans_recovered_total",
         Counter,
@@ -378,7 +393,7 @@ pub const METRICS: &[Metric] = &[
 /// Describes every metric to the installed recorder and registers at zero
 /// those that can be (see the module docs). Called once, right after the
 /// recorder is installed.
-pub fn register() {
+pub(crate) fn register() {
     for metric in METRICS {
         let name = metric.name;
         match metric.kind {
@@ -418,7 +433,7 @@ fn zero(kind: Kind, name: &'static str, labels: &[(&'static str, &'static str)])
 
 /// The exporter's text with `# HELP`/`# TYPE` added for families that have
 /// no series yet.
-pub fn render(exported: String) -> String {
+pub(crate) fn render(exported: String) -> String {
     let mut out = exported;
     for metric in METRICS {
         let marker = format!("# TYPE {} ", metric.name);

@@ -14,9 +14,9 @@ use crate::problem::Invalid;
 // The bounds are the single source of both the checks in handlers and the
 // OpenAPI document (`crate::openapi` writes them into the schemas), and of
 // the clients' clamps: they live in the contract crate.
-pub use muster_api::bounds::*;
+pub(crate) use muster_api::bounds::*;
 use muster_api::names::is_dot_segment as dot_segment;
-pub use muster_api::names::{is_name, is_node_id};
+pub(crate) use muster_api::names::{is_name, is_node_id};
 
 /// The 400 for a name that is only dots.
 fn dot_segment_error(field: &str, value: &str) -> Invalid {
@@ -27,7 +27,7 @@ fn dot_segment_error(field: &str, value: &str) -> Invalid {
 }
 
 /// Returns a 400 naming the field when `value` is not a valid node id.
-pub fn node_id(field: &str, value: &str) -> Result<(), Invalid> {
+pub(crate) fn node_id(field: &str, value: &str) -> Result<(), Invalid> {
     if is_node_id(value) {
         Ok(())
     } else if dot_segment(value) {
@@ -41,7 +41,7 @@ pub fn node_id(field: &str, value: &str) -> Result<(), Invalid> {
 }
 
 /// Returns a 400 naming the field when `value` is not a valid name.
-pub fn name(field: &str, value: &str) -> Result<(), Invalid> {
+pub(crate) fn name(field: &str, value: &str) -> Result<(), Invalid> {
     if is_name(value) {
         Ok(())
     } else if dot_segment(value) {
@@ -55,7 +55,7 @@ pub fn name(field: &str, value: &str) -> Result<(), Invalid> {
 }
 
 /// Idempotency keys and similar opaque tokens: 1 to 200 printable ASCII characters.
-pub fn opaque_key(field: &str, value: &str) -> Result<(), Invalid> {
+pub(crate) fn opaque_key(field: &str, value: &str) -> Result<(), Invalid> {
     if (1..=OPAQUE_KEY_MAX_LEN).contains(&value.len()) && value.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
         Ok(())
     } else {
@@ -70,7 +70,7 @@ pub fn opaque_key(field: &str, value: &str) -> Result<(), Invalid> {
 /// refused in free text that is shown to people (a worker's labels, `addr`
 /// and `version`), where a line break forges lines and U+202E reorders
 /// what a page shows.
-pub fn is_hidden_char(c: char) -> bool {
+pub(crate) fn is_hidden_char(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
@@ -83,7 +83,7 @@ pub fn plain_text_pattern() -> String {
 
 /// Returns a 400 naming the field when `value` has a control or bidi
 /// character (`field` names it, e.g. "`labels` key \"a\"").
-pub fn plain_text(field: &str, value: &str) -> Result<(), Invalid> {
+pub(crate) fn plain_text(field: &str, value: &str) -> Result<(), Invalid> {
     match value.chars().position(is_hidden_char) {
         None => Ok(()),
         Some(i) => {
@@ -100,7 +100,7 @@ pub fn plain_text(field: &str, value: &str) -> Result<(), Invalid> {
 
 /// Returns a 400 naming the field when `value` is not a task or workflow
 /// id (`what`: "task", "workflow").
-pub fn id(what: &str, value: &str) -> Result<(), Invalid> {
+pub(crate) fn id(what: &str, value: &str) -> Result<(), Invalid> {
     if value.len() == ID_LEN && value.bytes().all(|b| b.is_ascii_alphanumeric()) {
         Ok(())
     } else {
@@ -111,8 +111,32 @@ pub fn id(what: &str, value: &str) -> Result<(), Invalid> {
     }
 }
 
+/// A list of flow-control limits a queue or a task names (G13): up to
+/// `TASK_LIMITS_MAX` (and at least `least`), each a limit or a template's
+/// key (a template `name:*` binds nothing by itself), none twice.
+pub(crate) fn limit_list(field: &str, limits: &[String], least: usize) -> Result<(), Invalid> {
+    if !(least..=TASK_LIMITS_MAX).contains(&limits.len()) {
+        return Err(Invalid::new(format!(
+            "`{field}` names {least} to {TASK_LIMITS_MAX} limits (got {})",
+            limits.len()
+        )));
+    }
+    for (i, l) in limits.iter().enumerate() {
+        if !muster_api::is_limit_name(l) || muster_api::is_limit_template(l) {
+            return Err(Invalid::new(format!(
+                "`{field}[{i}]` must be a limit name or a template's key `name:key`, each part 1 to \
+                 {NAME_MAX_LEN} characters from A-Z a-z 0-9 . _ - (a template `name:*` binds nothing by itself)"
+            )));
+        }
+        if limits[..i].contains(l) {
+            return Err(Invalid::new(format!("`{field}` names `{l}` twice")));
+        }
+    }
+    Ok(())
+}
+
 /// Returns a 400 naming the field unless `range` holds `value`.
-pub fn in_range<T: PartialOrd + std::fmt::Display>(
+pub(crate) fn in_range<T: PartialOrd + std::fmt::Display>(
     field: &str,
     value: T,
     range: &RangeInclusive<T>,
@@ -150,7 +174,7 @@ macro_rules! object_only {
 pub(crate) use object_only;
 
 /// Quotes a value for an error message, cut to a readable length.
-pub fn shorten(value: &str) -> String {
+pub(crate) fn shorten(value: &str) -> String {
     let cut: String = value.chars().take(40).collect();
     if cut.len() < value.len() {
         format!("{cut:?}...")

@@ -37,8 +37,8 @@ mod model;
 pub(crate) mod routes;
 mod scripts;
 mod wait;
-use model::split_parts;
 pub(crate) use model::*;
+use model::{incarnation_of, split_parts};
 pub(crate) use wait::Entrant;
 pub(crate) mod worker;
 
@@ -233,6 +233,7 @@ impl Barriers {
                 });
             }
         };
+        let incarnation = incarnation_of(&fields);
         let round = round_from(name, round, &fields).ok_or_else(|| BarrierError::RoundNotFound {
             barrier: name.into(),
             round: round.into(),
@@ -242,6 +243,7 @@ impl Barriers {
         }
         Ok(ArriveOutcome {
             round,
+            incarnation,
             decided_now,
             now,
         })
@@ -249,13 +251,18 @@ impl Barriers {
 
     /// One round and the Redis time of the read, in one round trip.
     pub async fn round(&self, name: &str, round: &str) -> Result<Option<(Round, i64)>, BarrierError> {
+        Ok(self.read_round(name, round).await?.map(|(r, _, now)| (r, now)))
+    }
+
+    /// One round with its incarnation, and the Redis time of the read.
+    async fn read_round(&self, name: &str, round: &str) -> Result<Option<(Round, String, i64)>, BarrierError> {
         let mut p = redis::pipe();
         let s = self.at(name);
         p.cmd("TIME")
             .cmd("HGETALL")
             .arg(scripts::round_key(s.keys(), name, round));
         let ((secs, micros), m): ((i64, i64), BTreeMap<String, String>) = s.pipe("barrier_round", &p).await?;
-        Ok(round_from(name, round, &m).map(|r| (r, secs * 1000 + micros / 1000)))
+        Ok(round_from(name, round, &m).map(|r| (r, incarnation_of(&m), secs * 1000 + micros / 1000)))
     }
 
     /// The round as its waiters see it after a decision event: one read per
@@ -282,10 +289,10 @@ impl Barriers {
         let got = cell
             .get_or_try_init(|| async {
                 Ok::<_, BarrierError>(
-                    self.round(name, round)
+                    self.read_round(name, round)
                         .await?
-                        .map(|(r, _)| Arc::new(r))
-                        .filter(|r| r.incarnation == incarnation),
+                        .filter(|(_, inc, _)| inc == incarnation)
+                        .map(|(r, _, _)| Arc::new(r)),
                 )
             })
             .await

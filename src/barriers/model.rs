@@ -1,10 +1,10 @@
 //! What the barrier service reads and returns: rounds and their verdicts,
-//! holds, DoubleBarriers, and its errors.
+//! holds, DoubleBarriers (the wire types, from `muster_api::barriers`), what
+//! its scripts answered, and its errors.
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-use utoipa::ToSchema;
+pub(crate) use muster_api::barriers::{Arrival, BarrierConfigView, DoubleBarrier, Hold, Round, Verdict};
 
 use crate::problem::{Classify, Kind};
 use crate::store::StoreError;
@@ -67,107 +67,13 @@ impl Classify for BarrierError {
     }
 }
 
-/// A round's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    /// Not decided yet (or the caller's `wait_ms` ran out first).
-    Pending,
-    /// The participants that arrived before the decision may run.
-    Released,
-    /// Nobody runs this round.
-    Aborted,
-}
-
-impl Verdict {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Pending => "pending",
-            Verdict::Released => "released",
-            Verdict::Aborted => "aborted",
-        }
-    }
-
-    fn parse(s: &str) -> Verdict {
-        match s {
-            "released" => Verdict::Released,
-            "aborted" => Verdict::Aborted,
-            _ => Verdict::Pending,
-        }
-    }
-}
-
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A barrier's configuration.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct BarrierConfigView {
-    pub name: String,
-    /// Node ids that take part in every round.
-    pub participants: Vec<String>,
-    /// How many participants may be missing at the deadline for the round to
-    /// be released anyway.
-    pub max_missing: u32,
-    /// A round's deadline, counted from its first arrival.
-    pub timeout_ms: u64,
-    /// Redis ms.
-    pub updated_at: i64,
-    pub updated_by: String,
-}
-
-/// One participant's arrival.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Arrival {
-    pub node: String,
-    /// Redis ms.
-    pub at: i64,
-}
-
-/// One round as stored.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Round {
-    pub barrier: String,
-    pub round: String,
-    pub verdict: Verdict,
-    /// The participants of this round (the barrier's, when it opened).
-    pub participants: Vec<String>,
-    pub max_missing: u32,
-    pub timeout_ms: u64,
-    /// Redis ms of the first arrival.
-    pub opened_at: i64,
-    /// Redis ms.
-    pub deadline: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub decided_at: Option<i64>,
-    /// `all_arrived` or `deadline`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Participants that arrived before the verdict, in arrival order.
-    pub arrived: Vec<String>,
-    /// Participants that had not arrived (before the verdict, or yet).
-    pub missing: Vec<String>,
-    /// Arrivals before the verdict with their times.
-    pub arrivals: Vec<Arrival>,
-    /// Arrivals after the verdict.
-    pub late: Vec<Arrival>,
-    /// Which incarnation of the round id this is (its `opened_id`, or its
-    /// opening time for rounds stored before that field existed).
-    #[serde(skip)]
-    pub incarnation: String,
-}
-
-impl Round {
-    /// The arrival time of `node` before the verdict, if it arrived.
-    pub fn arrived_at(&self, node: &str) -> Option<i64> {
-        self.arrivals.iter().find(|a| a.node == node).map(|a| a.at)
-    }
-
-    pub fn is_open(&self) -> bool {
-        self.verdict == Verdict::Pending
+/// The verdict stored in a round's hash; anything else (no verdict yet) is
+/// pending.
+pub(super) fn verdict_of(s: &str) -> Verdict {
+    match s {
+        "released" => Verdict::Released,
+        "aborted" => Verdict::Aborted,
+        _ => Verdict::Pending,
     }
 }
 
@@ -175,41 +81,12 @@ impl Round {
 #[derive(Debug, Clone)]
 pub struct ArriveOutcome {
     pub round: Round,
+    /// Which incarnation of the round id it is (see [`incarnation_of`]).
+    pub incarnation: String,
     /// The verdict this call set, if it decided the round.
     pub decided_now: Option<Verdict>,
     /// Redis ms at the call.
     pub now: i64,
-}
-
-/// An etcd-style hold.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Hold {
-    pub barrier: String,
-    pub held: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub holder: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub held_at: Option<i64>,
-    /// Redis ms when the hold lifts itself.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<i64>,
-}
-
-/// A DoubleBarrier's state.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct DoubleBarrier {
-    pub name: String,
-    /// Entrants that make it ready; 0 when nobody is in.
-    pub count: u32,
-    /// Entrants in, with their entry time (Redis ms), in entry order.
-    pub entrants: Vec<Arrival>,
-    /// Whether the count was reached (until everyone has left).
-    pub ready: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ready_at: Option<i64>,
-    /// Identifies the ready cycle (the stream id of its `dbarrier.ready` event).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cycle: Option<String>,
 }
 
 /// What an enter returned.
@@ -236,6 +113,19 @@ pub(super) fn split_parts(parts: &str) -> Vec<String> {
     parts.split(',').filter(|p| !p.is_empty()).map(str::to_string).collect()
 }
 
+/// Which incarnation of the round id a round's hash is: its `opened_id`, or
+/// its opening time for rounds stored before that field existed. Server-side
+/// only: not part of the round on the wire.
+pub(crate) fn incarnation_of(m: &BTreeMap<String, String>) -> String {
+    match m.get("opened_id") {
+        Some(id) => id.clone(),
+        None => format!(
+            "t{}",
+            m.get("opened_at").and_then(|v| v.parse::<i64>().ok()).unwrap_or(0)
+        ),
+    }
+}
+
 /// Builds a round from its hash; None when the hash is empty (gone).
 pub(crate) fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String>) -> Option<Round> {
     if !m.contains_key("parts") {
@@ -257,14 +147,10 @@ pub(crate) fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String
     late.sort_by(|a, b| a.at.cmp(&b.at).then_with(|| a.node.cmp(&b.node)));
     let arrived: Vec<String> = arrivals.iter().map(|a| a.node.clone()).collect();
     let missing = participants.iter().filter(|p| !arrived.contains(p)).cloned().collect();
-    let incarnation = match m.get("opened_id") {
-        Some(id) => id.clone(),
-        None => format!("t{}", num("opened_at").unwrap_or(0)),
-    };
     Some(Round {
         barrier: barrier.into(),
         round: round.into(),
-        verdict: Verdict::parse(m.get("verdict").map(String::as_str).unwrap_or("")),
+        verdict: verdict_of(m.get("verdict").map(String::as_str).unwrap_or("")),
         max_missing: num("max_missing").unwrap_or(0) as u32,
         timeout_ms: num("timeout_ms").unwrap_or(0) as u64,
         opened_at: num("opened_at").unwrap_or(0),
@@ -276,6 +162,5 @@ pub(crate) fn round_from(barrier: &str, round: &str, m: &BTreeMap<String, String
         missing,
         arrivals,
         late,
-        incarnation,
     })
 }

@@ -1,5 +1,6 @@
 //! REST routes of barriers: rounds, etcd-style holds and DoubleBarriers.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,13 +9,16 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{BarrierConfigView, BarrierError, DoubleBarrier, Entrant, Hold, Round, Verdict};
 use muster_api::Name;
+use muster_api::barriers::{
+    ArriveResponse, BarrierDetail, BarrierList, DoubleBarrierList, DoubleBarrierReply, Released, RoundList,
+};
 
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
@@ -66,15 +70,6 @@ pub(crate) struct BarrierSpec {
     pub timeout_ms: u64,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct BarrierList {
-    /// Barriers configured with PUT, by name.
-    pub barriers: Vec<BarrierConfigView>,
-    /// Every etcd-style hold in force, by barrier name, whether that barrier
-    /// is configured or not (at most 1000).
-    pub holds: Vec<Hold>,
-}
-
 /// Every configured barrier, and every etcd-style hold.
 #[utoipa::path(get, path = "/api/v1/barriers", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = BarrierList)))]
 async fn list_barriers(State(barriers): State<Arc<Barriers>>, _caller: ReadCaller) -> Result<Json<BarrierList>> {
@@ -82,60 +77,6 @@ async fn list_barriers(State(barriers): State<Arc<Barriers>>, _caller: ReadCalle
         barriers: barriers.list().await?,
         holds: barriers.holds().await?,
     }))
-}
-
-/// One barrier: its configuration, if it was configured with PUT, and its
-/// etcd-style hold.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct BarrierDetail {
-    pub name: String,
-    /// Whether the barrier was configured with PUT (and so has rounds). A
-    /// barrier that is only held (etcd-style) has `configured: false` and
-    /// none of the configuration fields.
-    pub configured: bool,
-    /// Node ids that take part in every round.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub participants: Option<Vec<String>>,
-    /// How many participants may be missing at the deadline for the round to
-    /// be released anyway.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_missing: Option<u32>,
-    /// A round's deadline, counted from its first arrival.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
-    /// Redis ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub updated_at: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub updated_by: Option<String>,
-    /// The etcd-style hold of the same name.
-    pub hold: Hold,
-}
-
-impl BarrierDetail {
-    fn new(name: String, config: Option<BarrierConfigView>, hold: Hold) -> Self {
-        let configured = config.is_some();
-        let (participants, max_missing, timeout_ms, updated_at, updated_by) = match config {
-            Some(c) => (
-                Some(c.participants),
-                Some(c.max_missing),
-                Some(c.timeout_ms),
-                Some(c.updated_at),
-                Some(c.updated_by),
-            ),
-            None => (None, None, None, None, None),
-        };
-        BarrierDetail {
-            name,
-            configured,
-            participants,
-            max_missing,
-            timeout_ms,
-            updated_at,
-            updated_by,
-            hold,
-        }
-    }
 }
 
 /// One barrier's configuration and hold. A barrier that is only held
@@ -234,12 +175,6 @@ pub(crate) struct RoundsParams {
     pub limit: Option<usize>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct RoundList {
-    /// Newest first.
-    pub rounds: Vec<Round>,
-}
-
 /// The latest rounds of a barrier, newest first.
 #[utoipa::path(get, path = "/api/v1/barriers/{name}/rounds", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])),
     params(("name" = String, Path, description = "Barrier name"), RoundsParams),
@@ -291,56 +226,25 @@ pub(crate) struct ArriveRequest {
     pub wait_ms: Option<u64>,
 }
 
-/// A participant's view of a round (serialized from the shared round, not
-/// copied: every waiter of a round answers at once).
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct ArriveResponse<'a> {
-    pub barrier: &'a str,
-    pub round: &'a str,
-    pub node: &'a str,
-    /// `pending` when `wait_ms` ran out before the decision.
-    pub verdict: Verdict,
-    /// True only for a participant that arrived before a `released` verdict.
-    pub may_run: bool,
-    /// The participant arrived after the verdict.
-    pub late: bool,
-    /// Participants that arrived before the verdict, in arrival order.
-    pub arrived: &'a [String],
-    /// Participants that had not arrived before the verdict (or yet): the
-    /// lost ones, whose work may be reassigned.
-    pub missing: &'a [String],
-    /// Redis ms of this participant's arrival before the verdict.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub arrived_at: Option<i64>,
-    /// The participants of this round.
-    pub participants: &'a [String],
-    pub max_missing: u32,
-    /// Redis ms.
-    pub opened_at: i64,
-    pub deadline: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub decided_at: Option<i64>,
-}
-
-impl<'a> ArriveResponse<'a> {
-    fn new(r: &'a Round, node: &'a str) -> Self {
-        let arrived_at = r.arrived_at(node);
-        ArriveResponse {
-            barrier: &r.barrier,
-            round: &r.round,
-            node,
-            verdict: r.verdict,
-            may_run: r.verdict == Verdict::Released && arrived_at.is_some(),
-            late: r.verdict != Verdict::Pending && arrived_at.is_none(),
-            arrived: &r.arrived,
-            missing: &r.missing,
-            arrived_at,
-            participants: &r.participants,
-            max_missing: r.max_missing,
-            opened_at: r.opened_at,
-            deadline: r.deadline,
-            decided_at: r.decided_at,
-        }
+/// A participant's view of a round, borrowed from the round its waiters
+/// share.
+fn arrive_view<'a>(r: &'a Round, node: &'a str) -> ArriveResponse<'a> {
+    let arrived_at = r.arrived_at(node);
+    ArriveResponse {
+        barrier: Cow::Borrowed(&r.barrier),
+        round: Cow::Borrowed(&r.round),
+        node: Cow::Borrowed(node),
+        verdict: r.verdict,
+        may_run: r.verdict == Verdict::Released && arrived_at.is_some(),
+        late: r.verdict != Verdict::Pending && arrived_at.is_none(),
+        arrived: Cow::Borrowed(&r.arrived),
+        missing: Cow::Borrowed(&r.missing),
+        arrived_at,
+        participants: Cow::Borrowed(&r.participants),
+        max_missing: r.max_missing,
+        opened_at: r.opened_at,
+        deadline: r.deadline,
+        decided_at: r.decided_at,
     }
 }
 
@@ -366,7 +270,7 @@ async fn arrive_round(
     validate::node_id("node", &req.node)?;
     let wait = check_wait(&s, req.wait_ms)?;
     let r = s.barriers.arrive_wait(&name, &round, &req.node, wait).await?;
-    Ok(Json(ArriveResponse::new(&r, &req.node)).into_response())
+    Ok(Json(arrive_view(&r, &req.node)).into_response())
 }
 
 // --- etcd-style Barrier ----------------------------------------------------
@@ -411,12 +315,6 @@ async fn hold_barrier(
     Ok((status, Json(hold)).into_response())
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Released {
-    /// Whether the barrier was held.
-    pub released: bool,
-}
-
 /// etcd-style Barrier.Release: lowers the barrier, every waiter proceeds.
 /// Anyone with the worker role may release; releasing a barrier that is not
 /// held changes nothing.
@@ -459,11 +357,6 @@ async fn wait_barrier(
 }
 
 // --- DoubleBarrier ---------------------------------------------------------
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct DoubleBarrierList {
-    pub double_barriers: Vec<DoubleBarrier>,
-}
 
 /// Every DoubleBarrier with entrants.
 #[utoipa::path(get, path = "/api/v1/double-barriers", tag = "barriers", security(("bearer" = ["read"]), ("session" = ["read"])),
@@ -512,27 +405,13 @@ pub(crate) struct LeaveRequest {
     pub wait_ms: Option<u64>,
 }
 
-/// A DoubleBarrier as one entrant sees it.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct DoubleBarrierReply {
-    #[serde(flatten)]
-    pub state: DoubleBarrier,
-    pub node: String,
-    /// Whether `node` is among the entrants.
-    pub inside: bool,
-    /// enter: the barrier is ready and `node` is inside. leave: every entrant
-    /// of the cycle has left (or there was nothing to wait for).
-    pub done: bool,
-}
-
-impl DoubleBarrierReply {
-    fn new(e: Entrant, node: String) -> Self {
-        DoubleBarrierReply {
-            state: e.state,
-            node,
-            inside: e.inside,
-            done: e.done,
-        }
+/// A DoubleBarrier as `node` sees it after its enter or leave.
+fn reply(e: Entrant, node: String) -> DoubleBarrierReply {
+    DoubleBarrierReply {
+        state: e.state,
+        node,
+        inside: e.inside,
+        done: e.done,
     }
 }
 
@@ -555,7 +434,7 @@ async fn enter_double_barrier(
     validate::in_range("count", req.count, &validate::DOUBLE_BARRIER_COUNT)?;
     let wait = check_wait(&s, req.wait_ms)?;
     let e = s.barriers.enter_wait(&name, &req.node, req.count, wait).await?;
-    Ok(Json(DoubleBarrierReply::new(e, req.node)))
+    Ok(Json(reply(e, req.node)))
 }
 
 /// etcd-style DoubleBarrier.Leave: leaves the barrier and (with `wait_ms`)
@@ -573,5 +452,5 @@ async fn leave_double_barrier(
     validate::node_id("node", &req.node)?;
     let wait = check_wait(&s, req.wait_ms)?;
     let e = s.barriers.leave_wait(&name, &req.node, wait).await?;
-    Ok(Json(DoubleBarrierReply::new(e, req.node)))
+    Ok(Json(reply(e, req.node)))
 }

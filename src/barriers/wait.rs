@@ -48,6 +48,7 @@ impl Barriers {
         let waited_here = out.round.is_open() || out.decided_now.is_some();
         let mut round_deadline = longpoll::after_ms(out.round.deadline - out.now);
         let mut r = Arc::new(out.round);
+        let mut incarnation = out.incarnation;
         let mut next_check = Instant::now() + RECHECK;
         while r.is_open() {
             let now = Instant::now();
@@ -73,9 +74,10 @@ impl Barriers {
                     give_up
                 };
                 r = Arc::new(again.round);
+                incarnation = again.incarnation;
             } else {
                 r = self
-                    .decided(name, round, &r.incarnation)
+                    .decided(name, round, &incarnation)
                     .await?
                     .ok_or_else(|| BarrierError::RoundNotFound {
                         barrier: name.to_string(),

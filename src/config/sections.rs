@@ -301,6 +301,12 @@ pub struct TasksConfig {
     pub max_queues: u32,
     /// Upper bound on groups with a configured limit.
     pub max_groups: u32,
+    /// Upper bound on flow-control limits and templates (`PUT /api/v1/limits/{name}`).
+    pub max_limits: u32,
+    /// Upper bound on a template's keys in use at once (`tenant:acme` of
+    /// `tenant:*`), over every template: a submit naming a new key past it
+    /// is refused.
+    pub max_limit_keys: u32,
     /// How often each node trims expired index entries.
     pub janitor_interval_ms: u64,
 }
@@ -331,6 +337,8 @@ impl Default for TasksConfig {
             dead_retention_ms: 7 * 24 * 3600 * 1000,
             max_queues: 1000,
             max_groups: 10_000,
+            max_limits: 1000,
+            max_limit_keys: 100_000,
             janitor_interval_ms: 5000,
         }
     }

@@ -148,6 +148,12 @@ impl Config {
         if t.max_groups == 0 {
             return err("tasks.max_groups", "must be greater than 0");
         }
+        if t.max_limits == 0 {
+            return err("tasks.max_limits", "must be greater than 0");
+        }
+        if t.max_limit_keys == 0 {
+            return err("tasks.max_limit_keys", "must be greater than 0");
+        }
         let ack = self.claim.ack_ms;
         if ack != 0 && !crate::validate::CLAIM_ACK_MS.contains(&ack) {
             return err(

@@ -52,7 +52,7 @@ pub enum ReconcileError {
 }
 
 /// Seconds of throughput history.
-pub const WINDOW_SECS: usize = 600;
+pub(crate) const WINDOW_SECS: usize = 600;
 
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
 pub struct LiveQueue {
@@ -399,7 +399,7 @@ impl Live {
 }
 
 /// Feeds the cache from the bus and reconciles it on a timer.
-pub fn spawn(s: LiveDeps, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(s: LiveDeps, cancel: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut rx = s.bus.subscribe();
         let every = Duration::from_millis(s.reconcile_ms);
@@ -437,6 +437,3 @@ pub fn spawn(s: LiveDeps, cancel: CancellationToken) -> JoinHandle<()> {
         }
     })
 }
-
-/// Shared handle type.
-pub type SharedLive = Arc<Live>;

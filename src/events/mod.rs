@@ -16,19 +16,19 @@
 //!   event through bounded channels and can never slow the tailer down.
 
 mod cursor;
-pub mod live;
-pub mod routes;
-pub mod slots;
+pub(crate) mod live;
+pub(crate) mod routes;
+pub(crate) mod slots;
 mod stream;
-pub mod tailer;
+pub(crate) mod tailer;
 mod wakers;
-pub mod ws;
+pub(crate) mod ws;
 
-pub use cursor::Cursor;
-pub use stream::{
-    EventPage, Retained, SINCE_AHEAD_MS, check_since, read_after, replay, retained, retained_all, scan_after,
-};
-pub use wakers::{QueueWaiter, Wakers};
+pub(crate) use cursor::Cursor;
+pub(crate) use stream::{EventPage, read_after, replay, retained_all, scan_after};
+#[cfg(test)]
+use stream::{Retained, SINCE_AHEAD_MS, check_since};
+pub(crate) use wakers::{QueueWaiter, Wakers};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -40,7 +40,7 @@ use tokio::sync::broadcast;
 /// filters are checked against (a unit test reads every script under
 /// `src/*/lua/` and fails if one emits a type missing here, or if one listed
 /// here is emitted nowhere).
-pub const EVENT_TYPES: &[&str] = &[
+pub(crate) const EVENT_TYPES: &[&str] = &[
     "node.joined",
     "node.left",
     "node.dead",
@@ -59,6 +59,9 @@ pub const EVENT_TYPES: &[&str] = &[
     "queue.paused",
     "queue.resumed",
     "group.updated",
+    "limit.updated",
+    "limit.deleted",
+    "queue.limits",
     "orphan.recovered",
     "workflow.started",
     "workflow.succeeded",
@@ -97,7 +100,7 @@ pub const EVENT_TYPES: &[&str] = &[
 ];
 
 /// The subjects of [`EVENT_TYPES`] as topic prefixes (`task.*`), in order.
-pub fn topic_prefixes() -> Vec<String> {
+pub(crate) fn topic_prefixes() -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for t in EVENT_TYPES {
         let p = format!("{}.*", t.split('.').next().unwrap_or(t));
@@ -338,7 +341,7 @@ impl std::fmt::Display for StreamId {
 /// Which events a subscriber wants: topic patterns (`task.*`, `node.dead`,
 /// `*`) and optionally one queue.
 #[derive(Debug, Clone, Default)]
-pub struct Filter {
+pub(crate) struct Filter {
     exact: Vec<String>,
     prefixes: Vec<String>,
     all: bool,
@@ -347,7 +350,7 @@ pub struct Filter {
 
 impl Filter {
     /// Parses a comma-separated topic list (empty: everything).
-    pub fn parse(topics: Option<&str>, queue: Option<&str>) -> Result<Filter, String> {
+    pub(crate) fn parse(topics: Option<&str>, queue: Option<&str>) -> Result<Filter, String> {
         let mut f = Filter {
             queue: queue.map(str::to_string),
             ..Default::default()
@@ -393,7 +396,7 @@ impl Filter {
         Ok(f)
     }
 
-    pub fn matches(&self, ev: &Event) -> bool {
+    pub(crate) fn matches(&self, ev: &Event) -> bool {
         if ev.mirrored() {
             return false;
         }
@@ -552,7 +555,7 @@ mod tests {
         }
         let e = Filter::parse(Some("task.claimed,nope.*"), None).unwrap_err();
         assert!(e.contains("\"nope.*\""), "names the unknown topic: {e}");
-        assert_eq!(topic_prefixes().len(), 12);
+        assert_eq!(topic_prefixes().len(), 13);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result};
 use crate::http::ApiQuery;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_events))
         .routes(routes!(events_ws))
@@ -27,7 +27,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct WsParams {
+pub(crate) struct WsParams {
     /// Comma-separated event types or prefixes: `task.*,node.dead`; default
     /// all. A topic that matches no event type is refused (400).
     pub topics: Option<String>,
@@ -40,6 +40,9 @@ pub struct WsParams {
     /// the stream's newest id and Redis time.
     pub since: Option<String>,
     /// Bearer token, for clients that cannot set headers (browsers).
+    // Read by the auth layer from the query string; declared here so the
+    // OpenAPI document lists it.
+    #[allow(dead_code)]
     pub token: Option<String>,
 }
 
@@ -101,7 +104,7 @@ async fn events_ws(
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct ReplayParams {
+pub(crate) struct ReplayParams {
     /// Events after this one: the `id` of the last event received or the
     /// page's `next`, passed back as it came (an opaque cursor: one stream
     /// id, or with `redis.shards` > 1 one per shard joined by commas);

@@ -2,9 +2,7 @@
 //! points, pages after a cursor, and the replay the HTTP feed and the
 //! dashboard serve.
 
-use serde::Serialize;
 use serde_json::value::RawValue;
-use utoipa::ToSchema;
 
 use super::{Cursor, Event, Filter, StreamId, tailer};
 use crate::store::{Store, StoreError};
@@ -12,7 +10,7 @@ use crate::store::{Store, StoreError};
 /// How far past both Redis time and the stream's newest id a `since` may
 /// be: room for Redis clocks that differ a little across a failover, while
 /// a cursor that would hide every event for longer than this is refused.
-pub const SINCE_AHEAD_MS: u64 = 5_000;
+pub(crate) const SINCE_AHEAD_MS: u64 = 5_000;
 
 /// Why a client's `since` was not taken.
 #[derive(Debug)]
@@ -86,7 +84,7 @@ pub(super) fn oldest(info: &[Retained]) -> Option<String> {
 /// entry and than Redis time (`now_ms`) by more than [`SINCE_AHEAD_MS`] would
 /// make a subscriber skip every new event until Redis time caught up with it.
 /// Returns the 400 message.
-pub fn check_since(since: StreamId, info: &Retained, now_ms: i64) -> Result<(), String> {
+pub(crate) fn check_since(since: StreamId, info: &Retained, now_ms: i64) -> Result<(), String> {
     let newest = info.last.0.max(now_ms.max(0) as u64);
     if since.0 <= newest.saturating_add(SINCE_AHEAD_MS) {
         return Ok(());
@@ -105,7 +103,7 @@ pub fn check_since(since: StreamId, info: &Retained, now_ms: i64) -> Result<(), 
 
 /// What the stream still holds.
 #[derive(Debug, Clone, Copy)]
-pub struct Retained {
+pub(crate) struct Retained {
     /// The oldest entry still in the stream, if any.
     pub first: Option<StreamId>,
     /// Entries up to this id were deleted with XDEL (trimming does not
@@ -125,20 +123,20 @@ impl Retained {
     /// does not record the last trimmed id, so a client that read exactly up
     /// to the last trimmed entry is told about a gap it did not have; it is
     /// never told "no gap" when there was one.
-    pub fn lost_after(&self, since: StreamId) -> bool {
+    pub(crate) fn lost_after(&self, since: StreamId) -> bool {
         let trimmed = self.entries_added > self.length;
         since < self.max_deleted || (trimmed && self.first.is_none_or(|first| since < first))
     }
 }
 
 /// What every shard's stream retains, in shard order.
-pub async fn retained_all(store: &Store) -> Result<Vec<Retained>, StoreError> {
+pub(crate) async fn retained_all(store: &Store) -> Result<Vec<Retained>, StoreError> {
     store.fan_out(|s| async move { retained(&s).await }).await
 }
 
 /// Reads `XINFO STREAM` of the view's shard (an absent stream retains
 /// nothing and lost nothing).
-pub async fn retained(store: &Store) -> Result<Retained, StoreError> {
+pub(crate) async fn retained(store: &Store) -> Result<Retained, StoreError> {
     let info: redis::Value = match store
         .query(
             "events_info",
@@ -209,7 +207,7 @@ pub async fn retained(store: &Store) -> Result<Retained, StoreError> {
 /// first, each with its cursor (split namespaces). The shards' pages are
 /// merged by stream id (ties: shard order); what is returned is a prefix of
 /// every shard's entries after its position, so no entry is skipped.
-pub async fn read_after(store: &Store, after: &Cursor, count: usize) -> Result<Vec<Event>, StoreError> {
+pub(crate) async fn read_after(store: &Store, after: &Cursor, count: usize) -> Result<Vec<Event>, StoreError> {
     let n = store.shard_count();
     let pages = store
         .fan_out(|s| {
@@ -241,7 +239,7 @@ pub async fn read_after(store: &Store, after: &Cursor, count: usize) -> Result<V
 /// For readers that count events and need no order across shards; a merge
 /// ([`read_after`]) would read up to N times what it returns. Returns how
 /// many entries were read.
-pub async fn scan_after(
+pub(crate) async fn scan_after(
     store: &Store,
     at: &mut Cursor,
     count: usize,
@@ -293,22 +291,12 @@ async fn read_shard_after(store: &Store, after: StreamId, count: usize) -> Resul
         .collect())
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct EventPage {
-    /// Matching events, oldest first.
-    #[schema(value_type = Vec<Object>)]
-    pub events: Vec<Box<RawValue>>,
-    /// Pass as `since` to continue (the last entry looked at, matching or not).
-    pub next: Option<String>,
-    /// True when events after `since` were already trimmed from the stream.
-    pub gap: bool,
-    /// The oldest event the stream still holds.
-    pub oldest: Option<String>,
-}
+/// A page of the replay, each event as the JSON text it was built as.
+pub(crate) type EventPage = muster_api::events::EventPage<Box<RawValue>>;
 
 /// Reads matching events after `since` (or the latest ones), scanning at most
 /// ten pages of the streams.
-pub async fn replay(
+pub(crate) async fn replay(
     store: &Store,
     since: Option<Cursor>,
     limit: usize,
@@ -379,7 +367,7 @@ pub(super) async fn latest(store: &Store, count: usize) -> Result<Vec<Event>, St
     let n = store.shard_count();
     let pages = store
         .fan_out(|s| async move {
-            let rows = read_latest(&s, count).await?;
+            let rows = tailer::read_latest(&s, count).await?;
             let i = s.shard_index();
             Ok::<_, StoreError>(
                 rows.into_iter()
@@ -429,19 +417,4 @@ fn before(id: StreamId) -> StreamId {
         StreamId(ms, 0) => StreamId(ms - 1, u64::MAX),
         StreamId(ms, seq) => StreamId(ms, seq - 1),
     }
-}
-
-/// The newest `count` entries of the view's shard, newest first.
-pub(super) async fn read_latest(store: &Store, count: usize) -> Result<Vec<tailer::Entry>, StoreError> {
-    store
-        .query(
-            "events_latest",
-            redis::cmd("XREVRANGE")
-                .arg(store.keys().events())
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(count),
-        )
-        .await
 }

@@ -10,7 +10,7 @@ use super::{Bus, Cursor, Event, StreamId};
 use crate::store::{Store, StoreError, classify};
 
 /// A stream entry as XREAD/XRANGE return it.
-pub type Entry = (String, Vec<(String, String)>);
+pub(crate) type Entry = (String, Vec<(String, String)>);
 
 const BLOCK_MS: u64 = 1000;
 const BATCH: usize = 1000;
@@ -25,8 +25,8 @@ const LINGER: Duration = Duration::from_millis(1);
 const MAX_LINGER: Duration = Duration::from_millis(16);
 
 /// The id of the view's shard's newest entry, or `0-0` for an empty stream.
-pub async fn last_id(store: &Store) -> Result<StreamId, StoreError> {
-    Ok(super::stream::read_latest(store, 1)
+pub(crate) async fn last_id(store: &Store) -> Result<StreamId, StoreError> {
+    Ok(read_latest(store, 1)
         .await?
         .into_iter()
         .next()
@@ -35,7 +35,7 @@ pub async fn last_id(store: &Store) -> Result<StreamId, StoreError> {
 }
 
 /// The newest entry of every shard's stream: where new events start.
-pub async fn last_cursor(store: &Store) -> Result<Cursor, StoreError> {
+pub(crate) async fn last_cursor(store: &Store) -> Result<Cursor, StoreError> {
     let ids = store.fan_out(|s| async move { last_id(&s).await }).await?;
     Ok(Cursor::from_ids(ids))
 }
@@ -43,7 +43,7 @@ pub async fn last_cursor(store: &Store) -> Result<Cursor, StoreError> {
 /// Tails every shard's stream from `start` (exclusive; `None`: from the
 /// newest entries once Redis is reachable) until `cancel`, publishing every
 /// entry on `bus` in each stream's order.
-pub fn spawn(store: Store, bus: Arc<Bus>, start: Option<Cursor>, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(store: Store, bus: Arc<Bus>, start: Option<Cursor>, cancel: CancellationToken) -> JoinHandle<()> {
     if let Some(at) = &start {
         bus.set_mark(at);
     }
@@ -167,4 +167,19 @@ fn spawn_shard(store: Store, bus: Arc<Bus>, start: Option<StreamId>, cancel: Can
             backoff = (backoff * 2).min(Duration::from_millis(500));
         }
     })
+}
+
+/// The newest `count` entries of the view's shard, newest first.
+pub(super) async fn read_latest(store: &Store, count: usize) -> Result<Vec<Entry>, StoreError> {
+    store
+        .query(
+            "events_latest",
+            redis::cmd("XREVRANGE")
+                .arg(store.keys().events())
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(count),
+        )
+        .await
 }

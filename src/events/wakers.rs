@@ -80,8 +80,8 @@ impl Wakers {
     /// Wakes the waiters an event may concern, as few as can be served (no
     /// herd): one waiter of its queue per task that became claimable
     /// (enqueued or requeued), every waiter of the queue when it is resumed,
-    /// and everyone when a group slot freed or a group limit or a node
-    /// changed (a slot freed by a task of one queue may let a task of
+    /// and everyone when a group slot freed or a group limit, a flow-control
+    /// limit or a node changed (a slot freed by a task of one queue may let a task of
     /// another queue start). Other events wake nobody.
     pub fn on_event(&self, ev: &Event) {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
@@ -89,7 +89,11 @@ impl Wakers {
             return;
         }
         let kind = ev.kind.as_str();
-        let slot_freed = ev.subject("group").is_some()
+        // `@<limit>` is the line of tasks with limits of their own, not a
+        // group: its end frees no group slot, and a claim waiting on a
+        // limit looks again by itself (its `next_due`), so waking every
+        // waiter on each such end would only make a herd.
+        let slot_freed = ev.subject("group").is_some_and(|g| !g.starts_with('@'))
             && matches!(
                 kind,
                 "task.succeeded"
@@ -99,7 +103,8 @@ impl Wakers {
                     | "task.requeued"
                     | "orphan.recovered"
             );
-        if slot_freed || kind == "group.updated" || kind.starts_with("node.") {
+        let limit_changed = matches!(kind, "limit.updated" | "limit.deleted" | "queue.limits");
+        if slot_freed || kind == "group.updated" || limit_changed || kind.starts_with("node.") {
             for n in map.values() {
                 n.notify_waiters();
             }

@@ -108,7 +108,13 @@ enum End {
 }
 
 /// Serves one client until it leaves, lags, goes silent, or the node stops.
-pub async fn serve(socket: WebSocket, s: AppState, filter: Filter, since: Option<Cursor>, permit: super::slots::Slot) {
+pub(crate) async fn serve(
+    socket: WebSocket,
+    s: AppState,
+    filter: Filter,
+    since: Option<Cursor>,
+    permit: super::slots::Slot,
+) {
     metrics::gauge!("muster_ws_clients").increment(1.0);
     let cfg = s.cfg.events.clone();
     // Subscribe first: anything published from now on is caught live.

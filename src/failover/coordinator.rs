@@ -18,45 +18,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use utoipa::ToSchema;
 
 use super::{Failover, Kind, MASTER_FILE, Message, SECRET_HEADER, now_ms, probe_master};
 use crate::config::{FailoverConfig, RedisConfig};
 use crate::store::ServerAuth;
 
-/// One round as the page shows it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct RoundStatus {
-    pub id: u64,
-    /// `ping`, `invalidate`, `promote`, `reconfigure`, `done`, `cancelled`,
-    /// or `publish` (a re-publication of a healthy master).
-    pub phase: String,
-    pub started_at_ms: i64,
-    pub ended_at_ms: Option<i64>,
-    /// Why it was cancelled, or what it promoted.
-    pub result: String,
-    /// Each client's answer to the round's last message (or the error).
-    pub answers: BTreeMap<String, String>,
-    pub master: String,
-}
-
-/// The coordinator's side of `GET /api/v1/failover`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct CoordinatorStatus {
-    pub master: String,
-    pub redis_servers: Vec<String>,
-    /// Consecutive failed checks of the master.
-    pub failures: u32,
-    pub promotions: u64,
-    pub clients: BTreeMap<String, String>,
-    /// The current round, or the last one.
-    pub round: Option<RoundStatus>,
-    /// The last few rounds, newest first (re-publications excluded).
-    pub history: Vec<RoundStatus>,
-}
+pub(crate) use muster_api::system::{CoordinatorStatus, RoundStatus};
 
 #[derive(Default)]
 struct State {

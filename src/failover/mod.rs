@@ -86,15 +86,8 @@ pub struct Message {
     pub master: Option<String>,
 }
 
-/// A client's answer.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct Answer {
-    pub node: String,
-    pub round: u64,
-    /// `pong` (cannot reach the master either), `reachable` (can: the round
-    /// must not go on), `invalidated`, `reconfigured`.
-    pub answer: String,
-}
+/// A client's answer (a wire type: muster-api).
+pub(crate) use muster_api::system::FailoverAnswer as Answer;
 
 /// Why a client refused a message.
 #[derive(Debug, thiserror::Error)]
@@ -107,56 +100,8 @@ pub enum ClientError {
     Unusable { master: String, error: String },
 }
 
-/// The last message this node answered, for the Failover page.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct LastMessage {
-    pub kind: String,
-    pub round: u64,
-    pub answer: String,
-    /// Node clock, ms.
-    pub at_ms: i64,
-}
-
-/// One replica as the master reports it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Replica {
-    pub addr: String,
-    pub state: String,
-    pub offset: i64,
-    /// Bytes behind the master's offset.
-    pub lag_bytes: i64,
-    /// Seconds since the last ack, as INFO reports it.
-    pub lag_s: i64,
-}
-
-/// `GET /api/v1/failover`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(as = FailoverStatus)]
-pub struct Status {
-    /// `embedded`, `standalone`, `sentinel`, `cluster`, `coordinated`.
-    pub mode: String,
-    pub node: String,
-    /// The master this node uses (`host:port`, URL, or cluster seeds); empty
-    /// while invalidated.
-    pub master: String,
-    pub master_reachable: bool,
-    pub master_offset: Option<i64>,
-    pub replicas: Vec<Replica>,
-    /// The fencing epoch (high bits of every token).
-    pub epoch: Option<u64>,
-    /// Master switches this node made since it started.
-    pub switches: u64,
-    pub last_switch: Option<crate::store::Switch>,
-    /// Sentinel mode: the sentinels and the master they name.
-    pub sentinels: Vec<String>,
-    pub sentinel_master: Option<String>,
-    /// Coordinated mode: `client` or `coordinator`.
-    pub role: Option<String>,
-    pub newest_round: Option<u64>,
-    pub last_message: Option<LastMessage>,
-    /// Coordinator only.
-    pub coordinator: Option<coordinator::CoordinatorStatus>,
-}
+// The answers of `GET /api/v1/failover` are wire types (muster-api).
+pub(crate) use muster_api::system::{FailoverStatus as Status, LastMessage, Replica};
 
 struct Inner {
     store: Store,

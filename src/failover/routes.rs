@@ -13,7 +13,8 @@ use super::{Answer, ClientError, Kind, Message, SECRET_HEADER, Status};
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::error::{ApiError, Result};
-use crate::http::{ApiJson, Path};
+use crate::http::{ApiJson, FromPathParam, FromPathParams, Path, one};
+use crate::problem::Invalid;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -43,7 +44,7 @@ async fn get_failover(State(s): State<AppState>, _caller: ReadCaller) -> Result<
 async fn internal_message(
     State(s): State<AppState>,
     headers: HeaderMap,
-    Path(kind): Path<String>,
+    Path(kind): Path<Kind>,
     ApiJson(msg): ApiJson<Message>,
 ) -> Result<Json<Answer>> {
     if !s.failover.coordinated() {
@@ -60,17 +61,6 @@ async fn internal_message(
             "the `{SECRET_HEADER}` header is missing or does not match [failover] secret"
         )));
     }
-    let kind = match kind.as_str() {
-        "ping" => Kind::Ping,
-        "invalidate" => Kind::Invalidate,
-        "reconfigure" => Kind::Reconfigure,
-        other => {
-            return Err(ApiError::not_found(format!(
-                "unknown failover message `{}`: use ping, invalidate or reconfigure",
-                other.chars().take(32).collect::<String>()
-            )));
-        }
-    };
     // Run to the end even if the coordinator hangs up (its answer timeout):
     // a reconfigure cut off between the switch and the master file would
     // leave the two disagreeing until the next re-publication.
@@ -86,5 +76,27 @@ async fn internal_message(
         )),
         Err(e @ ClientError::Bad(_)) => Err(ApiError::bad_request(e.to_string())),
         Err(e @ ClientError::Unusable { .. }) => Err(ApiError::Unavailable(e.to_string())),
+    }
+}
+
+/// The message kind in the path: ping, invalidate or reconfigure; any other
+/// is a 404 before the handler runs.
+impl FromPathParam for Kind {
+    fn from_param(_key: &str, value: &str) -> Result<Self, Invalid> {
+        match value {
+            "ping" => Ok(Kind::Ping),
+            "invalidate" => Ok(Kind::Invalidate),
+            "reconfigure" => Ok(Kind::Reconfigure),
+            other => Err(Invalid::Unknown(format!(
+                "unknown failover message `{}`: use ping, invalidate or reconfigure",
+                other.chars().take(32).collect::<String>()
+            ))),
+        }
+    }
+}
+
+impl FromPathParams for Kind {
+    fn from_params(params: &[(&str, &str)]) -> Result<Self, Invalid> {
+        one(params)
     }
 }

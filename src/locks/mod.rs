@@ -34,9 +34,8 @@ pub(crate) mod worker;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub(crate) use muster_api::locks::{Leadership, LockInfo};
 use redis::Value;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use crate::config::LocksConfig;
 use crate::problem::{Classify, Kind};
@@ -113,47 +112,6 @@ pub enum Attempt {
     Granted { token: u64, expires_at: i64, again: bool },
     /// Held by someone else, or others are ahead in the queue.
     Busy { holder: Option<String>, position: u32 },
-}
-
-/// A lock as stored.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct LockInfo {
-    pub name: String,
-    pub held: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-    /// The holder's fencing token.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token: Option<u64>,
-    /// The node the lease is tied to, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-    /// Redis ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub acquired_at: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<i64>,
-    /// Waiting owners, first in line first.
-    pub waiters: Vec<String>,
-}
-
-/// An election as stored.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Leadership {
-    pub name: String,
-    /// The leader, or null when nobody leads.
-    pub leader: Option<String>,
-    /// The leader's epoch: strictly greater than every epoch before it.
-    pub epoch: Option<u64>,
-    /// The leader's value (any JSON), if it gave one.
-    #[schema(value_type = Option<serde_json::Value>)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub value: Option<serde_json::Value>,
-    /// Redis ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub elected_at: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<i64>,
 }
 
 /// What a campaign call returned.

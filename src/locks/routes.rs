@@ -6,11 +6,12 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use muster_api::locks::{CampaignResponse, ElectionList, LockList};
 pub(crate) use muster_api::{Acquired, Renewed};
 
 use super::{Leadership, LockError, LockInfo, Locks};
@@ -59,11 +60,6 @@ fn check_wait(s: &AppState, wait: Option<u64>) -> Result<Duration> {
 }
 
 // --- locks -----------------------------------------------------------------
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct LockList {
-    pub locks: Vec<LockInfo>,
-}
 
 /// Every held lock.
 #[utoipa::path(get, path = "/api/v1/locks", tag = "locks", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = LockList)))]
@@ -209,11 +205,6 @@ async fn release_lock(
 
 // --- elections -------------------------------------------------------------
 
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct ElectionList {
-    pub elections: Vec<Leadership>,
-}
-
 /// Every election that has a leader.
 #[utoipa::path(get, path = "/api/v1/elections", tag = "elections", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = ElectionList)))]
 async fn list_elections(State(locks): State<Arc<Locks>>, _caller: ReadCaller) -> Result<Json<ElectionList>> {
@@ -247,14 +238,6 @@ pub(crate) struct CampaignRequest {
     /// Any JSON the leader publishes (its address, say); at most 64 KiB.
     #[schema(value_type = Option<serde_json::Value>)]
     pub value: Option<serde_json::Value>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct CampaignResponse {
-    /// Whether the candidate leads now (elected, or renewed as the leader).
-    pub elected: bool,
-    #[serde(flatten)]
-    pub leadership: Leadership,
 }
 
 /// Campaigns for leadership. Elected: a new epoch, strictly greater than

@@ -13,9 +13,9 @@
 //! - Info hashes carry a TTL; the sorted set is bounded by `nodes.max_nodes`
 //!   and pruned, so nothing here grows without bound (G4).
 
-pub mod routes;
+pub(crate) mod routes;
 mod scripts;
-pub mod worker;
+pub(crate) mod worker;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +27,8 @@ use crate::store::{ScriptCtx, Store, StoreError};
 use scripts::{DrainReply, HeartbeatOutcome, LeaveReply, Scripts};
 
 mod model;
-pub use model::{Heartbeat, NodeInfo, NodeKind, NodeList, NodeState, Prune, ShardBeat};
+pub use model::NodeKind;
+pub(crate) use model::{Heartbeat, NodeInfo, NodeList, NodeState, Prune, ShardBeat};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodesError {
@@ -362,7 +363,7 @@ impl Nodes {
     pub async fn list(&self) -> Result<NodeList, NodesError> {
         let reads = self.store.every_shard().map(|s| async move { registry_of(&s).await });
         let mut now = 0;
-        let mut merged: BTreeMap<String, NodeInfo> = BTreeMap::new();
+        let mut merged: BTreeMap<String, Seen> = BTreeMap::new();
         let mut unavailable = Vec::new();
         let mut first_error = None;
         for (shard, read) in futures_util::future::join_all(reads).await.into_iter().enumerate() {
@@ -403,7 +404,7 @@ impl Nodes {
             dead: 0,
             unavailable_shards: unavailable,
         };
-        for node in merged.into_values() {
+        for Seen { node, .. } in merged.into_values() {
             match node.state {
                 NodeState::Alive => list.alive += 1,
                 NodeState::Draining => {
@@ -433,9 +434,9 @@ impl Nodes {
             let ((secs, micros), score, info): ((i64, i64), Option<f64>, BTreeMap<String, String>) =
                 s.pipe("node_get", &p).await?;
             let now = secs * 1000 + micros / 1000;
-            Ok::<_, StoreError>(score.map(|sc| node_info(id.to_string(), sc as i64, &info, now)))
+            Ok::<_, StoreError>(score.map(|sc| model::node_info(id.to_string(), sc as i64, &info, now)))
         });
-        let mut merged: BTreeMap<String, NodeInfo> = BTreeMap::new();
+        let mut merged: BTreeMap<String, Seen> = BTreeMap::new();
         let mut read = Vec::new();
         let mut first_error = None;
         for (shard, r) in futures_util::future::join_all(reads).await.into_iter().enumerate() {
@@ -455,7 +456,7 @@ impl Nodes {
             (true, Some(e)) => Err(e.into()),
             _ => Ok(merged.into_values().next().map(|mut n| {
                 missing_is_dead(&mut n, &read);
-                n
+                n.node
             })),
         }
     }
@@ -487,7 +488,7 @@ async fn registry_of(s: &Store) -> Result<(i64, Vec<NodeInfo>), StoreError> {
         members
             .into_iter()
             .zip(infos)
-            .map(|((id, score), info)| node_info(id, score as i64, &info, now))
+            .map(|((id, score), info)| model::node_info(id, score as i64, &info, now))
             .collect(),
     ))
 }
@@ -495,8 +496,8 @@ async fn registry_of(s: &Store) -> Result<(i64, Vec<NodeInfo>), StoreError> {
 /// A node registered in some shards and missing from others that were read
 /// (pruned there after it died, or never registered because its heartbeats
 /// could not reach that shard): not alive in those, and dead at worst.
-fn missing_is_dead(node: &mut NodeInfo, read: &[usize]) {
-    let mut seen: Vec<usize> = node.shards_seen.clone();
+fn missing_is_dead(Seen { node, shards }: &mut Seen, read: &[usize]) {
+    let mut seen: Vec<usize> = shards.clone();
     seen.sort_unstable();
     for &shard in read {
         if seen.binary_search(&shard).is_err() {
@@ -507,6 +508,13 @@ fn missing_is_dead(node: &mut NodeInfo, read: &[usize]) {
         }
     }
     node.shards_not_alive.sort_unstable();
+}
+
+/// A node as merged from the shards read so far, with the shards whose
+/// registry lists it.
+struct Seen {
+    node: NodeInfo,
+    shards: Vec<usize>,
 }
 
 /// How bad a state is, for a node's worst state over the shards.
@@ -523,7 +531,7 @@ fn badness(s: NodeState) -> u8 {
 /// Adds shard `shard`'s view of a node to `merged`: the node keeps the
 /// first shard's details (shard order), its worst state, its earliest
 /// expiry, and the shards where it is not alive.
-fn merge_into(merged: &mut BTreeMap<String, NodeInfo>, shard: usize, node: NodeInfo) {
+fn merge_into(merged: &mut BTreeMap<String, Seen>, shard: usize, node: NodeInfo) {
     let alive_here = matches!(node.state, NodeState::Alive | NodeState::Draining);
     match merged.get_mut(&node.id) {
         None => {
@@ -531,60 +539,24 @@ fn merge_into(merged: &mut BTreeMap<String, NodeInfo>, shard: usize, node: NodeI
             if !alive_here {
                 node.shards_not_alive.push(shard);
             }
-            node.shards_seen.push(shard);
-            merged.insert(node.id.clone(), node);
+            merged.insert(
+                node.id.clone(),
+                Seen {
+                    node,
+                    shards: vec![shard],
+                },
+            );
         }
-        Some(m) => {
+        Some(Seen { node: m, shards }) => {
             if !alive_here {
                 m.shards_not_alive.push(shard);
             }
-            m.shards_seen.push(shard);
+            shards.push(shard);
             if badness(node.state) > badness(m.state) {
                 m.state = node.state;
             }
             m.suspect |= node.suspect;
             m.expires_at = m.expires_at.min(node.expires_at);
         }
-    }
-}
-
-fn node_info(id: String, expires_at: i64, info: &BTreeMap<String, String>, now: i64) -> NodeInfo {
-    let num = |f: &str| info.get(f).and_then(|v| v.parse::<i64>().ok());
-    let stored = info.get("state").map(String::as_str).unwrap_or("");
-    let state = if stored == "left" {
-        NodeState::Left
-    } else if expires_at > now {
-        if stored == "draining" {
-            NodeState::Draining
-        } else {
-            NodeState::Alive
-        }
-    } else if info.contains_key("dead_at") || info.is_empty() {
-        NodeState::Dead
-    } else {
-        NodeState::Late
-    };
-    let ttl_ms = num("ttl_ms");
-    let suspect = matches!(state, NodeState::Alive | NodeState::Draining)
-        && ttl_ms.is_some_and(|ttl| (expires_at - now) * 2 < ttl);
-    let last_seen = num("last_seen");
-    NodeInfo {
-        shards_not_alive: Vec::new(),
-        shards_seen: Vec::new(),
-        kind: info.get("kind").cloned().unwrap_or_else(|| "node".into()),
-        state,
-        suspect,
-        addr: info.get("addr").cloned().unwrap_or_default(),
-        version: info.get("version").cloned().unwrap_or_default(),
-        labels: info
-            .get("labels")
-            .and_then(|l| serde_json::from_str(l).ok())
-            .unwrap_or_default(),
-        started_at: num("started_at"),
-        last_seen,
-        expires_at,
-        heartbeat_age_ms: last_seen.map(|s| (now - s).max(0)),
-        ttl_ms,
-        id,
     }
 }

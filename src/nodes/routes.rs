@@ -21,7 +21,7 @@ use crate::http::{OptJson, Path, no_content};
 use crate::nodes::Nodes;
 use crate::validate;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_nodes))
         .routes(routes!(get_node, delete_node))
@@ -55,7 +55,7 @@ async fn get_node(
 /// Body of an external worker's heartbeat.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(remote = "Self", deny_unknown_fields)]
-pub struct HeartbeatBody {
+pub(crate) struct HeartbeatBody {
     /// Lifetime of this heartbeat, 500 to 3 600 000 ms; default `nodes.ttl_ms`.
     pub ttl_ms: Option<u64>,
     /// Up to 32 labels (keys up to 64 characters, values up to 256); no

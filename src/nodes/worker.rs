@@ -29,7 +29,7 @@ use crate::store::{PassLog, Store};
 
 /// Who this node is, as it registers itself.
 #[derive(Debug, Clone)]
-pub struct Identity {
+pub(crate) struct Identity {
     pub id: String,
     pub addr: String,
     pub labels: BTreeMap<String, String>,
@@ -38,7 +38,7 @@ pub struct Identity {
 /// Runs until `cancel`, then waits for the heartbeats still in flight (so
 /// none lands after the node has left). Errors are logged (once per outage
 /// and shard) and retried at the next tick; they never mark anyone dead.
-pub fn spawn(nodes: Arc<Nodes>, me: Identity, health: Arc<Health>, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(nodes: Arc<Nodes>, me: Identity, health: Arc<Health>, cancel: CancellationToken) -> JoinHandle<()> {
     let store = nodes.store().clone();
     store.spawn_each_shard(move |shard| {
         let (nodes, me, health, cancel) = (nodes.clone(), me.clone(), health.clone(), cancel.clone());
@@ -116,7 +116,7 @@ fn watch_skew(store: &Store, health: &Health) {
     static WARNED_AT: AtomicI64 = AtomicI64::new(0);
     let skew = store.clock_skew_ms();
     metrics::gauge!("muster_redis_clock_skew_seconds").set(skew as f64 / 1000.0);
-    metrics::gauge!("muster_shards_failing").set(health.failing_shards().len() as f64);
+    metrics::gauge!("muster_shards_failing").set(health.failing_count() as f64);
     let bound = store.timeout().as_millis() as i64 / 4;
     let now = crate::store::node_clock_ms();
     if skew > bound && now - WARNED_AT.load(Ordering::Relaxed) > 60_000 {

@@ -9,6 +9,12 @@ pub(super) fn path_schema(path: &str, name: &str) -> Value {
         "kind" => json!({"type": "string", "enum": ["ping", "invalidate", "reconfigure"]}),
         "id" if path.starts_with("/api/v1/tasks/") || path.starts_with("/api/v1/workflows/") => named("Id"),
         "id" if path.starts_with("/api/v1/nodes/") => named("NodeId"),
+        "name" if path.starts_with("/api/v1/limits/") => json!({
+            "type": "string",
+            "minLength": 1,
+            "maxLength": v::LIMIT_NAME_MAX_LEN,
+            "pattern": muster_api::bounds::limit_name_pattern(true),
+        }),
         _ => named("Name"),
     }
 }
@@ -120,6 +126,12 @@ pub(super) fn field_bounds(cfg: &Config) -> Vec<(&'static str, &'static str, Val
     let barrier_wait = || upto(cfg.barriers.max_wait_ms);
     let lock_wait = || upto(cfg.locks.max_wait_ms);
     let lock_ttl = || json!({"minimum": v::MIN_LEASE_MS, "maximum": cfg.locks.max_ttl_ms});
+    // A list of flow-control limit names (none allowed where `min` is 0).
+    let limit_list = |min: usize| {
+        json!({"minItems": min, "maxItems": v::TASK_LIMITS_MAX, "uniqueItems": true,
+            "items": {"type": "string", "maxLength": v::LIMIT_NAME_MAX_LEN,
+                "pattern": muster_api::bounds::limit_name_pattern(false)}})
+    };
     // The task options, shared by tasks, workflow tasks and schedule templates.
     let task_options = |schema: &'static str| {
         vec![
@@ -152,6 +164,12 @@ pub(super) fn field_bounds(cfg: &Config) -> Vec<(&'static str, &'static str, Val
         ("NextRequest", "wait_ms", claim_wait()),
         ("HeartbeatRequest", "progress", range(&v::PROGRESS)),
         ("GroupRequest", "limit", range(&v::GROUP_LIMIT)),
+        ("TaskSpec", "limits", limit_list(1)),
+        ("Debounce", "key", name()),
+        ("Debounce", "ms", range(&v::DEBOUNCE_MS)),
+        ("QueueLimits", "limits", limit_list(0)),
+        ("TaskTemplate", "limits", limit_list(0)),
+        ("WorkflowTaskSpec", "limits", limit_list(0)),
         ("HeartbeatBody", "ttl_ms", range(&v::WORKER_TTL_MS)),
         (
             "HeartbeatBody",
@@ -267,6 +285,11 @@ pub(super) fn bound_schemas(schemas: &mut Map<String, Value>, cfg: &Config) {
         } else {
             debug_assert!(false, "no property {schema}.{prop} in the document");
         }
+    }
+    // A limit needs at least one of its two settings, and not as null:
+    // not both absent or null.
+    if let Some(s) = schemas.get_mut("LimitSpec") {
+        s["not"] = json!({"properties": {"concurrency": {"type": "null"}, "rate": {"type": "null"}}});
     }
     // A batch of completions: bare, or wrapped as `{"tasks": [...]}`.
     if let Some(alts) = schemas

@@ -74,22 +74,7 @@ pub struct Unacked {
     pub dead_queues: Vec<String>,
 }
 
-/// One recovered task.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema)]
-pub struct OrphanRecord {
-    pub task: String,
-    pub queue: String,
-    /// The owner that stopped heartbeating.
-    pub owner: String,
-    /// The attempt that was lost.
-    pub attempt: u32,
-    /// Redis ms.
-    pub detected_at: i64,
-    /// requeued, dead or cancelled.
-    pub action: String,
-    #[serde(default)]
-    pub reason: String,
-}
+pub(crate) use muster_api::tasks::OrphanRecord;
 
 pub struct Orphans {
     pub(crate) store: Store,

@@ -1,34 +1,21 @@
 //! REST route of the orphan cleaner.
 
-use std::collections::BTreeMap;
-
 use axum::Json;
 use axum::extract::State;
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::OrphanRecord;
 use crate::app::AppState;
 use crate::auth::ReadCaller;
 use crate::error::Result;
 use crate::http::ApiQuery;
-use crate::nodes::{NodeInfo, NodeState};
+use crate::nodes::NodeState;
+pub(crate) use muster_api::tasks::OrphanReport;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_orphans))
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct OrphanReport {
-    /// Recent recoveries, newest first.
-    pub recovered: Vec<OrphanRecord>,
-    /// Totals per action since the namespace began (requeued, dead, cancelled).
-    pub counts: BTreeMap<String, u64>,
-    /// Nodes whose heartbeat is overdue (suspect), expired but not yet marked
-    /// dead (late), or dead with tasks still to recover.
-    pub suspects: Vec<NodeInfo>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -46,6 +46,7 @@ pub(crate) fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -
         timeout_ms: t.timeout_ms,
         backoff_base_ms: t.backoff_base_ms,
         backoff_cap_ms: t.backoff_cap_ms,
+        limits: (!t.limits.is_empty()).then(|| t.limits.clone()),
         ..TaskSpec::default()
     };
     let task = crate::tasks::spec::check(&spec, tasks).map_err(|e| match e {
@@ -53,6 +54,7 @@ pub(crate) fn check(def: &ScheduleDef, tasks: &TasksConfig, shards: &ShardMap) -
         other => other,
     })?;
     same_shard(&def.id, &task.group, shards)?;
+    limits_shard(&def.id, &task.limits, shards)?;
     Ok(Checked {
         def: def.clone(),
         timing,
@@ -80,6 +82,27 @@ fn same_shard(id: &str, group: &str, shards: &ShardMap) -> Result<(), Invalid> {
          use an id in the group's shard{}, or no group (docs/sharding.md)",
         home(group),
         home(id),
+        fit.map(|f| format!(" such as `{f}`")).unwrap_or_default(),
+    )))
+}
+
+/// A split namespace keeps flow-control limits in shard 0, and a task with
+/// limits of its own lives there (its claim takes them in one script), so a
+/// schedule whose task names limits must be in shard 0 too. Refuses an id
+/// elsewhere, suggesting one that fits.
+fn limits_shard(id: &str, limits: &[String], shards: &ShardMap) -> Result<(), Invalid> {
+    let n = shards.len();
+    if n == 1 || limits.is_empty() || shards.home(id) == 0 {
+        return Ok(());
+    }
+    let fit = (1..10_000)
+        .map(|k| format!("{id}-{k}"))
+        .find(|c| c.len() <= 128 && shards.home(c) == 0);
+    Err(Invalid::new(format!(
+        "with redis.shards = {n} a schedule lives in the shard of its id and fires its task there, but the \
+         task names flow-control limits, which live in shard 0, and the id `{id}` is in shard {}: use an id \
+         in shard 0{} (docs/sharding.md)",
+        shards.home(id),
         fit.map(|f| format!(" such as `{f}`")).unwrap_or_default(),
     )))
 }

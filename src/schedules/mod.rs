@@ -45,8 +45,6 @@ use chrono_tz::Tz;
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 use redis::Value;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use self::scripts::{DeleteReply, Scripts, SetEnabledReply, TriggerReply, UpsertMode, UpsertReply};
 use crate::config::{SchedulesConfig, TasksConfig};
@@ -57,9 +55,9 @@ use crate::tasks::{NewTask, TaskSpec};
 
 pub(crate) use self::def::{Checked, check};
 pub(crate) use self::timing::Timing;
-pub(crate) use self::view::{HistoryEntry, Schedule};
 use self::view::{redis_ms, schedule_from};
-pub(crate) use muster_api::{Overlap, ScheduleDef, TaskTemplate};
+pub(crate) use muster_api::schedules::{HistoryEntry, Schedule, Triggered};
+pub(crate) use muster_api::{Overlap, ScheduleDef};
 
 /// Why a schedule operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +92,12 @@ pub enum ScheduleError {
     /// 409
     #[error("the cluster already has the maximum of {0} queues (tasks.max_queues)")]
     TooManyQueues(u32),
+    /// 409
+    #[error(
+        "the task names the limit `{0}`, which is not defined: define it with PUT /api/v1/limits/{0} (a key \
+         `name:key` needs its template `name:*`)"
+    )]
+    UnknownLimit(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -107,27 +111,12 @@ impl Classify for ScheduleError {
             | ScheduleError::InThisConfig(_)
             | ScheduleError::FromConfig(_)
             | ScheduleError::TooMany(_)
-            | ScheduleError::TooManyQueues(_) => Kind::Conflict(serde_json::Value::Null),
+            | ScheduleError::TooManyQueues(_)
+            | ScheduleError::UnknownLimit(_) => Kind::Conflict(serde_json::Value::Null),
             ScheduleError::Store(s) => s.kind(),
         }
     }
 }
-/// What a trigger did.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Triggered {
-    pub schedule: String,
-    pub task: String,
-    pub queue: String,
-    /// The occurrence: Redis now at the trigger (Unix ms).
-    pub occurrence: i64,
-    /// The live task that overlap `replace` cancelled for this one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub replaced: Option<String>,
-    /// True when the `Idempotency-Key` named an earlier trigger's task: that
-    /// task is returned and nothing fired.
-    pub replayed: bool,
-}
-
 /// How one fire script call ended (see `lua/fire.lua`, whose refusals are
 /// the shared codes `E.NOT_FOUND`, `E.STALE` and `E.WRONG_STATE`). The
 /// discriminant is [`FireResult::code`].
@@ -270,6 +259,7 @@ impl Schedules {
             ("spec", spec),
             ("payload", t.payload.clone()),
             ("group", t.group.clone()),
+            ("limits", t.limits.join(",")),
             ("priority", t.priority.to_string()),
             ("max_attempts", t.max_attempts.to_string()),
             ("timeout_ms", t.timeout_ms.to_string()),
@@ -296,6 +286,7 @@ impl Schedules {
             UpsertReply::Exists => Err(ScheduleError::Exists(c.def.id.clone())),
             UpsertReply::TooMany => Err(ScheduleError::TooMany(self.cfg.max_schedules)),
             UpsertReply::FromConfig => Err(ScheduleError::FromConfig(c.def.id.clone())),
+            UpsertReply::UnknownLimit(name) => Err(ScheduleError::UnknownLimit(name)),
             UpsertReply::Created { .. } | UpsertReply::Replaced { .. } | UpsertReply::Unchanged { .. } => {
                 self.changed_in(&c.def.id);
                 Ok(())
@@ -314,6 +305,7 @@ impl Schedules {
             UpsertReply::FromConfig => Err(ScheduleError::FromConfig(c.def.id.clone())),
             // Exists: mode create only.
             UpsertReply::Exists => Err(ScheduleError::Exists(c.def.id.clone())),
+            UpsertReply::UnknownLimit(name) => Err(ScheduleError::UnknownLimit(name)),
             reply => {
                 self.changed_in(&c.def.id);
                 Ok(matches!(reply, UpsertReply::Created { .. }))
@@ -341,7 +333,10 @@ impl Schedules {
                 UpsertReply::TooMany => return Err(ScheduleError::TooMany(self.cfg.max_schedules)),
                 UpsertReply::Created { .. } | UpsertReply::Replaced { .. } => changed += 1,
                 // Unchanged; Exists and FromConfig are not answers to mode config.
-                UpsertReply::Unchanged { .. } | UpsertReply::Exists | UpsertReply::FromConfig => {}
+                UpsertReply::Unchanged { .. }
+                | UpsertReply::Exists
+                | UpsertReply::FromConfig
+                | UpsertReply::UnknownLimit(_) => {}
             }
         }
         Ok(changed)

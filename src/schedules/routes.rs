@@ -6,13 +6,14 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{Schedule, ScheduleDef, ScheduleError, Triggered};
 use muster_api::Name;
+use muster_api::schedules::ScheduleList;
 
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller};
@@ -30,11 +31,6 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(disable_schedule))
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct ScheduleList {
-    pub schedules: Vec<Schedule>,
-}
-
 /// Every schedule with its next fire times and totals.
 #[utoipa::path(get, path = "/api/v1/schedules", tag = "schedules", security(("bearer" = ["read"]), ("session" = ["read"])),
     responses((status = 200, body = ScheduleList)))]
@@ -49,7 +45,7 @@ async fn list_schedules(State(schedules): State<Arc<Schedules>>, _caller: ReadCa
     request_body = ScheduleDef,
     responses((status = 201, body = Schedule, description = "Created"),
                (status = 400, description = "Invalid id, expression, time zone, queue or task"),
-               (status = 409, description = "The id exists, is defined in config.toml, or too many schedules")))]
+               (status = 409, description = "The id exists, is defined in config.toml, too many schedules, or its task names a flow-control limit not defined")))]
 async fn create_schedule(
     State(s): State<AppState>,
     caller: AdminCaller,
@@ -99,7 +95,7 @@ async fn get_schedule(
     responses((status = 200, body = Schedule, description = "Replaced"),
                (status = 201, body = Schedule, description = "Created"),
                (status = 400, description = "Invalid field, or the body's id differs from the path"),
-               (status = 409, description = "Defined in config.toml, or too many schedules")))]
+               (status = 409, description = "Defined in config.toml, too many schedules, or its task names a flow-control limit not defined")))]
 async fn put_schedule(
     State(s): State<AppState>,
     caller: AdminCaller,

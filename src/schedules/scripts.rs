@@ -84,7 +84,7 @@ pub(crate) struct Upsert<'a> {
     pub fields: Vec<(&'static str, String)>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum UpsertReply {
     Created {
         version: u64,
@@ -102,6 +102,8 @@ pub(crate) enum UpsertReply {
     TooMany,
     /// Written from config.toml (modes create and put).
     FromConfig,
+    /// The task names a limit not defined (modes create and put).
+    UnknownLimit(String),
 }
 
 impl ScriptCall for Upsert<'_> {
@@ -139,6 +141,7 @@ impl FromRedisValue for UpsertReply {
                 Err(Code::Exists) => UpsertReply::Exists,
                 Err(Code::TooMany) => UpsertReply::TooMany,
                 Err(Code::WrongState) => UpsertReply::FromConfig,
+                Err(Code::UnknownLimit) => UpsertReply::UnknownLimit(r.text("limit")?),
                 other => return Err(decode_error(format!("upsert outcome {other:?}"))),
             })
         })

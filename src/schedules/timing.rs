@@ -116,7 +116,8 @@ mod tests {
 
     use super::*;
     use crate::config::TasksConfig;
-    use crate::schedules::{Overlap, ScheduleDef, TaskTemplate, check};
+    use crate::schedules::{Overlap, ScheduleDef, check};
+    use muster_api::TaskTemplate;
 
     fn ms(tz: Tz, y: i32, mo: u32, d: u32, h: u32, mi: u32) -> i64 {
         tz.with_ymd_and_hms(y, mo, d, h, mi, 0)

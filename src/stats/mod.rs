@@ -32,9 +32,6 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-
 use crate::events::{Cursor, Event};
 use crate::store::{Lua, ScriptCtx, Store, StoreResult};
 
@@ -205,39 +202,7 @@ impl Recent {
     }
 }
 
-/// The span a chart covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Range {
-    /// The last 60 minutes, one point per minute (the last one still filling).
-    Hour,
-    /// The last 30 days (UTC), one point per day (the last one still filling).
-    Month,
-}
-
-/// A chart's data, column by column (the layout uPlot draws).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Series {
-    pub range: Range,
-    /// Seconds per point: 60 (hour) or 86400 (month).
-    pub step_s: u64,
-    /// The queue these numbers are for; absent for all queues.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub queue: Option<String>,
-    /// The start of each point, Unix seconds (Redis time), oldest first.
-    pub t: Vec<i64>,
-    /// Tasks that succeeded in each step.
-    pub succeeded: Vec<u64>,
-    /// Failed attempts in each step (a task retried three times counts three).
-    pub failed: Vec<u64>,
-    /// Tasks that became dead letters in each step.
-    pub dead: Vec<u64>,
-    /// The largest number of queued tasks sampled in each step (0: none
-    /// sampled, or the queue was empty).
-    pub queued: Vec<u64>,
-    /// The largest queue latency sampled in each step, ms.
-    pub latency_ms: Vec<u64>,
-}
+pub(crate) use muster_api::tasks::{Range, StatsSeries as Series};
 
 /// The history service: counts events, merges them into Redis, reads charts.
 pub struct Stats {

@@ -27,7 +27,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// How many samples the estimate looks at.
-pub const SAMPLES: usize = 32;
+pub(crate) const SAMPLES: usize = 32;
 
 /// How far (ms) an upper bound may fall below the estimate before Redis time
 /// counts as gone back: both are read at millisecond precision.
@@ -39,7 +39,7 @@ fn base() -> Instant {
     *BASE.get_or_init(Instant::now)
 }
 
-pub struct RedisClock {
+pub(crate) struct RedisClock {
     base: Instant,
     samples: Mutex<Ring>,
 }
@@ -69,7 +69,7 @@ impl Default for RedisClock {
 }
 
 impl RedisClock {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         RedisClock {
             base: base(),
             samples: Mutex::new(Ring::default()),
@@ -81,7 +81,8 @@ impl RedisClock {
     }
 
     /// Records a `TIME` reply (Redis ms) that arrived at `received`.
-    pub fn observe(&self, redis_ms: i64, received: Instant) {
+    #[cfg(test)]
+    pub(crate) fn observe(&self, redis_ms: i64, received: Instant) {
         let offset = redis_ms - self.mono_ms(received);
         let mut ring = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         ring.push(offset);
@@ -91,7 +92,7 @@ impl RedisClock {
     /// arrived at `received`. Returns true when it showed that Redis time
     /// went back (another server, or a clock stepped back): the estimate
     /// then starts again from this sample.
-    pub fn observe_call(&self, redis_ms: i64, sent: Instant, received: Instant) -> bool {
+    pub(crate) fn observe_call(&self, redis_ms: i64, sent: Instant, received: Instant) -> bool {
         let lower = redis_ms - self.mono_ms(received);
         // +1: `sent` is floored to the ms like `received`, and Redis read its
         // clock at or after it.
@@ -108,18 +109,18 @@ impl RedisClock {
     /// The estimated offset of Redis time from the shared monotonic base
     /// (ms), None before the first sample: the spread of the offsets of two
     /// clocks is the skew between their servers.
-    pub fn offset(&self) -> Option<i64> {
+    pub(crate) fn offset(&self) -> Option<i64> {
         let ring = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         ring.offsets.iter().copied().max()
     }
 
     /// Forgets every sample: a different server (a new master) has its own clock.
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         *self.samples.lock().unwrap_or_else(|p| p.into_inner()) = Ring::default();
     }
 
     /// A lower bound of Redis time now, in ms; None before the first sample.
-    pub fn now_ms(&self) -> Option<i64> {
+    pub(crate) fn now_ms(&self) -> Option<i64> {
         let ring = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         let offset = ring.offsets.iter().copied().max()?;
         Some(self.mono_ms(Instant::now()) + offset)

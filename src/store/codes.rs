@@ -13,23 +13,23 @@ macro_rules! codes {
         /// A script's refusal (see the module doc).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(i64)]
-        pub enum Code {
+        pub(crate) enum Code {
             $($(#[doc = $doc])* $name = $value,)*
         }
 
         impl Code {
             /// Every code, in table order.
-            pub const ALL: &[Code] = &[$(Code::$name,)*];
+            pub(crate) const ALL: &[Code] = &[$(Code::$name,)*];
 
             /// The name scripts use (`E.<name>`).
-            pub fn lua_name(self) -> &'static str {
+            pub(crate) fn lua_name(self) -> &'static str {
                 match self {
                     $(Code::$name => $lua,)*
                 }
             }
 
             /// The code with this value, if it is one.
-            pub fn from_i64(v: i64) -> Option<Code> {
+            pub(crate) fn from_i64(v: i64) -> Option<Code> {
                 match v {
                     $($value => Some(Code::$name),)*
                     _ => None,
@@ -80,6 +80,9 @@ codes! {
     /// written by a worker heartbeat, or a live worker's registration by
     /// another credential than the one that registered it (issue 36).
     NotOwner = -14, "NOT_OWNER";
+    /// A task names a flow-control limit that is not defined (neither the
+    /// limit nor, for a key `name:key`, its template `name:*`).
+    UnknownLimit = -15, "UNKNOWN_LIMIT";
 }
 
 #[cfg(test)]

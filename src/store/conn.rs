@@ -2,10 +2,9 @@
 //! reached ([`ServerAuth`]), and opening the store in each mode.
 
 use super::{
-    Arc, AtomicBool, AtomicU64, Cmd, ConnectionLike, ConnectionManager, ConnectionManagerConfig, Duration, Inner, Keys,
-    Lane, MasterFile, Mode, MultiplexedConnection, Path, PathBuf, Pipeline, RedisConfig, RedisError, RedisFuture,
-    Route, RoutingInfo, RwLock, ServerInfo, SingleNodeRoutingInfo, SlotAddr, Store, StoreError, StoreResult, Value,
-    ack, classify,
+    Cmd, ConnectionLike, ConnectionManager, ConnectionManagerConfig, Duration, Keys, Mode, MultiplexedConnection, Path,
+    Pipeline, RedisConfig, RedisError, RedisFuture, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr, Store,
+    StoreError, StoreResult, Value, classify,
 };
 
 /// A connection of either topology, usable wherever redis-rs wants a
@@ -272,61 +271,6 @@ impl Store {
             Some(master_file.to_path_buf()),
             cfg.shards,
         )
-    }
-
-    /// The store of a namespace split into `shards` (`redis.shards`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn build(
-        cfg: &RedisConfig,
-        mode: Mode,
-        address: String,
-        client: Option<redis::Client>,
-        conns: Vec<Conn>,
-        cluster: Option<(redis::cluster::ClusterClient, redis::cluster::ClusterClient)>,
-        master_file: Option<PathBuf>,
-        shards: u32,
-    ) -> Store {
-        let (cluster_client, cluster_blocking) = cluster.unzip();
-        let map = super::shards::ShardMap::new(&cfg.key_prefix, shards);
-        // The shards, then (split namespaces only) the namespace's own tag,
-        // `{prefix}`, where the layout record lives ([`Store::root`]).
-        let mut shard_keys: Vec<Keys> = (0..map.len()).map(|i| Keys::tagged(map.tag(i))).collect();
-        if map.len() > 1 {
-            shard_keys.push(Keys::tagged(&format!("{{{}}}", cfg.key_prefix)));
-        }
-        let shard_routes = shard_keys.iter().map(home_route).collect();
-        Store {
-            shard: 0,
-            inner: Arc::new(Inner {
-                mode,
-                address: RwLock::new(address),
-                client: RwLock::new(client),
-                cluster_client,
-                cluster_blocking,
-                acks: conns.iter().map(|_| ack::Pool::new(cfg.ack_connections)).collect(),
-                lanes: conns.into_iter().map(Lane::new).collect(),
-                links: AtomicU64::new(1),
-                auth: ServerAuth::from_config(cfg),
-                master_file: master_file.map(|path| MasterFile {
-                    path,
-                    seen: tokio::sync::Mutex::new((None, String::new())),
-                    checked_ms: AtomicU64::new(0),
-                }),
-                generation: AtomicU64::new(0),
-                last_switch: RwLock::new(None),
-                trouble: tokio::sync::Notify::new(),
-                epoch_script: RwLock::new(None),
-                known_epoch: AtomicU64::new(0),
-                shards: map,
-                shard_keys,
-                shard_routes,
-                timeout: Duration::from_millis(cfg.timeout_ms),
-                read_retries: cfg.read_retries,
-                healthy: AtomicBool::new(true),
-                latency_us: AtomicU64::new(0),
-                info: RwLock::new(ServerInfo::default()),
-            }),
-        }
     }
 }
 

@@ -14,7 +14,7 @@ use super::reply::{Reader, decode_error};
 use super::{Code, Keys, Lua, ScriptCall, ScriptCtx, Store, StoreError};
 
 /// Hash: the namespace's layout (`shards`, `placement`, `since_ms`).
-pub fn layout_key(k: &Keys) -> String {
+pub(crate) fn layout_key(k: &Keys) -> String {
     format!("{}:layout", k.prefix())
 }
 
@@ -69,7 +69,7 @@ impl FromRedisValue for LayoutReply {
 /// Records the node's layout (`redis.shards`) on a new namespace, or checks
 /// it against the recorded one. Errs with the message a refused start
 /// prints.
-pub async fn check(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
+pub(crate) async fn check(store: &Store, ctx: &ScriptCtx) -> Result<(), String> {
     let lua = Lua::load("layout", include_str!("lua/layout.lua"), ctx);
     let store = store.root();
     let map = store.shards();

@@ -261,7 +261,7 @@ impl Store {
 }
 
 /// The role name in a `ROLE` reply.
-pub fn role_of(v: &Value) -> String {
+pub(crate) fn role_of(v: &Value) -> String {
     match v {
         Value::Array(items) => match items.first() {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),

@@ -13,15 +13,15 @@
 //! - `healthy()` reflects the last call's outcome, so readiness and the claim
 //!   path learn about an outage from real traffic, not only from a probe.
 
-pub mod clock;
-pub mod codes;
-pub mod embedded;
-pub mod keys;
-pub mod layout;
-pub mod passes;
-pub mod reply;
-pub mod script;
-pub mod shards;
+pub(crate) mod clock;
+pub(crate) mod codes;
+pub(crate) mod embedded;
+pub(crate) mod keys;
+pub(crate) mod layout;
+pub(crate) mod passes;
+pub(crate) mod reply;
+pub(crate) mod script;
+pub(crate) mod shards;
 
 mod ack;
 mod call;
@@ -42,16 +42,17 @@ use tokio_util::sync::CancellationToken;
 
 use self::clock::RedisClock;
 
-pub use codes::Code;
-pub use keys::Keys;
-pub use passes::PassLog;
-pub use script::{Lua, ScriptCall, ScriptCtx};
+pub(crate) use codes::Code;
+pub(crate) use keys::Keys;
+pub(crate) use passes::PassLog;
+pub(crate) use script::ScriptCall;
+pub use script::{Lua, ScriptCtx};
 
-pub use self::ack::{AckScope, Confirmation};
+pub(crate) use self::ack::{AckScope, Confirmation};
 pub use self::call::classify;
-pub use self::conn::{Conn, ServerAuth, redact};
-pub use self::master::role_of;
-pub use self::plain::ServerState;
+pub use self::conn::redact;
+pub(crate) use self::conn::{Conn, ServerAuth};
+pub(crate) use self::master::role_of;
 
 use crate::config::RedisConfig;
 
@@ -69,7 +70,7 @@ pub enum StoreError {
     Decode(String),
 }
 
-pub type StoreResult<T> = Result<T, StoreError>;
+pub(crate) type StoreResult<T> = Result<T, StoreError>;
 
 /// How the node reaches Redis, for `GET /api/v1/redis` and the dashboard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -104,14 +105,8 @@ pub struct ServerInfo {
     /// the same one restarted), which is how a master change is recognised.
     pub run_id: String,
 }
-/// A master switch, for the Failover page.
-#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-pub struct Switch {
-    pub from: String,
-    pub to: String,
-    /// Node clock, ms since the epoch (informational only).
-    pub at_ms: i64,
-}
+/// A master switch, for the Failover page (a wire type: muster-api).
+pub(crate) use muster_api::system::Switch;
 
 /// Coordinated mode: the master file and what was last read from it.
 struct MasterFile {
@@ -376,9 +371,68 @@ impl Store {
 
 /// The node's clock in ms since the epoch: for display and local throttling
 /// only, never for a lease or liveness decision (those use Redis time).
-pub fn node_clock_ms() -> i64 {
+pub(crate) fn node_clock_ms() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+impl Store {
+    /// The store of a namespace split into `shards` (`redis.shards`),
+    /// assembled from its connections: the one place its parts (lanes,
+    /// acknowledgement pools, shard routes) are put together.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn build(
+        cfg: &RedisConfig,
+        mode: Mode,
+        address: String,
+        client: Option<redis::Client>,
+        conns: Vec<Conn>,
+        cluster: Option<(redis::cluster::ClusterClient, redis::cluster::ClusterClient)>,
+        master_file: Option<PathBuf>,
+        shards: u32,
+    ) -> Store {
+        let (cluster_client, cluster_blocking) = cluster.unzip();
+        let map = shards::ShardMap::new(&cfg.key_prefix, shards);
+        // The shards, then (split namespaces only) the namespace's own tag,
+        // `{prefix}`, where the layout record lives ([`Store::root`]).
+        let mut shard_keys: Vec<Keys> = (0..map.len()).map(|i| Keys::tagged(map.tag(i))).collect();
+        if map.len() > 1 {
+            shard_keys.push(Keys::tagged(&format!("{{{}}}", cfg.key_prefix)));
+        }
+        let shard_routes = shard_keys.iter().map(conn::home_route).collect();
+        Store {
+            shard: 0,
+            inner: Arc::new(Inner {
+                mode,
+                address: RwLock::new(address),
+                client: RwLock::new(client),
+                cluster_client,
+                cluster_blocking,
+                acks: conns.iter().map(|_| ack::Pool::new(cfg.ack_connections)).collect(),
+                lanes: conns.into_iter().map(Lane::new).collect(),
+                links: AtomicU64::new(1),
+                auth: ServerAuth::from_config(cfg),
+                master_file: master_file.map(|path| MasterFile {
+                    path,
+                    seen: tokio::sync::Mutex::new((None, String::new())),
+                    checked_ms: AtomicU64::new(0),
+                }),
+                generation: AtomicU64::new(0),
+                last_switch: RwLock::new(None),
+                trouble: tokio::sync::Notify::new(),
+                epoch_script: RwLock::new(None),
+                known_epoch: AtomicU64::new(0),
+                shards: map,
+                shard_keys,
+                shard_routes,
+                timeout: Duration::from_millis(cfg.timeout_ms),
+                read_retries: cfg.read_retries,
+                healthy: AtomicBool::new(true),
+                latency_us: AtomicU64::new(0),
+                info: RwLock::new(ServerInfo::default()),
+            }),
+        }
+    }
 }

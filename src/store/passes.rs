@@ -40,7 +40,7 @@ impl Store {
 /// counted every time and logged when the shard starts failing (a warning)
 /// and when it recovers, so an outage of one master is one warning per pass
 /// and shard, not one per tick.
-pub struct PassLog {
+pub(crate) struct PassLog {
     pass: &'static str,
     shard: usize,
     label: String,
@@ -48,7 +48,7 @@ pub struct PassLog {
 }
 
 impl PassLog {
-    pub fn new(pass: &'static str, store: &Store) -> PassLog {
+    pub(crate) fn new(pass: &'static str, store: &Store) -> PassLog {
         let shard = store.shard_index();
         // A zero series from the pass's start, so alerts can tell no
         // failures from not exported (issue 36 N15).
@@ -63,7 +63,7 @@ impl PassLog {
     }
 
     /// The pass succeeded in this shard.
-    pub fn ok(&mut self) {
+    pub(crate) fn ok(&mut self) {
         if std::mem::take(&mut self.failing) {
             tracing::info!(pass = self.pass, shard = self.shard, "background pass succeeds again");
         }
@@ -71,7 +71,7 @@ impl PassLog {
 
     /// The pass failed in this shard: it is skipped until the next tick;
     /// the other shards go on.
-    pub fn failed(&mut self, error: &dyn std::fmt::Display) {
+    pub(crate) fn failed(&mut self, error: &dyn std::fmt::Display) {
         metrics::counter!("muster_shard_pass_failures_total", "pass" => self.pass, "shard" => self.label.clone())
             .increment(1);
         if std::mem::replace(&mut self.failing, true) {
@@ -87,7 +87,7 @@ impl PassLog {
     }
 
     /// Logs `r`'s outcome and hands back its value.
-    pub fn outcome<T, E: std::fmt::Display>(&mut self, r: Result<T, E>) -> Option<T> {
+    pub(crate) fn outcome<T, E: std::fmt::Display>(&mut self, r: Result<T, E>) -> Option<T> {
         match r {
             Ok(v) => {
                 self.ok();

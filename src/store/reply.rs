@@ -12,7 +12,7 @@ use redis::{ParsingError, Value};
 use super::codes::Code;
 
 /// An integer element (also from a numeric string or a double).
-pub fn int(v: &Value) -> i64 {
+pub(crate) fn int(v: &Value) -> i64 {
     match v {
         Value::Int(i) => *i,
         Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
@@ -23,7 +23,7 @@ pub fn int(v: &Value) -> i64 {
 }
 
 /// A string element (integers are formatted; nil is empty).
-pub fn text(v: &Value) -> String {
+pub(crate) fn text(v: &Value) -> String {
     match v {
         Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
         Value::SimpleString(s) => s.clone(),
@@ -34,12 +34,12 @@ pub fn text(v: &Value) -> String {
 }
 
 /// The i-th element of a reply, or Nil.
-pub fn at(reply: &[Value], i: usize) -> &Value {
+pub(crate) fn at(reply: &[Value], i: usize) -> &Value {
     reply.get(i).unwrap_or(&Value::Nil)
 }
 
 /// A decode error naming what was expected.
-pub fn decode_error(what: impl Into<String>) -> ParsingError {
+pub(crate) fn decode_error(what: impl Into<String>) -> ParsingError {
     ParsingError::from(format!("unexpected script reply: {}", what.into()))
 }
 
@@ -48,18 +48,21 @@ type Decoded<T> = Result<T, ParsingError>;
 /// Reads a script's array reply in order.
 /// Decodes a whole reply with a [`Reader`]: the body of every script
 /// reply's `FromRedisValue`.
-pub fn read<T>(v: &Value, f: impl FnOnce(&mut Reader<'_>) -> Result<T, ParsingError>) -> Result<T, ParsingError> {
+pub(crate) fn read<T>(
+    v: &Value,
+    f: impl FnOnce(&mut Reader<'_>) -> Result<T, ParsingError>,
+) -> Result<T, ParsingError> {
     f(&mut Reader::new(v))
 }
 
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     items: &'a [Value],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
     /// A reader over an array reply (a scalar reads as a one-element array).
-    pub fn new(v: &'a Value) -> Reader<'a> {
+    pub(crate) fn new(v: &'a Value) -> Reader<'a> {
         match v {
             Value::Array(items) => Reader { items, pos: 0 },
             other => Reader {
@@ -79,7 +82,7 @@ impl<'a> Reader<'a> {
     }
 
     /// An integer element.
-    pub fn int(&mut self, what: &str) -> Decoded<i64> {
+    pub(crate) fn int(&mut self, what: &str) -> Decoded<i64> {
         match self.next(what)? {
             Value::Int(i) => Ok(*i),
             Value::BulkString(b) => std::str::from_utf8(b)
@@ -92,7 +95,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A string element (an integer reads as its decimal text; nil as "").
-    pub fn text(&mut self, what: &str) -> Decoded<String> {
+    pub(crate) fn text(&mut self, what: &str) -> Decoded<String> {
         match self.next(what)? {
             Value::Nil => Ok(String::new()),
             v @ (Value::BulkString(_) | Value::SimpleString(_) | Value::Int(_) | Value::Okay) => Ok(text(v)),
@@ -101,7 +104,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A nested array element.
-    pub fn array(&mut self, what: &str) -> Decoded<Reader<'a>> {
+    pub(crate) fn array(&mut self, what: &str) -> Decoded<Reader<'a>> {
         match self.next(what)? {
             Value::Array(items) => Ok(Reader { items, pos: 0 }),
             other => Err(decode_error(format!("{what} is not an array: {other:?}"))),
@@ -110,7 +113,7 @@ impl<'a> Reader<'a> {
 
     /// A script's leading code: its own outcome when non-negative, else one
     /// of the shared [`Code`]s.
-    pub fn code(&mut self) -> Decoded<Result<i64, Code>> {
+    pub(crate) fn code(&mut self) -> Decoded<Result<i64, Code>> {
         let c = self.int("the code")?;
         if c >= 0 {
             return Ok(Ok(c));
@@ -121,7 +124,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Elements not read yet.
-    pub fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.items.len().saturating_sub(self.pos)
     }
 }
@@ -161,37 +164,37 @@ mod tests {
 /// Helpers for the script layers' unit tests: reply values, and the counts
 /// of `KEYS` and `ARGV` a script's header documents.
 #[cfg(test)]
-pub mod testing {
+pub(crate) mod testing {
     use redis::Value;
 
     use crate::store::{Keys, ScriptCall};
 
-    pub fn int(i: i64) -> Value {
+    pub(crate) fn int(i: i64) -> Value {
         Value::Int(i)
     }
 
-    pub fn s(t: &str) -> Value {
+    pub(crate) fn s(t: &str) -> Value {
         Value::BulkString(t.as_bytes().to_vec())
     }
 
-    pub fn arr(v: Vec<Value>) -> Value {
+    pub(crate) fn arr(v: Vec<Value>) -> Value {
         Value::Array(v)
     }
 
     /// The number of `-- KEYS[n]` and `-- ARGV[n]` lines of a script header.
-    pub fn header(src: &str) -> (usize, usize) {
+    pub(crate) fn header(src: &str) -> (usize, usize) {
         let count = |what: &str| src.lines().filter(|l| l.starts_with(&format!("-- {what}["))).count();
         (count("KEYS"), count("ARGV"))
     }
 
     /// Asserts that `call` passes the keys and arguments `src`'s header documents.
-    pub fn check(call: &impl ScriptCall, src: &str) {
+    pub(crate) fn check(call: &impl ScriptCall, src: &str) {
         check_with_extra(call, src, 0);
     }
 
     /// As [`check`], for a call that adds `extra` arguments after the
     /// documented ones (a variable part, such as n field/value pairs).
-    pub fn check_with_extra(call: &impl ScriptCall, src: &str, extra: usize) {
+    pub(crate) fn check_with_extra(call: &impl ScriptCall, src: &str, extra: usize) {
         let k = Keys::new("muster");
         let (keys, args) = header(src);
         assert_eq!(

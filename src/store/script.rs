@@ -32,7 +32,7 @@ use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
-pub mod sweep;
+pub(crate) mod sweep;
 
 /// Values substituted into every script.
 #[derive(Debug, Clone)]
@@ -127,7 +127,7 @@ fn per_call_resets(code: &str) -> String {
 
 /// The library text for a script, without its `#!lua name=` line, and the
 /// name of its library and function.
-pub fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<(String, String), String> {
+pub(crate) fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<(String, String), String> {
     let mut code = PRELUDE
         .replace("__EVENTS_MAXLEN__", &ctx.events_max_len.to_string())
         .replace("__CLUSTER__", if ctx.cluster { "true" } else { "false" });

@@ -15,7 +15,7 @@
 //! names its home shard, so an id alone says where its task lives.
 
 /// Redis Cluster's hash slots.
-pub const SLOTS: u16 = 16384;
+pub(crate) const SLOTS: u16 = 16384;
 
 /// The slot of a key, as `CLUSTER KEYSLOT` computes it (CRC16-XMODEM of the
 /// hash tag, or of the whole key without one).
@@ -49,7 +49,7 @@ fn crc16(data: &[u8]) -> u16 {
 
 /// 32-bit FNV-1a: the placement hash (stable across versions and
 /// platforms, and a dozen lines in any client language).
-pub fn fnv1a32(s: &str) -> u32 {
+pub(crate) fn fnv1a32(s: &str) -> u32 {
     s.bytes()
         .fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }

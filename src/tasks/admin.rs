@@ -6,6 +6,11 @@ use std::collections::BTreeMap;
 use super::{TaskError, Tasks, scripts};
 use crate::store::Store;
 
+/// A template key not named, taken from or in use for this many janitor
+/// intervals (a minute by default) is forgotten, and frees its room under
+/// `tasks.max_limit_keys`.
+const LIMIT_KEY_IDLE_PASSES: u64 = 12;
+
 impl Tasks {
     /// Pauses or resumes a queue. Returns whether it changed. A split
     /// namespace pauses the queue in every shard (a group's tasks of the
@@ -130,6 +135,13 @@ impl Tasks {
             dead_retention_ms: self.cfg.dead_retention_ms,
         };
         store.run(&self.scripts.trim_dead, &call).await?;
+        if store.shard_index() == 0 {
+            // The limits' shard: template keys no longer in use.
+            let call = scripts::LimitKeys {
+                idle_ms: self.cfg.janitor_interval_ms * LIMIT_KEY_IDLE_PASSES,
+            };
+            store.run(&self.scripts.limit_keys, &call).await?;
+        }
         let names: Vec<String> = store
             .query(
                 "queues_names",

@@ -12,8 +12,6 @@
 //! makes no progress.
 
 use redis::{FromRedisValue, ParsingError, Value};
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use super::{TaskError, Tasks};
 use crate::store::reply::read;
@@ -39,19 +37,7 @@ impl BulkAction {
     }
 }
 
-/// What a bulk action did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, ToSchema)]
-pub struct BulkOutcome {
-    /// Tasks retried (queued again with a fresh set of attempts) or discarded.
-    pub done: u64,
-    /// Dead tasks left in the set acted on (of the queue, or of all queues).
-    pub left: u64,
-    /// Tasks left dead because their queue was forgotten and could not be
-    /// registered again (the cluster has `tasks.max_queues` queues).
-    pub refused: u64,
-    /// Script calls (pages of at most 500 tasks) it took.
-    pub pages: u64,
-}
+pub(crate) use muster_api::tasks::BulkOutcome;
 
 /// `dead_bulk.lua`: one page.
 pub(crate) struct DeadBulk<'a> {

@@ -23,6 +23,14 @@ use super::scripts::{self, ClaimReply};
 use super::{ClaimResult, Claimed, NextClaimed, TaskError, Tasks, raw};
 use crate::store::{Code, StoreError};
 
+/// How long a reservation in shard 0 holds unsettled (a claim in another
+/// shard runs between the reservation and its settling).
+pub(super) const RESERVATION_TTL_MS: u64 = 30_000;
+
+/// How long a node takes a queue to have its limits in shard 0 after a
+/// claim last found so (then it asks the queue's shard again).
+const LIMITED_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Tasks {
     /// Claims up to `max` tasks of `queue` for `node`: from the queue's
     /// shard, then (split namespaces) from the other shards that hold its
@@ -93,8 +101,22 @@ impl Tasks {
                 max: max - got,
                 ack_ms,
                 credential,
+                reserved: None,
+                handed: &[],
             };
-            let reply = match self.store.shard(shard).run(&self.scripts.claim, &call).await {
+            // A queue known to have its limits in shard 0 reserves there
+            // without asking this shard first.
+            let reply = if shard != 0 && self.limited_elsewhere(queue) {
+                self.claim_reserved(shard, call, None, Vec::new()).await
+            } else {
+                match self.store.shard(shard).run(&self.scripts.claim, &call).await {
+                    Ok(ClaimReply::Reserve { next_due, handed }) => {
+                        self.claim_reserved(shard, call, next_due, handed).await
+                    }
+                    other => other,
+                }
+            };
+            let reply = match reply {
                 Ok(r) => r,
                 Err(e) => {
                     // Tried, failed: its outcome is unknown to this node, but
@@ -131,6 +153,153 @@ impl Tasks {
         Ok(out)
     }
 
+    /// Split namespaces: a claim in `shard` (not 0) of a queue whose limits
+    /// live in shard 0. Reserves there first (tokens taken, slots held by
+    /// placeholders), claims at most that in `shard`, then settles in the
+    /// background, off the answer's path: the tasks claimed keep their
+    /// slots, the rest goes back. Shard 0 unreachable: the error (nothing
+    /// claimed). The claim failed: the reservation lapses on its own
+    /// ([`RESERVATION_TTL_MS`]; its tokens stay spent). The settling failed:
+    /// the tasks are still the answer (they were handed out), and their
+    /// placeholders lapse.
+    async fn claim_reserved(
+        &self,
+        shard: usize,
+        call: scripts::Claim<'_>,
+        next_due: Option<i64>,
+        handed: Vec<String>,
+    ) -> Result<ClaimReply, StoreError> {
+        if let Some(why) = self.skips(0) {
+            return Err(StoreError::Unavailable(format!(
+                "the queue's limits are in shard 0, and {why}"
+            )));
+        }
+        let limits = self.store.shard(0);
+        let rid = ulid::Ulid::generate().to_string();
+        let reserve = scripts::LimitReserve {
+            queue: call.queue,
+            want: call.max,
+            rid: &rid,
+            ttl_ms: RESERVATION_TTL_MS,
+            returned: &handed,
+        };
+        let got = limits.run(&self.scripts.limit_reserve, &reserve).await?;
+        self.note_limited(call.queue, !got.names.is_empty());
+        if got.k == 0 {
+            // What was handed over leaves the outbox with the next claim or
+            // the background hand-over (handing over twice is harmless).
+            let due = match (next_due, got.next_due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            return Ok(ClaimReply::Claimed {
+                tasks: Vec::new(),
+                next_due: due,
+                more: false,
+            });
+        }
+        let call = scripts::Claim {
+            reserved: Some((got.k, &got.names, got.at)),
+            handed: &handed,
+            ..call
+        };
+        let reply = self.store.shard(shard).run(&self.scripts.claim, &call).await?;
+        if got.names.is_empty() {
+            return Ok(reply);
+        }
+        let used = match &reply {
+            ClaimReply::Claimed { tasks, .. } => tasks.iter().map(|t| format!("{}:{}", t.id, t.attempt)).collect(),
+            _ => Vec::new(),
+        };
+        // Every reserved slot used: settled after the answer, off its path
+        // (the placeholders hold the slots meanwhile, and a task that ends
+        // first leaves a tombstone that the settling honours). Some unused:
+        // settled before, so that what is left goes back at once (another
+        // shard's claim, next in this fan-out, may need it).
+        let lua = self.scripts.limit_confirm.clone();
+        let queue = call.queue.to_string();
+        let (names, k, all) = (got.names, got.k, used.len() as u32 >= got.k);
+        let settle = async move {
+            let settle = scripts::LimitConfirm {
+                rid: &rid,
+                names: &names,
+                k,
+                used,
+            };
+            if let Err(e) = limits.run(&lua, &settle).await {
+                tracing::warn!(error = %e, %queue, "a claim's reservation of its limits was not settled: its slots lapse in {RESERVATION_TTL_MS} ms");
+            }
+        };
+        if all {
+            tokio::spawn(settle);
+        } else {
+            settle.await;
+        }
+        Ok(reply)
+    }
+
+    /// The next claim a complete or fail made in `shard` for `owner`, as
+    /// tasks. When the queue's limits are in shard 0 (the script claimed
+    /// nothing, and answered the head of the shard's outbox, the slot the
+    /// finish just freed among it), reserves there, handing the outbox over
+    /// in the same call, and claims again with the reservation: two calls
+    /// and the settling.
+    pub(super) async fn next_claimed(
+        &self,
+        shard: usize,
+        queue: &str,
+        owner: &str,
+        reply: ClaimReply,
+        max: u32,
+        ack_ms: u64,
+    ) -> Result<ClaimResult, TaskError> {
+        let ClaimReply::Reserve { next_due, handed } = reply else {
+            return self.claimed(queue, owner, reply, ack_ms);
+        };
+        self.note_limited(queue, true);
+        if self.skips(shard).is_some() {
+            return self.claimed(queue, owner, ClaimReply::Reserve { next_due, handed }, ack_ms);
+        }
+        let call = scripts::Claim {
+            queue,
+            node: owner,
+            max,
+            ack_ms,
+            credential: "",
+            reserved: None,
+            handed: &[],
+        };
+        let result = match self.claim_reserved(shard, call, next_due, handed).await {
+            Ok(reply) => self.decode_claim(queue, owner, reply, ack_ms),
+            Err(e) => Err(e.into()),
+        };
+        if let Ok(r) = &result {
+            self.count_claim(queue, r);
+        }
+        result
+    }
+
+    /// Whether a claim in a shard other than 0 lately found `queue`'s limits
+    /// in shard 0 (within [`LIMITED_FOR`]).
+    fn limited_elsewhere(&self, queue: &str) -> bool {
+        let known = self.limited.lock().unwrap_or_else(|p| p.into_inner());
+        known.get(queue).is_some_and(|at| at.elapsed() < LIMITED_FOR)
+    }
+
+    /// Notes whether `queue`'s limits are in shard 0 (a claim elsewhere just
+    /// found out); bounded like the queues themselves.
+    fn note_limited(&self, queue: &str, limited: bool) {
+        let mut known = self.limited.lock().unwrap_or_else(|p| p.into_inner());
+        if limited {
+            if known.len() >= 10_000 {
+                known.retain(|_, at| at.elapsed() < LIMITED_FOR);
+            }
+            known.insert(queue.to_string(), std::time::Instant::now());
+        } else {
+            known.remove(queue);
+        }
+    }
+
     /// Turns a claim reply into tasks, counting them (and empty claims).
     pub(super) fn claimed(
         &self,
@@ -159,6 +328,15 @@ impl Tasks {
             ClaimReply::Refused(Code::NodeDraining) => Err(TaskError::NodeDraining(node.into())),
             ClaimReply::Refused(Code::NotOwner) => Err(TaskError::NotOwner(node.into())),
             ClaimReply::Refused(_) => Err(TaskError::NodeNotAlive(node.into())),
+            // A claim made with a complete or fail in a shard whose queue's
+            // limits are in shard 0: nothing claimed (the worker's next claim
+            // reserves).
+            ClaimReply::Reserve { next_due, .. } => Ok(ClaimResult {
+                tasks: Vec::new(),
+                next_due,
+                more: false,
+                not_tried: Vec::new(),
+            }),
             ClaimReply::Claimed { tasks, next_due, more } => {
                 let tasks = tasks
                     .into_iter()

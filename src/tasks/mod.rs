@@ -18,6 +18,7 @@ mod admin;
 pub(crate) mod bulk;
 mod claim;
 mod labels;
+mod limits;
 mod model;
 mod read;
 pub(crate) use labels::QueueLabels;
@@ -26,16 +27,14 @@ mod scripts;
 mod shards;
 pub(crate) mod spec;
 mod wait;
-pub(crate) use wait::{NextAsk, NextTasks};
+pub(crate) use wait::NextAsk;
 pub(crate) mod worker;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
-use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
 use crate::problem::{Classify, Kind};
@@ -107,6 +106,21 @@ pub enum TaskError {
          registered (PUT /api/v1/nodes/{{id}}/heartbeat)"
     )]
     NotOwner(String),
+    #[error(
+        "limit `{0}` is not defined: define it with PUT /api/v1/limits/{0} (a key `name:key` needs its \
+         template `name:*`)"
+    )]
+    UnknownLimit(String),
+    #[error("no limit `{0}` is defined")]
+    LimitNotFound(String),
+    #[error("the cluster already has the maximum of {0} limits and templates (tasks.max_limits)")]
+    TooManyLimits(u32),
+    #[error(
+        "the limit key `{name}` is new, and {max} template keys are in use (tasks.max_limit_keys): a key is \
+         forgotten once its tasks are done, its bucket is full and it was not named for twelve janitor intervals (a \
+         minute by default); reuse keys, or raise the bound"
+    )]
+    TooManyLimitKeys { name: String, max: u32 },
 
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -115,7 +129,7 @@ pub enum TaskError {
 impl Classify for TaskError {
     fn kind(&self) -> Kind {
         match self {
-            TaskError::NotFound(_) => Kind::NotFound,
+            TaskError::NotFound(_) | TaskError::LimitNotFound(_) => Kind::NotFound,
             TaskError::RunAtTooFar { .. } | TaskError::CursorTooDeep => Kind::BadRequest,
             TaskError::Conflict { state, attempt, .. } => {
                 Kind::Conflict(serde_json::json!({"state": state, "attempt": attempt}))
@@ -124,6 +138,9 @@ impl Classify for TaskError {
             TaskError::TooManyQueues(_)
             | TaskError::QueuesKeptForAdmin { .. }
             | TaskError::TooManyGroups(_)
+            | TaskError::TooManyLimits(_)
+            | TaskError::TooManyLimitKeys { .. }
+            | TaskError::UnknownLimit(_)
             | TaskError::NodeNotAlive(_)
             | TaskError::NodeDraining(_)
             | TaskError::NotOwner(_) => Kind::Conflict(serde_json::Value::Null),
@@ -147,6 +164,10 @@ pub struct Tasks {
     pub labels: Arc<QueueLabels>,
     /// Split namespaces: which shards hold which queue's tasks (`shards`).
     queue_shards: Mutex<shards::QueueShards>,
+    /// Split namespaces: queues whose limits are in shard 0, as a claim in
+    /// another shard last found (when): claims there reserve first without
+    /// asking (see `claim`).
+    limited: Mutex<HashMap<String, std::time::Instant>>,
     /// This node's registration per shard: the claim fan-out skips shards
     /// where it may have lapsed (see `claim`).
     health: Arc<crate::health::Health>,
@@ -190,6 +211,7 @@ impl Tasks {
             shutdown,
             labels: Arc::new(QueueLabels::default()),
             queue_shards: Mutex::new(shards::QueueShards::new(shards)),
+            limited: Mutex::new(HashMap::new()),
             health,
         })
     }
@@ -223,7 +245,14 @@ impl Tasks {
     ) -> Result<Vec<Submitted>, TaskError> {
         let mut parts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (i, t) in items.iter().enumerate() {
-            parts.entry(self.home(queue, &t.group)).or_default().push(i);
+            // A task with limits of its own goes where they are (shard 0),
+            // so that its claim checks them in the same script.
+            let shard = if t.limits.is_empty() {
+                self.home(queue, &t.group)
+            } else {
+                0
+            };
+            parts.entry(shard).or_default().push(i);
         }
         let runs = parts
             .into_iter()
@@ -257,6 +286,8 @@ impl Tasks {
             max_queues: room.min(self.cfg.max_queues),
             node,
             max_delay_ms: MAX_DELAY_MS,
+            max_limit_keys: self.cfg.max_limit_keys,
+            retention_ms: self.cfg.retention_ms,
             items: items
                 .iter()
                 .map(|t| scripts::EnqueueItem {
@@ -272,6 +303,8 @@ impl Tasks {
                     idempotency_key: &t.idempotency_key,
                     backoff_base_ms: t.backoff_base_ms,
                     backoff_cap_ms: t.backoff_cap_ms,
+                    limits: t.limits.join(","),
+                    debounce: t.debounce.as_ref().map(|(k, ms)| (k.as_str(), *ms)),
                 })
                 .collect(),
         };
@@ -281,9 +314,9 @@ impl Tasks {
             .0
             .into_iter()
             .map(|r| match r {
-                Enqueued::Created { id, state } => {
+                Enqueued::Created { id, state, replaced } => {
                     metrics::counter!("muster_tasks_enqueued_total", "queue" => label.clone()).increment(1);
-                    Submitted::Created { id, state }
+                    Submitted::Created { id, state, replaced }
                 }
                 Enqueued::Replayed {
                     id,
@@ -301,6 +334,8 @@ impl Tasks {
                 Enqueued::AliasTaken { holder } => Submitted::AliasTaken { holder },
                 Enqueued::TooManyQueues => Submitted::TooManyQueues,
                 Enqueued::TooFar { now } => Submitted::RunAtTooFar { now },
+                Enqueued::UnknownLimit { name } => Submitted::UnknownLimit { name },
+                Enqueued::TooManyLimitKeys { name } => Submitted::TooManyLimitKeys { name },
             })
             .collect())
     }
@@ -404,14 +439,19 @@ impl Tasks {
         for (label, n) in done {
             metrics::counter!("muster_tasks_succeeded_total", "queue" => label).increment(n);
         }
-        let claimed = next_reply.map(|c| {
-            let queue = claim_queue.unwrap_or_default();
-            NextClaimed {
-                result: self.claimed(&queue, &c.owner, c.claim, next.ack_ms),
-                owner: c.owner,
-                queue,
+        let claimed = match next_reply {
+            Some(c) => {
+                let queue = claim_queue.unwrap_or_default();
+                Some(NextClaimed {
+                    result: self
+                        .next_claimed(tried, &queue, &c.owner, c.claim, max, next.ack_ms)
+                        .await,
+                    owner: c.owner,
+                    queue,
+                })
             }
-        });
+            None => None,
+        };
         Ok((out, self.top_up(tried, max, next.ack_ms, claimed).await))
     }
 
@@ -464,11 +504,16 @@ impl Tasks {
                     metrics::counter!("muster_tasks_dead_total", "queue" => label).increment(1);
                 }
                 let claim_queue = next.queue.clone().unwrap_or_else(|| queue.clone());
-                let claimed = claimed.map(|c| NextClaimed {
-                    result: self.claimed(&claim_queue, &c.owner, c.claim, next.ack_ms),
-                    owner: c.owner,
-                    queue: claim_queue,
-                });
+                let claimed = match claimed {
+                    Some(c) => Some(NextClaimed {
+                        result: self
+                            .next_claimed(shard, &claim_queue, &c.owner, c.claim, next.max, next.ack_ms)
+                            .await,
+                        owner: c.owner,
+                        queue: claim_queue,
+                    }),
+                    None => None,
+                };
                 Ok((
                     Finished {
                         id: id.into(),

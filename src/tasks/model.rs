@@ -1,6 +1,16 @@
-//! The task types the service returns and the API serializes.
+//! The task types the service works with; the ones the API serializes are
+//! the contract's (`muster_api::tasks`), with JSON kept as stored.
 
-use super::{RawValue, Serialize, TaskError, ToSchema};
+use super::{RawValue, TaskError};
+
+pub(crate) use muster_api::tasks::{Attempt, Finished};
+
+/// A claimed task as the worker receives it, its payload as stored.
+pub(crate) type Claimed = muster_api::tasks::ClaimedTask<Box<RawValue>>;
+/// A task as stored, its JSON fields as stored.
+pub(crate) type Task = muster_api::tasks::TaskInfo<Box<RawValue>>;
+/// One page of a listing.
+pub(crate) type TaskPage = muster_api::tasks::TaskPage<Box<RawValue>>;
 
 /// A task to submit (already validated).
 #[derive(Debug, Clone)]
@@ -16,6 +26,10 @@ pub struct NewTask {
     pub idempotency_key: String,
     pub backoff_base_ms: u64,
     pub backoff_cap_ms: u64,
+    /// Its own flow-control limits (validated; empty: none).
+    pub limits: Vec<String>,
+    /// Its debounce key and window (ms), if any (validated).
+    pub debounce: Option<(String, u64)>,
 }
 
 /// The outcome of submitting one task.
@@ -24,6 +38,8 @@ pub enum Submitted {
     Created {
         id: String,
         state: String,
+        /// The task it replaced (debounce).
+        replaced: Option<String>,
     },
     /// The idempotency key was seen within its window: the original task
     /// (`queue` is its queue, which may differ from the one asked for).
@@ -40,32 +56,15 @@ pub enum Submitted {
     RunAtTooFar {
         now: i64,
     },
-}
-
-/// A claimed task as the worker receives it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Claimed {
-    pub id: String,
-    pub queue: String,
-    /// The fencing token: send it with heartbeat, complete and fail.
-    pub token: u64,
-    /// 1 for the first execution.
-    pub attempt: u32,
-    #[schema(value_type = serde_json::Value)]
-    pub payload: Box<RawValue>,
-    pub max_attempts: u32,
-    /// 0: no timeout.
-    pub timeout_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-    pub priority: i32,
-    /// Redis ms.
-    pub created_at: i64,
-    /// The claim lease: acknowledge the task within this many ms of the
-    /// claim (a task heartbeat, `POST /api/v1/tasks/{id}/ack`, or its
-    /// complete or fail), or it goes back to the queue and this token is
-    /// refused. 0: no lease.
-    pub ack_ms: u64,
+    /// A limit it names is not defined.
+    UnknownLimit {
+        name: String,
+    },
+    /// A template key it names is new, and `tasks.max_limit_keys` keys are
+    /// in use.
+    TooManyLimitKeys {
+        name: String,
+    },
 }
 
 /// What a claim returned.
@@ -114,94 +113,4 @@ pub struct NextClaim {
     pub queue: Option<String>,
     /// The next tasks' claim lease (ms); 0: none.
     pub ack_ms: u64,
-}
-
-/// The outcome of a complete, fail or heartbeat.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Finished {
-    pub id: String,
-    /// The task's state after the call.
-    pub state: String,
-    pub attempt: u32,
-    /// When a retry is due (Redis ms), after a fail with attempts left.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_at: Option<i64>,
-}
-
-/// One execution of a task.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Attempt {
-    pub attempt: u32,
-    pub node: String,
-    pub token: u64,
-    pub claimed_at: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ended_at: Option<i64>,
-    /// succeeded, failed, orphaned, timed_out, cancelled, or
-    /// not_acknowledged: a claim its worker did not acknowledge within its
-    /// `ack_ms`, put back in the queue; it does not count in `attempts`, so
-    /// the next claim has the same attempt number (the latest 10 such
-    /// claims are kept). Absent while running.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<String>,
-}
-
-/// A task as stored.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Task {
-    pub id: String,
-    pub queue: String,
-    pub state: String,
-    #[schema(value_type = serde_json::Value)]
-    pub payload: Box<RawValue>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-    pub priority: i32,
-    pub max_attempts: u32,
-    /// Executions so far.
-    pub attempts: u32,
-    pub timeout_ms: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub alias: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idempotency_key: Option<String>,
-    /// The node running it (or that ran it last).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-    /// The current (or last) fencing token.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token: Option<u64>,
-    pub created_at: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub run_at: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<i64>,
-    pub updated_at: i64,
-    pub progress: u8,
-    #[schema(value_type = Option<Object>)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fields: Option<Box<RawValue>>,
-    #[schema(value_type = Option<serde_json::Value>)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<Box<RawValue>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    pub cancel_requested: bool,
-    /// The node that submitted it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub submitted_by: Option<String>,
-    pub attempt_log: Vec<Attempt>,
-}
-
-/// One page of a listing.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct TaskPage {
-    pub tasks: Vec<Task>,
-    /// Pass as `cursor` for the next page; absent on the last page.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<String>,
-    /// Tasks in this state in total.
-    pub total: u64,
 }

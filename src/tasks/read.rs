@@ -322,6 +322,9 @@ impl Tasks {
                 names.extend(queued);
             }
         }
+        // `@<limit>` is the line of tasks waiting on their own limits, not a
+        // group (see GET /api/v1/limits/{name}).
+        names.retain(|g| !g.starts_with('@'));
         names.sort();
         names.dedup();
         if names.is_empty() {
@@ -433,7 +436,10 @@ fn task_from(id: &str, m: &BTreeMap<String, String>) -> Task {
         queue: m.get("queue").cloned().unwrap_or_default(),
         state: m.get("state").cloned().unwrap_or_default(),
         payload: raw(&payload_of(m)),
-        group: opt(m.get("group")),
+        // A task with limits of its own waits in the line `@<first limit>`,
+        // kept in its group field: not a group.
+        group: opt(m.get("group")).filter(|g| !g.starts_with('@')),
+        limits: opt(m.get("limits")).map(|l| l.split(',').map(str::to_string).collect()),
         priority: num("priority").unwrap_or(0) as i32,
         max_attempts: num("max_attempts").unwrap_or(0) as u32,
         attempts,

@@ -4,13 +4,14 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{Submitted, TaskError, TaskSpec};
 use muster_api::Name;
+use muster_api::tasks::{BatchItem, BatchResponse, Submitted as SubmitResponse};
 
 use crate::app::AppState;
 use crate::auth::WorkerCaller;
@@ -20,6 +21,7 @@ use crate::validate;
 
 mod admin;
 mod bulk;
+mod limits;
 mod work;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
@@ -43,18 +45,10 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::list_dead))
         .routes(routes!(admin::list_groups))
         .routes(routes!(admin::put_group))
+        .routes(routes!(limits::list_limits))
+        .routes(routes!(limits::get_limit, limits::put_limit, limits::delete_limit))
+        .routes(routes!(limits::get_queue_limits, limits::put_queue_limits))
         .merge(bulk::router())
-}
-
-/// The answer to a submit.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct SubmitResponse {
-    pub id: String,
-    pub queue: String,
-    /// queued or delayed (or the original task's state on a replay).
-    pub state: String,
-    /// True when an idempotency key returned an existing task.
-    pub replayed: bool,
 }
 
 /// The `Idempotency-Key` header, validated like `idempotency_key` (task
@@ -81,7 +75,7 @@ pub(crate) fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>> 
     responses((status = 201, body = SubmitResponse, description = "Created"),
                (status = 200, body = SubmitResponse, description = "Replay of an idempotency key"),
                (status = 400, description = "Invalid field, or `run_at` more than one year after Redis time"),
-               (status = 409, description = "Alias taken or too many queues"),
+               (status = 409, description = "Alias taken, too many queues, a limit named that is not defined, or a new template key past `tasks.max_limit_keys`"),
                (status = 413, description = "Payload too large")))]
 async fn submit_task(
     State(s): State<AppState>,
@@ -105,13 +99,14 @@ async fn submit_task(
     let room = s.tasks.config().queue_room(caller.role);
     let out = s.tasks.submit(&queue, &[task], &s.node_id, room).await?;
     match out.into_iter().next() {
-        Some(Submitted::Created { id, state }) => Ok((
+        Some(Submitted::Created { id, state, replaced }) => Ok((
             StatusCode::CREATED,
             Json(SubmitResponse {
                 id,
                 queue: queue.into_string(),
                 state,
                 replayed: false,
+                replaced,
             }),
         )
             .into_response()),
@@ -126,12 +121,15 @@ async fn submit_task(
                 queue: original,
                 state,
                 replayed: true,
+                replaced: None,
             }),
         )
             .into_response()),
         Some(Submitted::AliasTaken { holder }) => Err(TaskError::AliasTaken { alias, holder }.into()),
         Some(Submitted::TooManyQueues) => Err(s.tasks.too_many_queues(room).into()),
         Some(Submitted::RunAtTooFar { now }) => Err(TaskError::RunAtTooFar { run_at, now }.into()),
+        Some(Submitted::UnknownLimit { name }) => Err(TaskError::UnknownLimit(name).into()),
+        Some(Submitted::TooManyLimitKeys { name }) => Err(s.tasks.too_many_limit_keys(name).into()),
         None => Err(ApiError::internal("enqueue returned nothing")),
     }
 }
@@ -143,35 +141,14 @@ pub(crate) struct BatchRequest {
     pub tasks: Vec<TaskSpec>,
 }
 
-/// One item's outcome in a batch.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct BatchItem {
-    /// created, replayed or error.
-    pub status: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
-    /// For errors: the HTTP status this item would have had.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub code: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct BatchResponse {
-    /// One entry per submitted task, in order.
-    pub results: Vec<BatchItem>,
-}
-
 fn item_error(e: &ApiError) -> BatchItem {
     BatchItem {
-        status: "error",
+        status: "error".into(),
         id: None,
         state: None,
         code: Some(e.status().as_u16()),
         error: Some(e.to_string()),
+        replaced: None,
     }
 }
 
@@ -211,19 +188,21 @@ async fn submit_batch(
     let outcomes = s.tasks.submit(&queue, &valid, &s.node_id, room).await?;
     for ((slot, outcome), task) in slots.into_iter().zip(outcomes).zip(valid.iter()) {
         results[slot] = Some(match outcome {
-            Submitted::Created { id, state } => BatchItem {
-                status: "created",
+            Submitted::Created { id, state, replaced } => BatchItem {
+                status: "created".into(),
                 id: Some(id),
                 state: Some(state),
                 code: None,
                 error: None,
+                replaced,
             },
             Submitted::Replayed { id, state, .. } => BatchItem {
-                status: "replayed",
+                status: "replayed".into(),
                 id: Some(id),
                 state: Some(state),
                 code: None,
                 error: None,
+                replaced: None,
             },
             Submitted::AliasTaken { holder } => item_error(
                 &TaskError::AliasTaken {
@@ -240,6 +219,8 @@ async fn submit_batch(
                 }
                 .into(),
             ),
+            Submitted::UnknownLimit { name } => item_error(&TaskError::UnknownLimit(name).into()),
+            Submitted::TooManyLimitKeys { name } => item_error(&s.tasks.too_many_limit_keys(name).into()),
         });
     }
     Ok(Json(BatchResponse {

@@ -8,7 +8,9 @@ use crate::store::reply::{Reader, decode_error, read};
 use crate::store::{Code, Keys, Lua, ScriptCall, ScriptCtx};
 
 mod admin;
+mod limits;
 pub(crate) use admin::*;
+pub(crate) use limits::*;
 
 /// Every task script, loaded once per node.
 pub(crate) struct Scripts {
@@ -27,6 +29,14 @@ pub(crate) struct Scripts {
     pub counts: Lua,
     pub list_queued: Lua,
     pub dead_bulk: Lua,
+    pub limit_set: Lua,
+    pub limit_delete: Lua,
+    pub limit_read: Lua,
+    pub queue_limits: Lua,
+    pub limit_reserve: Lua,
+    pub limit_confirm: Lua,
+    pub limit_return: Lua,
+    pub limit_keys: Lua,
 }
 
 impl Scripts {
@@ -48,6 +58,14 @@ impl Scripts {
             counts: l("queue_counts", include_str!("lua/counts.lua")),
             list_queued: l("queue_list_queued", include_str!("lua/list_queued.lua")),
             dead_bulk: l("dead_bulk", include_str!("lua/dead_bulk.lua")),
+            limit_set: l("limit_set", include_str!("lua/limit_set.lua")),
+            limit_delete: l("limit_delete", include_str!("lua/limit_delete.lua")),
+            limit_read: l("limit_read", include_str!("lua/limit_read.lua")),
+            queue_limits: l("queue_limits", include_str!("lua/queue_limits.lua")),
+            limit_reserve: l("limit_reserve", include_str!("lua/limit_reserve.lua")),
+            limit_confirm: l("limit_confirm", include_str!("lua/limit_confirm.lua")),
+            limit_return: l("limit_return", include_str!("lua/limit_return.lua")),
+            limit_keys: l("limit_keys", include_str!("lua/limit_keys.lua")),
         }
     }
 }
@@ -76,6 +94,10 @@ pub(crate) struct EnqueueItem<'a> {
     pub idempotency_key: &'a str,
     pub backoff_base_ms: u64,
     pub backoff_cap_ms: u64,
+    /// Its own limits, comma-separated ('' none).
+    pub limits: String,
+    /// Its debounce key and window (ms), if any.
+    pub debounce: Option<(&'a str, u64)>,
 }
 
 pub(crate) struct Enqueue<'a> {
@@ -84,6 +106,10 @@ pub(crate) struct Enqueue<'a> {
     pub max_queues: u32,
     pub node: &'a str,
     pub max_delay_ms: u64,
+    /// Template keys in use at once, at most (`tasks.max_limit_keys`).
+    pub max_limit_keys: u32,
+    /// How long a task a debounce replaced is kept (cancelled).
+    pub retention_ms: u64,
     pub items: Vec<EnqueueItem<'a>>,
 }
 
@@ -93,6 +119,8 @@ pub(crate) enum Enqueued {
     Created {
         id: String,
         state: String,
+        /// The task a debounce replaced.
+        replaced: Option<String>,
     },
     /// The idempotency key names a task already: its id, state and queue.
     Replayed {
@@ -108,6 +136,14 @@ pub(crate) enum Enqueued {
     TooFar {
         now: i64,
     },
+    /// A limit it names is not defined.
+    UnknownLimit {
+        name: String,
+    },
+    /// A template key it names is new and `max_limit_keys` are in use.
+    TooManyLimitKeys {
+        name: String,
+    },
 }
 
 pub(crate) struct EnqueueReply(pub Vec<Enqueued>);
@@ -118,13 +154,15 @@ impl ScriptCall for Enqueue<'_> {
         vec![qkey(k, self.queue, "ready")]
     }
     fn args(&self) -> Vec<String> {
-        let mut a = Vec::with_capacity(6 + 12 * self.items.len());
+        let mut a = Vec::with_capacity(8 + 15 * self.items.len());
         a.extend([
             self.queue.to_string(),
             self.idempotency_window_ms.to_string(),
             self.max_queues.to_string(),
             self.node.to_string(),
             self.max_delay_ms.to_string(),
+            self.max_limit_keys.to_string(),
+            self.retention_ms.to_string(),
             self.items.len().to_string(),
         ]);
         for t in &self.items {
@@ -141,6 +179,9 @@ impl ScriptCall for Enqueue<'_> {
                 t.idempotency_key.to_string(),
                 t.backoff_base_ms.to_string(),
                 t.backoff_cap_ms.to_string(),
+                t.limits.clone(),
+                t.debounce.map(|d| d.0).unwrap_or("").to_string(),
+                t.debounce.map_or(0, |d| d.1).to_string(),
             ]);
         }
         a
@@ -155,7 +196,14 @@ impl FromRedisValue for EnqueueReply {
                 let code = r.code()?;
                 let (id, state) = (r.text("id")?, r.text("state")?);
                 out.push(match code {
-                    Ok(1) => Enqueued::Created { id, state },
+                    Ok(1) => {
+                        // "state" or "state|replaced" (a debounce replaced a task).
+                        let (state, replaced) = match state.split_once('|') {
+                            Some((s, r)) => (s.to_string(), Some(r.to_string())),
+                            None => (state, None),
+                        };
+                        Enqueued::Created { id, state, replaced }
+                    }
                     Ok(2) => {
                         // "state:queue" (queue names have no colon).
                         let (state, queue) = state.split_once(':').unwrap_or((state.as_str(), ""));
@@ -170,6 +218,8 @@ impl FromRedisValue for EnqueueReply {
                     Err(Code::TooFar) => Enqueued::TooFar {
                         now: state.parse().unwrap_or(0),
                     },
+                    Err(Code::UnknownLimit) => Enqueued::UnknownLimit { name: state },
+                    Err(Code::TooMany) => Enqueued::TooManyLimitKeys { name: state },
                     other => return Err(decode_error(format!("enqueue outcome {other:?}"))),
                 });
             }
@@ -189,6 +239,13 @@ pub(crate) struct Claim<'a> {
     /// The caller's credential (token name): a worker registered by another
     /// one is refused. "": not checked.
     pub credential: &'a str,
+    /// Split namespaces, a shard other than 0: what was reserved in shard 0
+    /// for a queue with limits (tasks, the limits), else None.
+    /// (tasks, limits, shard 0's time of the reservation).
+    pub reserved: Option<(u32, &'a str, i64)>,
+    /// Outbox entries handed to shard 0 with the reservation: the claim
+    /// removes them from the shard's outbox.
+    pub handed: &'a [String],
 }
 
 /// A claimed task as the script returns it.
@@ -217,13 +274,30 @@ pub(crate) enum ClaimReply {
     },
     /// NodeNotAlive, NodeDraining or NotOwner.
     Refused(Code),
+    /// The queue's limits are in shard 0 and nothing was reserved there:
+    /// reserve ([`LimitReserve`]), then claim again. Nothing was claimed.
+    Reserve {
+        next_due: Option<i64>,
+        /// The head of the shard's outbox of limit slots, to hand over with
+        /// the reservation.
+        handed: Vec<String>,
+    },
 }
 
 impl ClaimReply {
     fn read(r: &mut Reader<'_>) -> Result<ClaimReply, ParsingError> {
         let code = r.code()?;
         let next_due = r.int("next_due")?;
-        let more = r.int("more")? == 1;
+        let more = r.int("more")?;
+        if more == 2 {
+            let n = r.int("handed")?;
+            let handed = (0..n).map(|_| r.text("entry")).collect::<Result<_, _>>()?;
+            return Ok(ClaimReply::Reserve {
+                next_due: (next_due >= 0).then_some(next_due),
+                handed,
+            });
+        }
+        let more = more == 1;
         let n = match code {
             Ok(n) => n,
             Err(c @ (Code::NodeNotAlive | Code::NodeDraining | Code::NotOwner)) => return Ok(ClaimReply::Refused(c)),
@@ -263,7 +337,13 @@ impl ScriptCall for Claim<'_> {
             self.max.to_string(),
             self.ack_ms.to_string(),
             self.credential.to_string(),
+            self.reserved.map(|r| r.0.to_string()).unwrap_or_default(),
+            self.reserved.map(|r| r.1.to_string()).unwrap_or_default(),
+            self.reserved.map(|r| r.2.to_string()).unwrap_or_default(),
         ]
+        .into_iter()
+        .chain(self.handed.iter().cloned())
+        .collect()
     }
 }
 

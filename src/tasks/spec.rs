@@ -16,6 +16,15 @@ pub(crate) fn check(spec: &TaskSpec, cfg: &TasksConfig) -> Result<NewTask, Inval
     if let Some(g) = &spec.group {
         crate::validate::name("group", g)?;
     }
+    let limits = spec.limits.clone().unwrap_or_default();
+    if spec.limits.is_some() {
+        crate::validate::limit_list("limits", &limits, 1)?;
+        if spec.group.is_some() {
+            return Err(Invalid::new(
+                "give `group` or `limits`, not both: a limit with `concurrency` bounds tasks as a group does",
+            ));
+        }
+    }
     if let Some(a) = &spec.alias {
         crate::validate::name("alias", a)?;
     }
@@ -36,6 +45,16 @@ pub(crate) fn check(spec: &TaskSpec, cfg: &TasksConfig) -> Result<NewTask, Inval
         return Err(Invalid::new(
             "`run_at` is milliseconds since the Unix epoch (Redis time), at most one year ahead",
         ));
+    }
+    if let Some(d) = &spec.debounce {
+        crate::validate::name("debounce.key", &d.key)?;
+        crate::validate::in_range("debounce.ms", d.ms, &crate::validate::DEBOUNCE_MS)?;
+        if spec.delay_ms.is_some() || spec.run_at.is_some() {
+            return Err(Invalid::new(
+                "give `debounce` or `delay_ms`/`run_at`, not both: a debounced task waits `debounce.ms` after the \
+                 last submit with its key",
+            ));
+        }
     }
     let max_attempts = spec.max_attempts.unwrap_or(cfg.max_attempts);
     crate::validate::in_range("max_attempts", max_attempts, &crate::validate::MAX_ATTEMPTS)?;
@@ -63,5 +82,7 @@ pub(crate) fn check(spec: &TaskSpec, cfg: &TasksConfig) -> Result<NewTask, Inval
         idempotency_key: spec.idempotency_key.clone().unwrap_or_default(),
         backoff_base_ms: base,
         backoff_cap_ms: cap,
+        limits,
+        debounce: spec.debounce.as_ref().map(|d| (d.key.clone(), d.ms)),
     })
 }

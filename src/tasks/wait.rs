@@ -10,28 +10,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use tokio::sync::futures::Notified;
-use utoipa::ToSchema;
 
-use super::{ClaimResult, Claimed, NextClaim, NextClaimed, TaskError, Tasks};
+use super::{ClaimResult, NextClaim, NextClaimed, TaskError, Tasks};
 
 use crate::events::QueueWaiter;
 
 /// The task(s) claimed next by a complete or fail that asked for them.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct NextTasks {
-    pub tasks: Vec<Claimed>,
-    /// Why nothing was claimed although tasks may be waiting: the worker is
-    /// not registered or is draining, or this node refuses work now (it is
-    /// draining, stopping, or cannot heartbeat); absent when the claim ran.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refused: Option<String>,
-    /// Split namespaces: shards of the queue whose claim did not run (their
-    /// master failed or stalls); absent when every shard was tried.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub shards_not_tried: Vec<usize>,
-}
+pub(crate) type NextTasks = muster_api::tasks::NextTasks<Box<serde_json::value::RawValue>>;
 
 /// What a complete or fail with `next` asks for.
 #[derive(Debug, Default)]

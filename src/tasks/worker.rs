@@ -9,7 +9,7 @@
 //! (`shards.rs`). The gauges sum the latest rows of every shard: a shard
 //! that cannot be read keeps its last rows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,8 +31,10 @@ pub(crate) fn spawn(tasks: Arc<Tasks>, cancel: CancellationToken) -> JoinHandle<
         let (tasks, rows, cancel) = (tasks.clone(), rows.clone(), cancel.clone());
         async move {
             let refresh = tokio::spawn(refresh_loop(tasks.clone(), shard.clone(), cancel.clone()));
+            let slots = tokio::spawn(return_slots_loop(tasks.clone(), shard.clone(), cancel.clone()));
             janitor_loop(tasks, shard, rows, cancel).await;
             let _ = refresh.await;
+            let _ = slots.await;
         }
     })
 }
@@ -41,6 +43,7 @@ async fn janitor_loop(tasks: Arc<Tasks>, shard: Store, rows: Rows, cancel: Cance
     let mut tick = tokio::time::interval(Duration::from_millis(tasks.config().janitor_interval_ms));
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut log = PassLog::new("janitor", &shard);
+    let mut limit_labels = BTreeSet::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -66,7 +69,37 @@ async fn janitor_loop(tasks: Arc<Tasks>, shard: Store, rows: Rows, cancel: Cance
             }
         }
         set_gauges(&tasks, all.into_iter().flatten());
+        if shard.shard_index() == 0 {
+            match tasks.limits().await {
+                Ok(limits) => set_limit_gauges(&mut limit_labels, &limits),
+                Err(e) => log.failed(&e),
+            }
+        }
     }
+}
+
+/// The flow-control limits' gauges: named limits only (templates `name:*`
+/// have no use of their own, and their keys are unbounded); a limit deleted
+/// since the last pass drops to zero.
+fn set_limit_gauges(seen: &mut BTreeSet<String>, limits: &[muster_api::limits::LimitInfo]) {
+    let now: BTreeSet<String> = limits
+        .iter()
+        .filter(|l| !l.name.ends_with(":*"))
+        .map(|l| l.name.clone())
+        .collect();
+    for gone in seen.difference(&now) {
+        for name in ["muster_limit_running", "muster_limit_tokens", "muster_limit_waiting"] {
+            metrics::gauge!(name, "limit" => gone.clone()).set(0.0);
+        }
+    }
+    for l in limits.iter().filter(|l| now.contains(&l.name)) {
+        metrics::gauge!("muster_limit_running", "limit" => l.name.clone()).set(l.running as f64);
+        metrics::gauge!("muster_limit_waiting", "limit" => l.name.clone()).set(l.waiting as f64);
+        if let Some(t) = l.tokens {
+            metrics::gauge!("muster_limit_tokens", "limit" => l.name.clone()).set(t as f64);
+        }
+    }
+    *seen = now;
 }
 
 /// Sums per label first: queues beyond the label limit share `other`, which
@@ -107,3 +140,29 @@ async fn refresh_loop(tasks: Arc<Tasks>, shard: Store, cancel: CancellationToken
         log.outcome(tasks.refresh_queue_shards(&shard).await);
     }
 }
+
+/// Split namespaces, shards but 0: hands the shard's outbox of limit slots
+/// to shard 0 every [`RETURN_EVERY`] (at once again while it is full), so a
+/// concurrency slot held by a task that ended here is free again within it.
+async fn return_slots_loop(tasks: Arc<Tasks>, shard: Store, cancel: CancellationToken) {
+    if shard.shard_count() == 1 || shard.shard_index() == 0 {
+        return;
+    }
+    let mut tick = tokio::time::interval(RETURN_EVERY);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut log = PassLog::new("limit_slots", &shard);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = cancel.cancelled() => return,
+        }
+        while let Some(n) = log.outcome(tasks.return_limit_slots(&shard).await) {
+            if n < super::limits::RETURN_BATCH || cancel.is_cancelled() {
+                break;
+            }
+        }
+    }
+}
+
+/// How often a node hands each shard's outbox of limit slots to shard 0.
+const RETURN_EVERY: Duration = Duration::from_millis(50);

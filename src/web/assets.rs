@@ -1,9 +1,11 @@
 //! Static assets, compiled into the binary so a node needs no files beside
 //! it and the dashboard works with no internet (no CDN anywhere).
 
-use axum::extract::Path;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+
+use crate::http::{FromPathParam, FromPathParams, Path, one};
+use crate::problem::Invalid;
 
 /// (path under /static/, content type, body)
 const ASSETS: &[(&str, &str, &str)] = &[
@@ -41,18 +43,40 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-pub async fn serve(Path(path): Path<String>) -> Response {
-    match ASSETS.iter().find(|(p, _, _)| *p == path) {
-        Some((_, ctype, body)) => (
-            [
-                (header::CONTENT_TYPE, *ctype),
-                (header::CACHE_CONTROL, "public, max-age=300"),
-            ],
-            *body,
-        )
-            .into_response(),
-        None => crate::error::ApiError::not_found(format!("no static asset `{path}`")).into_response(),
+/// One of [`ASSETS`], named by the request's path: any other path is a 404
+/// before the handler runs.
+pub struct Asset {
+    ctype: &'static str,
+    body: &'static str,
+}
+
+impl FromPathParam for Asset {
+    fn from_param(_key: &str, value: &str) -> Result<Self, Invalid> {
+        match ASSETS.iter().find(|(p, _, _)| *p == value) {
+            Some(&(_, ctype, body)) => Ok(Asset { ctype, body }),
+            None => Err(Invalid::Unknown(format!(
+                "no static asset `{}`",
+                value.chars().take(64).collect::<String>()
+            ))),
+        }
     }
+}
+
+impl FromPathParams for Asset {
+    fn from_params(params: &[(&str, &str)]) -> Result<Self, Invalid> {
+        one(params)
+    }
+}
+
+pub async fn serve(Path(asset): Path<Asset>) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, asset.ctype),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        asset.body,
+    )
+        .into_response()
 }
 
 pub async fn favicon() -> Response {

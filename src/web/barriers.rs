@@ -37,9 +37,15 @@ pub fn router() -> Router<AppState> {
         .route("/ui/locks/{name}/break", post(ui_break_lock))
 }
 
-impl BarrierConfigView {
+/// Page helpers of a barrier's configuration (a trait: the type is the
+/// contract crate's).
+pub trait ConfigHuman {
     /// The round timeout as a human duration.
-    pub fn timeout_human(&self) -> String {
+    fn timeout_human(&self) -> String;
+}
+
+impl ConfigHuman for BarrierConfigView {
+    fn timeout_human(&self) -> String {
         super::human_duration(self.timeout_ms as i64)
     }
 }

@@ -64,6 +64,7 @@ pub const NAV: &[(&str, &str)] = &[
     ("Workflows", "/workflows"),
     ("Schedules", "/schedules"),
     ("Barriers", "/barriers"),
+    ("Limits", "/limits"),
     ("Locks", "/locks"),
     ("Events", "/events"),
     ("Failover", "/failover"),

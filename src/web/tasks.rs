@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::filters;
 use super::{Layout, UiForm};
 use muster_api::Name;
+use muster_api::limits::LimitInfo;
 
 use crate::app::AppState;
 use crate::auth::{Caller, ReadCaller};
@@ -30,6 +31,7 @@ pub fn router() -> Router<AppState> {
         .route("/queues/{queue}", get(queue_page))
         .route("/tasks/{id}", get(task_page))
         .route("/dead", get(dead_page))
+        .route("/limits", get(limits_page))
         .route("/ui/queues/{queue}/pause", post(ui_pause))
         .route("/ui/queues/{queue}/resume", post(ui_resume))
         .route("/ui/tasks/{id}/cancel", post(ui_cancel))
@@ -50,6 +52,43 @@ async fn queues_page(State(s): State<AppState>, caller: ReadCaller) -> Result<Qu
     Ok(QueuesPage {
         layout: Layout::new(&s, Some(&caller.0), "Queues", "Queues"),
         queues,
+    })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "pages/limits.html")]
+pub struct LimitsPage {
+    pub layout: Layout,
+    pub limits: Vec<LimitRow>,
+}
+
+/// A limit as the page shows it.
+pub struct LimitRow {
+    pub info: LimitInfo,
+    pub template: bool,
+    /// Every concurrency slot is taken.
+    pub full: bool,
+    /// The bucket is empty.
+    pub dry: bool,
+}
+
+/// Every flow-control limit and template with its use now; live (the page
+/// is fetched again on each limit, queue or task event).
+async fn limits_page(State(s): State<AppState>, caller: ReadCaller) -> Result<LimitsPage> {
+    Ok(LimitsPage {
+        layout: Layout::new(&s, Some(&caller.0), "Limits", "Limits"),
+        limits: s
+            .tasks
+            .limits()
+            .await?
+            .into_iter()
+            .map(|info| LimitRow {
+                template: info.name.ends_with(":*"),
+                full: info.concurrency.is_some_and(|c| info.running >= u64::from(c)),
+                dry: info.tokens == Some(0),
+                info,
+            })
+            .collect(),
     })
 }
 
@@ -90,6 +129,8 @@ pub struct QueuePage {
     pub tabs: Vec<(&'static str, u64)>,
     pub state: String,
     pub groups: Vec<GroupInfo>,
+    /// The flow-control limits that bind every task of the queue.
+    pub limits: Vec<String>,
     pub page: TaskPage,
     pub cursor: usize,
     /// The report of a bulk action that led here.
@@ -130,6 +171,7 @@ async fn queue_page(
         )));
     }
     let groups = s.tasks.groups(Some(&queue)).await?;
+    let limits = s.tasks.queue_limits(&queue).await?;
     let page = s.tasks.list(&queue, &state, 50, cursor).await?;
     let bulk = q.bulk_report();
     let hour = super::hour_totals(&s, Some(&queue)).await;
@@ -142,6 +184,7 @@ async fn queue_page(
         tabs,
         state,
         groups,
+        limits,
         page,
         cursor,
     })

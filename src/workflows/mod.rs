@@ -19,7 +19,7 @@ pub(crate) mod worker;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::ToSchema;
 
 use crate::config::TasksConfig;
@@ -28,6 +28,7 @@ use crate::problem::{Classify, Kind};
 use crate::store::shards::ShardMap;
 use crate::store::{ScriptCtx, Store, StoreError};
 use crate::tasks::TaskSpec;
+pub(crate) use muster_api::workflows::{Workflow, WorkflowNode, WorkflowSummary};
 pub(crate) use muster_api::{FailurePolicy, WorkflowTaskSpec};
 use scripts::{CancelReply, CreateReply, Scripts};
 
@@ -60,6 +61,11 @@ pub enum WorkflowError {
          tasks.max_queues, the rest are kept for admin tokens"
     )]
     QueuesKeptForAdmin { room: u32, max: u32 },
+    #[error(
+        "a task names the limit `{0}`, which is not defined: define it with PUT /api/v1/limits/{0} (a key \
+         `name:key` needs its template `name:*`)"
+    )]
+    UnknownLimit(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -69,52 +75,12 @@ impl Classify for WorkflowError {
         match self {
             WorkflowError::NotFound(_) => Kind::NotFound,
             WorkflowError::Finished(_, state) => Kind::Conflict(serde_json::json!({"state": state})),
-            WorkflowError::TooManyQueues(_) | WorkflowError::QueuesKeptForAdmin { .. } => {
-                Kind::Conflict(serde_json::Value::Null)
-            }
+            WorkflowError::TooManyQueues(_)
+            | WorkflowError::QueuesKeptForAdmin { .. }
+            | WorkflowError::UnknownLimit(_) => Kind::Conflict(serde_json::Value::Null),
             WorkflowError::Store(s) => s.kind(),
         }
     }
-}
-
-/// A key's place in a workflow, with its task's live state.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct WorkflowNode {
-    pub key: String,
-    pub task_id: String,
-    pub queue: String,
-    pub depends_on: Vec<String>,
-    /// pending, queued (dispatched), succeeded, dead, cancelled or skipped.
-    pub state: String,
-    /// The task's own state once dispatched (queued, running, ...).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_state: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Workflow {
-    pub id: String,
-    /// running, succeeded, failed or cancelled.
-    pub state: String,
-    pub failure_policy: String,
-    pub created_at: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<i64>,
-    /// Keys not yet in a terminal state.
-    pub open: i64,
-    pub tasks: Vec<WorkflowNode>,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct WorkflowSummary {
-    pub id: String,
-    pub state: String,
-    pub created_at: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<i64>,
-    /// Number of tasks.
-    pub tasks: i64,
-    pub open: i64,
 }
 
 /// A validated workflow ready for the create script.
@@ -204,6 +170,8 @@ pub(crate) fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Res
             idempotency_key: None,
             backoff_base_ms: t.backoff_base_ms,
             backoff_cap_ms: t.backoff_cap_ms,
+            limits: (!t.limits.is_empty()).then(|| t.limits.clone()),
+            debounce: None,
         };
         let v = crate::tasks::spec::check(&spec, cfg).map_err(|e| e.within(&format!("task `{}`", t.key)))?;
         let json = serde_json::json!({
@@ -219,6 +187,7 @@ pub(crate) fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Res
                 "backoff_base": v.backoff_base_ms.to_string(),
                 "backoff_cap": v.backoff_cap_ms.to_string(),
                 "delay_ms": v.delay_ms.to_string(),
+                "limits": v.limits.join(","),
             }
         });
         let next: Vec<&str> = dependents[i].iter().map(|&j| w.tasks[j].key.as_str()).collect();
@@ -247,6 +216,11 @@ fn shard_of(w: &NewWorkflow, shards: &ShardMap) -> Result<usize, Invalid> {
         if let Some(g) = t.group.as_deref().filter(|g| !g.is_empty()) {
             homes.entry(shards.home(g)).or_insert(g);
         }
+        // Flow-control limits live in shard 0, and so do the tasks that
+        // name limits of their own.
+        if let Some(l) = t.limits.first() {
+            homes.entry(0).or_insert(l);
+        }
     }
     match homes.len() {
         0 => Ok(match &w.idempotency_key {
@@ -260,9 +234,9 @@ fn shard_of(w: &NewWorkflow, shards: &ShardMap) -> Result<usize, Invalid> {
                 .map(|(shard, g)| format!("`{g}` (shard {shard})"))
                 .collect();
             Err(Invalid::new(format!(
-                "the steps name concurrency groups in different shards of this namespace ({}): a workflow's \
-                 tasks live in one shard, and a group's tasks in the group's; use groups of one shard \
-                 (redis.shards, docs/sharding.md)",
+                "the steps name concurrency groups (or flow-control limits, which live in shard 0) in \
+                 different shards of this namespace ({}): a workflow's tasks live in one shard, and a group's \
+                 tasks in the group's; use groups of one shard (redis.shards, docs/sharding.md)",
                 named.join(", ")
             )))
         }
@@ -351,6 +325,7 @@ impl Workflows {
                 });
             }
             CreateReply::TooManyQueues => return Err(WorkflowError::TooManyQueues(self.tasks.max_queues)),
+            CreateReply::UnknownLimit(name) => return Err(WorkflowError::UnknownLimit(name)),
         };
         // This node's claims look in the workflow's shard at once.
         let shard = self.store.shards().home(&created.0);

@@ -6,13 +6,14 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{NewWorkflow, Workflow, WorkflowSummary};
+use super::{NewWorkflow, Workflow};
 use muster_api::TaskId;
+use muster_api::workflows::WorkflowList;
 
 use crate::app::AppState;
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
@@ -27,12 +28,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(cancel_workflow))
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct CreatedWorkflow {
-    pub id: String,
-    /// True when the idempotency key returned an existing workflow.
-    pub replayed: bool,
-}
+pub(crate) use muster_api::workflows::CreatedWorkflow;
 
 /// Starts a workflow: a DAG of tasks. Tasks without dependencies are queued
 /// at once; each other task is queued, exactly once, when all its
@@ -41,6 +37,7 @@ pub(crate) struct CreatedWorkflow {
 #[utoipa::path(post, path = "/api/v1/workflows", tag = "workflows", security(("bearer" = ["worker"]), ("session" = ["worker"])), request_body = NewWorkflow,
     responses((status = 201, body = CreatedWorkflow), (status = 200, body = CreatedWorkflow, description = "Replay"),
               (status = 400, description = "Invalid DAG: duplicate key, unknown dependency, cycle (named)"),
+              (status = 409, description = "Its new queues do not fit in tasks.max_queues, or a task names a flow-control limit not defined"),
               (status = 413, description = "A payload is too large")))]
 async fn create_workflow(
     State(s): State<AppState>,
@@ -76,13 +73,6 @@ pub(crate) struct WorkflowListParams {
     /// 1 to 200; default 50.
     pub limit: Option<usize>,
     pub cursor: Option<usize>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct WorkflowList {
-    pub workflows: Vec<WorkflowSummary>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_cursor: Option<usize>,
 }
 
 /// Workflows, newest first.

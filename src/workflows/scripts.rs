@@ -77,6 +77,8 @@ pub(crate) enum CreateReply {
     },
     /// tasks.max_queues would be exceeded.
     TooManyQueues,
+    /// A task names a flow-control limit not defined (its name).
+    UnknownLimit(String),
 }
 
 impl ScriptCall for Create<'_> {
@@ -113,6 +115,7 @@ impl FromRedisValue for CreateReply {
                 Ok(1) => CreateReply::Created { id },
                 Ok(2) => CreateReply::Replayed { id },
                 Err(Code::TooManyQueues) => CreateReply::TooManyQueues,
+                Err(Code::UnknownLimit) => CreateReply::UnknownLimit(id),
                 other => return Err(decode_error(format!("create outcome {other:?}"))),
             })
         })

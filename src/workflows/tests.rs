@@ -13,6 +13,7 @@ fn spec(key: &str, deps: &[&str]) -> WorkflowTaskSpec {
         timeout_ms: None,
         backoff_base_ms: None,
         backoff_cap_ms: None,
+        limits: Vec::new(),
     }
 }
 

@@ -56,13 +56,13 @@ async fn embedded_mode_starts_and_stops_its_redis_on_sigterm() {
     let pid = embedded_redis_pid(dir.path()).expect("the embedded Redis wrote its pid");
     assert!(process_alive(pid));
     assert!(dir.path().join("redis/redis.sock").exists());
-    let summary: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{port}/api/v1/redis"))
+    let summary: muster::client::RedisSummary = reqwest::get(format!("http://127.0.0.1:{port}/api/v1/redis"))
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    assert_eq!(summary["mode"], "embedded");
+    assert_eq!(summary.mode, "embedded");
     // A second node joins through the socket.
     let second_dir = tempfile::Builder::new().prefix("mb2").tempdir().unwrap();
     let port2 = free_port();

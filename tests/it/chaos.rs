@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use muster::client::{BatchItem, NextTasks, QueueDetail};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -260,9 +261,10 @@ async fn run_chaos(plan: Plan) {
                         .await
                     {
                         let mut s = submitted.lock().await;
-                        for r in b["results"].as_array().unwrap() {
-                            assert!(r["status"] == "created" || r["status"] == "replayed", "{r}");
-                            s.push(r["id"].as_str().unwrap().to_string());
+                        let b: Results<BatchItem> = serde_json::from_value(b).unwrap();
+                        for r in b.results {
+                            assert!(r.status == "created" || r.status == "replayed", "{r:?}");
+                            s.push(r.id.unwrap());
                         }
                         break;
                     }
@@ -369,9 +371,10 @@ async fn run_chaos(plan: Plan) {
                 .call(reqwest::Method::GET, &format!("/api/v1/queues/{QUEUE}"), None)
                 .await
         {
-            let open = q["queued"].as_u64().unwrap_or(1)
-                + q["delayed"].as_u64().unwrap_or(1)
-                + q["running"].as_u64().unwrap_or(1);
+            let open = serde_json::from_value::<QueueDetail>(q).map_or(1, |q| {
+                let q = q.stats;
+                q.queued + q.delayed + q.running
+            });
             if open == 0 && done + 50 >= plan.tasks {
                 break;
             }
@@ -634,3 +637,9 @@ use keys::*;
 
 mod workers;
 use workers::spawn_worker;
+
+/// A batch answer: one item per task sent.
+#[derive(serde::Deserialize)]
+struct Results<T> {
+    results: Vec<T>,
+}

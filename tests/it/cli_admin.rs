@@ -5,8 +5,13 @@
 
 use std::time::Duration;
 
-use muster::client::{ClaimRequest, Client, Complete, Fail, NodeHeartbeat, ScheduleDef, TaskSpec};
-use serde_json::{Value, json};
+use muster::client::{
+    BulkOutcome, ClaimRequest, Client, Complete, Fail, NodeHeartbeat, NodeInfo, QueueStats, ScheduleDef, Submitted,
+    TaskInfo, TaskPage, TaskSpec, Triggered,
+};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
 
 use crate::common::{TestApp, TestRedis, muster_bin};
 
@@ -30,8 +35,9 @@ async fn muster(app: &TestApp, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// The same with `--json`, parsed; the command must succeed.
-async fn muster_json(app: &TestApp, args: &[&str]) -> Value {
+/// The same with `--json`, read as the answer it prints; the command must
+/// succeed.
+async fn muster_json<T: DeserializeOwned>(app: &TestApp, args: &[&str]) -> T {
     let mut all = args.to_vec();
     all.push("--json");
     let (code, out, err) = muster(app, &all).await;
@@ -99,17 +105,14 @@ async fn task_submit_get_wait_cancel_retry() {
         .next()
         .unwrap()
         .to_string();
-    let s = muster_json(
+    let s: Submitted = muster_json(
         &app,
         &["task", "submit", "cli-t", "--priority", "5", "--idempotency-key", "k1"],
     )
     .await;
-    assert_eq!(
-        (s["state"].as_str(), s["replayed"].as_bool()),
-        (Some("queued"), Some(false))
-    );
-    let again = muster_json(&app, &["task", "submit", "cli-t", "--idempotency-key", "k1"]).await;
-    assert_eq!((&again["id"], again["replayed"].as_bool()), (&s["id"], Some(true)));
+    assert_eq!((s.state.as_str(), s.replayed), ("queued", false));
+    let again: Submitted = muster_json(&app, &["task", "submit", "cli-t", "--idempotency-key", "k1"]).await;
+    assert_eq!((&again.id, again.replayed), (&s.id, true));
 
     // get
     let (code, out, _) = muster(&app, &["task", "get", &id]).await;
@@ -118,8 +121,8 @@ async fn task_submit_get_wait_cancel_retry() {
         out.contains(r#"{"to":"a@b"}"#) && out.contains("state") && out.contains("queued"),
         "{out}"
     );
-    let t = muster_json(&app, &["task", "get", &id]).await;
-    assert_eq!(t["payload"], json!({"to": "a@b"}));
+    let t: TaskInfo = muster_json(&app, &["task", "get", &id]).await;
+    assert_eq!(t.payload, json!({"to": "a@b"}));
 
     // wait: still queued when --timeout runs out: 3 (try again later).
     let (code, _, err) = muster(&app, &["task", "wait", &id, "--timeout", "300ms"]).await;
@@ -142,16 +145,19 @@ async fn task_submit_get_wait_cancel_retry() {
         next: None,
     };
     c.complete(&done, &complete).await.unwrap();
-    let t = muster_json(&app, &["task", "wait", &done]).await;
-    assert_eq!(
-        (t["state"].as_str(), &t["result"]),
-        (Some("succeeded"), &json!({"ok": 1}))
-    );
+    let t: TaskInfo = muster_json(&app, &["task", "wait", &done]).await;
+    assert_eq!((t.state.as_str(), t.result), ("succeeded", Some(json!({"ok": 1}))));
 
     // retry a dead task: queued again; a task that is not dead: refused, 1.
     let dead = a_dead_task(&c, "cli-retry").await;
-    let r = muster_json(&app, &["task", "retry", &dead]).await;
-    assert_eq!(r["state"], "queued");
+    /// What `task retry --json` prints.
+    #[derive(Deserialize)]
+    struct Requeued {
+        id: String,
+        state: String,
+    }
+    let r: Requeued = muster_json(&app, &["task", "retry", &dead]).await;
+    assert_eq!((r.id.as_str(), r.state.as_str()), (dead.as_str(), "queued"));
     assert_eq!(c.task(&dead).await.unwrap().state, "queued");
     let (code, _, err) = muster(&app, &["task", "retry", &dead]).await;
     assert_eq!(code, 1, "{err}");
@@ -184,9 +190,9 @@ async fn queue_list_pause_resume() {
 
     let (code, out, _) = muster(&app, &["queue", "pause", "cli-q"]).await;
     assert_eq!((code, out.trim()), (0, "paused cli-q"));
-    let list = muster_json(&app, &["queue", "list"]).await;
-    let q = list.as_array().unwrap().iter().find(|q| q["name"] == "cli-q").unwrap();
-    assert_eq!((q["paused"].as_bool(), q["queued"].as_u64()), (Some(true), Some(3)));
+    let list: Vec<QueueStats> = muster_json(&app, &["queue", "list"]).await;
+    let q = list.iter().find(|q| q.name == "cli-q").unwrap();
+    assert_eq!((q.paused, q.queued), (true, 3));
 
     let (code, out, _) = muster(&app, &["queue", "resume", "cli-q"]).await;
     assert_eq!((code, out.trim()), (0, "resumed cli-q"));
@@ -208,11 +214,8 @@ async fn dead_list_retry_discard() {
         assert!(out.contains(id.as_str()), "{out}");
     }
     assert!(out.contains("broken") && out.trim_end().ends_with("3 of 3"), "{out}");
-    let page = muster_json(&app, &["dead", "list", "--queue", "cli-dead", "--limit", "2"]).await;
-    assert_eq!(
-        (page["tasks"].as_array().unwrap().len(), page["total"].as_u64()),
-        (2, Some(3))
-    );
+    let page: TaskPage = muster_json(&app, &["dead", "list", "--queue", "cli-dead", "--limit", "2"]).await;
+    assert_eq!((page.tasks.len(), page.total), (2, 3));
 
     let (code, out, _) = muster(&app, &["dead", "retry", "cli-dead", "--limit", "1"]).await;
     assert_eq!(code, 0);
@@ -220,8 +223,8 @@ async fn dead_list_retry_discard() {
         out.starts_with("retried 1 dead tasks of cli-dead; 2 left dead"),
         "{out}"
     );
-    let r = muster_json(&app, &["dead", "discard", "cli-dead"]).await;
-    assert_eq!((r["done"].as_u64(), r["left"].as_u64()), (Some(2), Some(0)));
+    let r: BulkOutcome = muster_json(&app, &["dead", "discard", "cli-dead"]).await;
+    assert_eq!((r.done, r.left), (2, 0));
     let page = c.tasks("cli-dead", "dead", 10, None).await.unwrap();
     assert_eq!(page.total, 0);
 
@@ -255,14 +258,9 @@ async fn node_list_drain() {
 
     let (code, out, _) = muster(&app, &["node", "drain", "cli-worker"]).await;
     assert_eq!((code, out.trim()), (0, "draining cli-worker"));
-    let nodes = muster_json(&app, &["node", "list"]).await;
-    let w = nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["id"] == "cli-worker")
-        .unwrap();
-    assert_eq!(w["state"], "draining");
+    let nodes: Vec<NodeInfo> = muster_json(&app, &["node", "list"]).await;
+    let w = nodes.iter().find(|n| n.id == "cli-worker").unwrap();
+    assert_eq!(w.state, "draining");
 
     let (code, _, err) = muster(&app, &["node", "drain", "no such node"]).await;
     assert_eq!(code, 2, "{err}");
@@ -296,8 +294,8 @@ async fn schedule_list_trigger() {
         "{row}"
     );
 
-    let t = muster_json(&app, &["schedule", "trigger", "cli-nightly", "--key", "once"]).await;
-    let task = t["task"].as_str().unwrap().to_string();
+    let t: Triggered = muster_json(&app, &["schedule", "trigger", "cli-nightly", "--key", "once"]).await;
+    let task = t.task;
     assert_eq!(c.task(&task).await.unwrap().queue, "cli-s");
     // The same key fires nothing more: the same task.
     let (code, out, _) = muster(&app, &["schedule", "trigger", "cli-nightly", "--key", "once"]).await;

@@ -26,6 +26,7 @@ use muster::client::{
     CancelReason, ClaimRequest, ClaimedTask, Client, Complete, Ctx, Event, EventFrame, EventsOptions, Fail,
     HandlerError, NodeHeartbeat, Task, TaskInfo, TaskSpec, Worker, WorkerStats,
 };
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::common::*;
@@ -97,38 +98,79 @@ fn every_scenario_has_a_test() {
 
 /// The suite's handler (README, "The handler"): its behaviour comes from
 /// the payload; every start and abort goes to `note`.
-async fn scripted(task: Task, ctx: Ctx, note: Arc<dyn Fn(Value) + Send + Sync>) -> Result<Value, HandlerError> {
-    let p = &task.payload;
-    note(json!({"event": "start", "task": task.id, "attempt": task.attempt}));
-    if let Some(k) = p["fail_until"].as_u64()
+async fn scripted(task: Task, ctx: Ctx, note: Arc<dyn Fn(Note) + Send + Sync>) -> Result<Value, HandlerError> {
+    // A payload that is not a script (not an object) scripts nothing.
+    let p: Script = serde_json::from_value(task.payload.clone()).unwrap_or_default();
+    note(Note::of("start", &task));
+    if let Some(k) = p.fail_until
         && u64::from(task.attempt) < k
     {
         return Err(format!("planned failure on attempt {}", task.attempt).into());
     }
-    let blocks = p["block"] == json!(true)
-        && p["block_attempts"]
-            .as_array()
-            .is_none_or(|on| on.contains(&json!(task.attempt)));
+    let blocks = p.block && p.block_attempts.as_ref().is_none_or(|on| on.contains(&task.attempt));
     if blocks {
-        let ms = p["block_ms"].as_u64().unwrap_or(30_000);
+        let ms = p.block_ms.unwrap_or(30_000);
         tokio::select! {
             _ = ctx.cancelled() => {}
             _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
         }
         if let Some(why) = ctx.cancel_reason() {
-            note(json!({"event": "aborted", "task": task.id, "attempt": task.attempt, "reason": reason_name(why)}));
+            note(Note {
+                reason: Some(reason_name(why).into()),
+                ..Note::of("aborted", &task)
+            });
         }
     }
-    if let Some(ms) = p["sleep_ms"].as_u64() {
+    if let Some(ms) = p.sleep_ms {
         tokio::select! {
             _ = ctx.cancelled() => {}
             _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
         }
     }
-    if ctx.cancel_reason() == Some(CancelReason::CancelRequested) && p["on_cancel"] != json!("return") {
+    if ctx.cancel_reason() == Some(CancelReason::CancelRequested) && p.on_cancel.as_deref() != Some("return") {
         return Err("stopped on a cancel request".into());
     }
-    Ok(json!({"echo": p["echo"], "attempt": task.attempt, "by": ctx.worker_id()}))
+    Ok(json!({"echo": p.echo, "attempt": task.attempt, "by": ctx.worker_id()}))
+}
+
+/// What the handler does, from the task's payload (README, "The handler").
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Script {
+    fail_until: Option<u64>,
+    block: bool,
+    block_attempts: Option<Vec<u32>>,
+    block_ms: Option<u64>,
+    sleep_ms: Option<u64>,
+    on_cancel: Option<String>,
+    echo: Value,
+}
+
+/// One thing a handler recorded (a line of a worker process's file).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct Note {
+    /// start, aborted, or exit (a worker process's last line).
+    event: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    task: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attempt: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// The worker's stats at exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stats: Option<String>,
+}
+
+impl Note {
+    fn of(event: &str, task: &Task) -> Note {
+        Note {
+            event: event.into(),
+            task: Some(task.id.clone()),
+            attempt: Some(task.attempt),
+            ..Note::default()
+        }
+    }
 }
 
 /// The suite's names for the reasons (the Python worker's).
@@ -170,8 +212,8 @@ fn client(urls: &[String]) -> Client {
         .unwrap()
 }
 
-fn ms(v: &Value, default: u64) -> Duration {
-    Duration::from_millis(v.as_u64().unwrap_or(default))
+fn ms(v: Option<u64>, default: u64) -> Duration {
+    Duration::from_millis(v.unwrap_or(default))
 }
 
 // ---------------------------------------------------------- worker process
@@ -183,33 +225,32 @@ fn worker_process_main() {
     let Ok(cfg) = std::env::var(WORKER_ENV) else {
         return;
     };
-    let cfg: Value = serde_json::from_str(&cfg).expect("the worker config is JSON");
-    let out = PathBuf::from(cfg["out"].as_str().unwrap());
+    let cfg: ProcConfig = serde_json::from_str(&cfg).expect("the worker config is JSON");
+    let out = cfg.out.clone();
     let note = {
         let out = out.clone();
-        move |e: Value| {
+        move |e: Note| {
             use std::io::Write;
             let mut f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&out)
                 .unwrap();
-            writeln!(f, "{e}").unwrap();
+            writeln!(f, "{}", serde_json::to_string(&e).unwrap()).unwrap();
         }
     };
-    let urls: Vec<String> = serde_json::from_value(cfg["urls"].clone()).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     let stats = rt.block_on(async {
-        let note: Arc<dyn Fn(Value) + Send + Sync> = Arc::new(note.clone());
-        let worker = Worker::builder(client(&urls))
-            .queue(cfg["queue"].as_str().unwrap())
-            .id(cfg["id"].as_str().unwrap())
-            .ttl(ms(&cfg["ttl_ms"], 1000))
-            .grace(ms(&cfg["grace_ms"], 30_000))
+        let note: Arc<dyn Fn(Note) + Send + Sync> = Arc::new(note.clone());
+        let worker = Worker::builder(client(&cfg.urls))
+            .queue(&cfg.queue)
+            .id(&cfg.id)
+            .ttl(ms(Some(cfg.ttl_ms), 1000))
+            .grace(ms(Some(cfg.grace_ms), 30_000))
             .task_heartbeat(Duration::from_millis(300))
             .claim_wait(Duration::from_millis(1000))
             .handler(move |t, c| scripted(t, c, note.clone()))
@@ -218,7 +259,140 @@ fn worker_process_main() {
         // SIGTERM or ctrl-c: a graceful stop.
         worker.run().await.expect("the worker runs")
     });
-    note(json!({"event": "exit", "stats": format!("{stats:?}")}));
+    note(Note {
+        event: "exit".into(),
+        stats: Some(format!("{stats:?}")),
+        ..Note::default()
+    });
+}
+
+/// A worker process's config, in [`WORKER_ENV`].
+#[derive(Debug, Serialize, Deserialize)]
+struct ProcConfig {
+    urls: Vec<String>,
+    queue: String,
+    /// The file it appends its [`Note`]s to.
+    out: PathBuf,
+    id: String,
+    ttl_ms: u64,
+    grace_ms: u64,
+}
+
+// -------------------------------------------------------------- scenarios
+
+/// A scenario file (tests/conformance/README.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Scenario {
+    name: String,
+    /// The client behaviour it holds the client to.
+    #[serde(default)]
+    checks: String,
+    steps: Vec<Step>,
+}
+
+/// One step: its `op` and the fields the README's table lists for it.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Step {
+    op: String,
+    /// The alias a step names what it makes (a task, claim, worker, follow).
+    #[serde(rename = "as", default, skip_serializing_if = "Option::is_none")]
+    alias: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    task: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    claim: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    worker: Option<String>,
+    /// A worker id (`register`, `claim`) or a node's index (`kill_node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node: Option<NodeRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    payload: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backoff_base_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    retry: Option<bool>,
+    /// ok or conflict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expect: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    succeeded_attempts: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    within_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    for_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    concurrency: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ttl_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    heartbeat_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    grace_ms: Option<u64>,
+    /// start or aborted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    event: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attempt: Option<u32>,
+    /// KILL or TERM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    signal: Option<String>,
+    /// Worker counters and their least values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    at_least: Option<HashMap<String, u64>>,
+    /// `start`, or the alias of an earlier follow to resume after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    since: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    count: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    topics: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    expect_tasks: Option<Vec<String>>,
+}
+
+/// A step's `node`: a worker id, or the index of one of the run's nodes.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+enum NodeRef {
+    Index(usize),
+    Id(String),
+}
+
+impl Step {
+    /// A text field the step must have.
+    #[track_caller]
+    fn need<'a>(&self, field: &'a Option<String>, name: &str) -> &'a str {
+        match field {
+            Some(v) => v,
+            None => panic!("step {} needs `{name}`", self.op),
+        }
+    }
+
+    fn node_id(&self) -> &str {
+        match &self.node {
+            Some(NodeRef::Id(id)) => id,
+            other => panic!("step {} needs `node` (a worker id), got {other:?}", self.op),
+        }
+    }
 }
 
 // ------------------------------------------------------------------ runner
@@ -227,7 +401,7 @@ enum AnyWorker {
     In {
         id: String,
         worker: Arc<Worker>,
-        events: Arc<Mutex<Vec<Value>>>,
+        events: Arc<Mutex<Vec<Note>>>,
         stop: Option<tokio::sync::oneshot::Sender<()>>,
         done: Option<tokio::task::JoinHandle<muster::client::Result<WorkerStats>>>,
     },
@@ -239,7 +413,7 @@ enum AnyWorker {
 }
 
 impl AnyWorker {
-    fn events(&self) -> Vec<Value> {
+    fn events(&self) -> Vec<Note> {
         match self {
             AnyWorker::In { events, .. } => events.lock().unwrap().clone(),
             AnyWorker::Proc { out, .. } => std::fs::read_to_string(out)
@@ -294,8 +468,8 @@ where
 }
 
 impl Run {
-    fn task(&self, alias: &Value) -> String {
-        let a = alias.as_str().expect("a task alias");
+    fn task(&self, alias: Option<&str>) -> String {
+        let a = alias.expect("a task alias");
         self.tasks.get(a).unwrap_or_else(|| panic!("no task `{a}`")).clone()
     }
 
@@ -307,8 +481,8 @@ impl Run {
         )
     }
 
-    fn worker(&mut self, s: &Value) -> &mut AnyWorker {
-        let a = s["worker"].as_str().expect("a worker alias");
+    fn worker(&mut self, s: &Step) -> &mut AnyWorker {
+        let a = s.worker.as_deref().expect("a worker alias");
         self.workers.get_mut(a).unwrap_or_else(|| panic!("no worker `{a}`"))
     }
 
@@ -319,35 +493,33 @@ impl Run {
             .unwrap_or_else(|e| panic!("GET task {id}: {e}"))
     }
 
-    async fn step(&mut self, s: &Value) {
-        let within = ms(&s["within_ms"], 15_000);
-        let op = s["op"].as_str().expect("op");
+    async fn step(&mut self, s: &Step) {
+        let within = ms(s.within_ms, 15_000);
+        let op = s.op.as_str();
+        let task = s.task.as_deref();
         match op {
             "submit" => {
                 let spec = TaskSpec {
-                    payload: s["payload"].clone(),
-                    max_attempts: s["max_attempts"].as_u64().map(|v| v as u32),
-                    timeout_ms: s["timeout_ms"].as_u64(),
-                    backoff_base_ms: s["backoff_base_ms"].as_u64(),
+                    payload: s.payload.clone().unwrap_or_default(),
+                    max_attempts: s.max_attempts,
+                    timeout_ms: s.timeout_ms,
+                    backoff_base_ms: s.backoff_base_ms,
                     ..Default::default()
                 };
                 let r = self.client.submit(&self.queue, &spec).await.unwrap();
                 assert_eq!(r.state, "queued", "{r:?}");
-                self.tasks.insert(s["as"].as_str().unwrap().into(), r.id);
+                self.tasks.insert(s.need(&s.alias, "as").into(), r.id);
             }
             "register" => {
                 let hb = NodeHeartbeat {
                     ttl_ms: Some(30_000),
                     ..Default::default()
                 };
-                self.client
-                    .heartbeat_node(s["node"].as_str().unwrap(), &hb)
-                    .await
-                    .unwrap();
+                self.client.heartbeat_node(s.node_id(), &hb).await.unwrap();
             }
             "claim" => {
                 let req = ClaimRequest {
-                    node: s["node"].as_str().unwrap().into(),
+                    node: s.node_id().into(),
                     max: 1,
                     wait_ms: 2000,
                     ack_ms: None,
@@ -355,16 +527,16 @@ impl Run {
                 let got = self.client.claim(&self.queue, &req).await.unwrap();
                 assert_eq!(got.len(), 1, "one task claimed: {got:?}");
                 let c = got.into_iter().next().unwrap();
-                assert_eq!(c.id, self.task(&s["task"]));
+                assert_eq!(c.id, self.task(task));
                 assert!(c.token > 0, "a fencing token: {c:?}");
-                self.claims.insert(s["as"].as_str().unwrap().into(), c);
+                self.claims.insert(s.need(&s.alias, "as").into(), c);
             }
             "complete" | "fail" => {
-                let c = &self.claims[s["claim"].as_str().unwrap()];
+                let c = &self.claims[s.need(&s.claim, "claim")];
                 let r = if op == "complete" {
                     let body = Complete {
                         token: c.token,
-                        result: s["result"].clone(),
+                        result: s.result.clone().unwrap_or_default(),
                         next: None,
                     };
                     self.client.complete(&c.id, &body).await
@@ -372,12 +544,12 @@ impl Run {
                     let body = Fail {
                         token: c.token,
                         error: "failed by the scenario".into(),
-                        retry: s["retry"].as_bool() != Some(false),
+                        retry: s.retry != Some(false),
                         next: None,
                     };
                     self.client.fail(&c.id, &body).await
                 };
-                match s["expect"].as_str() {
+                match s.expect.as_deref() {
                     Some("conflict") => match r {
                         Err(e) => assert!(e.is_conflict(), "a 409 conflict, got {e}"),
                         Ok(f) => panic!("a 409 conflict, got {f:?}"),
@@ -388,22 +560,22 @@ impl Run {
                 }
             }
             "cancel" => {
-                self.client.cancel(&self.task(&s["task"])).await.unwrap();
+                self.client.cancel(&self.task(task)).await.unwrap();
             }
             "expect_task" => self.expect_task(s).await,
             "wait_task" => {
-                let id = self.task(&s["task"]);
-                let state = s["state"].as_str().unwrap();
+                let id = self.task(task);
+                let state = s.need(&s.state, "state");
                 if ["succeeded", "dead", "cancelled"].contains(&state) {
                     let t = self
                         .client
                         .wait_for_result(&id, within)
                         .await
-                        .unwrap_or_else(|e| panic!("task {}: {e}", s["task"]));
-                    assert_eq!(t.state, state, "task {}: {t:?}", s["task"]);
+                        .unwrap_or_else(|e| panic!("task {task:?}: {e}"));
+                    assert_eq!(t.state, state, "task {task:?}: {t:?}");
                 } else {
                     let client = self.client.clone();
-                    wait_for(&format!("task {} {state}", s["task"]), within, || {
+                    wait_for(&format!("task {task:?} {state}"), within, || {
                         let (client, id) = (client.clone(), id.clone());
                         async move {
                             match client.task(&id).await {
@@ -417,15 +589,15 @@ impl Run {
                 }
             }
             "stays" => {
-                tokio::time::sleep(ms(&s["for_ms"], 500)).await;
-                let t = self.get(&self.task(&s["task"])).await;
-                assert_eq!(t.state, s["state"].as_str().unwrap(), "task {}: {t:?}", s["task"]);
+                tokio::time::sleep(ms(s.for_ms, 500)).await;
+                let t = self.get(&self.task(task)).await;
+                assert_eq!(t.state, s.need(&s.state, "state"), "task {task:?}: {t:?}");
             }
             "worker" => {
-                let alias = s["as"].as_str().unwrap();
+                let alias = s.need(&s.alias, "as");
                 let id = self.worker_id(alias);
-                let events: Arc<Mutex<Vec<Value>>> = Arc::default();
-                let note: Arc<dyn Fn(Value) + Send + Sync> = {
+                let events: Arc<Mutex<Vec<Note>>> = Arc::default();
+                let note: Arc<dyn Fn(Note) + Send + Sync> = {
                     let events = events.clone();
                     Arc::new(move |e| events.lock().unwrap().push(e))
                 };
@@ -433,10 +605,10 @@ impl Run {
                     Worker::builder(client(&self.urls))
                         .queue(&self.queue)
                         .id(&id)
-                        .concurrency(s["concurrency"].as_u64().unwrap_or(1) as usize)
-                        .ttl(ms(&s["ttl_ms"], 2000))
-                        .task_heartbeat(ms(&s["heartbeat_ms"], 300))
-                        .grace(ms(&s["grace_ms"], 5000))
+                        .concurrency(s.concurrency.unwrap_or(1))
+                        .ttl(ms(s.ttl_ms, 2000))
+                        .task_heartbeat(ms(s.heartbeat_ms, 300))
+                        .grace(ms(s.grace_ms, 5000))
                         .claim_wait(Duration::from_millis(500))
                         .handler(move |t, c| scripted(t, c, note.clone()))
                         .build()
@@ -457,17 +629,17 @@ impl Run {
                 self.workers.insert(alias.into(), w);
             }
             "worker_process" => {
-                let alias = s["as"].as_str().unwrap();
+                let alias = s.need(&s.alias, "as");
                 let id = self.worker_id(alias);
                 let out = self.tmp.path().join(format!("{id}.jsonl"));
-                let cfg = json!({
-                    "urls": self.urls,
-                    "queue": self.queue,
-                    "out": out,
-                    "id": id,
-                    "ttl_ms": s["ttl_ms"].as_u64().unwrap_or(1000),
-                    "grace_ms": s["grace_ms"].as_u64().unwrap_or(30_000),
-                });
+                let cfg = ProcConfig {
+                    urls: self.urls.clone(),
+                    queue: self.queue.clone(),
+                    out: out.clone(),
+                    id: id.clone(),
+                    ttl_ms: s.ttl_ms.unwrap_or(1000),
+                    grace_ms: s.grace_ms.unwrap_or(30_000),
+                };
                 let mut cmd = Command::new(std::env::current_exe().unwrap());
                 cmd.args([
                     "--exact",
@@ -476,7 +648,7 @@ impl Run {
                     "--test-threads",
                     "1",
                 ])
-                .env(WORKER_ENV, cfg.to_string())
+                .env(WORKER_ENV, serde_json::to_string(&cfg).unwrap())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit());
@@ -495,17 +667,17 @@ impl Run {
                 self.workers.insert(alias.into(), AnyWorker::Proc { id, child, out });
             }
             "wait_handler" => {
-                let tid = self.task(&s["task"]);
-                let what = format!("{}: {} of {} ({})", s["worker"], s["event"], s["task"], s["reason"]);
+                let tid = self.task(task);
+                let what = format!("{:?}: {:?} of {task:?} ({:?})", s.worker, s.event, s.reason);
                 let w = self.worker(s);
                 let deadline = Instant::now() + within;
                 loop {
                     let seen = w.events();
                     let hit = seen.iter().any(|e| {
-                        e["task"] == json!(tid)
-                            && e["event"] == s["event"]
-                            && (s["reason"].is_null() || e["reason"] == s["reason"])
-                            && (s["attempt"].is_null() || e["attempt"] == s["attempt"])
+                        e.task.as_deref() == Some(tid.as_str())
+                            && Some(&e.event) == s.event.as_ref()
+                            && (s.reason.is_none() || e.reason == s.reason)
+                            && (s.attempt.is_none() || e.attempt == s.attempt)
                     });
                     if hit {
                         break;
@@ -523,7 +695,7 @@ impl Run {
                 }
             }
             "signal_worker" => {
-                let sig = match s["signal"].as_str() {
+                let sig = match s.signal.as_deref() {
                     Some("KILL") => libc::SIGKILL,
                     Some("TERM") => libc::SIGTERM,
                     other => panic!("unknown signal {other:?}"),
@@ -572,24 +744,25 @@ impl Run {
                     panic!("expect_worker_stats needs an in-process worker");
                 };
                 let stats = worker.stats();
-                for (k, v) in s["at_least"].as_object().unwrap() {
-                    let v = v.as_u64().unwrap();
+                for (k, &v) in s.at_least.as_ref().expect("at_least") {
                     assert!(stat(&stats, k) >= v, "stats.{k} = {} < {v}: {stats:?}", stat(&stats, k));
                 }
             }
             "kill_node" => {
-                let n = s["node"].as_u64().unwrap() as usize;
+                let Some(NodeRef::Index(n)) = s.node else {
+                    panic!("kill_node needs `node` (an index), got {:?}", s.node);
+                };
                 self.nodes[n].kill().await;
             }
             "follow" => {
-                let since = match s["since"].as_str() {
+                let since = match s.since.as_deref() {
                     Some("start") => Some("0".to_string()),
                     Some(alias) => Some(self.follows[alias].last().expect("the followed events").id.clone()),
                     None => None,
                 };
-                let want = s["count"].as_u64().unwrap() as usize;
+                let want = s.count.expect("count");
                 let mut stream = self.client.events(EventsOptions {
-                    topics: s["topics"].as_str().map(String::from),
+                    topics: s.topics.clone(),
                     queue: Some(self.queue.clone()),
                     since,
                 });
@@ -612,36 +785,37 @@ impl Run {
                     }
                 })
                 .await;
-                let expect: Vec<String> = s["expect_tasks"]
-                    .as_array()
-                    .unwrap()
+                let expect: Vec<String> = s
+                    .expect_tasks
+                    .as_ref()
+                    .expect("expect_tasks")
                     .iter()
-                    .map(|a| self.task(a))
+                    .map(|a| self.task(Some(a)))
                     .collect();
                 let tasks: Vec<&str> = got.iter().map(|e| e.subject("task").unwrap_or("")).collect();
                 assert_eq!(tasks, expect, "followed {got:?} ({err:?})");
-                self.follows.insert(s["as"].as_str().unwrap().into(), got);
+                self.follows.insert(s.need(&s.alias, "as").into(), got);
             }
             other => panic!("unknown op {other}"),
         }
     }
 
-    async fn expect_task(&self, s: &Value) {
-        let t = self.get(&self.task(&s["task"])).await;
-        let what = format!("task {}: {t:?}", s["task"]);
-        if let Some(state) = s["state"].as_str() {
-            assert_eq!(t.state, state, "{what}");
+    async fn expect_task(&self, s: &Step) {
+        let t = self.get(&self.task(s.task.as_deref())).await;
+        let what = format!("task {:?}: {t:?}", s.task);
+        if let Some(state) = &s.state {
+            assert_eq!(&t.state, state, "{what}");
         }
-        if !s["payload"].is_null() {
-            assert_eq!(t.payload, s["payload"], "{what}");
+        if let Some(payload) = &s.payload {
+            assert_eq!(&t.payload, payload, "{what}");
         }
-        if let Some(owner) = s["owner"].as_str() {
-            assert_eq!(t.owner.as_deref(), Some(owner), "{what}");
+        if let Some(owner) = &s.owner {
+            assert_eq!(t.owner.as_ref(), Some(owner), "{what}");
         }
-        if let Some(n) = s["attempts"].as_u64() {
-            assert_eq!(u64::from(t.attempts), n, "{what}");
+        if let Some(n) = s.attempts {
+            assert_eq!(t.attempts, n, "{what}");
         }
-        if let Some(n) = s["succeeded_attempts"].as_u64() {
+        if let Some(n) = s.succeeded_attempts {
             let ok = t
                 .attempt_log
                 .iter()
@@ -650,7 +824,7 @@ impl Run {
             assert_eq!(ok as u64, n, "{what}");
         }
         let result = t.result.clone().unwrap_or(Value::Null);
-        if let Some(want) = s.get("result") {
+        if let Some(want) = &s.result {
             match (want, &result) {
                 (Value::Object(want), Value::Object(got)) => {
                     for (k, v) in want {
@@ -660,13 +834,13 @@ impl Run {
                 _ => assert_eq!(&result, want, "{what}"),
             }
         }
-        if let Some(by) = s["result_by"].as_str() {
+        if let Some(by) = s.result_by.as_deref() {
             let id = self
                 .workers
                 .get(by)
                 .map(|w| w.id().to_string())
                 .unwrap_or_else(|| self.worker_id(by));
-            assert_eq!(result["by"], json!(id), "result_by {by}: {what}");
+            assert_eq!(result.get("by"), Some(&json!(id)), "result_by {by}: {what}");
         }
     }
 
@@ -694,9 +868,10 @@ impl Run {
 
 async fn run_file(file: &str) {
     let path = scenario_dir().join(file);
-    let scenario: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let name = scenario["name"].as_str().unwrap().to_string();
-    eprintln!("conformance {name}: {}", scenario["checks"].as_str().unwrap_or(""));
+    let scenario: Scenario = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+        .unwrap_or_else(|e| panic!("{file} is not a scenario (tests/conformance/README.md): {e}"));
+    let name = scenario.name.clone();
+    eprintln!("conformance {name}: {}", scenario.checks);
     if let Some((_, why)) = SKIP.iter().find(|(n, _)| *n == name) {
         eprintln!("SKIP conformance {name}: {why}");
         return;
@@ -723,9 +898,8 @@ async fn run_file(file: &str) {
         workers: HashMap::new(),
         follows: HashMap::new(),
     };
-    let steps = scenario["steps"].as_array().unwrap().clone();
     let started = Instant::now();
-    for (i, s) in steps.iter().enumerate() {
+    for (i, s) in scenario.steps.iter().enumerate() {
         // A failing step names itself; the workers are stopped either way.
         let r = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(run.step(s))).await;
         if let Err(panic) = r {
@@ -735,7 +909,11 @@ async fn run_file(file: &str) {
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            panic!("conformance {name}, step {} {s}: {msg}", i + 1);
+            panic!(
+                "conformance {name}, step {} {}: {msg}",
+                i + 1,
+                serde_json::to_string(s).unwrap_or_default()
+            );
         }
     }
     run.close().await;

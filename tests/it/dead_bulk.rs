@@ -4,10 +4,11 @@
 //! of 500 per script call; other queues untouched; bad requests refused.
 
 use futures_util::future::join_all;
+use muster::client::{BulkOutcome, ClaimRequest, Fail};
 use serde_json::{Value, json};
 
 use crate::common::*;
-use crate::tasks::{claim, join};
+use crate::tasks::{claim_tasks, join};
 
 /// `n` dead tasks in `queue`: submitted in batches, claimed, failed without
 /// retry, eight at a time.
@@ -21,16 +22,28 @@ pub async fn make_dead(app: &TestApp, queue: &str, n: usize) {
             .post(&format!("/api/v1/queues/{queue}/tasks/batch"), json!({"tasks": tasks}))
             .await;
         assert_eq!(s, 200, "{b}");
-        let claimed = claim(app, queue, "bulk-w", k as u32, 0).await;
+        // A lease long enough for a thousand fails on a loaded machine: the
+        // point here is the dead letters, not the claim lease.
+        let req = ClaimRequest {
+            node: "bulk-w".into(),
+            max: k as u32,
+            wait_ms: 0,
+            ack_ms: Some(600_000),
+        };
+        let claimed = app.api().claim(queue, &req).await.unwrap();
         assert_eq!(claimed.len(), k);
         for chunk in claimed.chunks(8) {
             let fails = chunk.iter().map(|t| async move {
-                let path = format!("/api/v1/tasks/{}/fail", t["id"].as_str().unwrap());
-                app.post(&path, json!({"token": t["token"], "error": "boom", "retry": false}))
-                    .await
+                let f = Fail {
+                    token: t.token,
+                    error: "boom".into(),
+                    retry: false,
+                    next: None,
+                };
+                app.api().fail(&t.id, &f).await
             });
-            for (s, b) in join_all(fails).await {
-                assert_eq!(s, 200, "{b}");
+            for r in join_all(fails).await {
+                assert!(r.is_ok(), "{r:?}");
             }
         }
         left -= k;
@@ -38,9 +51,7 @@ pub async fn make_dead(app: &TestApp, queue: &str, n: usize) {
 }
 
 async fn dead_count(app: &TestApp, queue: &str) -> u64 {
-    let (s, b) = app.get(&format!("/api/v1/queues/{queue}")).await;
-    assert_eq!(s, 200, "{b}");
-    b["dead"].as_u64().unwrap()
+    app.api().queue(queue).await.unwrap().stats.dead
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,7 +73,7 @@ async fn dead_letters_are_retried_and_discarded_in_bulk_page_by_page() {
     ] {
         let (s, b) = app.post("/api/v1/dead/retry", body.clone()).await;
         assert_eq!(s, 400, "{body}: {b}");
-        assert!(b["detail"].is_string(), "{b}");
+        assert!(!as_problem(s, &b).detail.is_empty(), "{b}");
     }
     let s = app
         .request(reqwest::Method::POST, "/api/v1/dead/discard")
@@ -74,41 +85,36 @@ async fn dead_letters_are_retried_and_discarded_in_bulk_page_by_page() {
     assert_eq!(dead_count(&app, "bulk-a").await, 1200);
 
     // One queue's dead letters, in three pages; the other queue untouched.
-    let (s, b) = app.post("/api/v1/dead/retry", json!({"queue": "bulk-a"})).await;
-    assert_eq!(s, 200, "{b}");
-    assert_eq!(without_pages(b, 3), json!({"done": 1200, "left": 0, "refused": 0}));
+    let b = app.api().retry_dead("bulk-a", None).await.unwrap();
+    assert_eq!(without_pages(b, 3), (1200, 0, 0));
     assert_eq!(dead_count(&app, "bulk-a").await, 0);
     assert_eq!(dead_count(&app, "bulk-b").await, 3);
-    let (_, q) = app.get("/api/v1/queues/bulk-a").await;
-    assert_eq!(q["queued"], 1200, "{q}");
+    let q = app.api().queue("bulk-a").await.unwrap().stats;
+    assert_eq!(q.queued, 1200, "{q:?}");
     // A retried task starts again with a fresh set of attempts.
-    let t = claim(&app, "bulk-a", "bulk-w", 1, 0).await.pop().unwrap();
-    assert_eq!(t["attempt"], 1, "{t}");
+    let t = claim_tasks(&app, "bulk-a", "bulk-w", 1, 0).await.pop().unwrap();
+    assert_eq!(t.attempt, 1, "{t:?}");
 
     // Every queue's, up to a limit, oldest first.
-    let (s, b) = app
-        .post("/api/v1/dead/discard", json!({"queue": "*", "limit": 2}))
-        .await;
-    assert_eq!(s, 200, "{b}");
-    assert_eq!(without_pages(b, 1), json!({"done": 2, "left": 1, "refused": 0}));
-    let (s, b) = app.post("/api/v1/dead/discard", json!({"queue": "*"})).await;
-    assert_eq!(s, 200, "{b}");
-    assert_eq!(b["done"], 1);
+    let b = app.api().discard_dead("*", Some(2)).await.unwrap();
+    assert_eq!(without_pages(b, 1), (2, 1, 0));
+    let b = app.api().discard_dead("*", None).await.unwrap();
+    assert_eq!(b.done, 1);
     assert_eq!(dead_count(&app, "bulk-b").await, 0);
-    let (_, dead) = app.get("/api/v1/dead").await;
-    assert_eq!(dead["total"], 0, "{dead}");
+    let dead = app.api().dead().await.unwrap();
+    assert_eq!(dead.total, 0, "{dead:?}");
 }
 
-/// A bulk outcome without its page count, after checking the count: one
-/// shard takes `one_shard_pages`; a split namespace (`MUSTER_TEST_SHARDS`)
-/// visits every shard, with at least one script call each.
-fn without_pages(mut b: serde_json::Value, one_shard_pages: u64) -> serde_json::Value {
-    let pages = b["pages"].as_u64().expect("pages");
+/// A bulk outcome's (done, left, refused), after checking its page count:
+/// one shard takes `one_shard_pages`; a split namespace
+/// (`MUSTER_TEST_SHARDS`) visits every shard, with at least one script call
+/// each.
+fn without_pages(b: BulkOutcome, one_shard_pages: u64) -> (u64, u64, u64) {
+    let pages = b.pages;
     let extra = u64::from(test_shards()) - 1;
     assert!(
         (one_shard_pages..=one_shard_pages + extra).contains(&pages),
         "{pages} pages: {one_shard_pages}, plus at most one per other shard"
     );
-    b.as_object_mut().unwrap().remove("pages");
-    b
+    (b.done, b.left, b.refused)
 }

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use muster::client::Submitted;
 use muster::config::Config;
 use serde_json::{Value, json};
 
@@ -151,7 +152,7 @@ async fn round(fault: Fault, ack_replicas: u32) -> (usize, Vec<String>) {
                 let pause = {
                     let mut s = seen.lock().unwrap();
                     match r {
-                        Some((201, b)) => s.created.push(b["id"].as_str().unwrap().to_string()),
+                        Some((201, b)) => s.created.push(serde_json::from_value::<Submitted>(b).unwrap().id),
                         Some((503, b)) if b["replicated"] == false => s.not_replicated += 1,
                         _ => {
                             s.other += 1;
@@ -188,8 +189,8 @@ async fn round(fault: Fault, ack_replicas: u32) -> (usize, Vec<String>) {
     }
     // The failover, and the node following it.
     let followed = wait_until(Duration::from_secs(20), || async {
-        let (s, b) = app.get("/api/v1/failover").await;
-        s == 200 && b["master"] == new.as_str()
+        let st = app.api().failover_status().await;
+        st.is_ok_and(|st| st.master == new)
     })
     .await;
     assert!(
@@ -364,7 +365,7 @@ async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
     )
     .await;
     assert_eq!(s, 400, "{b}");
-    assert!(b["detail"].as_str().unwrap().contains("Durability"), "{b}");
+    assert!(as_problem(s, &b).detail.contains("Durability"), "{b}");
 
     // A schedule, confirmed, for the "already so" case below.
     let (s, b, _) = post_with(
@@ -476,8 +477,9 @@ async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
     )
     .await;
     assert_eq!(s, 200, "{b}");
-    assert_eq!(b["id"], id.as_str());
-    assert_eq!(b["replayed"], true);
+    let b: Submitted = serde_json::from_value(b).unwrap();
+    assert_eq!(b.id, id);
+    assert!(b.replayed);
     assert_eq!(replicas_header(&h).as_deref(), Some("1"));
 
     // The metrics count the waits and the shortfalls.
@@ -496,7 +498,7 @@ async fn a_shortfall_is_a_503_and_the_header_asks_per_request() {
     // The document gives every acknowledged operation the header.
     let (s, doc) = always.get("/api/v1/openapi.json").await;
     assert_eq!(s, 200);
-    for (method, path) in muster::durability::ACKED {
+    for (method, path) in muster::testing::ACKED {
         let op = &doc["paths"][*path][method.as_str().to_lowercase()];
         assert!(
             op.is_object(),
@@ -617,7 +619,7 @@ async fn cluster_waits_on_the_master_of_every_shard_written() {
         return;
     }
     let cluster = crate::common::ha::TestCluster::start(3);
-    let map = muster::store::shards::ShardMap::new("muster", 12);
+    let map = muster::testing::ShardMap::new("muster", 12);
     let master_of = |name: &str| owner_of(&cluster, map.tag(map.home(name)));
     let replicated = master_of("dur");
     let (other, group) = {

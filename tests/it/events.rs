@@ -5,11 +5,13 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use muster::client::{ClaimRequest, Event, EventPage};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::common::*;
+use crate::tasks::completions;
 use crate::tasks::{join, submit, submit_many};
 
 pub type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -61,6 +63,42 @@ pub async fn next(ws: &mut Ws, within: Duration) -> Option<Value> {
     }
 }
 
+/// A message of the stream read as an event (not a `gap` or `lagged` notice).
+pub fn event(v: &Value) -> Event {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("not an event ({e}): {v}"))
+}
+
+/// A notice of the WebSocket feed that is no event: `gap` (events after
+/// `since` were trimmed; `oldest` is where the feed goes on) or `lagged`
+/// (the client fell behind; `last_id` is where to resume). The protocol's
+/// own frames, not an answer of the REST contract.
+#[derive(Debug, serde::Deserialize)]
+struct Notice {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    oldest: Option<String>,
+    #[serde(default)]
+    last_id: Option<String>,
+}
+
+fn notice(v: &Value) -> Notice {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("not a notice ({e}): {v}"))
+}
+
+/// The task an event is about.
+fn task_of(v: &Value) -> String {
+    event(v)
+        .subject("task")
+        .unwrap_or_else(|| panic!("no task: {v}"))
+        .to_string()
+}
+
+/// One page of the replay over plain HTTP.
+async fn replay(app: &TestApp, since: Option<&str>, topics: Option<&str>, limit: usize) -> EventPage {
+    app.api().events_page(since, limit, topics).await.unwrap()
+}
+
 /// Collects messages until `n` arrived or `within` passed.
 pub async fn collect(ws: &mut Ws, n: usize, within: Duration) -> Vec<Value> {
     let deadline = Instant::now() + within;
@@ -82,24 +120,22 @@ async fn events_caused_on_one_node_reach_a_subscriber_on_another() {
     let b = TestApp::start(&redis).await;
     let mut sub = ws(&b, "topics=task.*").await;
     let id = submit(&a, "x", json!({"payload": 1})).await;
-    let ev = next(&mut sub, Duration::from_secs(5)).await.expect("an event");
-    assert_eq!(ev["type"], "task.enqueued");
-    assert_eq!(ev["task"], id.as_str());
-    assert_eq!(ev["queue"], "x");
-    assert_eq!(ev["node"], a.node_id.as_str(), "the acting node");
-    assert!(ev["ts"].as_i64().unwrap() > 1_700_000_000_000, "Redis time in ms");
+    let ev = event(&next(&mut sub, Duration::from_secs(5)).await.expect("an event"));
+    assert_eq!(ev.kind, "task.enqueued");
+    assert_eq!(ev.subject("task"), Some(id.as_str()));
+    assert_eq!(ev.subject("queue"), Some("x"));
+    assert_eq!(ev.node, a.node_id, "the acting node");
+    assert!(ev.ts > 1_700_000_000_000, "Redis time in ms");
     assert!(
         // (A cursor when split: the part of the task's shard is its stream id.)
-        ev["id"]
-            .as_str()
-            .unwrap()
+        ev.id
             .split(',')
             .nth(shard_map("muster").home(&id))
             .unwrap()
-            .starts_with(&ev["ts"].to_string()),
+            .starts_with(&ev.ts.to_string()),
         "ts is the stream id's time"
     );
-    assert_eq!(ev["data"]["state"], "queued");
+    assert_eq!(ev.data.get("state"), Some(&json!("queued")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,7 +148,7 @@ async fn reconnecting_with_since_misses_nothing_and_repeats_nothing() {
     let got = collect(&mut sub, 30, Duration::from_secs(5)).await;
     assert_eq!(got.len(), 30);
     // Disconnect after reading 20 of them ... pretend the last 10 were lost.
-    let last_seen = got[19]["id"].as_str().unwrap().to_string();
+    let last_seen = event(&got[19]).id;
     sub.close(None).await.ok();
     drop(sub);
     // ... while more happen, through the other node.
@@ -120,7 +156,7 @@ async fn reconnecting_with_since_misses_nothing_and_repeats_nothing() {
     let mut sub = ws(&b, &format!("topics=task.enqueued&since={last_seen}")).await;
     let third = submit_many(&b, "r", 5).await;
     let got = collect(&mut sub, 40, Duration::from_secs(5)).await;
-    let ids: Vec<&str> = got.iter().map(|e| e["task"].as_str().unwrap()).collect();
+    let ids: Vec<String> = got.iter().map(task_of).collect();
     let mut want: Vec<&str> = first[20..].iter().map(String::as_str).collect();
     want.extend(second.iter().map(String::as_str));
     want.extend(third.iter().map(String::as_str));
@@ -130,23 +166,14 @@ async fn reconnecting_with_since_misses_nothing_and_repeats_nothing() {
         "nothing more"
     );
     // The same replay over plain HTTP, in pages.
-    let (s, page) = a
-        .get(&format!(
-            "/api/v1/events?since={last_seen}&topics=task.enqueued&limit=15"
-        ))
-        .await;
-    assert_eq!(s, 200);
-    let evs = page["events"].as_array().unwrap();
+    let page = replay(&a, Some(&last_seen), Some("task.enqueued"), 15).await;
+    let evs = &page.events;
     assert_eq!(evs.len(), 15);
-    assert_eq!(evs[0]["task"], first[20].as_str());
-    let (_, page2) = a
-        .get(&format!(
-            "/api/v1/events?since={}&topics=task.enqueued&limit=100",
-            page["next"].as_str().unwrap()
-        ))
-        .await;
-    assert_eq!(page2["events"].as_array().unwrap().len(), 25);
-    assert_eq!(page2["gap"], false);
+    assert_eq!(evs[0].subject("task"), Some(first[20].as_str()));
+    let page2 = replay(&a, page.next.as_deref(), Some("task.enqueued"), 100).await;
+    assert!(page.next.is_some());
+    assert_eq!(page2.events.len(), 25);
+    assert!(!page2.gap);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,21 +181,21 @@ async fn a_gap_message_comes_first_when_since_was_trimmed() {
     let redis = TestRedis::start();
     let a = TestApp::start_with(&redis, |c| c.events.max_len = 100).await;
     let early = submit(&a, "g", json!({})).await;
-    let (_, page) = a.get("/api/v1/events?topics=task.enqueued&limit=1").await;
-    let early_id = page["events"][0]["id"].as_str().unwrap().to_string();
-    assert_eq!(page["events"][0]["task"], early.as_str());
+    let page = replay(&a, None, Some("task.enqueued"), 1).await;
+    let early_id = page.events[0].id.clone();
+    assert_eq!(page.events[0].subject("task"), Some(early.as_str()));
     // Enough events (in several scripts) to trim the early ones away.
     for _ in 0..6 {
         submit_many(&a, "g", 100).await;
     }
     let mut sub = ws(&a, &format!("topics=task.enqueued&since={early_id}")).await;
-    let gap = next(&mut sub, Duration::from_secs(5)).await.unwrap();
-    assert_eq!(gap["type"], "gap", "{gap}");
-    assert!(!gap["oldest"].as_str().unwrap().is_empty());
-    let then = next(&mut sub, Duration::from_secs(5)).await.unwrap();
-    assert_eq!(then["type"], "task.enqueued", "then what is retained");
-    let (_, page) = a.get(&format!("/api/v1/events?since={early_id}&limit=5")).await;
-    assert_eq!(page["gap"], true);
+    let gap = notice(&next(&mut sub, Duration::from_secs(5)).await.unwrap());
+    assert_eq!(gap.kind, "gap", "{gap:?}");
+    assert!(!gap.oldest.as_deref().unwrap().is_empty());
+    let then = event(&next(&mut sub, Duration::from_secs(5)).await.unwrap());
+    assert_eq!(then.kind, "task.enqueued", "then what is retained");
+    let page = replay(&a, Some(&early_id), None, 5).await;
+    assert!(page.gap);
     let len: i64 = redis.cmd(&["XLEN", "{muster}:events"]).await;
     assert!(len < 400, "the stream is trimmed near events.max_len: {len}");
 }
@@ -188,7 +215,7 @@ async fn a_slow_client_is_lagged_and_closed_without_slowing_others() {
     let got = collect(&mut fast, 2000, Duration::from_secs(10)).await;
     let fast_took = started.elapsed();
     assert_eq!(got.len(), 2000, "the fast client got everything");
-    assert_eq!(got.last().unwrap()["task"], ids[1999].as_str());
+    assert_eq!(task_of(got.last().unwrap()), ids[1999]);
     assert!(fast_took < Duration::from_secs(5), "and promptly: {fast_took:?}");
     // The slow one has not read for a while: within send_timeout_ms of the
     // write it is stuck in, the node gives up on it. (The metrics recorder is
@@ -207,8 +234,8 @@ async fn a_slow_client_is_lagged_and_closed_without_slowing_others() {
     let mut lagged = None;
     let mut seen = 0;
     while let Some(m) = next(&mut slow, Duration::from_secs(5)).await {
-        if m["type"] == "lagged" {
-            lagged = Some(m);
+        if notice(&m).kind == "lagged" {
+            lagged = Some(notice(&m));
             break;
         }
         seen += 1;
@@ -216,13 +243,13 @@ async fn a_slow_client_is_lagged_and_closed_without_slowing_others() {
     }
     let lagged = lagged.unwrap_or_else(|| panic!("a lagged message (saw {seen} events)"));
     assert!(seen < 2000, "it did not get everything ({seen})");
-    let last_id = lagged["last_id"].as_str().unwrap().to_string();
+    let last_id = lagged.last_id.unwrap();
     assert!(next(&mut slow, Duration::from_secs(3)).await.is_none(), "then closed");
     // It resumes from last_id and gets the rest.
     let mut again = ws(&a, &format!("topics=task.enqueued&since={last_id}")).await;
     let rest = collect(&mut again, 2000 - seen, Duration::from_secs(10)).await;
     assert_eq!(rest.len(), 2000 - seen, "nothing lost across the lag");
-    assert_eq!(rest.last().unwrap()["task"], ids[1999].as_str());
+    assert_eq!(task_of(rest.last().unwrap()), ids[1999]);
     let metrics = a.page("/metrics").await;
     assert!(metrics.contains("muster_events_relayed_total"));
     assert!(metrics.contains("muster_event_relay_lag_seconds"));
@@ -238,30 +265,33 @@ async fn topic_and_queue_filters() {
     join(&a, "fw").await;
     let mine = submit(&a, "mine", json!({})).await;
     submit(&a, "other", json!({})).await;
-    a.post("/api/v1/queues/other/claim", json!({"node": "fw"})).await;
+    let one = |node: &str, max: u32| ClaimRequest {
+        node: node.into(),
+        max,
+        wait_ms: 0,
+        ack_ms: None,
+    };
+    a.api().claim("other", &one("fw", 1)).await.unwrap();
     // Only node events; the test node's own `node.joined` may come first
     // (split 12 ways, its first heartbeat to a slow shard can land after
     // it served).
     let n = loop {
-        let n = next(&mut nodes_only, Duration::from_secs(3)).await.unwrap();
-        assert!(n["type"].as_str().unwrap().starts_with("node."), "{n}");
-        if n["node"] == "fw" {
+        let n = event(&next(&mut nodes_only, Duration::from_secs(3)).await.unwrap());
+        assert!(n.kind.starts_with("node."), "{n:?}");
+        if n.node == "fw" {
             break n;
         }
-        assert_eq!(n["node"], a.node_id.as_str(), "{n}");
+        assert_eq!(n.node, a.node_id, "{n:?}");
     };
-    assert_eq!(n["type"], "node.joined");
+    assert_eq!(n.kind, "node.joined");
     let q = next(&mut one_queue, Duration::from_secs(3)).await.unwrap();
-    assert_eq!(q["task"], mine.as_str());
+    assert_eq!(task_of(&q), mine);
     assert!(
         next(&mut one_queue, Duration::from_millis(500)).await.is_none(),
         "no event of another queue"
     );
-    let c = next(&mut claimed, Duration::from_secs(3)).await.unwrap();
-    assert_eq!(
-        (c["type"].as_str(), c["queue"].as_str()),
-        (Some("task.claimed"), Some("other"))
-    );
+    let c = event(&next(&mut claimed, Duration::from_secs(3)).await.unwrap());
+    assert_eq!((c.kind.as_str(), c.subject("queue")), ("task.claimed", Some("other")));
     assert!(
         next(&mut nodes_only, Duration::from_millis(300)).await.is_none(),
         "no task events"
@@ -317,8 +347,13 @@ async fn the_live_cache_converges_when_events_are_lost() {
     // Lose every event from now on.
     a.state().live.drop_events(true);
     submit_many(&a, "cache", 5).await;
-    a.post("/api/v1/queues/cache/claim", json!({"node": "lw", "max": 3}))
-        .await;
+    let three = ClaimRequest {
+        node: "lw".into(),
+        max: 3,
+        wait_ms: 0,
+        ack_ms: None,
+    };
+    assert_eq!(a.api().claim("cache", &three).await.unwrap().len(), 3);
     let converged = wait_until(Duration::from_secs(3), || async {
         let live = a.get("/api/v1/live").await.1;
         live["queues"]["cache"]["queued"] == 12 && live["queues"]["cache"]["running"] == 3
@@ -350,16 +385,17 @@ async fn the_live_throughput_counts_each_finished_task_once() {
     let mut done = 0;
     for round in 0..4 {
         submit_many(&a, "tp", 5).await;
-        let (_, got) = a.post("/api/v1/queues/tp/claim", json!({"node": "tw", "max": 5})).await;
-        let items: Vec<Value> = got["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| json!({"id": t["id"], "token": t["token"]}))
-            .collect();
+        let five = ClaimRequest {
+            node: "tw".into(),
+            max: 5,
+            wait_ms: 0,
+            ack_ms: None,
+        };
+        let got = a.api().claim("tp", &five).await.unwrap();
+        let items = completions(&got, Value::Null);
         done += items.len() as u64;
-        let (s, _) = a.post("/api/v1/tasks/complete", Value::Array(items)).await;
-        assert_eq!(s, 200, "round {round}");
+        let r = a.api().complete_batch(&items).await;
+        assert!(r.is_ok(), "round {round}: {r:?}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let counted = wait_until(Duration::from_secs(3), || async {
@@ -378,8 +414,7 @@ async fn the_cli_tails_events_as_json_lines() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     submit(&a, "cli", json!({})).await;
-    let (_, page) = a.get("/api/v1/events?topics=task.enqueued&limit=1").await;
-    let since = page["events"][0]["id"].as_str().unwrap().to_string();
+    let since = replay(&a, None, Some("task.enqueued"), 1).await.events[0].id.clone();
     let ids = submit_many(&a, "cli", 3).await;
     let out = tokio::process::Command::new(muster_bin())
         .args([
@@ -404,8 +439,8 @@ async fn the_cli_tails_events_as_json_lines() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let got: Vec<&str> = lines.iter().map(|l| l["task"].as_str().unwrap()).collect();
-    assert_eq!(got, ids.iter().map(String::as_str).collect::<Vec<_>>());
+    let got: Vec<String> = lines.iter().map(task_of).collect();
+    assert_eq!(got, ids);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,7 +498,7 @@ async fn unknown_topics_are_refused_naming_the_topic() {
     for topics in ["nope.*", "task.bogus", "task.claimed,nope.*"] {
         let (st, body) = refused_ws(&a, &format!("topics={topics}")).await;
         assert_eq!(st, 400, "{topics}: {body}");
-        let detail = body["detail"].as_str().unwrap();
+        let detail = as_problem(st, &body).detail;
         let unknown = topics.rsplit(',').next().unwrap();
         assert!(
             detail.contains(&format!("\"{unknown}\"")) && detail.contains("task.*") && detail.contains("barrier.*"),
@@ -471,7 +506,7 @@ async fn unknown_topics_are_refused_naming_the_topic() {
         );
         let (st, body) = refused_get(&a, &format!("/api/v1/events?topics={topics}")).await;
         assert_eq!(st, 400, "{topics}: {body}");
-        assert!(body["detail"].as_str().unwrap().contains(unknown), "{body}");
+        assert!(as_problem(st, &body).detail.contains(unknown), "{body}");
     }
     // Known types and prefixes still subscribe and deliver. From `since=0`:
     // a live-only subscriber gets what is published after the server side
@@ -480,8 +515,8 @@ async fn unknown_topics_are_refused_naming_the_topic() {
     let mut sub = ws(&a, "topics=task.enqueued,schedule.*,t*&since=0").await;
     let id = submit(&a, "known", json!({})).await;
     let ev = next(&mut sub, Duration::from_secs(5)).await.unwrap();
-    assert_eq!(ev["task"], id.as_str());
-    assert_eq!(a.get("/api/v1/events?topics=task.*").await.0, 200);
+    assert_eq!(task_of(&ev), id);
+    assert!(a.api().events_page(None, 100, Some("task.*")).await.is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -489,8 +524,8 @@ async fn a_since_past_the_streams_end_is_refused_before_the_upgrade() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     submit(&a, "s", json!({})).await;
-    let (_, page) = a.get("/api/v1/events?limit=1").await;
-    let newest = page["events"][0]["id"].as_str().unwrap().to_string();
+    let page = replay(&a, None, None, 1).await;
+    let newest = page.events[0].id.clone();
     // When split the id is a cursor; the detail names its newest stream id.
     let newest = newest
         .split(',')
@@ -505,37 +540,37 @@ async fn a_since_past_the_streams_end_is_refused_before_the_upgrade() {
     for since in ["18446744073709551615-18446744073709551615", "99999999999999-0"] {
         let (st, body) = refused_get(&a, &format!("/api/v1/events?since={since}")).await;
         assert_eq!(st, 400, "{since}: {body}");
-        let detail = body["detail"].as_str().unwrap();
+        let detail = as_problem(st, &body).detail;
         assert!(
             detail.contains("`since`") && detail.contains(&newest),
-            "{detail} / {newest} / {page}"
+            "{detail} / {newest} / {page:?}"
         );
         let (st, body) = refused_ws(&a, &format!("topics=task.*&since={since}")).await;
         assert_eq!(st, 400, "{since}: {body}");
-        assert!(body["detail"].as_str().unwrap().contains(&newest), "{body}");
+        assert!(as_problem(st, &body).detail.contains(&newest), "{body}");
     }
     // The newest id, and a time-based id of Redis now, are fine and go live.
     for kind in ["newest", "now"] {
         let since = if kind == "newest" {
-            let (_, page) = a.get("/api/v1/events?limit=1").await;
-            page["events"][0]["id"].as_str().unwrap().to_string()
+            replay(&a, None, None, 1).await.events[0].id.clone()
         } else {
             let (s, us): (i64, i64) = redis.cmd(&["TIME"]).await;
             format!("{}-0", s * 1000 + us / 1000)
         };
-        let (st, page) = a.get(&format!("/api/v1/events?since={since}")).await;
-        assert_eq!(st, 200, "{page}");
+        let page = a.api().events_page(Some(&since), 100, None).await;
+        assert!(page.is_ok(), "{page:?}");
         let mut sub = ws(&a, &format!("topics=task.*&since={since}")).await;
         let id = submit(&a, "s", json!({})).await;
         // (An event of the same millisecond as a time-based `since` may come first.)
         let mut got = Vec::new();
         while let Some(ev) = next(&mut sub, Duration::from_secs(5)).await {
-            got.push(ev["task"].clone());
-            if ev["task"] == id.as_str() {
+            let task = task_of(&ev);
+            got.push(task.clone());
+            if task == id {
                 break;
             }
         }
-        assert_eq!(got.last(), Some(&json!(id)), "since={since} ({kind}): {got:?}");
+        assert_eq!(got.last(), Some(&id), "since={since} ({kind}): {got:?}");
     }
 }
 
@@ -585,14 +620,14 @@ async fn a_lagged_message_always_carries_an_id_to_resume_from() {
     for _ in 0..50 {
         submit_many(&a, "busy", 50).await;
         if let Ok(Some(Ok(Message::Text(t)))) = tokio::time::timeout(Duration::from_millis(100), sub.next()).await {
-            lagged = Some(serde_json::from_str::<Value>(&t).unwrap());
+            lagged = Some(notice(&serde_json::from_str::<Value>(&t).unwrap()));
             break;
         }
     }
     let lagged = lagged.expect("the client is lagged");
-    assert_eq!(lagged["type"], "lagged", "{lagged}");
-    let last_id = lagged["last_id"].as_str().unwrap();
-    assert!(!last_id.is_empty(), "an id to resume from: {lagged}");
+    assert_eq!(lagged.kind, "lagged", "{lagged:?}");
+    let last_id = lagged.last_id.as_deref().unwrap();
+    assert!(!last_id.is_empty(), "an id to resume from: {lagged:?}");
     // The node scanned the whole replay before the lag: the id is at or
     // after the last pre-written event. Resuming from it is accepted and
     // delivers what comes next.
@@ -611,8 +646,8 @@ async fn a_lagged_message_always_carries_an_id_to_resume_from() {
         )
         .await;
     assert!(st == 200 || st == 201, "{st} {body}");
-    let ev = next(&mut again, Duration::from_secs(5)).await.unwrap();
-    assert_eq!(ev["type"], "barrier.configured", "{ev}");
+    let ev = event(&next(&mut again, Duration::from_secs(5)).await.unwrap());
+    assert_eq!(ev.kind, "barrier.configured", "{ev:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

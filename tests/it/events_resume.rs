@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use muster::events::StreamId;
+use muster::testing::StreamId;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -96,9 +96,12 @@ impl Feed {
     }
 
     fn check(&mut self, m: Value) {
-        let ty = m["type"].as_str().unwrap_or_default();
+        // Only events: a `gap` or `lagged` notice has no `ts` and is no event.
+        let ev: muster::client::Event =
+            serde_json::from_value(m.clone()).unwrap_or_else(|e| panic!("only events in a node's feed ({e}): {m}"));
+        let ty = ev.kind.as_str();
         assert!(ty != "gap" && ty != "lagged", "no {ty} message in a node's feed: {m}");
-        let id = m["id"].as_str().unwrap_or_else(|| panic!("an event has an id: {m}"));
+        let id = ev.id.as_str();
         // A cursor (one stream id per shard) when split: stream order holds
         // within each shard, so no part goes back and one moves on.
         let sid: Vec<StreamId> = id
@@ -114,8 +117,8 @@ impl Feed {
         }
         self.last = Some(sid);
         self.last_id = id.to_string();
-        if ty == "task.enqueued" && m["queue"] == QUEUE {
-            self.enqueued.push(m["task"].as_str().unwrap().to_string());
+        if ty == "task.enqueued" && ev.subject("queue") == Some(QUEUE) {
+            self.enqueued.push(ev.subject("task").unwrap().to_string());
         }
     }
 }

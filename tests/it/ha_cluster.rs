@@ -13,13 +13,16 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use muster::client::{Acquire, Acquired, ClaimedTask, Complete, Event, Fail, Verdict};
 use muster::config::Config;
 use serde_json::{Value, json};
 
 use crate::common::ha::{TestCluster, info, query};
 use crate::common::skip_on_cluster;
 use crate::common::*;
-use crate::tasks::{claim, join, submit, submit_many};
+use crate::sharding::claim;
+use crate::tasks::completions;
+use crate::tasks::{join, submit, submit_many};
 
 /// A node on `cluster` (seeds only, no URL), with test timings and `tweak`.
 async fn cluster_node(cluster: &TestCluster, tweak: impl FnOnce(&mut Config)) -> TestApp {
@@ -31,8 +34,14 @@ async fn cluster_node(cluster: &TestCluster, tweak: impl FnOnce(&mut Config)) ->
     TestApp::start_config(cfg, dir).await
 }
 
-fn token(t: &Value) -> u64 {
-    t["token"].as_u64().unwrap()
+fn token(t: &ClaimedTask) -> u64 {
+    t.token
+}
+
+/// Completes each of `tasks` with `result`, in one batch through `app`.
+async fn complete_all(app: &TestApp, tasks: &[&ClaimedTask], result: Value) -> Vec<muster::client::CompleteOutcome> {
+    let items = completions(tasks.iter().copied(), result);
+    app.api().complete_batch(&items).await.unwrap()
 }
 
 /// Every key on every master of the cluster, by port. `KEYS *` per node is
@@ -123,12 +132,8 @@ async fn cluster_tasks_claim_fence_and_complete() {
     let a = cluster_node(&cluster, |_| {}).await;
     let b = cluster_node(&cluster, |_| {}).await;
     eprintln!("cluster and 2 nodes up in {:?}", t0.elapsed());
-    let (s, r) = a.get("/api/v1/redis").await;
-    assert_eq!(
-        (s, r["mode"].as_str(), r["healthy"].as_bool()),
-        (200, Some("cluster"), Some(true)),
-        "{r}"
-    );
+    let r = a.api().redis_summary().await.unwrap();
+    assert_eq!((r.mode.as_str(), r.healthy), ("cluster", true), "{r:?}");
     join(&a, "wa").await;
     join(&b, "wb").await;
 
@@ -157,32 +162,22 @@ async fn cluster_tasks_claim_fence_and_complete() {
                 token(t)
             );
             last_token = token(t);
-            assert_eq!(t["attempt"], 1);
-            assert!(seen.insert(t["id"].as_str().unwrap().to_string()), "claimed twice: {t}");
+            assert_eq!(t.attempt, 1);
+            assert!(seen.insert(t.id.clone()), "claimed twice: {t:?}");
         }
         // Complete through the other node: every node serves every task.
-        let items: Vec<Value> = got
-            .iter()
-            .map(|t| json!({"id": t["id"], "token": t["token"], "result": round}))
-            .collect();
-        let (s, r) = other.post("/api/v1/tasks/complete", Value::Array(items)).await;
-        assert_eq!(s, 200, "{r}");
-        for x in r["results"].as_array().unwrap() {
-            assert_eq!(x["status"], "completed", "{x}");
+        let r = complete_all(other, &got.iter().collect::<Vec<_>>(), json!(round)).await;
+        for x in &r {
+            assert_eq!(x.status, "completed", "{x:?}");
         }
     }
     assert_eq!(seen.len(), total, "every task claimed exactly once");
     assert_eq!(seen, ids.into_iter().collect::<HashSet<_>>());
-    let (_, q) = b.get("/api/v1/queues/ct").await;
+    let q = b.api().queue("ct").await.unwrap().stats;
     assert_eq!(
-        (
-            q["succeeded"].as_u64(),
-            q["queued"].as_u64(),
-            q["running"].as_u64(),
-            q["delayed"].as_u64()
-        ),
-        (Some(total as u64), Some(0), Some(0), Some(0)),
-        "{q}"
+        (q.succeeded, q.queued, q.running, q.delayed),
+        (total as u64, 0, 0, 0),
+        "{q:?}"
     );
 
     // Fencing (G1): the same scenario as the standalone suite's.
@@ -203,7 +198,7 @@ async fn cluster_tasks_claim_fence_and_complete() {
     // A paused queue hands out nothing until resumed.
     submit(&a, "cp", json!({})).await;
     assert_eq!(a.post("/api/v1/queues/cp/pause", Value::Null).await.0, 204);
-    assert_eq!(b.get("/api/v1/queues/cp").await.1["paused"], true);
+    assert!(b.api().queue("cp").await.unwrap().stats.paused);
     assert!(claim(&b, "cp", "wb", 1, 0).await.is_empty(), "paused");
     assert_eq!(b.post("/api/v1/queues/cp/resume", Value::Null).await.0, 204);
     assert_eq!(claim(&a, "cp", "wa", 1, 0).await.len(), 1);
@@ -228,14 +223,14 @@ async fn cluster_orphan_recovered_after_node_death() {
     let behind = submit(&a, "orph", json!({"payload": "later"})).await;
     // Claimed in A's own name: A's heartbeats keep the claim alive.
     let got = claim(&a, "orph", &a.node_id, 1, 0).await;
-    assert_eq!(got[0]["id"], victim.as_str());
+    assert_eq!(got[0].id, victim);
     let old_token = token(&got[0]);
     let dead_node = a.node_id.clone();
     a.kill().await;
     let killed = Instant::now();
     let recovered = wait_until(Duration::from_secs(5), || async {
-        let (_, t) = b.get(&format!("/api/v1/tasks/{victim}")).await;
-        t["state"] == "queued"
+        let t = b.api().task(&victim).await;
+        t.is_ok_and(|t| t.state == "queued")
     })
     .await;
     let took = killed.elapsed();
@@ -248,30 +243,27 @@ async fn cluster_orphan_recovered_after_node_death() {
     );
     eprintln!("orphan requeued {took:?} after the kill");
     let next = claim(&b, "orph", "rescuer", 1, 0).await;
-    assert_eq!(next[0]["id"], victim.as_str(), "requeued at the front");
-    assert_eq!(next[0]["attempt"], 2);
+    assert_eq!(next[0].id, victim, "requeued at the front");
+    assert_eq!(next[0].attempt, 2);
     assert!(token(&next[0]) > old_token, "a greater token");
-    let (s, r) = b
-        .post(&format!("/api/v1/tasks/{victim}/complete"), json!({"token": old_token}))
-        .await;
-    assert_eq!(s, 409, "the dead node's token is dead: {r}");
-    let (s, _) = b
-        .post(
-            &format!("/api/v1/tasks/{victim}/complete"),
-            json!({"token": next[0]["token"]}),
-        )
-        .await;
-    assert_eq!(s, 200);
+    let with = |token| Complete {
+        token,
+        result: Value::Null,
+        next: None,
+    };
+    let r = problem(b.api().complete(&victim, &with(old_token)).await);
+    assert_eq!(r.status, 409, "the dead node's token is dead: {r:?}");
+    b.api().complete(&victim, &with(next[0].token)).await.unwrap();
     let _ = behind;
     let (_, report) = b.get("/api/v1/orphans").await;
     let rec = &report["recovered"][0];
     assert_eq!(rec["task"], victim.as_str(), "{report}");
     assert_eq!(rec["owner"], dead_node.as_str());
     assert_eq!(rec["action"], "requeued");
-    let (_, nodes) = b.get(&format!("/api/v1/nodes/{dead_node}")).await;
-    assert_eq!(nodes["state"], "dead", "{nodes}");
-    let (_, task) = b.get(&format!("/api/v1/tasks/{victim}")).await;
-    assert_eq!(task["attempt_log"][0]["outcome"], "orphaned");
+    let nodes = b.api().node(&dead_node).await.unwrap();
+    assert_eq!(nodes.state, "dead", "{nodes:?}");
+    let task = b.api().task(&victim).await.unwrap();
+    assert_eq!(task.attempt_log[0].outcome.as_deref(), Some("orphaned"));
     eprintln!("cluster_orphan_recovered_after_node_death: {:?}", t0.elapsed());
 }
 
@@ -302,34 +294,36 @@ async fn cluster_barrier_round_releases() {
         waiters.push(tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100 * i as u64)).await;
             let me = nodes[i].node_id.clone();
-            nodes[i]
-                .post(
-                    "/api/v1/barriers/deploy/rounds/r1/arrive",
-                    json!({"node": me, "wait_ms": 8000}),
-                )
-                .await
+            let arrive = muster::client::Arrive {
+                node: me,
+                wait_ms: 8000,
+            };
+            nodes[i].api().arrive("deploy", "r1", &arrive).await
         }));
     }
     let mut decided = HashSet::new();
     for w in waiters {
-        let (s, v) = w.await.unwrap();
-        assert_eq!(s, 200, "{v}");
-        assert_eq!(v["verdict"], "released", "{v}");
-        assert_eq!(v["may_run"], true, "{v}");
-        assert_eq!(v["late"], false);
-        assert_eq!(v["missing"], json!([]), "{v}");
-        assert_eq!(v["arrived"].as_array().unwrap().len(), 3, "{v}");
-        decided.insert(v["decided_at"].as_i64().unwrap());
+        let v = w.await.unwrap().unwrap();
+        assert_eq!(v.verdict, Verdict::Released, "{v:?}");
+        assert!(v.may_run, "{v:?}");
+        assert!(!v.late);
+        assert!(v.missing.is_empty(), "{v:?}");
+        assert_eq!(v.arrived.len(), 3, "{v:?}");
+        decided.insert(v.decided_at.unwrap());
     }
     assert_eq!(decided.len(), 1, "one decision, read by all");
     let (_, r) = nodes[2].get("/api/v1/barriers/deploy/rounds/r1").await;
     assert_eq!(r["verdict"], "released", "{r}");
     assert_eq!(r["reason"], "all_arrived");
     // Exactly one decision event.
-    let (_, page) = nodes[1].get("/api/v1/events?topics=barrier.released&limit=100").await;
-    let evs = page["events"].as_array().unwrap();
-    assert_eq!(evs.len(), 1, "{page}");
-    assert_eq!(evs[0]["round"], "r1");
+    let page = nodes[1]
+        .api()
+        .events_page(None, 100, Some("barrier.released"))
+        .await
+        .unwrap();
+    let evs = &page.events;
+    assert_eq!(evs.len(), 1, "{page:?}");
+    assert_eq!(evs[0].subject("round"), Some("r1"));
     eprintln!("cluster_barrier_round_releases: {:?}", t0.elapsed());
 }
 
@@ -344,44 +338,39 @@ async fn cluster_events_replay() {
     let b = cluster_node(&cluster, |_| {}).await;
     join(&a, "w").await;
     // A mark before the workload: replay from it sees exactly the workload.
-    let (s, page) = b.get("/api/v1/events?limit=1").await;
-    assert_eq!(s, 200, "{page}");
-    let mark = page["next"].as_str().expect("node.joined events exist").to_string();
+    let page = b.api().events_page(None, 1, None).await.unwrap();
+    let mark = page.next.expect("node.joined events exist");
     let ids = submit_many(&a, "ev", 20).await;
     let got = claim(&a, "ev", "w", 20, 0).await;
     assert_eq!(got.len(), 20);
-    let items: Vec<Value> = got
-        .iter()
-        .map(|t| json!({"id": t["id"], "token": t["token"]}))
-        .collect();
-    let (s, _) = a.post("/api/v1/tasks/complete", Value::Array(items)).await;
-    assert_eq!(s, 200);
+    complete_all(&a, &got.iter().collect::<Vec<_>>(), Value::Null).await;
 
     // Through the other node, in pages of 15.
     let mut events = Vec::new();
     let mut since = mark.clone();
     loop {
+        // Raw: the client's events_page has no queue filter.
         let (s, page) = b
             .get(&format!("/api/v1/events?since={since}&topics=task.*&queue=ev&limit=15"))
             .await;
         assert_eq!(s, 200, "{page}");
-        assert_eq!(page["gap"], false);
-        let evs = page["events"].as_array().unwrap().clone();
-        if evs.is_empty() {
+        let page: muster::client::EventPage = serde_json::from_value(page).unwrap();
+        assert!(!page.gap);
+        if page.events.is_empty() {
             break;
         }
-        since = page["next"].as_str().unwrap().to_string();
-        events.extend(evs);
+        since = page.next.unwrap();
+        events.extend(page.events);
     }
     let of = |ty: &str| -> Vec<String> {
         events
             .iter()
-            .filter(|e| e["type"] == ty)
-            .map(|e| e["task"].as_str().unwrap().to_string())
+            .filter(|e| e.kind == ty)
+            .map(|e| e.subject("task").unwrap().to_string())
             .collect()
     };
     assert_eq!(of("task.enqueued"), ids, "enqueued, in order");
-    let claimed: Vec<String> = got.iter().map(|t| t["id"].as_str().unwrap().to_string()).collect();
+    let claimed: Vec<String> = got.iter().map(|t| t.id.clone()).collect();
     assert_eq!(of("task.claimed"), claimed, "claimed, in claim order");
     let done: HashSet<String> = of("task.succeeded").into_iter().collect();
     assert_eq!(
@@ -392,17 +381,17 @@ async fn cluster_events_replay() {
     assert_eq!(of("task.succeeded").len(), 20);
     // Enqueues name the acting muster node; claims and outcomes the worker.
     for e in &events {
-        let want = if e["type"] == "task.enqueued" {
+        let want = if e.kind == "task.enqueued" {
             a.node_id.as_str()
         } else {
             "w"
         };
-        assert_eq!(e["node"], want, "{e}");
+        assert_eq!(e.node, want, "{e:?}");
     }
     // Stream ids increase. Split, an id is a cursor (one stream id per
     // shard, joined by commas): the queue's tasks and their events are in
     // its shard, whose part increases, and no part goes back.
-    let sids: Vec<&str> = events.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    let sids: Vec<&str> = events.iter().map(|e: &Event| e.id.as_str()).collect();
     let home = crate::common::sharded::shard_map("muster").home("ev");
     let parse = |s: &str| -> Vec<(u64, u64)> {
         let parts: Vec<(u64, u64)> = s
@@ -425,13 +414,13 @@ async fn cluster_events_replay() {
     // The latest page without `since` ends with the last success (the
     // queue's shard's part: the other shards' parts say where the page's
     // read of them stopped).
-    let (_, page) = a.get("/api/v1/events?topics=task.succeeded&limit=3").await;
-    let evs = page["events"].as_array().unwrap();
+    let page = a.api().events_page(None, 3, Some("task.succeeded")).await.unwrap();
+    let evs = &page.events;
     assert_eq!(evs.len(), 3);
-    let last = events.last().unwrap()["id"].as_str().unwrap();
-    assert_eq!(parse(evs[2]["id"].as_str().unwrap())[home], parse(last)[home]);
+    let last = events.last().unwrap().id.as_str();
+    assert_eq!(parse(&evs[2].id)[home], parse(last)[home]);
     if !sharded() {
-        assert_eq!(evs[2]["id"], last);
+        assert_eq!(evs[2].id, last);
     }
     eprintln!("cluster_events_replay: {:?}", t0.elapsed());
 }
@@ -455,11 +444,12 @@ async fn cluster_keys_return_to_baseline() {
     // Warm up: the counters and the event stream exist from the first task on.
     let warm = submit(&a, "warm", json!({})).await;
     let t = claim(&a, "warm", "w", 1, 0).await;
-    a.post(
-        &format!("/api/v1/tasks/{warm}/complete"),
-        json!({"token": t[0]["token"]}),
-    )
-    .await;
+    let c = Complete {
+        token: t[0].token,
+        result: Value::Null,
+        next: None,
+    };
+    let _ = a.api().complete(&warm, &c).await;
     let settled = wait_until(Duration::from_secs(10), || async {
         !all_keys(&cluster)
             .iter()
@@ -483,15 +473,15 @@ async fn cluster_keys_return_to_baseline() {
         // the node's figure must lie between the owner's own DBSIZE just
         // before and just after (another master would say 0).
         let before: i64 = crate::common::ha::query(owner, &["DBSIZE"]).unwrap();
-        let (s, r) = app.get("/api/v1/redis").await;
+        let r = app.api().redis_summary().await;
         let after: i64 = crate::common::ha::query(owner, &["DBSIZE"]).unwrap();
-        assert_eq!(s, 200, "{r}");
-        assert_eq!(r["mode"], "cluster");
-        assert_eq!(r["role"], "master");
-        let got = r["dbsize"].as_i64().unwrap();
+        let r = r.unwrap();
+        assert_eq!(r.mode, "cluster");
+        assert_eq!(r.role, "master");
+        let got = r.dbsize.unwrap() as i64;
         assert!(
             got > 0 && (before.min(after) - 1..=before.max(after) + 1).contains(&got),
-            "DBSIZE of the {{muster}} slot's master (port {owner}, {before}..{after}): {r}"
+            "DBSIZE of the {{muster}} slot's master (port {owner}, {before}..{after}): {r:?}"
         );
     }
 
@@ -506,30 +496,24 @@ async fn cluster_keys_return_to_baseline() {
         turn += 1;
         let got = claim(app, "leak", "w", 50, 1000).await;
         assert!(!got.is_empty(), "work remains ({finished} finished)");
-        let (ok, bad): (Vec<&Value>, Vec<&Value>) =
-            got.iter().partition(|t| t["payload"]["n"].as_u64().unwrap() % 7 != 0);
+        let n = |t: &ClaimedTask| t.payload.get("n").and_then(Value::as_u64).unwrap();
+        let (ok, bad): (Vec<&ClaimedTask>, Vec<&ClaimedTask>) = got.iter().partition(|t| n(t) % 7 != 0);
         if !ok.is_empty() {
-            let items: Vec<Value> = ok.iter().map(|t| json!({"id": t["id"], "token": t["token"]})).collect();
-            let (s, _) = app.post("/api/v1/tasks/complete", Value::Array(items)).await;
-            assert_eq!(s, 200);
+            complete_all(app, &ok, Value::Null).await;
         }
         for t in bad {
-            let (s, _) = app
-                .post(
-                    &format!("/api/v1/tasks/{}/fail", t["id"].as_str().unwrap()),
-                    json!({"token": t["token"], "error": "x"}),
-                )
-                .await;
-            assert_eq!(s, 200);
+            let f = Fail {
+                token: t.token,
+                error: "x".into(),
+                retry: true,
+                next: None,
+            };
+            app.api().fail(&t.id, &f).await.unwrap();
         }
         finished += got.len();
     }
-    let (_, q) = b.get("/api/v1/queues/leak").await;
-    assert_eq!(
-        (q["queued"].as_u64(), q["running"].as_u64(), q["delayed"].as_u64()),
-        (Some(0), Some(0), Some(0)),
-        "{q}"
-    );
+    let q = b.api().queue("leak").await.unwrap().stats;
+    assert_eq!((q.queued, q.running, q.delayed), (0, 0, 0), "{q:?}");
     let during = all_keys(&cluster);
     eprintln!("after the workload: {} keys", during.len());
     assert!(during.len() > baseline.len());
@@ -652,7 +636,7 @@ async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_a
     let tag = task_tag("muster", &task);
     let (lost, new_master) = lose_the_last_write(&mut cluster, &tag, async {
         let got = claim(&a, "lost", &a.node_id, 1, 0).await;
-        assert_eq!(got[0]["id"], task.as_str());
+        assert_eq!(got[0].id, task);
         token(&got[0])
     })
     .await;
@@ -662,8 +646,8 @@ async fn cluster_failover_raises_the_epoch_so_a_lost_token_is_never_handed_out_a
     })
     .await;
     assert!(again, "the task is claimable on the new master");
-    let (_, t) = a.get(&format!("/api/v1/tasks/{task}")).await;
-    let now = t["token"].as_u64().expect("running, with a token");
+    let t = a.api().task(&task).await.unwrap();
+    let now = t.token.expect("running, with a token");
     assert!(
         now > lost,
         "the token handed out after the failover ({now}) is above the lost one ({lost})"
@@ -694,9 +678,13 @@ async fn cluster_failover_never_repeats_a_lost_lock_token() {
     // A lock lives in the shard of its name: that shard's master loses the
     // acquire.
     let (lost, _) = lose_the_last_write(&mut cluster, &name_tag("muster", "res"), async {
-        let (s, v) = acquire("first").await;
-        assert_eq!(s, 200, "{v}");
-        v["token"].as_u64().unwrap()
+        let acq = Acquire {
+            owner: "first".into(),
+            ttl_ms: 60_000,
+            wait_ms: 0,
+            node: None,
+        };
+        a.api().acquire("res", &acq).await.unwrap().token
     })
     .await;
     // The acquire was lost: the lock is free on the new master.
@@ -704,7 +692,7 @@ async fn cluster_failover_never_repeats_a_lost_lock_token() {
     let now = loop {
         let (s, v) = acquire("second").await;
         if s == 200 {
-            break v["token"].as_u64().unwrap();
+            break serde_json::from_value::<Acquired>(v).unwrap().token;
         }
         assert!(
             Instant::now() < deadline,
@@ -738,7 +726,7 @@ async fn twelve_shards_spread_four_per_master() {
     if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
         return;
     }
-    use muster::store::shards::{ShardMap, key_slot};
+    use muster::testing::{ShardMap, key_slot};
     let cluster = TestCluster::start(3);
     let map = ShardMap::new("muster", 12);
     let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
@@ -760,17 +748,20 @@ async fn twelve_shards_spread_four_per_master() {
 /// A store on `cluster` split into `shards` (the node runs one; these tests
 /// drive the store's shard views directly), with its clock read, and the
 /// script context of a Cluster node.
-async fn sharded_store(cluster: &TestCluster, shards: u32) -> (muster::store::Store, muster::store::ScriptCtx, Config) {
+async fn sharded_store(
+    cluster: &TestCluster,
+    shards: u32,
+) -> (muster::testing::Store, muster::testing::ScriptCtx, Config) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = test_config("", dir.path());
     cfg.redis.url.clear();
     cfg.redis.cluster = cluster.seeds();
-    let store = muster::store::Store::connect_cluster_sharded(&cfg.redis, shards)
+    let store = muster::testing::Store::connect_cluster_sharded(&cfg.redis, shards)
         .await
         .unwrap();
     assert_eq!(store.shards().len(), shards as usize);
     store.time_ms().await.unwrap();
-    let ctx = muster::store::ScriptCtx {
+    let ctx = muster::testing::ScriptCtx {
         events_max_len: 1000,
         cluster: true,
     };
@@ -786,7 +777,7 @@ async fn a_sharded_store_sends_each_shard_to_its_own_master() {
     if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
         return;
     }
-    use muster::store::Lua;
+    use muster::testing::Lua;
     let cluster = TestCluster::start(3);
     let (store, ctx, _) = sharded_store(&cluster, 12).await;
     let probe = Lua::load(
@@ -835,7 +826,7 @@ async fn a_sharded_registry_is_written_to_every_shard() {
     if skip_on_cluster("builds its own Redis topology (not the shared cluster)") {
         return;
     }
-    use muster::nodes::{NodeKind, Nodes};
+    use muster::testing::{NodeKind, Nodes};
     let cluster = TestCluster::start(3);
     let (store, ctx, cfg) = sharded_store(&cluster, 12).await;
     let nodes = Nodes::new(store.clone(), cfg.nodes.clone(), &ctx);

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use muster::client::FailoverStatus;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -252,7 +253,9 @@ async fn restart_node(http: &reqwest::Client, node: &mut NodeProc) {
 }
 
 /// `GET /api/v1/failover` of the node at `url`.
-async fn status(http: &reqwest::Client, url: &str) -> Result<Value, String> {
+/// Raw (the caller's client and its timeout): asked of node processes while
+/// a master or the coordinator is down, where every error is an answer.
+async fn status(http: &reqwest::Client, url: &str) -> Result<FailoverStatus, String> {
     let resp = http
         .get(format!("{url}/api/v1/failover"))
         .send()
@@ -261,7 +264,7 @@ async fn status(http: &reqwest::Client, url: &str) -> Result<Value, String> {
     let code = resp.status().as_u16();
     let body: Value = resp.json().await.map_err(|e| e.to_string())?;
     if code == 200 {
-        Ok(body)
+        serde_json::from_value(body).map_err(|e| e.to_string())
     } else {
         Err(format!("{code}: {body}"))
     }
@@ -269,7 +272,7 @@ async fn status(http: &reqwest::Client, url: &str) -> Result<Value, String> {
 
 async fn master_of(http: &reqwest::Client, n: &NodeProc) -> String {
     match status(http, &n.url).await {
-        Ok(b) => b["master"].as_str().unwrap_or("").to_string(),
+        Ok(b) => b.master,
         Err(e) => panic!("GET /api/v1/failover on {} failed: {e}", n.id),
     }
 }
@@ -282,7 +285,7 @@ async fn wait_all_master(http: &reqwest::Client, nodes: &[&NodeProc], master: &s
         last.clear();
         for n in nodes {
             let m = match status(http, &n.url).await {
-                Ok(b) => b["master"].as_str().unwrap_or("").to_string(),
+                Ok(b) => b.master,
                 Err(e) => format!("(error: {e})"),
             };
             last.push((n.id.clone(), m));
@@ -360,12 +363,13 @@ async fn coordinated_no_switch_while_a_client_process_is_stopped() {
     wait_all_master(&http, &[na, nb, nc], &old, Duration::from_secs(10)).await;
     // The coordinator watches server 0 and knows both clients' URLs.
     let st = status(&http, &nc.url).await.unwrap();
-    assert_eq!(st["coordinator"]["master"], old.as_str(), "{st}");
+    let coordinator = st.coordinator.as_ref().expect("the coordinator's side");
+    assert_eq!(coordinator.master, old, "{st:?}");
     for (id, port) in [(&a, pa), (&b, pb)] {
         assert_eq!(
-            st["coordinator"]["clients"][id.as_str()],
-            format!("http://127.0.0.1:{port}"),
-            "{st}"
+            coordinator.clients.get(id.as_str()),
+            Some(&format!("http://127.0.0.1:{port}")),
+            "{st:?}"
         );
     }
     eprintln!("nodes up and agreeing on {old} after {} ms", t0.elapsed().as_millis());
@@ -404,7 +408,7 @@ async fn coordinated_no_switch_while_a_client_process_is_stopped() {
                 let st = status(&http, &url)
                     .await
                     .map_err(|e| format!("GET /api/v1/failover on {id} failed: {e}"))?;
-                Ok((id, st["master"].as_str().unwrap_or("").to_string(), sent.elapsed()))
+                Ok((id, st.master, sent.elapsed()))
             });
         }
         while let Some(r) = probes.try_join_next() {
@@ -420,16 +424,16 @@ async fn coordinated_no_switch_while_a_client_process_is_stopped() {
         slowest.as_millis()
     );
     let st = status(&http, &nc.url).await.unwrap();
-    let history = st["coordinator"]["history"].as_array().unwrap();
-    assert!(!history.is_empty(), "no round was attempted: {st}");
+    let history = &st.coordinator.as_ref().unwrap().history;
+    assert!(!history.is_empty(), "no round was attempted: {st:?}");
     for r in history {
-        assert_eq!(r["phase"], "cancelled", "{st}");
-        assert!(r["result"].as_str().unwrap().contains(b.as_str()), "{r}");
+        assert_eq!(r.phase, "cancelled", "{st:?}");
+        assert!(r.result.contains(b.as_str()), "{r:?}");
     }
     eprintln!(
-        "{} cancelled round(s) and no switch in 6 s; first: {}",
+        "{} cancelled round(s) and no switch in 6 s; first: {:?}",
         history.len(),
-        history.last().unwrap()["result"]
+        history.last().unwrap().result
     );
     // Cancelled at ping: nobody was invalidated, A and C still agree on server 0.
     assert_eq!(master_of(&http, na).await, old);
@@ -442,10 +446,14 @@ async fn coordinated_no_switch_while_a_client_process_is_stopped() {
     eprintln!("SIGCONT -> all three nodes on {replica}: {} ms", took.as_millis());
     assert_eq!(set.role(set.port(1)), "master");
     let st = status(&http, &nc.url).await.unwrap();
-    let round = &st["coordinator"]["history"][0];
-    assert_eq!(round["phase"], "done", "{st}");
+    let round = &st.coordinator.as_ref().unwrap().history[0];
+    assert_eq!(round.phase, "done", "{st:?}");
     for id in [&a, &b, &c] {
-        assert_eq!(round["answers"][id.as_str()], "reconfigured", "{st}");
+        assert_eq!(
+            round.answers.get(id.as_str()).map(String::as_str),
+            Some("reconfigured"),
+            "{st:?}"
+        );
     }
     eprintln!(
         "recovered {} ms after SIGCONT; test took {} ms",

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use muster::client::{ClaimRequest, FailoverStatus, NextTasks, Submitted};
 use muster::config::Config;
 use serde_json::{Value, json};
 
@@ -51,10 +52,12 @@ async fn try_post(app: &TestApp, path: &str, body: Value) -> Option<(u16, Value)
 }
 
 /// `GET /api/v1/failover`, or Null if the node did not answer 200.
-async fn failover_status(app: &TestApp) -> Value {
+async fn failover_status(app: &TestApp) -> Option<FailoverStatus> {
+    // Raw: asked in loops while a master is down, where a call that fails
+    // or times out must read as "not yet", as try_send bounds it.
     match try_send(app.request(reqwest::Method::GET, "/api/v1/failover")).await {
-        Some((200, b)) => b,
-        _ => Value::Null,
+        Some((200, b)) => Some(serde_json::from_value(b).expect("a failover status")),
+        _ => None,
     }
 }
 
@@ -161,12 +164,13 @@ async fn sentinel_failover_nodes_follow_and_tokens_increase() {
         Arc::new(start_node(&sentinels).await),
     ];
     for n in &nodes {
-        let st = failover_status(n).await;
-        assert_eq!(st["mode"], "sentinel", "{st}");
-        assert_eq!(st["master"], old.as_str(), "{st}");
+        let st = failover_status(n).await.expect("a failover status");
+        assert_eq!(st.mode, "sentinel", "{st:?}");
+        assert_eq!(st.master, old, "{st:?}");
     }
-    let epoch_before = failover_status(&nodes[0]).await["epoch"]
-        .as_u64()
+    let epoch_before = failover_status(&nodes[0])
+        .await
+        .and_then(|st| st.epoch)
         .expect("epoch before");
 
     let log: Arc<Mutex<Log>> = Arc::default();
@@ -226,7 +230,11 @@ async fn sentinel_failover_nodes_follow_and_tokens_increase() {
                 )
                 .await;
                 let tasks = match r {
-                    Some((200, b)) => b["tasks"].as_array().cloned().unwrap_or_default(),
+                    Some((200, b)) => {
+                        serde_json::from_value::<NextTasks>(b)
+                            .expect("tokens are JSON integers")
+                            .tasks
+                    }
                     Some((204, _)) => continue,
                     _ => {
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -234,9 +242,9 @@ async fn sentinel_failover_nodes_follow_and_tokens_increase() {
                     }
                 };
                 for t in tasks {
-                    let token = t["token"].as_u64().expect("tokens are JSON integers");
+                    let token = t.token;
                     log.lock().unwrap().claims.push(Claimed { token, sent });
-                    let id = t["id"].as_str().unwrap();
+                    let id = &t.id;
                     let r = try_post(&app, &format!("/api/v1/tasks/{id}/complete"), json!({"token": token})).await;
                     if matches!(r, Some((200, _))) {
                         log.lock().unwrap().completions.push(Instant::now());
@@ -260,7 +268,7 @@ async fn sentinel_failover_nodes_follow_and_tokens_increase() {
             .post("/api/v1/queues/ha-s1-kept/tasks", json!({"payload": {"kept": i}}))
             .await;
         assert_eq!(s, 201, "{b}");
-        kept.push(b["id"].as_str().unwrap().to_string());
+        kept.push(serde_json::from_value::<Submitted>(b).unwrap().id);
     }
     let acked = wait_replicated(set.port(0));
     assert_eq!(acked, 1, "the replica acknowledged the writes before the kill");
@@ -282,7 +290,7 @@ async fn sentinel_failover_nodes_follow_and_tokens_increase() {
     // Both nodes use the promoted replica within the deadline.
     let followed = wait_until(FOLLOW_WITHIN, || async {
         for n in &nodes {
-            if failover_status(n).await["master"] != new.as_str() {
+            if failover_status(n).await.is_none_or(|st| st.master != new) {
                 return false;
             }
         }
@@ -339,19 +347,23 @@ async fn sentinel_failover_nodes_follow_and_tokens_increase() {
     let mut epoch_after = Vec::new();
     let mut switched_after_ms = Vec::new();
     for n in &nodes {
-        let st = failover_status(n).await;
-        assert_eq!(st["mode"], "sentinel", "{st}");
-        assert_eq!(st["master"], new.as_str(), "{st}");
-        assert_eq!(st["sentinel_master"], new.as_str(), "{st}");
-        assert!(st["switches"].as_u64().unwrap_or(0) >= 1, "{st}");
-        assert_eq!(st["last_switch"]["to"], new.as_str(), "{st}");
-        let e = st["epoch"].as_u64().expect("epoch after");
+        let st = failover_status(n).await.expect("a failover status");
+        assert_eq!(st.mode, "sentinel", "{st:?}");
+        assert_eq!(st.master, new, "{st:?}");
+        assert_eq!(st.sentinel_master.as_deref(), Some(new.as_str()), "{st:?}");
+        assert!(st.switches >= 1, "{st:?}");
+        assert_eq!(
+            st.last_switch.as_ref().map(|w| w.to.as_str()),
+            Some(new.as_str()),
+            "{st:?}"
+        );
+        let e = st.epoch.expect("epoch after");
         assert!(
             e > epoch_before,
-            "epoch {e} after the switch, {epoch_before} before: {st}"
+            "epoch {e} after the switch, {epoch_before} before: {st:?}"
         );
         epoch_after.push(e);
-        switched_after_ms.push(st["last_switch"]["at_ms"].as_i64().unwrap_or(0) - killed_ms);
+        switched_after_ms.push(st.last_switch.as_ref().map_or(0, |w| w.at_ms) - killed_ms);
     }
 
     // Tokens: every claim sent after the kill was served by the new master,
@@ -381,12 +393,10 @@ async fn sentinel_failover_nodes_follow_and_tokens_increase() {
 
     // Nothing acknowledged after WAIT was lost.
     for id in &kept {
-        let (s, b) = nodes[1].get(&format!("/api/v1/tasks/{id}")).await;
-        assert_eq!(
-            s, 200,
-            "task {id} acknowledged by WAIT before the kill is gone after the failover: {b}"
-        );
-        assert_eq!(b["id"], id.as_str(), "{b}");
+        let b = nodes[1].api().task(id).await.unwrap_or_else(|e| {
+            panic!("task {id} acknowledged by WAIT before the kill is gone after the failover: {e}")
+        });
+        assert_eq!(b.id, *id, "{b:?}");
     }
 
     // Benchmark figures.
@@ -436,12 +446,12 @@ async fn sentinel_node_starts_against_current_master() {
 
     // A first node sets up the epoch on the first master, then leaves.
     let mut first = start_node(&sentinels).await;
-    let st = failover_status(&first).await;
-    assert_eq!(st["master"], old.as_str(), "{st}");
-    let epoch_before = st["epoch"].as_u64().expect("epoch before");
+    let st = failover_status(&first).await.expect("a failover status");
+    assert_eq!(st.master, old, "{st:?}");
+    let epoch_before = st.epoch.expect("epoch before");
     let (s, b) = first.post("/api/v1/queues/ha-s2/tasks", json!({"payload": 1})).await;
     assert_eq!(s, 201, "{b}");
-    let id = b["id"].as_str().unwrap().to_string();
+    let id = serde_json::from_value::<Submitted>(b).unwrap().id;
     assert_eq!(wait_replicated(set.port(0)), 1);
     first.shutdown().await;
 
@@ -467,26 +477,25 @@ async fn sentinel_node_starts_against_current_master() {
     );
 
     let second = start_node(&sentinels).await;
-    let st = failover_status(&second).await;
-    assert_eq!(st["mode"], "sentinel", "{st}");
-    assert_eq!(st["master"], new.as_str(), "{st}");
-    let epoch = st["epoch"].as_u64().expect("epoch after");
+    let st = failover_status(&second).await.expect("a failover status");
+    assert_eq!(st.mode, "sentinel", "{st:?}");
+    assert_eq!(st.master, new, "{st:?}");
+    let epoch = st.epoch.expect("epoch after");
     assert!(
         epoch > epoch_before,
-        "epoch {epoch} after the failover, {epoch_before} before: {st}"
+        "epoch {epoch} after the failover, {epoch_before} before: {st:?}"
     );
-    let (s, b) = second.get(&format!("/api/v1/tasks/{id}")).await;
-    assert_eq!(s, 200, "{b}");
+    second.api().task(&id).await.unwrap();
     // A token issued now carries the new epoch.
     join(&second, "s2w").await;
-    let (s, b) = second
-        .post(
-            "/api/v1/queues/ha-s2/claim",
-            json!({"node": "s2w", "max": 1, "wait_ms": 0}),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
-    let token = b["tasks"][0]["token"].as_u64().unwrap();
+    let req = ClaimRequest {
+        node: "s2w".into(),
+        max: 1,
+        wait_ms: 0,
+        ack_ms: None,
+    };
+    let got = second.api().claim("ha-s2", &req).await.unwrap();
+    let token = got[0].token;
     assert_eq!(token >> 32, epoch, "token {token:#x} carries epoch {epoch}");
 
     // Reachable sentinels that do not know the master name: a clear error.

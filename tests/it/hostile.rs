@@ -1229,7 +1229,7 @@ async fn control_and_bidi_characters_in_worker_text_are_refused() {
     assert_eq!(node["labels"]["zone"], "zürich 🚀", "{node}");
     let doc = app.get("/api/v1/openapi.json").await.1;
     let schema = &doc["components"]["schemas"]["HeartbeatBody"]["properties"];
-    let pattern = muster::validate::plain_text_pattern();
+    let pattern = muster::testing::plain_text_pattern();
     for p in [
         &schema["addr"]["pattern"],
         &schema["version"]["pattern"],
@@ -1310,7 +1310,7 @@ async fn every_metric_family_but_three_has_a_series_at_start() {
         "muster_redis_call_duration_seconds",
     ];
     let ops = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
-    for m in muster::telemetry::METRICS {
+    for m in muster::testing::METRICS {
         if waits.contains(&m.name) {
             assert!(
                 ops.contains(&format!("`{}`", m.name)) && m.start.is_empty(),

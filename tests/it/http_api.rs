@@ -440,7 +440,7 @@ async fn metrics_document_every_metric_from_the_start() {
         .filter_map(|l| l.strip_prefix("| `muster_"))
         .filter_map(|l| l.split('`').next())
         .collect();
-    let catalogue: std::collections::BTreeSet<&str> = muster::telemetry::METRICS
+    let catalogue: std::collections::BTreeSet<&str> = muster::testing::METRICS
         .iter()
         .map(|m| m.name.strip_prefix("muster_").unwrap())
         .collect();
@@ -452,7 +452,7 @@ async fn metrics_document_every_metric_from_the_start() {
     let redis = TestRedis::start();
     let app = TestApp::start(&redis).await;
     let text = app.page("/metrics").await;
-    for m in muster::telemetry::METRICS {
+    for m in muster::testing::METRICS {
         assert!(text.contains(&format!("# HELP {} ", m.name)), "no HELP for {}", m.name);
         assert!(text.contains(&format!("# TYPE {} ", m.name)), "no TYPE for {}", m.name);
         if !m.open || !m.start.is_empty() {

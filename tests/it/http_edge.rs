@@ -428,3 +428,19 @@ async fn long_targets_get_414_problem_json() {
 mod sessions;
 
 mod pages;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_assets_are_named_by_their_path_and_others_are_404() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let resp = app.request(Method::GET, "/static/css/muster.css").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()[reqwest::header::CONTENT_TYPE], "text/css; charset=utf-8");
+    assert!(resp.text().await.unwrap().contains('{'), "the stylesheet itself");
+    for path in ["/static/css/nope.css", "/static/nope"] {
+        let (status, body) = app.get(path).await;
+        let p = as_problem(status, &body);
+        assert_eq!(p.status, 404, "{path}: {body}");
+        assert!(p.detail.contains("no static asset"), "{path}: {}", p.detail);
+    }
+}

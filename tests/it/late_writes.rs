@@ -110,9 +110,9 @@ async fn calls_held_in_transit_past_the_timeout_change_nothing() {
     assert!(back);
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let (_, t) = direct.get(&format!("/api/v1/tasks/{task}")).await;
-    assert_eq!(t["state"], "queued", "the held claim did not run: {t}");
-    assert_eq!(t["attempts"], 0, "{t}");
+    let t = direct.api().task(&task).await.unwrap();
+    assert_eq!(t.state, "queued", "the held claim did not run: {t:?}");
+    assert_eq!(t.attempts, 0, "{t:?}");
     let (_, q) = direct.get("/api/v1/queues").await;
     assert!(
         !q.to_string().contains("\"other\""),
@@ -179,6 +179,6 @@ async fn a_slow_link_does_not_make_a_heartbeating_node_look_dead() {
         .filter(|(t, n, _)| t == "node.dead" && n == &slow.node_id)
         .collect();
     assert!(deaths.is_empty(), "the slow node was declared dead: {deaths:?}");
-    let (_, n) = judge.get(&format!("/api/v1/nodes/{}", slow.node_id)).await;
-    assert_eq!(n["state"], "alive", "{n}");
+    let n = judge.api().node(&slow.node_id).await.unwrap();
+    assert_eq!(n.state, muster::client::NodeState::Alive, "{n:?}");
 }

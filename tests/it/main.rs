@@ -31,6 +31,7 @@ mod http_api;
 mod http_edge;
 mod isolation;
 mod late_writes;
+mod limits;
 mod locks;
 mod monitoring;
 mod nodes;

@@ -1,6 +1,6 @@
 //! The monitoring kit under `docs/monitoring/`: Prometheus alerting rules
 //! (with promtool unit tests) and a Grafana dashboard. Every metric they name
-//! is one muster exports (`muster::telemetry::METRICS`, the list `/metrics`
+//! is one muster exports (`muster::testing::METRICS`, the list `/metrics`
 //! registers), so a renamed metric cannot silently break an alert. promtool
 //! (Debian's `prometheus` package) checks and tests the rules; without it the
 //! promtool part prints SKIP, unless `MUSTER_REQUIRE_PROMTOOL=1` (set by
@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use muster::telemetry::{Kind, METRICS};
+use muster::testing::{Kind, METRICS};
 
 fn kit() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/monitoring")

@@ -3,17 +3,22 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use muster::client::{NodeHeartbeat, NodeInfo, NodeList, NodeState};
+use serde_json::json;
 
 use crate::common::skip_on_cluster;
 use crate::common::*;
 
-fn node_state(list: &Value, id: &str) -> Option<String> {
-    list["nodes"]
-        .as_array()?
-        .iter()
-        .find(|n| n["id"] == id)
-        .map(|n| n["state"].as_str().unwrap_or("").to_string())
+fn node_state(list: &[NodeInfo], id: &str) -> Option<NodeState> {
+    list.iter().find(|n| n.id == id).map(|n| n.state)
+}
+
+/// A heartbeat with this ttl and nothing else.
+fn beat(ttl_ms: u64) -> NodeHeartbeat {
+    NodeHeartbeat {
+        ttl_ms: Some(ttl_ms),
+        ..Default::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -23,12 +28,14 @@ async fn three_nodes_see_each_other() {
     let b = TestApp::start(&redis).await;
     let c = TestApp::start(&redis).await;
     for app in [&a, &b, &c] {
+        // Raw for the counts beside the list (the client's `nodes()` gives the list).
         let (status, list) = app.get("/api/v1/nodes").await;
         assert_eq!(status, 200);
+        let list: NodeList = serde_json::from_value(list).unwrap();
         for id in [&a.node_id, &b.node_id, &c.node_id] {
-            assert_eq!(node_state(&list, id).as_deref(), Some("alive"), "{list}");
+            assert_eq!(node_state(&list.nodes, id), Some(NodeState::Alive), "{list:?}");
         }
-        assert_eq!(list["alive"], 3);
+        assert_eq!(list.alive, 3);
     }
     let events = redis.events("muster").await;
     let joined = events.iter().filter(|(t, _, _)| t == "node.joined").count();
@@ -48,8 +55,8 @@ async fn a_killed_node_is_dead_within_ttl_plus_heartbeat_then_pruned() {
     b.kill().await;
     let killed = Instant::now();
     let dead = wait_until(Duration::from_secs(5), || async {
-        let (_, list) = a.get("/api/v1/nodes").await;
-        node_state(&list, &victim).as_deref() == Some("dead")
+        let list = a.api().nodes().await.unwrap();
+        node_state(&list, &victim) == Some(NodeState::Dead)
     })
     .await;
     assert!(dead, "the killed node is marked dead");
@@ -80,7 +87,7 @@ async fn a_killed_node_is_dead_within_ttl_plus_heartbeat_then_pruned() {
     assert_eq!(dead_events().await, 1, "node.dead is emitted exactly once");
     // After dead_retention (2 s in tests) it is forgotten.
     let pruned = wait_until(Duration::from_secs(5), || async {
-        let (_, list) = a.get("/api/v1/nodes").await;
+        let list = a.api().nodes().await.unwrap();
         node_state(&list, &victim).is_none()
     })
     .await;
@@ -99,8 +106,8 @@ async fn a_graceful_leave_is_seen_at_once() {
     let mut b = TestApp::start(&redis).await;
     let id = b.node_id.clone();
     b.shutdown().await;
-    let (_, list) = a.get("/api/v1/nodes").await;
-    assert_eq!(node_state(&list, &id), None, "gone immediately: {list}");
+    let list = a.api().nodes().await.unwrap();
+    assert_eq!(node_state(&list, &id), None, "gone immediately: {list:?}");
     let events = redis.events("muster").await;
     assert!(events.iter().any(|(t, n, _)| t == "node.left" && *n == id));
     assert!(
@@ -129,8 +136,8 @@ async fn redis_outage_makes_nodes_unready_but_marks_nobody_dead() {
     })
     .await;
     assert!(unready, "both nodes report not-ready while Redis is down");
-    let (_, body) = a.get("/readyz").await;
-    assert!(body["detail"].as_str().unwrap_or("").contains("Redis"), "{body}");
+    let (s, body) = a.get("/readyz").await;
+    assert!(as_problem(s, &body).detail.contains("Redis"), "{body}");
     // Down for well over a ttl (600 ms): every score is stale on return.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     redis.restart();
@@ -146,33 +153,28 @@ async fn redis_outage_makes_nodes_unready_but_marks_nobody_dead() {
     let events = redis.events("muster").await;
     let dead: Vec<_> = events.iter().filter(|(t, _, _)| t == "node.dead").collect();
     assert!(dead.is_empty(), "nobody was marked dead: {dead:?}");
-    let (_, list) = a.get("/api/v1/nodes").await;
-    assert_eq!(node_state(&list, &a.node_id).as_deref(), Some("alive"));
-    assert_eq!(node_state(&list, &b.node_id).as_deref(), Some("alive"));
+    let list = a.api().nodes().await.unwrap();
+    assert_eq!(node_state(&list, &a.node_id), Some(NodeState::Alive));
+    assert_eq!(node_state(&list, &b.node_id), Some(NodeState::Alive));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn external_workers_join_and_expire() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
-    let (status, hb) = a
-        .put(
-            "/api/v1/nodes/worker-1/heartbeat",
-            serde_json::json!({"ttl_ms": 800, "labels": {"zone": "a"}}),
-        )
-        .await;
-    assert_eq!(status, 200, "{hb}");
-    assert_eq!(hb["joined"], true);
-    let (_, hb2) = a
-        .put("/api/v1/nodes/worker-1/heartbeat", serde_json::json!({"ttl_ms": 800}))
-        .await;
-    assert_eq!(hb2["joined"], false);
-    let (_, node) = a.get("/api/v1/nodes/worker-1").await;
-    assert_eq!(node["kind"], "worker");
-    assert_eq!(node["state"], "alive");
+    let labelled = NodeHeartbeat {
+        labels: [("zone".to_string(), "a".to_string())].into(),
+        ..beat(800)
+    };
+    let hb = a.api().heartbeat_node("worker-1", &labelled).await.unwrap();
+    assert!(hb.joined);
+    let hb2 = a.api().heartbeat_node("worker-1", &beat(800)).await.unwrap();
+    assert!(!hb2.joined);
+    let node = a.api().node("worker-1").await.unwrap();
+    assert_eq!(node.kind, "worker");
+    assert_eq!(node.state, NodeState::Alive);
     let dead = wait_until(Duration::from_secs(5), || async {
-        let (_, n) = a.get("/api/v1/nodes/worker-1").await;
-        n["state"] == "dead"
+        a.api().node("worker-1").await.unwrap().state == NodeState::Dead
     })
     .await;
     assert!(dead, "a worker that stops heartbeating is dead after its own ttl");
@@ -203,13 +205,12 @@ async fn drain_is_seen_cluster_wide_and_by_the_node() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     let b = TestApp::start(&redis).await;
-    let (status, _) = a.post(&format!("/api/v1/nodes/{}/drain", b.node_id), Value::Null).await;
-    assert_eq!(status, 204);
-    let (_, node) = a.get(&format!("/api/v1/nodes/{}", b.node_id)).await;
-    assert_eq!(node["state"], "draining");
+    a.api().drain_node(&b.node_id).await.unwrap();
+    let node = a.api().node(&b.node_id).await.unwrap();
+    assert_eq!(node.state, NodeState::Draining);
     let learned = wait_until(Duration::from_secs(3), || async { b.state().health.draining() }).await;
     assert!(learned, "the drained node learns it from its heartbeat");
-    assert_eq!(a.post("/api/v1/nodes/nobody/drain", Value::Null).await.0, 404);
+    assert_eq!(problem(a.api().drain_node("nobody").await).status, 404);
     let events = redis.events("muster").await;
     assert_eq!(events.iter().filter(|(t, _, _)| t == "node.draining").count(), 1);
 }
@@ -218,10 +219,10 @@ async fn drain_is_seen_cluster_wide_and_by_the_node() {
 async fn max_nodes_bounds_the_registry() {
     let redis = TestRedis::start();
     let a = TestApp::start_with(&redis, |c| c.nodes.max_nodes = 2).await;
-    assert_eq!(a.put("/api/v1/nodes/w1/heartbeat", serde_json::json!({})).await.0, 200);
-    let (status, body) = a.put("/api/v1/nodes/w2/heartbeat", serde_json::json!({})).await;
-    assert_eq!(status, 409, "{body}");
-    assert!(body["detail"].as_str().unwrap().contains("max_nodes"));
+    a.api().heartbeat_node("w1", &NodeHeartbeat::default()).await.unwrap();
+    let p = problem(a.api().heartbeat_node("w2", &NodeHeartbeat::default()).await);
+    assert_eq!(p.status, 409, "{p:?}");
+    assert!(p.detail.contains("max_nodes"));
 }
 
 /// A worker leaves through the API with a worker token: its registration
@@ -231,33 +232,23 @@ async fn max_nodes_bounds_the_registry() {
 async fn a_worker_leaves_but_cannot_remove_a_node() {
     let redis = TestRedis::start();
     let app = TestApp::start(&redis).await;
-    let (s, _) = app
-        .put("/api/v1/nodes/leaver/heartbeat", json!({"ttl_ms": 60_000}))
-        .await;
-    assert_eq!(s, 200);
-    let (s, b) = app.post("/api/v1/nodes/leaver/leave", json!(null)).await;
-    assert_eq!(s, 204, "{b}");
-    assert_eq!(app.get("/api/v1/nodes/leaver").await.0, 404);
-    let (s, b) = app.post("/api/v1/nodes/leaver/leave", json!(null)).await;
-    assert_eq!(s, 404, "{b}");
-    let (s, b) = app
-        .post(&format!("/api/v1/nodes/{}/leave", app.node_id), json!(null))
-        .await;
-    assert_eq!(s, 409, "{b}");
-    assert!(b["detail"].as_str().unwrap().contains("not a worker"), "{b}");
-    assert_eq!(app.get(&format!("/api/v1/nodes/{}", app.node_id)).await.0, 200);
+    app.api().heartbeat_node("leaver", &beat(60_000)).await.unwrap();
+    app.api().leave_worker("leaver").await.unwrap();
+    assert_eq!(problem(app.api().node("leaver").await).status, 404);
+    let p = problem(app.api().leave_worker("leaver").await);
+    assert_eq!(p.status, 404, "{p:?}");
+    let p = problem(app.api().leave_worker(&app.node_id).await);
+    assert_eq!(p.status, 409, "{p:?}");
+    assert!(p.detail.contains("not a worker"), "{p:?}");
+    assert!(app.api().node(&app.node_id).await.is_ok());
 
     // Leaving while holding a task: kept (dead) until the task is recovered.
-    let (s, _) = app
-        .put("/api/v1/nodes/holder/heartbeat", json!({"ttl_ms": 60_000}))
-        .await;
-    assert_eq!(s, 200);
+    app.api().heartbeat_node("holder", &beat(60_000)).await.unwrap();
     let id = crate::tasks::submit(&app, "leave-q", json!({})).await;
     assert_eq!(crate::tasks::claim(&app, "leave-q", "holder", 1, 0).await.len(), 1);
-    let (s, _) = app.post("/api/v1/nodes/holder/leave", json!(null)).await;
-    assert_eq!(s, 204);
+    app.api().leave_worker("holder").await.unwrap();
     let requeued = wait_until(Duration::from_secs(10), || async {
-        app.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "queued"
+        app.api().task(&id).await.unwrap().state == "queued"
     })
     .await;
     assert!(requeued, "the leaver's task was recovered");

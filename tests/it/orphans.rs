@@ -2,18 +2,35 @@
 
 use std::time::{Duration, Instant};
 
+use muster::client::{ClaimedTask, NodeHeartbeat, NodeState};
 use serde_json::{Value, json};
 
 use crate::common::skip_on_cluster;
 use crate::common::*;
-use crate::tasks::{claim, submit};
+use crate::tasks::{claim, claim_tasks, submit};
 
 /// Registers a worker with a short ttl.
 async fn join_ttl(app: &TestApp, worker: &str, ttl_ms: u64) {
-    let (s, b) = app
-        .put(&format!("/api/v1/nodes/{worker}/heartbeat"), json!({"ttl_ms": ttl_ms}))
-        .await;
-    assert_eq!(s, 200, "{b}");
+    let hb = NodeHeartbeat {
+        ttl_ms: Some(ttl_ms),
+        ..Default::default()
+    };
+    app.api().heartbeat_node(worker, &hb).await.unwrap();
+}
+
+/// A task's state now.
+async fn state_of(app: &TestApp, id: &str) -> String {
+    app.api().task(id).await.unwrap().state
+}
+
+/// A complete of a task with `token`, whoever holds it now: the refusal if any.
+async fn complete_with(app: &TestApp, t: &ClaimedTask, token: u64) -> muster::client::Result<()> {
+    let c = muster::client::Complete {
+        token,
+        result: Value::Null,
+        next: None,
+    };
+    app.api().complete(&t.id, &c).await.map(drop)
 }
 
 /// Registers a worker and keeps it alive until the returned handle is
@@ -40,15 +57,14 @@ async fn a_dead_workers_task_is_requeued_at_the_front_within_ttl_plus_interval()
     join_ttl(&a, "rescuer", 60_000).await;
     let victim = submit(&a, "orph", json!({"payload": "important"})).await;
     let behind = submit(&a, "orph", json!({"payload": "later"})).await;
-    let got = claim(&a, "orph", "doomed", 1, 0).await;
-    assert_eq!(got[0]["id"], victim.as_str());
-    let old_token = got[0]["token"].as_u64().unwrap();
+    let got = claim_tasks(&a, "orph", "doomed", 1, 0).await;
+    assert_eq!(got[0].id, victim);
+    let old_token = got[0].token;
     // The worker dies: no more heartbeats.
     hb.abort();
     let killed = Instant::now();
     let recovered = wait_until(Duration::from_secs(5), || async {
-        let (_, t) = b.get(&format!("/api/v1/tasks/{victim}")).await;
-        t["state"] == "queued"
+        state_of(&b, &victim).await == "queued"
     })
     .await;
     assert!(recovered, "the orphan is requeued");
@@ -60,30 +76,28 @@ async fn a_dead_workers_task_is_requeued_at_the_front_within_ttl_plus_interval()
         "recovered after {took:?}"
     );
     // At the front of its queue, ahead of the task that was behind it.
-    let next = claim(&b, "orph", "rescuer", 1, 0).await;
-    assert_eq!(next[0]["id"], victim.as_str(), "requeued at the front");
-    assert_eq!(next[0]["attempt"], 2);
-    assert!(next[0]["token"].as_u64().unwrap() > old_token);
+    let next = claim_tasks(&b, "orph", "rescuer", 1, 0).await;
+    assert_eq!(next[0].id, victim, "requeued at the front");
+    assert_eq!(next[0].attempt, 2);
+    assert!(next[0].token > old_token);
     // The dead worker's token is dead.
-    let (s, r) = a
-        .post(&format!("/api/v1/tasks/{victim}/complete"), json!({"token": old_token}))
-        .await;
-    assert_eq!(s, 409, "{r}");
+    let p = problem(complete_with(&a, &got[0], old_token).await);
+    assert_eq!(p.status, 409, "{p:?}");
     let _ = behind;
     // History, API, event, metric.
-    let (_, report) = a.get("/api/v1/orphans").await;
-    let rec = &report["recovered"][0];
-    assert_eq!(rec["task"], victim.as_str());
-    assert_eq!(rec["owner"], "doomed");
-    assert_eq!(rec["action"], "requeued");
-    assert_eq!(rec["attempt"], 1);
-    assert_eq!(report["counts"]["requeued"], 1);
+    let report = a.api().orphans().await.unwrap();
+    let rec = &report.recovered[0];
+    assert_eq!(rec.task, victim);
+    assert_eq!(rec.owner, "doomed");
+    assert_eq!(rec.action, "requeued");
+    assert_eq!(rec.attempt, 1);
+    assert_eq!(report.counts.get("requeued"), Some(&1));
     let events = redis.events("muster").await;
     let rec_events: Vec<_> = events.iter().filter(|(t, _, _)| t == "orphan.recovered").collect();
     assert_eq!(rec_events.len(), 1, "recovered once, though two nodes run the cleaner");
     assert!(events.iter().any(|(t, n, _)| t == "node.dead" && n == "doomed"));
-    let (_, task) = a.get(&format!("/api/v1/tasks/{victim}")).await;
-    assert_eq!(task["attempt_log"][0]["outcome"], "orphaned");
+    let task = a.api().task(&victim).await.unwrap();
+    assert_eq!(task.attempt_log[0].outcome.as_deref(), Some("orphaned"));
     let html = a.page("/orphans").await;
     assert!(html.contains(&victim) && html.contains("doomed"));
     let metrics = a.page("/metrics").await;
@@ -94,7 +108,7 @@ async fn a_dead_workers_task_is_requeued_at_the_front_within_ttl_plus_interval()
 async fn an_orphan_with_no_attempts_left_is_dead_and_its_group_slot_freed() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
-    a.put("/api/v1/groups/solo", json!({"limit": 1})).await;
+    a.api().set_group_limit("solo", Some(1)).await.unwrap();
     let hb = heartbeat_forever(&a, "short", 500).await;
     join_ttl(&a, "other", 60_000).await;
     let id = submit(&a, "last", json!({"max_attempts": 1, "group": "solo"})).await;
@@ -102,15 +116,12 @@ async fn an_orphan_with_no_attempts_left_is_dead_and_its_group_slot_freed() {
     claim(&a, "last", "short", 1, 0).await;
     assert!(claim(&a, "last", "other", 1, 0).await.is_empty(), "the group is full");
     hb.abort();
-    let dead = wait_until(Duration::from_secs(5), || async {
-        a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "dead"
-    })
-    .await;
+    let dead = wait_until(Duration::from_secs(5), || async { state_of(&a, &id).await == "dead" }).await;
     assert!(dead);
-    let got = claim(&a, "last", "other", 1, 2000).await;
-    assert_eq!(got[0]["id"], next.as_str(), "the dead owner's slot was released");
-    let (_, d) = a.get("/api/v1/dead").await;
-    assert_eq!(d["tasks"][0]["id"], id.as_str());
+    let got = claim_tasks(&a, "last", "other", 1, 2000).await;
+    assert_eq!(got[0].id, next, "the dead owner's slot was released");
+    let d = a.api().dead().await.unwrap();
+    assert_eq!(d.tasks[0].id, id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,16 +130,15 @@ async fn a_worker_that_keeps_heartbeating_keeps_its_task() {
     let a = TestApp::start(&redis).await;
     let hb = heartbeat_forever(&a, "steady", 500).await;
     let id = submit(&a, "keep", json!({})).await;
-    let t = claim(&a, "keep", "steady", 1, 0).await;
+    let t = claim_tasks(&a, "keep", "steady", 1, 0).await;
+    assert_eq!(t[0].id, id);
     // Past the ttl, several cleaner passes with the owner heartbeating.
     a.cleaner_passes(15).await;
-    let (s, _) = a
-        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
-        .await;
-    assert_eq!(s, 200, "never recovered from a live owner");
+    let r = complete_with(&a, &t[0], t[0].token).await;
+    assert!(r.is_ok(), "never recovered from a live owner: {r:?}");
     hb.abort();
-    let (_, r) = a.get("/api/v1/orphans").await;
-    assert!(r["recovered"].as_array().unwrap().is_empty());
+    let r = a.api().orphans().await.unwrap();
+    assert!(r.recovered.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,15 +148,12 @@ async fn removing_a_worker_recovers_its_tasks_at_once() {
     join_ttl(&a, "gone", 60_000).await;
     let id = submit(&a, "rm", json!({})).await;
     claim(&a, "rm", "gone", 1, 0).await;
-    assert_eq!(a.delete("/api/v1/nodes/gone").await.0, 204);
-    let back = wait_until(Duration::from_secs(3), || async {
-        a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "queued"
-    })
-    .await;
+    a.api().remove_node("gone").await.unwrap();
+    let back = wait_until(Duration::from_secs(3), || async { state_of(&a, &id).await == "queued" }).await;
     assert!(back, "an admin removal recovers at the next cleaner pass");
     // Once its tasks are recovered the node is forgotten (dead retention 2 s in tests).
     let forgotten = wait_until(Duration::from_secs(5), || async {
-        a.get("/api/v1/nodes/gone").await.0 == 404
+        a.api().node("gone").await.is_err_and(|e| e.status() == Some(404))
     })
     .await;
     assert!(forgotten);
@@ -163,30 +170,22 @@ async fn the_timeout_monitor_fails_overdue_tasks_and_late_completes_get_409() {
         json!({"timeout_ms": 300, "max_attempts": 2, "backoff_base_ms": 0, "backoff_cap_ms": 0}),
     )
     .await;
-    let t1 = claim(&a, "to", "slow", 1, 0).await;
+    let t1 = claim_tasks(&a, "to", "slow", 1, 0).await;
     let retried = wait_until(Duration::from_secs(3), || async {
-        let t = a.get(&format!("/api/v1/tasks/{id}")).await.1;
-        t["state"] == "delayed" || t["state"] == "queued"
+        let t = state_of(&a, &id).await;
+        t == "delayed" || t == "queued"
     })
     .await;
     assert!(retried, "timed out and scheduled for retry");
-    let (s, r) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/complete"),
-            json!({"token": t1[0]["token"]}),
-        )
-        .await;
-    assert_eq!(s, 409, "the late complete is refused: {r}");
-    let t2 = claim(&a, "to", "slow", 1, 2000).await;
-    assert_eq!(t2[0]["attempt"], 2);
-    let dead = wait_until(Duration::from_secs(3), || async {
-        a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "dead"
-    })
-    .await;
+    let p = problem(complete_with(&a, &t1[0], t1[0].token).await);
+    assert_eq!(p.status, 409, "the late complete is refused: {p:?}");
+    let t2 = claim_tasks(&a, "to", "slow", 1, 2000).await;
+    assert_eq!(t2[0].attempt, 2);
+    let dead = wait_until(Duration::from_secs(3), || async { state_of(&a, &id).await == "dead" }).await;
     assert!(dead, "second timeout, no attempts left");
-    let (_, task) = a.get(&format!("/api/v1/tasks/{id}")).await;
-    assert!(task["error"].as_str().unwrap().contains("timed out"));
-    assert_eq!(task["attempt_log"][1]["outcome"], "timed_out");
+    let task = a.api().task(&id).await.unwrap();
+    assert!(task.error.as_deref().unwrap().contains("timed out"));
+    assert_eq!(task.attempt_log[1].outcome.as_deref(), Some("timed_out"));
     let events = redis.events("muster").await;
     assert!(
         events
@@ -207,17 +206,16 @@ async fn a_redis_stall_longer_than_the_ttl_orphans_nothing() {
     let ttl = 600u64;
     let hb = heartbeat_forever(&a, "alive", ttl).await;
     let id = submit(&a, "stall", json!({"timeout_ms": 60_000})).await;
-    let t = claim(&a, "stall", "alive", 1, 0).await;
+    let t = claim_tasks(&a, "stall", "alive", 1, 0).await;
+    assert_eq!(t[0].id, id);
     // Stall Redis for twice the ttl.
     redis.stall(Duration::from_millis(2 * ttl));
     // Well past the stall: several cleaner passes with the worker heartbeating.
     a.cleaner_passes(15).await;
-    let (s, r) = a
-        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
-        .await;
-    assert_eq!(s, 200, "the owner can still complete: {r}");
-    let (_, report) = a.get("/api/v1/orphans").await;
-    assert!(report["recovered"].as_array().unwrap().is_empty(), "{report}");
+    let r = complete_with(&a, &t[0], t[0].token).await;
+    assert!(r.is_ok(), "the owner can still complete: {r:?}");
+    let report = a.api().orphans().await.unwrap();
+    assert!(report.recovered.is_empty(), "{report:?}");
     let events = redis.events("muster").await;
     assert!(
         !events.iter().any(|(t, _, _)| t == "node.dead"),
@@ -244,10 +242,7 @@ async fn the_sweep_recovers_tasks_of_owners_missing_from_the_registry() {
     // And leaves a dangling entry in the ready set (in sw's shard, with its task).
     let ready = format!("{}:q:sw:ready", name_tag("muster", "sw"));
     let _: () = redis.cmd(&["ZADD", &ready, "1", "01ARZ3NDEKTSV4RRFFQ69G5FAV"]).await;
-    let fixed = wait_until(Duration::from_secs(5), || async {
-        a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "queued"
-    })
-    .await;
+    let fixed = wait_until(Duration::from_secs(5), || async { state_of(&a, &id).await == "queued" }).await;
     assert!(fixed, "the sweep (every tenth pass) recovered it");
     let gone = wait_until(Duration::from_secs(3), || async {
         let n: i64 = redis.cmd(&["ZCARD", &ready]).await;
@@ -314,8 +309,8 @@ async fn after_an_outage_a_slow_heartbeating_worker_keeps_its_task() {
     let (worker_ttl, period) = (2000u64, 1800u64);
     join_ttl(&a, "slow", worker_ttl).await;
     let id = submit(&a, "slowq", json!({"timeout_ms": 60_000})).await;
-    let t = claim(&a, "slowq", "slow", 1, 0).await;
-    let token = t[0]["token"].as_u64().unwrap();
+    let t = claim_tasks(&a, "slowq", "slow", 1, 0).await;
+    let token = t[0].token;
     let url = format!("{}/api/v1/nodes/slow/heartbeat", a.url);
     let hb = tokio::spawn(async move {
         let http = reqwest::Client::builder()
@@ -336,12 +331,10 @@ async fn after_an_outage_a_slow_heartbeating_worker_keeps_its_task() {
     tokio::time::sleep(Duration::from_millis(worker_ttl)).await;
     proxy.unblock();
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (_, task) = a.get(&format!("/api/v1/tasks/{id}")).await;
-    assert_eq!(task["state"], "running", "{task}");
-    let (s, r) = a
-        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": token}))
-        .await;
-    assert_eq!(s, 200, "the owner can still complete: {r}");
+    let task = a.api().task(&id).await.unwrap();
+    assert_eq!(task.state, "running", "{task:?}");
+    let r = complete_with(&a, &t[0], token).await;
+    assert!(r.is_ok(), "the owner can still complete: {r:?}");
     hb.abort();
 }
 
@@ -357,14 +350,8 @@ async fn many_listed_dead_workers_do_not_delay_a_recovery() {
     // All 150 expire (and are marked dead) before the victim joins.
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            let (_, l) = a.get("/api/v1/nodes").await;
-            l["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|n| n["state"] == "dead")
-                .count()
-                >= 150
+            let l = a.api().nodes().await.unwrap();
+            l.iter().filter(|n| n.state == NodeState::Dead).count() >= 150
         })
         .await
     );
@@ -375,11 +362,7 @@ async fn many_listed_dead_workers_do_not_delay_a_recovery() {
     hb.abort();
     let killed = Instant::now();
     assert!(
-        wait_until(Duration::from_secs(5), || async {
-            let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
-            t["state"] == "queued"
-        })
-        .await,
+        wait_until(Duration::from_secs(5), || async { state_of(&a, &id).await == "queued" }).await,
         "the victim's task is recovered"
     );
     let took = killed.elapsed();

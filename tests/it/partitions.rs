@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use muster::client::{BatchItem, NextTasks};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::sync::Mutex;
@@ -111,6 +112,18 @@ async fn events_at(url: &str) -> Vec<Event> {
         start = format!("({last}");
     }
     out
+}
+
+/// A batch answer: one item per task sent.
+#[derive(serde::Deserialize)]
+struct Results<T> {
+    results: Vec<T>,
+}
+
+/// The tasks of a claim's answer (none when it is not one: a 204's empty
+/// body, an error).
+fn claimed(b: &Value) -> Vec<muster::client::ClaimedTask> {
+    serde_json::from_value::<NextTasks>(b.clone()).map_or_else(|_| Vec::new(), |c| c.tasks)
 }
 
 /// The `data` field of an event as JSON.
@@ -351,14 +364,8 @@ async fn submit(node: &NsNode, queue: &str, n: usize, tag: &str, extra: Value) -
             if let Ok(r) = r
                 && r.status() == 200
             {
-                let b: Value = r.json().await.unwrap();
-                ids.extend(
-                    b["results"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|r| r["id"].as_str().unwrap().to_string()),
-                );
+                let b: Results<BatchItem> = r.json().await.unwrap();
+                ids.extend(b.results.into_iter().map(|r| r.id.unwrap()));
                 break;
             }
             assert!(Instant::now() < deadline, "could not submit to {}", node.url);
@@ -428,11 +435,11 @@ async fn node_cut_from_redis_stops_work_and_its_tasks_move_on() {
         .await
         .unwrap();
     assert_eq!(s, 200, "{b}");
-    let held: Vec<(String, u64)> = b["tasks"]
-        .as_array()
+    let held: Vec<(String, u64)> = serde_json::from_value::<NextTasks>(b.clone())
         .unwrap()
-        .iter()
-        .map(|t| (t["id"].as_str().unwrap().to_string(), t["token"].as_u64().unwrap()))
+        .tasks
+        .into_iter()
+        .map(|t| (t.id, t.token))
         .collect();
     assert_eq!(held.len(), 3, "{b}");
 
@@ -458,7 +465,7 @@ async fn node_cut_from_redis_stops_work_and_its_tasks_move_on() {
                     )
                     .await;
                 let (s, n) = match r {
-                    Ok((s, b)) => (s, b["tasks"].as_array().map_or(0, |a| a.len())),
+                    Ok((s, b)) => (s, claimed(&b).len()),
                     Err(_) => (0, 0),
                 };
                 claims.lock().await.push((sent - cut_i, s, n, sent.elapsed()));
@@ -480,8 +487,8 @@ async fn node_cut_from_redis_stops_work_and_its_tasks_move_on() {
             )
             .await
         {
-            for t in b["tasks"].as_array().unwrap() {
-                let (id, tok) = (t["id"].as_str().unwrap(), t["token"].as_u64().unwrap());
+            for t in serde_json::from_value::<NextTasks>(b).unwrap().tasks {
+                let (id, tok) = (t.id.as_str(), t.token);
                 let mut k = kept.lock().await;
                 if k.is_none() && id == held[0].0 {
                     *k = Some((id.to_string(), tok));

@@ -12,11 +12,16 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use muster::client::{
+    ClaimedTask, Complete, Fail, Overlap, Problem, Schedule, ScheduleDef, TaskHeartbeat, TaskInfo, TaskTemplate,
+    Triggered,
+};
 use muster::config::Config;
 use serde_json::{Value, json};
 
 use crate::common::*;
-use crate::tasks::{claim, join};
+use crate::tasks::completions;
+use crate::tasks::join;
 
 /// Redis time, ms.
 async fn redis_now(redis: &TestRedis) -> i64 {
@@ -35,35 +40,61 @@ fn fast(c: &mut Config) {
     c.schedules.interval_ms = 100;
 }
 
-async fn create(app: &TestApp, body: Value) -> Value {
-    let (s, b) = app.post("/api/v1/schedules", body).await;
-    assert_eq!(s, 201, "{b}");
-    b
+/// A definition with the defaults: UTC, enabled, overlap allow, no
+/// deadline, no backfill, an empty task.
+fn def(id: &str, expression: &str, queue: &str) -> ScheduleDef {
+    ScheduleDef {
+        id: id.into(),
+        expression: expression.into(),
+        timezone: "UTC".into(),
+        queue: queue.into(),
+        task: TaskTemplate::default(),
+        enabled: true,
+        overlap: Overlap::Allow,
+        starting_deadline_ms: None,
+        backfill: false,
+    }
 }
 
-async fn get(app: &TestApp, id: &str) -> Value {
-    let (s, b) = app.get(&format!("/api/v1/schedules/{id}?history=1000")).await;
-    assert_eq!(s, 200, "{b}");
-    b
+/// Creates a schedule (POST: 201, or a refusal).
+async fn create(app: &TestApp, def: ScheduleDef) -> Schedule {
+    app.api().create_schedule(&def).await.unwrap()
+}
+
+/// A schedule with up to 1000 history entries.
+async fn get(app: &TestApp, id: &str) -> Schedule {
+    app.api().schedule_with_history(id, 1000).await.unwrap()
 }
 
 async fn fired(app: &TestApp, id: &str) -> u64 {
-    get(app, id).await["counts"]["fired"].as_u64().unwrap()
+    get(app, id).await.counts.fired
 }
 
 /// Waits until the schedule has fired at least `n` times.
 async fn until_fired(app: &TestApp, id: &str, n: u64, within: Duration) {
     let ok = wait_until(within, || async { fired(app, id).await >= n }).await;
     let s = get(app, id).await;
-    assert!(ok, "schedule {id} fired {} of {n} in {within:?}: {s}", s["counts"]);
+    assert!(ok, "schedule {id} fired {:?} of {n} in {within:?}", s.counts);
 }
 
 /// Disables the schedule and returns its final cursor: every occurrence up
 /// to it has its outcome, none after it will fire.
 async fn stop(app: &TestApp, id: &str) -> i64 {
-    let (s, b) = app.post(&format!("/api/v1/schedules/{id}/disable"), json!({})).await;
-    assert_eq!(s, 204, "{b}");
-    get(app, id).await["cursor"].as_i64().unwrap()
+    app.api().set_schedule_enabled(id, false).await.unwrap();
+    get(app, id).await.cursor
+}
+
+/// Claims up to `max` of a queue's tasks for a worker (empty when none came).
+use crate::tasks::claim_tasks as claim;
+
+/// Completes a claimed task with its token (no result).
+async fn complete(app: &TestApp, t: &ClaimedTask) -> muster::client::Result<muster::client::FinishedNext> {
+    let c = Complete {
+        token: t.token,
+        result: Value::Null,
+        next: None,
+    };
+    app.api().complete(&t.id, &c).await
 }
 
 /// Moves a schedule's cursor to `cursor` and enables it: the state that all
@@ -78,29 +109,26 @@ async fn rewind(redis: &TestRedis, id: &str, cursor: i64) {
 /// Every task of a queue (any state), grouped by the occurrence in its
 /// idempotency key `schedule:<id>:<T>`; a triggered task
 /// (`schedule:<id>:trigger:...`) by its creation, which is its occurrence.
-async fn tasks_by_occurrence(app: &TestApp, queue: &str, id: &str) -> BTreeMap<i64, Vec<Value>> {
-    let mut out: BTreeMap<i64, Vec<Value>> = BTreeMap::new();
+async fn tasks_by_occurrence(app: &TestApp, queue: &str, id: &str) -> BTreeMap<i64, Vec<TaskInfo>> {
+    let mut out: BTreeMap<i64, Vec<TaskInfo>> = BTreeMap::new();
     let prefix = format!("schedule:{id}:");
     for state in ["queued", "delayed", "running", "succeeded", "cancelled", "dead"] {
-        let mut cursor = String::new();
+        let mut cursor: Option<String> = None;
         loop {
-            let (s, page) = app
-                .get(&format!("/api/v1/queues/{queue}/tasks?state={state}&limit=500{cursor}"))
-                .await;
-            assert_eq!(s, 200, "{page}");
-            for t in page["tasks"].as_array().unwrap() {
-                let key = t["idempotency_key"].as_str().unwrap_or("");
+            let page = app.api().tasks(queue, state, 500, cursor.as_deref()).await.unwrap();
+            for t in page.tasks {
+                let key = t.idempotency_key.as_deref().unwrap_or("");
                 if let Some(rest) = key.strip_prefix(&prefix) {
                     let occ: i64 = if rest.starts_with("trigger:") {
-                        created_at(t)
+                        t.created_at
                     } else {
                         rest.parse().expect("a scheduled occurrence")
                     };
-                    out.entry(occ).or_default().push(t.clone());
+                    out.entry(occ).or_default().push(t);
                 }
             }
-            match page["next_cursor"].as_str() {
-                Some(c) => cursor = format!("&cursor={c}"),
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
                 None => break,
             }
         }
@@ -110,7 +138,7 @@ async fn tasks_by_occurrence(app: &TestApp, queue: &str, id: &str) -> BTreeMap<i
 
 /// Asserts one task per whole second in (from, to] and none elsewhere;
 /// returns the occurrences.
-fn assert_every_second_once(tasks: &BTreeMap<i64, Vec<Value>>, from: i64, to: i64) -> Vec<i64> {
+fn assert_every_second_once(tasks: &BTreeMap<i64, Vec<TaskInfo>>, from: i64, to: i64) -> Vec<i64> {
     let expected: Vec<i64> = ((from / 1000 + 1)..=(to / 1000)).map(|s| s * 1000).collect();
     let dups: Vec<_> = tasks
         .iter()
@@ -128,12 +156,8 @@ fn assert_every_second_once(tasks: &BTreeMap<i64, Vec<Value>>, from: i64, to: i6
     expected
 }
 
-fn created_at(t: &Value) -> i64 {
-    t["created_at"].as_i64().unwrap()
-}
-
-fn every_second(id: &str, queue: &str) -> Value {
-    json!({"id": id, "expression": "* * * * * *", "queue": queue})
+fn every_second(id: &str, queue: &str) -> ScheduleDef {
+    def(id, "* * * * * *", queue)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,8 +172,8 @@ async fn g7_200_every_second_occurrences_over_three_nodes_give_exactly_200_tasks
     let b = TestApp::start_with(&redis, tweak).await;
     let c = TestApp::start_with(&redis, tweak).await;
     let mut def = every_second("tick", "tick");
-    def["backfill"] = json!(true);
-    def["enabled"] = json!(false);
+    def.backfill = true;
+    def.enabled = false;
     create(&a, def).await;
     // 200 occurrences: the first 185 lie in the past, as if every node had been
     // down for 185 s (a backfill the three nodes race for), the last 15 are
@@ -166,7 +190,7 @@ async fn g7_200_every_second_occurrences_over_three_nodes_give_exactly_200_tasks
     assert_eq!(first_200.len(), 200, "exactly 200 tasks for the first 200 occurrences");
     // The live ones were fired on time, never early.
     for (t, v) in tasks.range(now + 1000..) {
-        let late = created_at(&v[0]) - t;
+        let late = v[0].created_at - t;
         assert!(
             (0..1500).contains(&late),
             "occurrence {t} fired {late} ms after its time"
@@ -177,14 +201,9 @@ async fn g7_200_every_second_occurrences_over_three_nodes_give_exactly_200_tasks
     let fired_events = events.iter().filter(|(t, _, _)| t == "schedule.fired").count();
     assert_eq!(fired_events, occurrences.len());
     let s = get(&a, "tick").await;
-    assert_eq!(s["counts"]["fired"].as_u64().unwrap() as usize, occurrences.len());
-    assert_eq!(s["counts"]["missed"], 0);
-    let nodes: HashSet<&str> = s["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["node"].as_str().unwrap())
-        .collect();
+    assert_eq!(s.counts.fired as usize, occurrences.len());
+    assert_eq!(s.counts.missed, 0);
+    let nodes: HashSet<&str> = s.history.iter().map(|h| h.node.as_str()).collect();
     eprintln!("occurrences fired by {} distinct nodes", nodes.len());
 }
 
@@ -203,8 +222,8 @@ async fn g7_nodes_with_clocks_25_s_off_neither_duplicate_nor_miss() {
     let mut slow = TestApp::start_with(&redis, lagging).await;
     let mut def = every_second("skew", "skew");
     // A late firing would be missed: lateness shows up as missing tasks too.
-    def["starting_deadline_ms"] = json!(3000);
-    let from = create(&slow, def).await["cursor"].as_i64().unwrap();
+    def.starting_deadline_ms = Some(3000);
+    let from = create(&slow, def).await.cursor;
     // 1. Only the node whose clock lags 25 s: it still fires every occurrence on time.
     until_fired(&slow, "skew", 4, Duration::from_secs(15)).await;
     // 2. Only the node whose clock leads 25 s: it fires nothing early.
@@ -221,11 +240,11 @@ async fn g7_nodes_with_clocks_25_s_off_neither_duplicate_nor_miss() {
     let tasks = tasks_by_occurrence(&right, "skew", "skew").await;
     assert_every_second_once(&tasks, from, end);
     for (t, v) in &tasks {
-        let late = created_at(&v[0]) - t;
+        let late = v[0].created_at - t;
         assert!(late >= 0, "occurrence {t} fired {} ms early", -late);
         assert!(late < 1500, "occurrence {t} fired {late} ms late");
     }
-    assert_eq!(get(&right, "skew").await["counts"]["missed"], 0);
+    assert_eq!(get(&right, "skew").await.counts.missed, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,9 +253,7 @@ async fn g7_nodes_killed_as_an_occurrence_falls_due_change_nothing() {
     let mut a = TestApp::start_with(&redis, fast).await;
     let mut b = TestApp::start_with(&redis, fast).await;
     let c = TestApp::start_with(&redis, fast).await;
-    let from = create(&a, every_second("crash", "crash")).await["cursor"]
-        .as_i64()
-        .unwrap();
+    let from = create(&a, every_second("crash", "crash")).await.cursor;
     until_fired(&c, "crash", 2, Duration::from_secs(10)).await;
     // Kill a node at the instant an occurrence falls due, while all three race for it.
     for victim in [&mut a, &mut b] {
@@ -250,7 +267,7 @@ async fn g7_nodes_killed_as_an_occurrence_falls_due_change_nothing() {
     let tasks = tasks_by_occurrence(&c, "crash", "crash").await;
     assert_every_second_once(&tasks, from, end);
     for (t, v) in &tasks {
-        let late = created_at(&v[0]) - t;
+        let late = v[0].created_at - t;
         assert!(
             (0..1500).contains(&late),
             "occurrence {t} fired {late} ms after its time"
@@ -321,12 +338,11 @@ async fn g7_europe_berlin_dst_days_fire_the_right_occurrences() {
         ),
     ];
     for (id, expr, _, _) in &cases {
-        create(
-            &a,
-            json!({"id": id, "expression": expr, "timezone": "Europe/Berlin", "queue": "dst",
-                   "backfill": true, "enabled": false}),
-        )
-        .await;
+        let mut d = def(id, expr, "dst");
+        d.timezone = "Europe/Berlin".into();
+        d.backfill = true;
+        d.enabled = false;
+        create(&a, d).await;
     }
     for (id, _, from, want) in &cases {
         rewind(&redis, id, *from).await;
@@ -352,16 +368,14 @@ async fn g7_after_all_nodes_were_down_missed_occurrences_follow_backfill_and_dea
     };
     let mut a = TestApp::start_with(&redis, tweak).await;
     let mut b = TestApp::start_with(&redis, tweak).await;
-    let latest = create(&a, every_second("latest", "latest")).await["cursor"]
-        .as_i64()
-        .unwrap();
+    let latest = create(&a, every_second("latest", "latest")).await.cursor;
     let mut def = every_second("all", "all");
-    def["backfill"] = json!(true);
-    let all = create(&a, def).await["cursor"].as_i64().unwrap();
+    def.backfill = true;
+    let all = create(&a, def).await.cursor;
     let mut def = every_second("recent", "recent");
-    def["backfill"] = json!(true);
-    def["starting_deadline_ms"] = json!(1500);
-    let recent = create(&a, def).await["cursor"].as_i64().unwrap();
+    def.backfill = true;
+    def.starting_deadline_ms = Some(1500);
+    let recent = create(&a, def).await.cursor;
     for id in ["latest", "all", "recent"] {
         until_fired(&a, id, 2, Duration::from_secs(10)).await;
     }
@@ -398,27 +412,22 @@ async fn g7_after_all_nodes_were_down_missed_occurrences_follow_backfill_and_dea
     );
     assert!(tasks.values().all(|v| v.len() == 1));
     let s = get(&c, "latest").await;
-    assert_eq!(s["counts"]["missed"].as_u64().unwrap() as usize, missing.len());
-    let runs: Vec<&Value> = s["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h["result"] == "missed")
-        .collect();
+    assert_eq!(s.counts.missed as usize, missing.len());
+    let runs: Vec<_> = s.history.iter().filter(|h| h.result == "missed").collect();
     assert_eq!(runs.len(), 1, "one history entry for the run of missed occurrences");
-    assert_eq!(runs[0]["reason"], "superseded");
-    assert_eq!(runs[0]["count"].as_u64().unwrap() as usize, missing.len());
-    assert_eq!(runs[0]["t"], missing[0]);
-    assert_eq!(runs[0]["last"], *missing.last().unwrap());
+    assert_eq!(runs[0].reason.as_deref(), Some("superseded"));
+    assert_eq!(runs[0].count.unwrap() as usize, missing.len());
+    assert_eq!(runs[0].t, missing[0]);
+    assert_eq!(runs[0].last, Some(*missing.last().unwrap()));
 
     // backfill = true: every occurrence ran, in order.
     let end = stop(&c, "all").await;
     let tasks = tasks_by_occurrence(&c, "all", "all").await;
     assert_every_second_once(&tasks, all, end);
-    let order: Vec<i64> = tasks.values().map(|v| created_at(&v[0])).collect();
+    let order: Vec<i64> = tasks.values().map(|v| v[0].created_at).collect();
     assert!(order.windows(2).all(|w| w[0] <= w[1]), "fired in order");
     assert!(tasks.keys().filter(|t| outage(**t)).count() >= 4);
-    assert_eq!(get(&c, "all").await["counts"]["missed"], 0);
+    assert_eq!(get(&c, "all").await.counts.missed, 0);
 
     // backfill = true with a 1.5 s deadline: the older outage occurrences were
     // missed, the ones within the deadline ran.
@@ -429,19 +438,14 @@ async fn g7_after_all_nodes_were_down_missed_occurrences_follow_backfill_and_dea
     assert!(missing.len() >= 2, "{missing:?}");
     assert!(missing.iter().all(|t| outage(*t)));
     for (t, v) in &tasks {
-        assert!(created_at(&v[0]) - t <= 1500, "occurrence {t} ran past its deadline");
+        assert!(v[0].created_at - t <= 1500, "occurrence {t} ran past its deadline");
     }
     let s = get(&c, "recent").await;
-    for h in s["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h["result"] == "missed")
-    {
-        assert_eq!(h["reason"], "deadline");
-        assert!(h["at"].as_i64().unwrap() - h["last"].as_i64().unwrap() > 1500, "{h}");
+    for h in s.history.iter().filter(|h| h.result == "missed") {
+        assert_eq!(h.reason.as_deref(), Some("deadline"));
+        assert!(h.at - h.last.unwrap() > 1500, "{h:?}");
     }
-    assert_eq!(s["counts"]["missed"].as_u64().unwrap() as usize, missing.len());
+    assert_eq!(s.counts.missed as usize, missing.len());
     let events = redis.events("muster").await;
     assert!(
         events
@@ -456,22 +460,22 @@ async fn g7_overlap_forbid_skips_while_the_previous_task_is_live() {
     let a = TestApp::start_with(&redis, fast).await;
     join(&a, "w").await;
     let mut def = every_second("solo", "solo");
-    def["overlap"] = json!("forbid");
+    def.overlap = Overlap::Forbid;
     create(&a, def).await;
     until_fired(&a, "solo", 1, Duration::from_secs(10)).await;
-    let first = get(&a, "solo").await["last_task"].as_str().unwrap().to_string();
+    let first = get(&a, "solo").await.last_task.unwrap();
     // Queued, then running: every occurrence meanwhile is skipped.
     let skipped = wait_until(Duration::from_secs(10), || async {
-        get(&a, "solo").await["counts"]["skipped_overlap"].as_u64().unwrap() >= 2
+        get(&a, "solo").await.counts.skipped_overlap >= 2
     })
     .await;
     assert!(skipped);
     let got = claim(&a, "solo", "w", 1, 0).await;
-    assert_eq!(got[0]["id"], first.as_str());
+    assert_eq!(got[0].id, first);
     let s = get(&a, "solo").await;
-    let n_skipped = s["counts"]["skipped_overlap"].as_u64().unwrap();
+    let n_skipped = s.counts.skipped_overlap;
     let more = wait_until(Duration::from_secs(10), || async {
-        get(&a, "solo").await["counts"]["skipped_overlap"].as_u64().unwrap() >= n_skipped + 2
+        get(&a, "solo").await.counts.skipped_overlap >= n_skipped + 2
     })
     .await;
     assert!(more, "skipped while running too");
@@ -481,28 +485,25 @@ async fn g7_overlap_forbid_skips_while_the_previous_task_is_live() {
         "nothing fired while the first task was live"
     );
     let s = get(&a, "solo").await;
-    let h = s["history"].as_array().unwrap();
     assert!(
-        h.iter()
-            .any(|e| e["result"] == "skipped_overlap" && e["task"] == first.as_str())
+        s.history
+            .iter()
+            .any(|e| e.result == "skipped_overlap" && e.task.as_deref() == Some(first.as_str()))
     );
-    // Trigger now obeys the policy too.
-    let (st, body) = a.post("/api/v1/schedules/solo/trigger", json!({})).await;
-    assert_eq!(st, 409, "{body}");
-    assert_eq!(body["task"], first.as_str());
+    // Trigger now obeys the policy too; the refusal names the live task.
+    let p = problem(a.api().trigger_schedule("solo", None).await);
+    assert_eq!(p.status, 409, "{p:?}");
+    assert_eq!(
+        p.extra.get("task").and_then(Value::as_str),
+        Some(first.as_str()),
+        "{p:?}"
+    );
     // Once it finishes, the next occurrence fires.
-    let (st, body) = a
-        .post(
-            &format!("/api/v1/tasks/{first}/complete"),
-            json!({"token": got[0]["token"]}),
-        )
-        .await;
-    assert_eq!(st, 200, "{body}");
+    complete(&a, &got[0]).await.unwrap();
     until_fired(&a, "solo", 2, Duration::from_secs(10)).await;
-    let second = get(&a, "solo").await["last_task"].as_str().unwrap().to_string();
+    let second = get(&a, "solo").await.last_task.unwrap();
     assert_ne!(second, first);
-    let (_, t) = a.get(&format!("/api/v1/tasks/{second}")).await;
-    assert_eq!(t["state"], "queued");
+    assert_eq!(a.api().task(&second).await.unwrap().state, "queued");
     let metrics = a.page("/metrics").await;
     assert!(metrics.contains("muster_schedule_fires_total{result=\"skipped_overlap\"}"));
 }
@@ -521,37 +522,52 @@ async fn g7_overlap_replace_cancels_the_previous_task_and_stales_its_token() {
     // freed. (Split, a schedule's group must share its shard: `one` itself
     // with one shard.)
     let one = name_like("muster", "one", "fresh");
-    a.put(&format!("/api/v1/groups/{one}"), json!({"limit": 1})).await;
+    a.api().set_group_limit(&one, Some(1)).await.unwrap();
     let mut def = every_second("fresh", "fresh");
-    def["overlap"] = json!("replace");
-    def["task"] = json!({"payload": {"kind": "refresh"}, "group": one});
-    def["enabled"] = json!(false);
+    def.overlap = Overlap::Replace;
+    def.task = TaskTemplate {
+        payload: Some(json!({"kind": "refresh"})),
+        group: Some(one.clone()),
+        ..TaskTemplate::default()
+    };
+    def.enabled = false;
     create(&a, def).await;
-    let (st, _) = a.post("/api/v1/schedules/fresh/trigger", json!({})).await;
-    assert_eq!(st, 201);
+    let t = a.api().trigger_schedule("fresh", None).await.unwrap();
+    assert!(!t.replayed, "fired (201), not a replay: {t:?}");
     let got = claim(&a, "fresh", "w", 1, 0).await;
-    let old = got[0]["id"].as_str().unwrap().to_string();
-    let old_token = got[0]["token"].as_u64().unwrap();
-    assert_eq!(got[0]["payload"]["kind"], "refresh");
+    let old = got[0].id.clone();
+    let old_token = got[0].token;
+    assert_eq!(got[0].payload, json!({"kind": "refresh"}));
     // The next occurrence replaces the running task.
-    let (st, _) = a.post("/api/v1/schedules/fresh/enable", json!({})).await;
-    assert_eq!(st, 204);
+    a.api().set_schedule_enabled("fresh", true).await.unwrap();
     let replaced = wait_until(Duration::from_secs(10), || async {
-        let (_, t) = a.get(&format!("/api/v1/tasks/{old}")).await;
-        t["state"] == "cancelled"
+        a.api().task(&old).await.unwrap().state == "cancelled"
     })
     .await;
     assert!(replaced, "the running task is cancelled");
-    let (_, t) = a.get(&format!("/api/v1/tasks/{old}")).await;
-    assert_eq!(t["attempt_log"][0]["outcome"], "cancelled", "{t}");
-    for (action, body) in [
-        ("heartbeat", json!({"token": old_token})),
-        ("complete", json!({"token": old_token})),
-        ("fail", json!({"token": old_token, "error": "late"})),
-    ] {
-        let (st, reply) = a.post(&format!("/api/v1/tasks/{old}/{action}"), body).await;
-        assert_eq!(st, 409, "{action} with the replaced task's token: {reply}");
-    }
+    let t = a.api().task(&old).await.unwrap();
+    assert_eq!(t.attempt_log[0].outcome.as_deref(), Some("cancelled"), "{t:?}");
+    let hb = TaskHeartbeat {
+        token: old_token,
+        ..TaskHeartbeat::default()
+    };
+    let p = problem(a.api().heartbeat_task(&old, &hb).await);
+    assert_eq!(p.status, 409, "heartbeat with the replaced task's token: {p:?}");
+    let c = Complete {
+        token: old_token,
+        result: Value::Null,
+        next: None,
+    };
+    let p = problem(a.api().complete(&old, &c).await);
+    assert_eq!(p.status, 409, "complete with the replaced task's token: {p:?}");
+    let f = Fail {
+        token: old_token,
+        error: "late".into(),
+        retry: true,
+        next: None,
+    };
+    let p = problem(a.api().fail(&old, &f).await);
+    assert_eq!(p.status, 409, "fail with the replaced task's token: {p:?}");
     // Everything the running task held is released: its worker's index and its
     // group slot, so a replacement runs in the group of one at once.
     let held: i64 = redis
@@ -568,7 +584,7 @@ async fn g7_overlap_replace_cancels_the_previous_task_and_stales_its_token() {
     assert_eq!(slot, 0, "still holds its group slot");
     let next = claim(&a, "fresh", "w", 1, 0).await;
     assert_eq!(next.len(), 1, "a replacement is claimable in the group of one");
-    let claimed = next[0]["id"].as_str().unwrap().to_string();
+    let claimed = next[0].id.clone();
     assert_ne!(claimed, old);
     // Queued tasks nobody claimed are replaced too.
     let n = fired(&a, "fresh").await;
@@ -576,25 +592,24 @@ async fn g7_overlap_replace_cancels_the_previous_task_and_stales_its_token() {
     let end = stop(&a, "fresh").await;
     assert!(end > 0);
     let s = get(&a, "fresh").await;
-    let replaced_queued: Vec<&str> = s["history"]
-        .as_array()
-        .unwrap()
+    let replaced_queued: Vec<&str> = s
+        .history
         .iter()
-        .filter_map(|e| e["replaced"].as_str())
+        .filter_map(|e| e.replaced.as_deref())
         .filter(|r| *r != old && *r != claimed)
         .collect();
-    assert!(!replaced_queued.is_empty(), "a queued task was replaced: {s}");
+    assert!(!replaced_queued.is_empty(), "a queued task was replaced: {s:?}");
     for r in replaced_queued {
-        let (_, t) = a.get(&format!("/api/v1/tasks/{r}")).await;
-        assert_eq!(t["state"], "cancelled", "{t}");
-        assert_eq!(t["attempts"], 0, "it never ran: {t}");
+        let t = a.api().task(r).await.unwrap();
+        assert_eq!(t.state, "cancelled", "{t:?}");
+        assert_eq!(t.attempts, 0, "it never ran: {t:?}");
     }
     // At most one of its tasks is live.
     let tasks = tasks_by_occurrence(&a, "fresh", "fresh").await;
     let live = tasks
         .values()
         .flatten()
-        .filter(|t| ["queued", "running", "delayed"].contains(&t["state"].as_str().unwrap()))
+        .filter(|t| ["queued", "running", "delayed"].contains(&t.state.as_str()))
         .count();
     assert!(live <= 1, "{live} live tasks");
     let events = redis.events("muster").await;
@@ -605,8 +620,9 @@ async fn g7_overlap_replace_cancels_the_previous_task_and_stales_its_token() {
     );
 }
 
-/// Sends a request and asserts a problem+json answer; returns status and body.
-async fn problem(req: reqwest::RequestBuilder) -> (u16, Value) {
+/// Sends a raw request and asserts a problem+json answer (its content type
+/// too, which the typed client does not check); returns the problem.
+async fn raw_problem(req: reqwest::RequestBuilder) -> Problem {
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
     let ctype = resp.headers().get("content-type").cloned();
@@ -615,7 +631,7 @@ async fn problem(req: reqwest::RequestBuilder) -> (u16, Value) {
         Some("application/problem+json"),
         "status {status}"
     );
-    (status, resp.json().await.unwrap())
+    as_problem(status, &resp.json().await.unwrap())
 }
 
 mod api;

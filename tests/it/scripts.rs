@@ -3,10 +3,10 @@
 //! error, a bad include or a body over Lua's limits (60 upvalues) fails here
 //! rather than on the first call in production.
 
-use muster::store::script::LIBRARIES;
+use muster::testing::LIBRARIES;
 use std::time::{Duration, Instant};
 
-use muster::store::{Lua, ScriptCtx};
+use muster::testing::{Lua, ScriptCtx};
 
 use crate::common::*;
 
@@ -65,7 +65,7 @@ async fn every_script_compiles_in_redis() {
 /// flush creates exactly one task, and the task runs to completion.
 #[tokio::test]
 async fn a_call_after_the_functions_are_flushed_loads_them_and_runs_once() {
-    use crate::tasks::{claim, submit};
+    use crate::tasks::submit;
     use serde_json::json;
 
     let redis = TestRedis::start();
@@ -80,15 +80,12 @@ async fn a_call_after_the_functions_are_flushed_loads_them_and_runs_once() {
     let () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut c).await.unwrap();
 
     let id = submit(&app, "fl", json!({"payload": {"after": "flush"}})).await;
-    let tasks = claim(&app, "fl", "w", 10, 0).await;
+    let tasks = crate::sharding::claim(&app, "fl", "w", 10, 0).await;
     assert_eq!(tasks.len(), 2, "{tasks:?}");
-    let t = tasks.iter().find(|t| t["id"] == id.as_str()).unwrap();
-    let (s, body) = app
-        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t["token"]}))
-        .await;
-    assert_eq!(s, 200, "{body}");
-    let (_, task) = app.get(&format!("/api/v1/tasks/{id}")).await;
-    assert_eq!(task["state"], "succeeded", "{task}");
+    let t = tasks.iter().find(|t| t.id == id).unwrap();
+    crate::sharding::complete(&app, t).await;
+    let task = app.api().task(&id).await.unwrap();
+    assert_eq!(task.state, "succeeded", "{task:?}");
     let after: redis::Value = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
     assert!(loaded(after) > 0);
 }
@@ -102,7 +99,7 @@ async fn namespaces_on_one_server_share_each_library_and_keep_to_their_keys() {
     if skip_on_cluster("counts every function library on the server; other tests load theirs on the shared cluster") {
         return;
     }
-    use crate::tasks::{claim, submit};
+    use crate::tasks::submit;
     use serde_json::json;
 
     let redis = TestRedis::start();
@@ -111,11 +108,9 @@ async fn namespaces_on_one_server_share_each_library_and_keep_to_their_keys() {
         let (s, _) = app.put("/api/v1/nodes/w/heartbeat", json!({"ttl_ms": 60_000})).await;
         assert_eq!(s, 200);
         let id = submit(&app, "q", json!({"group": "g", "alias": "same-alias"})).await;
-        let t = claim(&app, "q", "w", 1, 0).await;
-        let (s, body) = app
-            .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
-            .await;
-        assert_eq!(s, 200, "{body}");
+        let t = crate::sharding::claim(&app, "q", "w", 1, 0).await;
+        assert_eq!(t[0].id, id);
+        crate::sharding::complete(&app, &t[0]).await;
         app
     };
     let a = work(TestApp::start_with(&redis, |c| c.redis.key_prefix = "alpha".into()).await).await;
@@ -210,7 +205,7 @@ async fn a_function_flushed_again_right_after_its_reload_is_unavailable_and_ran_
     if skip_on_cluster("flushes the server's functions, which every test on the shared cluster uses") {
         return;
     }
-    use muster::store::{StoreError, classify};
+    use muster::testing::{StoreError, classify};
 
     let redis = TestRedis::start();
     let ctx = ScriptCtx {
@@ -266,6 +261,7 @@ async fn function_flushes_under_load_answer_at_worst_503_and_strand_nothing() {
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
 
+    use muster::client::{NextTasks, Submitted};
     use serde_json::json;
 
     let redis = TestRedis::start();
@@ -307,13 +303,14 @@ async fn function_flushes_under_load_answer_at_worst_503_and_strand_nothing() {
                     let body = json!({"payload": {"w": w, "n": n}, "idempotency_key": format!("w{w}-{n}")});
                     let (s, b) = until_not_503(&app, &statuses, &format!("/api/v1/queues/{q}/tasks"), body).await;
                     assert!(s == 201 || s == 200, "submit: {s} {b}");
-                    ids.push(b["id"].as_str().unwrap().to_string());
+                    ids.push(serde_json::from_value::<Submitted>(b).unwrap().id);
                     let claim = json!({"node": node, "max": 1, "wait_ms": 0});
                     let (s, b) = until_not_503(&app, &statuses, &format!("/api/v1/queues/{q}/claim"), claim).await;
                     assert!(s == 200 || s == 204, "claim: {s} {b}");
-                    for t in b["tasks"].as_array().cloned().unwrap_or_default() {
-                        let id = t["id"].as_str().unwrap();
-                        let done = json!({"token": t["token"], "result": {"by": w}});
+                    let tasks = serde_json::from_value::<NextTasks>(b).map(|b| b.tasks);
+                    for t in tasks.unwrap_or_default() {
+                        let id = &t.id;
+                        let done = json!({"token": t.token, "result": {"by": w}});
                         let (s, b) =
                             until_not_503(&app, &statuses, &format!("/api/v1/tasks/{id}/complete"), done).await;
                         assert_eq!(s, 200, "complete: {b}");
@@ -331,18 +328,12 @@ async fn function_flushes_under_load_answer_at_worst_503_and_strand_nothing() {
     // What the loops left queued (claims that answered 204 or 503) is
     // worked off now, with the functions in place.
     loop {
-        let tasks = crate::tasks::claim(&app, q, "w0", 100, 0).await;
+        let tasks = crate::sharding::claim(&app, q, "w0", 100, 0).await;
         if tasks.is_empty() {
             break;
         }
-        for t in tasks {
-            let (s, b) = app
-                .post(
-                    &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
-                    json!({"token": t["token"]}),
-                )
-                .await;
-            assert_eq!(s, 200, "{b}");
+        for t in &tasks {
+            crate::sharding::complete(&app, t).await;
         }
     }
     let statuses = statuses.lock().unwrap().clone();
@@ -351,12 +342,12 @@ async fn function_flushes_under_load_answer_at_worst_503_and_strand_nothing() {
     let bad: Vec<_> = statuses.keys().filter(|s| **s >= 500 && **s != 503).collect();
     assert!(bad.is_empty(), "5xx other than 503: {statuses:?}");
     for id in &ids {
-        let (_, t) = app.get(&format!("/api/v1/tasks/{id}")).await;
-        assert_eq!(t["state"], "succeeded", "{t}");
+        let t = app.api().task(id).await.unwrap();
+        assert_eq!(t.state, "succeeded", "{t:?}");
     }
-    let (_, queue) = app.get(&format!("/api/v1/queues/{q}")).await;
-    assert_eq!(queue["running"], 0, "{queue}");
-    assert_eq!(queue["queued"], 0, "{queue}");
+    let queue = app.api().queue(q).await.unwrap().stats;
+    assert_eq!(queue.running, 0, "{queue:?}");
+    assert_eq!(queue.queued, 0, "{queue:?}");
 }
 
 /// The names `FUNCTION LIST` shows.
@@ -377,12 +368,9 @@ async fn one_task(app: &TestApp) {
     let (s, _) = app.put("/api/v1/nodes/w/heartbeat", json!({"ttl_ms": 60_000})).await;
     assert_eq!(s, 200);
     let id = crate::tasks::submit(app, "fn-sweep", json!({})).await;
-    let t = crate::tasks::claim(app, "fn-sweep", "w", 1, 0).await;
-    assert_eq!(t[0]["id"], id.as_str());
-    let (s, b) = app
-        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
-        .await;
-    assert_eq!(s, 200, "{b}");
+    let t = crate::sharding::claim(app, "fn-sweep", "w", 1, 0).await;
+    assert_eq!(t[0].id, id);
+    crate::sharding::complete(app, &t[0]).await;
 }
 
 /// A node restarted ten times, each time with another `events.max_len`

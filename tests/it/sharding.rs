@@ -11,12 +11,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use muster::store::shards::ShardMap;
+use muster::client::{Acquire, ClaimedTask, Complete, Event, Fail, NodeHeartbeat, WorkflowTaskSpec};
+use muster::testing::ShardMap;
 use serde_json::{Value, json};
 
 use crate::common::*;
 use crate::events::{collect, ws};
-use crate::tasks::{claim, join, submit};
+use crate::tasks::completions;
+use crate::tasks::{join, submit};
 
 const SHARDS: u32 = 4;
 
@@ -40,6 +42,36 @@ fn names_per_shard(stem: &str) -> Vec<String> {
                 .unwrap()
         })
         .collect()
+}
+
+/// Claims up to `max` of a queue's tasks for a worker (empty when none came).
+pub(crate) use crate::tasks::claim_tasks as claim;
+
+/// Completes a claimed task.
+pub(crate) async fn complete(app: &TestApp, t: &ClaimedTask) {
+    let c = Complete {
+        token: t.token,
+        result: Value::Null,
+        next: None,
+    };
+    app.api().complete(&t.id, &c).await.unwrap();
+}
+
+/// Fails a claimed task for good.
+async fn fail(app: &TestApp, t: &ClaimedTask) -> String {
+    let f = Fail {
+        token: t.token,
+        error: "x".into(),
+        retry: false,
+        next: None,
+    };
+    app.api().fail(&t.id, &f).await.unwrap().finished.state
+}
+
+/// The `task` subject of an event frame.
+fn task_of(e: &Value) -> String {
+    let e: Event = serde_json::from_value(e.clone()).unwrap();
+    e.subject("task").unwrap().to_string()
 }
 
 /// The shard whose tag holds `key`'s task hash, if any.
@@ -93,12 +125,13 @@ async fn tasks_live_in_their_home_shard_and_every_call_finds_them() {
     assert_eq!(per_shard.len(), SHARDS as usize);
 
     // Merged reads: the queue list and counts, one task, a page.
-    let (_, q) = a.get("/api/v1/queues").await;
-    let listed: BTreeMap<String, u64> = q["queues"]
-        .as_array()
+    let listed: BTreeMap<String, u64> = a
+        .api()
+        .queues()
+        .await
         .unwrap()
-        .iter()
-        .map(|q| (q["name"].as_str().unwrap().to_string(), q["queued"].as_u64().unwrap()))
+        .into_iter()
+        .map(|q| (q.name, q.queued))
         .collect();
     for q in &queues {
         assert_eq!(
@@ -107,23 +140,10 @@ async fn tasks_live_in_their_home_shard_and_every_call_finds_them() {
             "{q}: 3 of its own and 1 in a group's shard: {listed:?}"
         );
     }
-    let (_, page) = a
-        .get(&format!("/api/v1/queues/{}/tasks?state=queued&limit=2", queues[0]))
-        .await;
-    assert_eq!(page["total"], 4, "{page}");
-    let (_, page2) = a
-        .get(&format!(
-            "/api/v1/queues/{}/tasks?state=queued&limit=10&cursor=2",
-            queues[0]
-        ))
-        .await;
-    let mut seen: Vec<String> = page["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .chain(page2["tasks"].as_array().unwrap())
-        .map(|t| t["id"].as_str().unwrap().to_string())
-        .collect();
+    let page = a.api().tasks(&queues[0], "queued", 2, None).await.unwrap();
+    assert_eq!(page.total, 4, "{page:?}");
+    let page2 = a.api().tasks(&queues[0], "queued", 10, Some("2")).await.unwrap();
+    let mut seen: Vec<String> = page.tasks.iter().chain(&page2.tasks).map(|t| t.id.clone()).collect();
     seen.sort();
     let mut want: Vec<String> = ids
         .iter()
@@ -142,32 +162,28 @@ async fn tasks_live_in_their_home_shard_and_every_call_finds_them() {
     }
     // Complete most in one batch across shards, fail one, then read them.
     let (failed, done) = claimed.split_first().unwrap();
-    let items: Vec<Value> = done
-        .iter()
-        .map(|t| json!({"id": t["id"], "token": t["token"]}))
-        .collect();
-    let (s, b) = a.post("/api/v1/tasks/complete", Value::Array(items)).await;
-    assert_eq!(s, 200, "{b}");
-    let results = b["results"].as_array().unwrap();
+    let items = completions(done, Value::Null);
+    let results = a.api().complete_batch(&items).await.unwrap();
     assert_eq!(results.len(), done.len());
     for (r, t) in results.iter().zip(done) {
-        assert_eq!((&r["id"], r["status"].as_str()), (&t["id"], Some("completed")), "{b}");
+        assert_eq!((&r.id, r.status.as_str()), (&t.id, "completed"), "{results:?}");
     }
-    let fid = failed["id"].as_str().unwrap();
-    let (s, b) = a
-        .post(
-            &format!("/api/v1/tasks/{fid}/fail"),
-            json!({"token": failed["token"], "error": "boom", "retry": false}),
-        )
-        .await;
-    assert_eq!((s, b["state"].as_str()), (200, Some("dead")), "{b}");
+    let fid = failed.id.as_str();
+    let f = Fail {
+        token: failed.token,
+        error: "boom".into(),
+        retry: false,
+        next: None,
+    };
+    let b = a.api().fail(fid, &f).await.unwrap();
+    assert_eq!(b.state, "dead", "{b:?}");
     for t in done {
-        let (_, got) = a.get(&format!("/api/v1/tasks/{}", t["id"].as_str().unwrap())).await;
-        assert_eq!(got["state"], "succeeded", "{got}");
+        let got = a.api().task(&t.id).await.unwrap();
+        assert_eq!(got.state, "succeeded", "{got:?}");
     }
-    let (_, dead) = a.get("/api/v1/dead").await;
-    assert_eq!(dead["total"], 1, "{dead}");
-    assert_eq!(dead["tasks"][0]["id"], fid);
+    let dead = a.api().dead_page(100, None).await.unwrap();
+    assert_eq!(dead.total, 1, "{dead:?}");
+    assert_eq!(dead.tasks[0].id, fid);
 }
 
 /// G6 across shards: a group's tasks are stored in the group's shard
@@ -183,15 +199,14 @@ async fn a_group_limit_holds_across_queues_in_different_shards() {
     let b = node(&redis).await;
     join(&a, "w").await;
     let queues = names_per_shard("lq");
-    let (s, r) = a.put("/api/v1/groups/shared", json!({"limit": 2})).await;
-    assert_eq!(s, 200, "{r}");
+    a.api().set_group_limit("shared", Some(2)).await.unwrap();
     for q in &queues {
         for i in 0..3 {
             submit(&a, q, json!({"payload": i, "group": "shared"})).await;
         }
     }
     // Claims from every queue through both nodes: two run at a time.
-    let mut running: Vec<Value> = Vec::new();
+    let mut running: Vec<ClaimedTask> = Vec::new();
     let mut finished = 0;
     while finished < 3 * queues.len() {
         for (i, q) in queues.iter().enumerate() {
@@ -205,26 +220,15 @@ async fn a_group_limit_holds_across_queues_in_different_shards() {
         }
         assert_eq!(running.len(), 2, "the group stays busy while it has work");
         let t = running.remove(0);
-        let (s, r) = a
-            .post(
-                &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
-                json!({"token": t["token"]}),
-            )
-            .await;
-        assert_eq!(s, 200, "{r}");
+        complete(&a, &t).await;
         finished += 1;
         if finished + running.len() == 3 * queues.len() {
             break;
         }
     }
-    let (_, g) = a.get("/api/v1/groups").await;
-    let shared = g["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["name"] == "shared")
-        .cloned();
-    assert_eq!(shared.unwrap()["limit"], 2, "{g}");
+    let g = a.api().groups().await.unwrap();
+    let shared = g.iter().find(|g| g.name == "shared");
+    assert_eq!(shared.unwrap().limit, Some(2), "{g:?}");
 }
 
 /// G3 in every shard: a worker that stops heartbeating loses the tasks it
@@ -237,14 +241,17 @@ async fn a_dead_workers_tasks_are_recovered_in_every_shard() {
     let redis = TestRedis::start();
     let a = node(&redis).await;
     let queues = names_per_shard("rq");
-    let (s, b) = a.put("/api/v1/nodes/short/heartbeat", json!({"ttl_ms": 500})).await;
-    assert_eq!(s, 200, "{b}");
+    let hb = NodeHeartbeat {
+        ttl_ms: Some(500),
+        ..Default::default()
+    };
+    a.api().heartbeat_node("short", &hb).await.unwrap();
     let mut held = Vec::new();
     for q in &queues {
         submit(&a, q, json!({"payload": 1})).await;
         let got = claim(&a, q, "short", 1, 0).await;
         assert_eq!(got.len(), 1);
-        held.push(got[0]["id"].as_str().unwrap().to_string());
+        held.push(got[0].id.clone());
     }
     let shards: BTreeSet<usize> = held.iter().map(|id| map().home(id)).collect();
     assert_eq!(shards.len(), SHARDS as usize, "one held task per shard");
@@ -252,8 +259,8 @@ async fn a_dead_workers_tasks_are_recovered_in_every_shard() {
     let requeued = wait_until(Duration::from_secs(15), || async {
         let mut all = true;
         for id in &held {
-            let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
-            all &= t["state"] == "queued" && t["attempts"] == 1;
+            let t = a.api().task(id).await;
+            all &= t.is_ok_and(|t| t.state == "queued" && t.attempts == 1);
         }
         all
     })
@@ -286,18 +293,18 @@ async fn the_event_cursor_resumes_every_shard_with_no_hole_and_no_duplicate() {
     let mut since = "0".to_string();
     let mut paged = Vec::new();
     for _ in 0..20 {
-        let (s, p) = a
-            .get(&format!("/api/v1/events?since={since}&limit=7&topics=task.enqueued"))
-            .await;
-        assert_eq!(s, 200, "{p}");
-        let evs = p["events"].as_array().unwrap();
-        for e in evs {
-            let id = e["id"].as_str().unwrap();
+        let p = a
+            .api()
+            .events_page(Some(&since), 7, Some("task.enqueued"))
+            .await
+            .unwrap();
+        for e in &p.events {
+            let id = &e.id;
             assert_eq!(id.split(',').count(), SHARDS as usize, "a cursor per shard: {id}");
-            paged.push(e["task"].as_str().unwrap().to_string());
+            paged.push(e.subject("task").unwrap().to_string());
         }
-        since = p["next"].as_str().unwrap().to_string();
-        if evs.is_empty() {
+        since = p.next.clone().unwrap();
+        if p.events.is_empty() {
             break;
         }
     }
@@ -308,19 +315,14 @@ async fn the_event_cursor_resumes_every_shard_with_no_hole_and_no_duplicate() {
     assert_eq!(sorted, want, "every task's event once");
 
     // The node joined once, though every shard's stream says so.
-    let (_, joined) = a.get("/api/v1/events?since=0&topics=node.joined").await;
-    let mine: Vec<&Value> = joined["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["node"] == a.node_id.as_str())
-        .collect();
-    assert_eq!(mine.len(), 1, "{joined}");
+    let joined = a.api().events_page(Some("0"), 100, Some("node.joined")).await.unwrap();
+    let mine: Vec<&Event> = joined.events.iter().filter(|e| e.node == a.node_id.as_str()).collect();
+    assert_eq!(mine.len(), 1, "{joined:?}");
 
     // A WebSocket resumed from the 7th event's id gets the rest, then the
     // new ones live, each once.
-    let (_, first) = a.get("/api/v1/events?since=0&limit=7&topics=task.enqueued").await;
-    let cursor = first["events"][6]["id"].as_str().unwrap().to_string();
+    let first = a.api().events_page(Some("0"), 7, Some("task.enqueued")).await.unwrap();
+    let cursor = first.events[6].id.clone();
     let mut sub = ws(&a, &format!("topics=task.enqueued&since={cursor}")).await;
     let replayed = collect(&mut sub, ids.len() - 7, Duration::from_secs(10)).await;
     let mut more = Vec::new();
@@ -328,16 +330,11 @@ async fn the_event_cursor_resumes_every_shard_with_no_hole_and_no_duplicate() {
         more.push(submit(&a, q, json!({"payload": "live"})).await);
     }
     let live = collect(&mut sub, more.len(), Duration::from_secs(10)).await;
-    let got: Vec<String> = replayed
+    let got: Vec<String> = replayed.iter().chain(&live).map(task_of).collect();
+    let first7: BTreeSet<String> = first
+        .events
         .iter()
-        .chain(&live)
-        .map(|e| e["task"].as_str().unwrap().to_string())
-        .collect();
-    let first7: BTreeSet<String> = first["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["task"].as_str().unwrap().to_string())
+        .map(|e| e.subject("task").unwrap().to_string())
         .collect();
     let mut want: Vec<String> = ids.iter().filter(|id| !first7.contains(*id)).cloned().collect();
     want.extend(more);
@@ -350,9 +347,9 @@ async fn the_event_cursor_resumes_every_shard_with_no_hole_and_no_duplicate() {
         "nothing more"
     );
     // A cursor of the wrong length is refused, naming the form.
-    let (s, e) = a.get("/api/v1/events?since=1-0,2-0").await;
-    assert_eq!(s, 400, "{e}");
-    assert!(e["detail"].as_str().unwrap().contains("one per shard"), "{e}");
+    let e = problem(a.api().events_page(Some("1-0,2-0"), 100, None).await);
+    assert_eq!(e.status, 400, "{e:?}");
+    assert!(e.detail.contains("one per shard"), "{e:?}");
 }
 
 /// G4 across shards: after a mixed workload every shard's keys return to
@@ -376,8 +373,12 @@ async fn every_shards_keys_return_to_baseline_after_retention() {
     for q in &queues {
         let id = submit(&a, q, json!({})).await;
         let t = claim(&a, q, "w", 1, 0).await;
-        a.post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
-            .await;
+        let c = Complete {
+            token: t[0].token,
+            result: Value::Null,
+            next: None,
+        };
+        let _ = a.api().complete(&id, &c).await;
     }
     let settled = wait_until(Duration::from_secs(10), || async {
         let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
@@ -398,18 +399,11 @@ async fn every_shards_keys_return_to_baseline_after_retention() {
                 break;
             }
             for (n, t) in got.iter().enumerate() {
-                let id = t["id"].as_str().unwrap();
-                let (s, b) = if n % 4 == 0 {
-                    a.post(
-                        &format!("/api/v1/tasks/{id}/fail"),
-                        json!({"token": t["token"], "error": "x", "retry": false}),
-                    )
-                    .await
+                if n % 4 == 0 {
+                    fail(&a, t).await;
                 } else {
-                    a.post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t["token"]}))
-                        .await
-                };
-                assert_eq!(s, 200, "{b}");
+                    complete(&a, t).await;
+                }
             }
         }
     }
@@ -431,28 +425,31 @@ async fn a_workflow_runs_in_one_shard_across_queues_of_every_shard() {
     let a = node(&redis).await;
     join(&a, "w").await;
     let q = names_per_shard("wq");
-    let body = json!({"tasks": [
+    let steps = |v: Value| muster::client::NewWorkflow {
+        tasks: serde_json::from_value::<Vec<WorkflowTaskSpec>>(v).unwrap(),
+        ..Default::default()
+    };
+    let body = steps(json!([
         {"key": "a", "queue": q[0]},
         {"key": "b", "queue": q[1], "depends_on": ["a"]},
         {"key": "c", "queue": q[2], "depends_on": ["a"]},
         {"key": "d", "queue": q[3], "depends_on": ["b", "c"]}
-    ]});
-    let (s, w) = a.post("/api/v1/workflows", body).await;
-    assert_eq!(s, 201, "{w}");
-    let wid = w["id"].as_str().unwrap().to_string();
+    ]));
+    let w = a.api().start_workflow(&body).await.unwrap();
+    let wid = w.id;
     let home = map().home(&wid);
     let mut order = Vec::new();
     for _ in 0..3 {
         let mut round = Vec::new();
         for queue in &q {
             for t in claim(&a, queue, "w", 5, 0).await {
-                let id = t["id"].as_str().unwrap();
-                assert_eq!(shard_of_task(&redis, id).await, vec![home], "in the workflow's shard");
-                round.push(t["payload"].clone());
-                let (s, r) = a
-                    .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t["token"]}))
-                    .await;
-                assert_eq!(s, 200, "{r}");
+                assert_eq!(
+                    shard_of_task(&redis, &t.id).await,
+                    vec![home],
+                    "in the workflow's shard"
+                );
+                round.push(t.payload.clone());
+                complete(&a, &t).await;
                 order.push(queue.clone());
             }
         }
@@ -471,18 +468,17 @@ async fn a_workflow_runs_in_one_shard_across_queues_of_every_shard() {
     assert!(list.to_string().contains(&wid), "{list}");
 
     let g = names_per_shard("wg");
-    let (s, e) = a
-        .post(
-            "/api/v1/workflows",
-            json!({"tasks": [
+    let e = problem(
+        a.api()
+            .start_workflow(&steps(json!([
                 {"key": "a", "queue": "x", "group": g[0]},
                 {"key": "b", "queue": "x", "group": g[1]}
-            ]}),
-        )
-        .await;
-    assert_eq!(s, 400, "{e}");
-    let detail = e["detail"].as_str().unwrap();
-    assert!(detail.contains(&g[0]) && detail.contains(&g[1]), "{e}");
+            ])))
+            .await,
+    );
+    assert_eq!(e.status, 400, "{e:?}");
+    let detail = &e.detail;
+    assert!(detail.contains(&g[0]) && detail.contains(&g[1]), "{e:?}");
 }
 
 /// A schedule fires in the shard of its id; one whose task names a group
@@ -504,11 +500,11 @@ async fn a_schedule_with_a_group_lives_in_the_groups_shard() {
     let body = json!({"expression": "0 0 1 1 *", "queue": "sq", "task": {"group": group}});
     let (s, e) = a.put(&format!("/api/v1/schedules/{id}"), body.clone()).await;
     assert_eq!(s, 400, "{e}");
-    let detail = e["detail"].as_str().unwrap();
+    let detail = as_problem(s, &e).detail;
     let fit = detail
         .split('`')
         .find(|w| w.starts_with(&format!("{id}-")))
-        .expect(detail);
+        .expect(&detail);
     assert_eq!(m.home(fit), m.home(group), "{detail}");
     let (s, b) = a.put(&format!("/api/v1/schedules/{fit}"), body).await;
     assert_eq!(s, 201, "{b}");
@@ -518,7 +514,7 @@ async fn a_schedule_with_a_group_lives_in_the_groups_shard() {
     assert_eq!(shard_of_task(&redis, task).await, vec![m.home(group)]);
     let got = claim(&a, "sq", "w", 1, 2000).await;
     assert_eq!(got.len(), 1, "claimed from the schedule's shard");
-    assert_eq!(got[0]["id"], task);
+    assert_eq!(got[0].id, task);
     let (_, list) = a.get("/api/v1/schedules").await;
     assert!(list.to_string().contains(fit), "{list}");
 }
@@ -538,13 +534,13 @@ async fn locks_elections_and_barriers_live_in_the_shards_of_their_names() {
     let names = names_per_shard("res");
     let parts = json!(["x", "y"]);
     for n in &names {
-        let (s, v) = a
-            .post(
-                &format!("/api/v1/locks/{n}/acquire"),
-                json!({"owner": "o", "ttl_ms": 400, "wait_ms": 0}),
-            )
-            .await;
-        assert_eq!(s, 200, "{v}");
+        let acq = Acquire {
+            owner: "o".into(),
+            ttl_ms: 400,
+            wait_ms: 0,
+            node: None,
+        };
+        a.api().acquire(n, &acq).await.unwrap();
         let (s, v) = a
             .post(
                 &format!("/api/v1/elections/{n}/campaign"),
@@ -637,31 +633,23 @@ async fn a_worker_dead_in_one_shard_only_is_dead_there_and_told() {
         .await;
     assert_eq!(lapsed, 1);
     let requeued = wait_until(Duration::from_secs(10), || async {
-        let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
-        t["state"] == "queued"
+        let t = a.api().task(&id).await;
+        t.is_ok_and(|t| t.state == "queued")
     })
     .await;
     assert!(requeued, "its task in shard 2 is recovered");
-    let (s, list) = a.get("/api/v1/nodes").await;
-    assert_eq!(s, 200, "{list}");
-    let w1 = list["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["id"] == "w1")
-        .unwrap();
-    assert_eq!(w1["state"], "dead", "{w1}");
-    assert_eq!(w1["shards_not_alive"], json!([2]), "{w1}");
-    let (_, one) = a.get("/api/v1/nodes/w1").await;
-    assert_eq!(one["state"], "dead", "{one}");
-    assert_eq!(one["shards_not_alive"], json!([2]), "{one}");
+    let list = a.api().nodes().await.unwrap();
+    let w1 = list.iter().find(|n| n.id == "w1").unwrap();
+    assert_eq!(w1.state, "dead", "{w1:?}");
+    assert_eq!(w1.shards_not_alive, vec![2], "{w1:?}");
+    let one = a.api().node("w1").await.unwrap();
+    assert_eq!(one.state, "dead", "{one:?}");
+    assert_eq!(one.shards_not_alive, vec![2], "{one:?}");
     // Told from shard 2's stream (the registry's other events come from
     // shard 0's only).
     let told = wait_until(Duration::from_secs(10), || async {
-        let (_, page) = a.get("/api/v1/events?since=0&topics=node.dead").await;
-        page["events"]
-            .as_array()
-            .is_some_and(|evs| evs.iter().any(|e| e["node"] == "w1"))
+        let page = a.api().events_page(Some("0"), 100, Some("node.dead")).await;
+        page.is_ok_and(|p| p.events.iter().any(|e| e.node == "w1"))
     })
     .await;
     assert!(told, "node.dead of w1 is delivered");

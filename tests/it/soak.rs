@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use muster::client::{CompleteOutcome, NextTasks, QueueDetail, TaskSpec};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -257,16 +258,29 @@ async fn churn_soak_returns_to_baseline() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 let n = BATCH.min(total - b * BATCH);
-                let tasks: Vec<Value> = (0..n)
+                let tasks: Vec<TaskSpec> = (0..n)
                     .map(|j| {
                         let i = b * BATCH + j;
+                        let kind = |k: &str| json!({"kind": k});
                         let mut t = match i % 100 {
-                            0..=4 => json!({"payload": {"kind": "retry"}, "max_attempts": 3}),
-                            5 => json!({"payload": {"kind": "timeout"}, "timeout_ms": 2000, "max_attempts": 10}),
-                            _ => json!({"payload": {"kind": "ok"}}),
+                            0..=4 => TaskSpec {
+                                payload: kind("retry"),
+                                max_attempts: Some(3),
+                                ..Default::default()
+                            },
+                            5 => TaskSpec {
+                                payload: kind("timeout"),
+                                timeout_ms: Some(2000),
+                                max_attempts: Some(10),
+                                ..Default::default()
+                            },
+                            _ => TaskSpec {
+                                payload: kind("ok"),
+                                ..Default::default()
+                            },
                         };
                         if i % 10 == 7 {
-                            t["idempotency_key"] = json!(format!("soak-{i}"));
+                            t.idempotency_key = Some(format!("soak-{i}"));
                         }
                         t
                     })
@@ -341,13 +355,10 @@ async fn churn_soak_returns_to_baseline() {
                     continue;
                 };
                 let mut complete = Vec::new();
-                for t in b["tasks"].as_array().cloned().unwrap_or_default() {
-                    let (tid, tok, attempt) = (
-                        t["id"].as_str().unwrap().to_string(),
-                        t["token"].as_u64().unwrap(),
-                        t["attempt"].as_u64().unwrap(),
-                    );
-                    match (t["payload"]["kind"].as_str(), attempt) {
+                let tasks = serde_json::from_value::<NextTasks>(b).map(|b| b.tasks);
+                for t in tasks.unwrap_or_default() {
+                    let (tid, tok, attempt) = (t.id.clone(), t.token, t.attempt);
+                    match (t.payload.get("kind").and_then(Value::as_str), attempt) {
                         (Some("retry"), 1) => {
                             let r = post(
                                 &http,
@@ -379,10 +390,11 @@ async fn churn_soak_returns_to_baseline() {
                     continue;
                 };
                 let mut ids = done_ids.lock().await;
-                for o in b["results"].as_array().or(b.as_array()).cloned().unwrap_or_default() {
-                    if o["status"] == "completed" {
+                let outcomes = serde_json::from_value::<Outcomes>(b).map(Outcomes::into_vec);
+                for o in outcomes.unwrap_or_default() {
+                    if o.status == "completed" {
                         counts.completed.fetch_add(1, Ordering::Relaxed);
-                        if !ids.insert(o["id"].as_str().unwrap_or("").to_string()) {
+                        if !ids.insert(o.id) {
                             doubles.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -464,7 +476,7 @@ async fn churn_soak_returns_to_baseline() {
     let rss_end_busy: Vec<u64> = nodes.iter().map(|n| rss_kib(n.pid)).collect();
 
     // ---- G1, G2 ----
-    let q: Value = http
+    let q: QueueDetail = http
         .get(format!("{}/api/v1/queues/{QUEUE}", urls[0]))
         .send()
         .await
@@ -476,7 +488,7 @@ async fn churn_soak_returns_to_baseline() {
     let submitted = counts.submitted.load(Ordering::Relaxed);
     assert_eq!(doubles.load(Ordering::Relaxed), 0, "tasks completed twice");
     assert!(completed >= submitted, "completed {completed} of {submitted}");
-    assert_eq!(q["dead"].as_u64().unwrap_or(0), 0, "dead tasks: {q}");
+    assert_eq!(q.stats.dead, 0, "dead tasks: {q:?}");
 
     // ---- G4: back to the baseline after retention ----
     let settle = Instant::now();
@@ -549,4 +561,20 @@ async fn churn_soak_returns_to_baseline() {
         }
     }
     drop(nodes);
+}
+
+/// A batch complete's answer: `{"results": [...]}`, or the bare list.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Outcomes {
+    Wrapped { results: Vec<CompleteOutcome> },
+    Bare(Vec<CompleteOutcome>),
+}
+
+impl Outcomes {
+    fn into_vec(self) -> Vec<CompleteOutcome> {
+        match self {
+            Outcomes::Wrapped { results } | Outcomes::Bare(results) => results,
+        }
+    }
 }

@@ -10,7 +10,19 @@ use serde_json::{Value, json};
 
 use crate::common::skip_on_cluster;
 use crate::common::*;
-use crate::tasks::{claim, submit};
+use muster::client::{ClaimRequest, Complete, NextRequest, NodeState};
+
+use crate::tasks::{claim, claim_tasks, submit};
+
+/// A claim of one task for `node`, at once.
+fn one(node: &str) -> ClaimRequest {
+    ClaimRequest {
+        node: node.into(),
+        max: 1,
+        wait_ms: 0,
+        ack_ms: None,
+    }
+}
 
 async fn heartbeat(app: &TestApp, worker: &str, ttl_ms: u64) -> u16 {
     app.put(&format!("/api/v1/nodes/{worker}/heartbeat"), json!({"ttl_ms": ttl_ms}))
@@ -48,14 +60,12 @@ async fn stalls_shorter_or_longer_than_the_ttl_declare_nobody_dead() {
     assert_eq!(heartbeat(&a, "w", 600).await, 200);
     let hb = keep_alive(&a, "w", 600, Duration::from_millis(100));
     let id = submit(&a, "st", json!({})).await;
-    let t = claim(&a, "st", "w", 1, 0).await;
+    let t = claim_tasks(&a, "st", "w", 1, 0).await;
     assert_eq!(t.len(), 1);
+    assert_eq!(t[0].id, id);
     // The worker got its task: it acknowledges the claim (the claim lease
     // would otherwise put it back during the stalls, which outlast it).
-    let (s, r) = a
-        .post(&format!("/api/v1/tasks/{id}/ack"), json!({"token": t[0]["token"]}))
-        .await;
-    assert_eq!(s, 200, "{r}");
+    a.api().ack_task(&id, t[0].token).await.unwrap();
     for ms in [550u64, 580, 450, 300, 590, 1200, 560] {
         redis.freeze(Duration::from_millis(ms)).join().unwrap();
         // Let the cleaner passes of both nodes run between stalls.
@@ -78,10 +88,18 @@ async fn stalls_shorter_or_longer_than_the_ttl_declare_nobody_dead() {
             "{n} joined once, no spurious re-join"
         );
     }
-    let (s, r) = a
-        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t[0]["token"]}))
+    let r = a
+        .api()
+        .complete(
+            &id,
+            &Complete {
+                token: t[0].token,
+                result: Value::Null,
+                next: None,
+            },
+        )
         .await;
-    assert_eq!(s, 200, "the owner completes with its token: {r}");
+    assert!(r.is_ok(), "the owner completes with its token: {r:?}");
     hb.abort();
 }
 
@@ -97,8 +115,7 @@ async fn a_drain_survives_a_stall_longer_than_the_ttl() {
     assert_eq!(heartbeat(&a, "w", 600).await, 200);
     let hb = keep_alive(&a, "w", 600, Duration::from_millis(100));
     submit(&a, "dr", json!({})).await;
-    let (s, r) = a.post("/api/v1/nodes/w/drain", json!({})).await;
-    assert_eq!(s, 204, "{r}");
+    a.api().drain_node("w").await.unwrap();
     redis.freeze(Duration::from_millis(1500)).join().unwrap();
     // The worker's heartbeats succeed again.
     let back = wait_until(Duration::from_secs(5), || async {
@@ -107,12 +124,10 @@ async fn a_drain_survives_a_stall_longer_than_the_ttl() {
     .await;
     assert!(back);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (s, r) = a
-        .post("/api/v1/queues/dr/claim", json!({"node": "w", "max": 1, "wait_ms": 0}))
-        .await;
-    assert_eq!(s, 409, "still draining: {r}");
-    let (_, n) = a.get("/api/v1/nodes/w").await;
-    assert_eq!(n["state"], "draining", "{n}");
+    let p = problem(a.api().claim("dr", &one("w")).await);
+    assert_eq!(p.status, 409, "still draining: {p:?}");
+    let n = a.api().node("w").await.unwrap();
+    assert_eq!(n.state, NodeState::Draining, "{n:?}");
     hb.abort();
 }
 
@@ -123,8 +138,7 @@ async fn a_drained_worker_that_died_and_returns_is_still_draining() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     assert_eq!(heartbeat(&a, "w", 500).await, 200);
-    let (s, _) = a.post("/api/v1/nodes/w/drain", json!({})).await;
-    assert_eq!(s, 204);
+    a.api().drain_node("w").await.unwrap();
     let died = wait_until(Duration::from_secs(5), || async {
         redis
             .events("muster")
@@ -135,8 +149,8 @@ async fn a_drained_worker_that_died_and_returns_is_still_draining() {
     .await;
     assert!(died);
     assert_eq!(heartbeat(&a, "w", 60_000).await, 200);
-    let (_, n) = a.get("/api/v1/nodes/w").await;
-    assert_eq!(n["state"], "draining", "{n}");
+    let n = a.api().node("w").await.unwrap();
+    assert_eq!(n.state, NodeState::Draining, "{n:?}");
 }
 
 /// Issue 15 #3: a worker with a ttl of its own longer than the cluster's
@@ -219,35 +233,36 @@ async fn a_draining_node_refuses_claims_through_it() {
     assert_eq!(s, 204);
     // The node learns it at its next heartbeat.
     let refused = wait_until(Duration::from_secs(3), || async {
-        let (s, _) = a
-            .post("/api/v1/queues/nd/claim", json!({"node": "w", "max": 1, "wait_ms": 0}))
-            .await;
-        s == 503
+        a.api()
+            .claim("nd", &one("w"))
+            .await
+            .is_err_and(|e| e.status() == Some(503))
     })
     .await;
     assert!(refused, "claims through a draining node get 503");
     submit(&a, "nd", json!({})).await;
-    let (s, r) = a
-        .post("/api/v1/queues/nd/claim", json!({"node": "w", "max": 1, "wait_ms": 0}))
-        .await;
-    assert_eq!(s, 503);
-    assert!(r["detail"].as_str().unwrap().contains("draining"), "{r}");
+    let p = problem(a.api().claim("nd", &one("w")).await);
+    assert_eq!(p.status, 503);
+    assert!(p.detail.contains("draining"), "{p:?}");
     // Another node still hands the task out.
-    let t = claim(&b, "nd", "w", 1, 0).await;
+    let t = claim_tasks(&b, "nd", "w", 1, 0).await;
     assert_eq!(t.len(), 1);
     // A complete through the draining node still completes, but its `next`
     // claims nothing there and says why, as a claim would.
     submit(&a, "nd", json!({})).await;
-    let (s, r) = a
-        .post(
-            &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
-            json!({"token": t[0]["token"], "next": {"max": 1}}),
-        )
-        .await;
-    assert_eq!(s, 200, "{r}");
-    assert_eq!(r["state"], "succeeded", "{r}");
-    assert_eq!(r["next"]["tasks"], json!([]), "{r}");
-    assert!(r["next"]["refused"].as_str().unwrap().contains("draining"), "{r}");
+    let c = Complete {
+        token: t[0].token,
+        result: Value::Null,
+        next: Some(NextRequest {
+            max: Some(1),
+            ..Default::default()
+        }),
+    };
+    let r = a.api().complete(&t[0].id, &c).await.unwrap();
+    assert_eq!(r.state, "succeeded", "{r:?}");
+    let next = r.next.as_ref().expect("next");
+    assert!(next.tasks.is_empty(), "{r:?}");
+    assert!(next.refused.as_deref().unwrap().contains("draining"), "{r:?}");
     assert_eq!(
         claim(&b, "nd", "w", 1, 0).await.len(),
         1,

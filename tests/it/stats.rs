@@ -3,22 +3,16 @@
 
 use std::time::Duration;
 
+use muster::client::{Range, StatsSeries};
 use serde_json::{Value, json};
 
 use crate::common::*;
-use crate::tasks::{claim, join, submit};
+use crate::tasks::completions;
+use crate::tasks::{claim_tasks, complete_task, fail_task, join, submit};
 
-/// Sums a column of a stats answer.
-fn total(v: &Value, col: &str) -> u64 {
-    v[col].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum()
-}
-
-/// Completes or fails a claimed task (`what`: "complete", "fail").
-async fn report(app: &TestApp, t: &Value, what: &str, body: Value) {
-    let (s, v) = app
-        .post(&format!("/api/v1/tasks/{}/{what}", t["id"].as_str().unwrap()), body)
-        .await;
-    assert_eq!(s, 200, "{v}");
+/// The (succeeded, failed, dead) totals of a stats answer.
+fn totals(h: &StatsSeries) -> (u64, u64, u64) {
+    (h.succeeded.iter().sum(), h.failed.iter().sum(), h.dead.iter().sum())
 }
 
 /// The sum of one field over every minute key in Redis.
@@ -55,21 +49,21 @@ async fn three_nodes_count_each_outcome_once() {
     for _ in 0..2 {
         submit(&c, "bad", json!({"max_attempts": 1})).await;
     }
-    for t in claim(&a, "ok", "w", 10, 0).await {
-        report(&a, &t, "complete", json!({"token": t["token"]})).await;
+    for t in claim_tasks(&a, "ok", "w", 10, 0).await {
+        complete_task(&a, &t).await;
     }
-    for t in claim(&a, "bad", "w", 10, 0).await {
-        report(&a, &t, "fail", json!({"token": t["token"], "error": "boom"})).await;
+    for t in claim_tasks(&a, "bad", "w", 10, 0).await {
+        fail_task(&a, &t, "boom").await;
     }
     let mut retried = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while retried.len() < 3 && std::time::Instant::now() < deadline {
-        retried.extend(claim(&a, "bad", "w", 10, 0).await);
+        retried.extend(claim_tasks(&a, "bad", "w", 10, 0).await);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(retried.len(), 3, "the three retries came back");
     for t in &retried {
-        report(&a, t, "complete", json!({"token": t["token"]})).await;
+        complete_task(&a, t).await;
     }
 
     // Every node counted every outcome; Redis holds each once, not three times.
@@ -103,33 +97,21 @@ async fn three_nodes_count_each_outcome_once() {
 
     // The API, from any node, hour and month, all queues or one.
     for app in [&a, &b, &c] {
+        // Raw: no `range` at all (the client always sends one); the default is the hour.
         let (s, h) = app.get("/api/v1/stats").await;
         assert_eq!(s, 200, "{h}");
-        assert_eq!(
-            (h["range"].as_str(), h["step_s"].as_u64()),
-            (Some("hour"), Some(60)),
-            "{h}"
-        );
-        assert_eq!(h["t"].as_array().unwrap().len(), 60);
-        let t: Vec<i64> = h["t"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
-        assert!(t.windows(2).all(|w| w[1] - w[0] == 60), "one point per minute");
-        assert_eq!(
-            (total(&h, "succeeded"), total(&h, "failed"), total(&h, "dead")),
-            (9, 5, 2),
-            "{h}"
-        );
-        let (s, m) = app.get("/api/v1/stats?range=month&queue=bad").await;
-        assert_eq!(s, 200, "{m}");
-        assert_eq!((m["step_s"].as_u64(), m["queue"].as_str()), (Some(86_400), Some("bad")));
-        assert_eq!(m["t"].as_array().unwrap().len(), 30);
-        assert_eq!(
-            (total(&m, "succeeded"), total(&m, "failed"), total(&m, "dead")),
-            (3, 5, 2),
-            "{m}"
-        );
+        let h: StatsSeries = serde_json::from_value(h).unwrap();
+        assert_eq!((h.range, h.step_s), (Range::Hour, 60), "{h:?}");
+        assert_eq!(h.t.len(), 60);
+        assert!(h.t.windows(2).all(|w| w[1] - w[0] == 60), "one point per minute");
+        assert_eq!(totals(&h), (9, 5, 2), "{h:?}");
+        let m = app.api().stats("month", Some("bad")).await.unwrap();
+        assert_eq!((m.step_s, m.queue.as_deref()), (86_400, Some("bad")));
+        assert_eq!(m.t.len(), 30);
+        assert_eq!(totals(&m), (3, 5, 2), "{m:?}");
     }
-    let (_, none) = a.get("/api/v1/stats?queue=never-used").await;
-    assert_eq!(total(&none, "succeeded"), 0);
+    let none = a.api().stats("hour", Some("never-used")).await.unwrap();
+    assert_eq!(totals(&none).0, 0);
 
     // Bad input: a clear 400, nothing written.
     for bad in [
@@ -139,7 +121,7 @@ async fn three_nodes_count_each_outcome_once() {
     ] {
         let (s, v) = a.get(bad).await;
         assert_eq!(s, 400, "{bad}: {v}");
-        assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()), "{v}");
+        assert!(!as_problem(s, &v).detail.is_empty(), "{v}");
     }
 
     // The pages show the hour's totals, without JavaScript too.
@@ -177,9 +159,9 @@ async fn a_later_smaller_count_never_lowers_the_history() {
     for _ in 0..4 {
         submit(&a, "m", json!({})).await;
     }
-    let first = claim(&a, "m", "w", 4, 0).await;
+    let first = claim_tasks(&a, "m", "w", 4, 0).await;
     for t in &first[..3] {
-        report(&a, t, "complete", json!({"token": t["token"]})).await;
+        complete_task(&a, t).await;
     }
     assert!(
         wait_until(Duration::from_secs(15), || async {
@@ -190,7 +172,7 @@ async fn a_later_smaller_count_never_lowers_the_history() {
     let b = TestApp::start(&redis).await;
     // Let b's bus start before the last outcome.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    report(&a, &first[3], "complete", json!({"token": first[3]["token"]})).await;
+    complete_task(&a, &first[3]).await;
     assert!(
         wait_until(Duration::from_secs(15), || async {
             redis_total(&redis, "m:s").await == 4
@@ -211,8 +193,8 @@ async fn a_later_smaller_count_never_lowers_the_history() {
         day_total += v.unwrap_or(0);
     }
     assert_eq!(day_total, 4, "the day is the sum of its merged minutes");
-    let (_, h) = b.get("/api/v1/stats?queue=m").await;
-    assert_eq!(total(&h, "succeeded"), 4, "{h}");
+    let h = b.api().stats("hour", Some("m")).await.unwrap();
+    assert_eq!(totals(&h).0, 4, "{h:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,7 +211,7 @@ async fn a_merge_sent_again_changes_nothing() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis();
-    stats.count(&muster::events::Event::from_fields(
+    stats.count(&muster::testing::Event::from_fields(
         format!("{}-0", now_ms + 60_000),
         vec![("type".into(), "task.succeeded".into()), ("queue".into(), "x".into())],
     ));
@@ -300,14 +282,11 @@ async fn a_node_that_lags_its_bus_still_counts_every_outcome() {
     }
     let mut done = 0;
     while done < n {
-        let got = claim(&a, "lag", "w", 500, 0).await;
+        let got = claim_tasks(&a, "lag", "w", 500, 0).await;
         assert!(!got.is_empty(), "work remains ({done} done)");
-        let items: Vec<Value> = got
-            .iter()
-            .map(|t| json!({"id": t["id"], "token": t["token"]}))
-            .collect();
-        let (s, v) = a.post("/api/v1/tasks/complete", Value::Array(items)).await;
-        assert_eq!(s, 200, "{v}");
+        let items = completions(&got, Value::Null);
+        let r = a.api().complete_batch(&items).await;
+        assert!(r.is_ok(), "{r:?}");
         done += got.len();
     }
     let exact = wait_until(Duration::from_secs(20), || async {

@@ -7,6 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use muster::client::{
+    BatchResponse, ClaimRequest, ClaimedTask, Complete, CompleteItem, Fail, NextRequest, NodeHeartbeat, Submitted,
+    TaskHeartbeat, TaskSpec,
+};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -14,16 +18,19 @@ use crate::common::*;
 
 /// Registers a worker id with a long ttl.
 pub async fn join(app: &TestApp, worker: &str) {
-    let (s, b) = app
-        .put(&format!("/api/v1/nodes/{worker}/heartbeat"), json!({"ttl_ms": 120_000}))
-        .await;
-    assert_eq!(s, 200, "{b}");
+    let hb = NodeHeartbeat {
+        ttl_ms: Some(120_000),
+        ..Default::default()
+    };
+    app.api().heartbeat_node(worker, &hb).await.unwrap();
 }
 
+/// Submits a task as `body` says (raw, so a test may send any JSON; no
+/// idempotency key is added): its id.
 pub async fn submit(app: &TestApp, queue: &str, body: Value) -> String {
     let (s, b) = app.post(&format!("/api/v1/queues/{queue}/tasks"), body).await;
     assert!(s == 201 || s == 200, "{s} {b}");
-    b["id"].as_str().unwrap().to_string()
+    serde_json::from_value::<Submitted>(b).unwrap().id
 }
 
 pub async fn submit_many(app: &TestApp, queue: &str, n: usize) -> Vec<String> {
@@ -36,27 +43,66 @@ pub async fn submit_many(app: &TestApp, queue: &str, n: usize) -> Vec<String> {
             .post(&format!("/api/v1/queues/{queue}/tasks/batch"), json!({"tasks": tasks}))
             .await;
         assert_eq!(s, 200, "{b}");
-        for r in b["results"].as_array().unwrap() {
-            assert_eq!(r["status"], "created", "{r}");
-            ids.push(r["id"].as_str().unwrap().to_string());
+        for r in serde_json::from_value::<BatchResponse>(b).unwrap().results {
+            assert_eq!(r.status, "created", "{r:?}");
+            ids.push(r.id.unwrap());
         }
         left -= k;
     }
     ids
 }
 
-pub async fn claim(app: &TestApp, queue: &str, node: &str, max: u32, wait_ms: u64) -> Vec<Value> {
-    let (s, b) = app
-        .post(
-            &format!("/api/v1/queues/{queue}/claim"),
-            json!({"node": node, "max": max, "wait_ms": wait_ms}),
-        )
-        .await;
-    match s {
-        200 => b["tasks"].as_array().unwrap().clone(),
-        204 => Vec::new(),
-        _ => panic!("claim: {s} {b}"),
+/// Claims up to `max` tasks for `node`, typed (empty on 204).
+pub async fn claim_tasks(app: &TestApp, queue: &str, node: &str, max: u32, wait_ms: u64) -> Vec<ClaimedTask> {
+    let req = ClaimRequest {
+        node: node.into(),
+        max,
+        wait_ms,
+        ack_ms: None,
+    };
+    match app.api().claim(queue, &req).await {
+        Ok(tasks) => tasks,
+        Err(e) => panic!("claim: {e:?}"),
     }
+}
+
+/// [`claim_tasks`] as JSON, for the tests that read claims as sent.
+pub async fn claim(app: &TestApp, queue: &str, node: &str, max: u32, wait_ms: u64) -> Vec<Value> {
+    let tasks = claim_tasks(app, queue, node, max, wait_ms).await;
+    tasks.iter().map(|t| serde_json::to_value(t).unwrap()).collect()
+}
+
+/// Completes a claimed task (no result) through the typed client.
+pub async fn complete_task(app: &TestApp, t: &ClaimedTask) -> muster::client::FinishedNext {
+    let c = Complete {
+        token: t.token,
+        result: Value::Null,
+        next: None,
+    };
+    app.api().complete(&t.id, &c).await.unwrap()
+}
+
+/// A batch complete's items: each claimed task with its token and `result`.
+pub fn completions<'a>(tasks: impl IntoIterator<Item = &'a ClaimedTask>, result: Value) -> Vec<CompleteItem> {
+    tasks
+        .into_iter()
+        .map(|t| CompleteItem {
+            id: t.id.clone(),
+            token: t.token,
+            result: result.clone(),
+        })
+        .collect()
+}
+
+/// Fails a claimed task (retried while attempts are left).
+pub async fn fail_task(app: &TestApp, t: &ClaimedTask, error: &str) -> muster::client::FinishedNext {
+    let f = Fail {
+        token: t.token,
+        error: error.into(),
+        retry: true,
+        next: None,
+    };
+    app.api().fail(&t.id, &f).await.unwrap()
 }
 
 /// A task of the key-leak workloads: an idempotency key always, and by `n` a
@@ -73,10 +119,6 @@ pub fn mixed_task(n: usize) -> Value {
         t["max_attempts"] = json!(1);
     }
     t
-}
-
-fn token(t: &Value) -> u64 {
-    t["token"].as_u64().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,26 +141,17 @@ async fn g1_each_attempt_is_claimed_once_across_three_nodes() {
             let me = format!("w{w}");
             join(app, &me).await;
             loop {
-                let got = claim(app, "g1", &me, 25, 0).await;
+                let got = claim_tasks(app, "g1", &me, 25, 0).await;
                 if got.is_empty() {
                     break;
                 }
-                let items: Vec<Value> = got
-                    .iter()
-                    .map(|t| json!({"id": t["id"], "token": t["token"], "result": w}))
-                    .collect();
-                let (s, b) = app.post("/api/v1/tasks/complete", Value::Array(items)).await;
-                assert_eq!(s, 200, "{b}");
-                for r in b["results"].as_array().unwrap() {
-                    assert_eq!(r["status"], "completed", "{r}");
+                let items = completions(&got, json!(w));
+                for r in app.api().complete_batch(&items).await.unwrap() {
+                    assert_eq!(r.status, "completed", "{r:?}");
                 }
                 let mut c = claims.lock().await;
                 for t in &got {
-                    c.push((
-                        t["id"].as_str().unwrap().into(),
-                        token(t),
-                        t["attempt"].as_u64().unwrap() as u32,
-                    ));
+                    c.push((t.id.clone(), t.token, t.attempt));
                 }
             }
         }));
@@ -133,8 +166,8 @@ async fn g1_each_attempt_is_claimed_once_across_three_nodes() {
     let tokens: HashSet<_> = claims.iter().map(|c| c.1).collect();
     assert_eq!(tokens.len(), total, "every claim has its own token");
     assert!(claims.iter().all(|c| c.2 == 1 && c.1 < (1u64 << 53)));
-    let (_, q) = nodes[1].get("/api/v1/queues").await;
-    assert_eq!(q["queues"][0]["succeeded"], total as u64, "{q}");
+    let q = nodes[1].api().queues().await.unwrap();
+    assert_eq!(q[0].succeeded, total as u64, "{q:?}");
     // Claim events: exactly one per attempt.
     let events = redis.events("muster").await;
     assert_eq!(events.iter().filter(|(t, _, _)| t == "task.claimed").count(), total);
@@ -155,14 +188,16 @@ async fn completing_a_never_claimed_task_is_a_conflict() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     let id = submit(&a, "nc", json!({"payload": 1})).await;
+    // Raw: a complete without a `result` field at all.
     let (s, r) = a
         .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": 1}))
         .await;
     assert_eq!(s, 409, "{r}");
-    assert_eq!(r["state"], "queued", "{r}");
+    assert_eq!(as_problem(s, &r).extra["state"], "queued", "{r}");
     let (s, r) = a.post("/api/v1/tasks/complete", json!([{"id": id, "token": 1}])).await;
     assert_eq!(s, 200, "{r}");
-    assert_eq!(r["results"][0]["status"], "conflict", "{r}");
+    let r: muster::client::CompleteBatchResponse = serde_json::from_value(r).unwrap();
+    assert_eq!(r.results[0].status, "conflict", "{r:?}");
 }
 
 /// G1 through two nodes: a retried task's old token is refused everywhere
@@ -176,59 +211,65 @@ pub async fn stale_tokens_scenario(a: &TestApp, b: &TestApp) {
         json!({"payload": 1, "backoff_base_ms": 0, "backoff_cap_ms": 0}),
     )
     .await;
-    let first = claim(a, "st", "wa", 1, 0).await;
-    let t1 = token(&first[0]);
+    let first = claim_tasks(a, "st", "wa", 1, 0).await;
+    let t1 = first[0].token;
     // The first holder fails; the task is retried immediately and claimed again.
-    let (s, f) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/fail"),
-            json!({"token": t1, "error": "boom"}),
-        )
-        .await;
-    assert_eq!(s, 200, "{f}");
-    assert_eq!(f["state"], "delayed");
-    let second = claim(b, "st", "wb", 1, 2000).await;
+    let fail = |token: u64, error: &str| Fail {
+        token,
+        error: error.into(),
+        retry: true,
+        next: None,
+    };
+    let f = a.api().fail(&id, &fail(t1, "boom")).await.unwrap();
+    assert_eq!(f.state, "delayed");
+    let second = claim_tasks(b, "st", "wb", 1, 2000).await;
     assert_eq!(second.len(), 1);
-    let t2 = token(&second[0]);
+    let t2 = second[0].token;
     assert!(t2 > t1, "a later claim has a greater token");
-    assert_eq!(second[0]["attempt"], 2);
+    assert_eq!(second[0].attempt, 2);
     // Every call with the old token is refused with the current state.
-    for (path, body) in [
-        ("complete", json!({"token": t1, "result": "late"})),
-        ("fail", json!({"token": t1, "error": "late"})),
-        ("heartbeat", json!({"token": t1, "progress": 50})),
+    let late = Complete {
+        token: t1,
+        result: json!("late"),
+        next: None,
+    };
+    let beat = TaskHeartbeat {
+        token: t1,
+        progress: Some(50),
+        fields: None,
+    };
+    for (path, p) in [
+        ("complete", problem(b.api().complete(&id, &late).await)),
+        ("fail", problem(b.api().fail(&id, &fail(t1, "late")).await)),
+        ("heartbeat", problem(b.api().heartbeat_task(&id, &beat).await)),
     ] {
-        let (s, r) = b.post(&format!("/api/v1/tasks/{id}/{path}"), body).await;
-        assert_eq!(s, 409, "{path}: {r}");
-        assert_eq!(r["state"], "running", "{r}");
-        assert!(r["detail"].as_str().unwrap().contains("stale"));
+        assert_eq!(p.status, 409, "{path}: {p:?}");
+        assert_eq!(p.extra["state"], "running", "{p:?}");
+        assert!(p.detail.contains("stale"));
     }
-    let (_, task) = a.get(&format!("/api/v1/tasks/{id}")).await;
-    assert_eq!(task["state"], "running");
-    assert_eq!(task["token"], t2);
-    assert_eq!(task["progress"], 0, "the stale heartbeat changed nothing");
-    assert!(task.get("result").is_none());
+    let task = a.api().task(&id).await.unwrap();
+    assert_eq!(task.state, "running");
+    assert_eq!(task.token, Some(t2));
+    assert_eq!(task.progress, 0, "the stale heartbeat changed nothing");
+    assert!(task.result.is_none());
     // The current holder completes; afterwards even it is refused.
-    let (s, _) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/complete"),
-            json!({"token": t2, "result": {"ok": 1}}),
-        )
-        .await;
-    assert_eq!(s, 200);
-    let (s, r) = a
-        .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t2}))
-        .await;
-    assert_eq!(s, 409);
-    assert_eq!(r["state"], "succeeded");
-    let (_, task) = a.get(&format!("/api/v1/tasks/{id}")).await;
-    let log = task["attempt_log"].as_array().unwrap();
+    let done = Complete {
+        token: t2,
+        result: json!({"ok": 1}),
+        next: None,
+    };
+    a.api().complete(&id, &done).await.unwrap();
+    let p = problem(a.api().complete(&id, &done).await);
+    assert_eq!(p.status, 409);
+    assert_eq!(p.extra["state"], "succeeded");
+    let task = a.api().task(&id).await.unwrap();
+    let log = &task.attempt_log;
     assert_eq!(log.len(), 2);
-    assert_eq!(log[0]["outcome"], "failed");
-    assert_eq!(log[0]["node"], "wa");
-    assert_eq!(log[1]["outcome"], "succeeded");
-    assert_eq!(log[1]["token"], t2);
-    assert_eq!(task["result"], json!({"ok": 1}));
+    assert_eq!(log[0].outcome.as_deref(), Some("failed"));
+    assert_eq!(log[0].node, "wa");
+    assert_eq!(log[1].outcome.as_deref(), Some("succeeded"));
+    assert_eq!(log[1].token, t2);
+    assert_eq!(task.result, Some(json!({"ok": 1})));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,30 +297,32 @@ async fn g5_one_task_per_idempotency_key_across_nodes() {
         let mut ids = HashSet::new();
         for r in reqs {
             let (s, b) = r.await.unwrap();
+            let b: Submitted = match s {
+                200 | 201 => serde_json::from_value(b).unwrap(),
+                _ => panic!("{s} {b}"),
+            };
             match s {
                 201 => created += 1,
-                200 => assert_eq!(b["replayed"], true),
-                _ => panic!("{s} {b}"),
+                _ => assert!(b.replayed),
             }
-            ids.insert(b["id"].as_str().unwrap().to_string());
+            ids.insert(b.id);
         }
         assert_eq!(created, 1, "exactly one 201");
         assert_eq!(ids.len(), 1, "everyone got the same task");
     }
-    let (_, q) = nodes[0].get("/api/v1/queues").await;
-    assert_eq!(q["queues"][0]["queued"], 5, "five keys, five tasks: {q}");
+    let q = nodes[0].api().queues().await.unwrap();
+    assert_eq!(q[0].queued, 5, "five keys, five tasks: {q:?}");
     // A replay through another queue names the original task's queue (keys
     // are unique within a shard when split: take a queue in idem's shard).
     let elsewhere = name_like("muster", "elsewhere", "idem");
-    let (s, b) = nodes[1]
-        .post(
-            &format!("/api/v1/queues/{elsewhere}/tasks"),
-            json!({"idempotency_key": "order-0"}),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
-    assert_eq!(b["queue"], "idem", "{b}");
-    assert_eq!(b["state"], "queued", "{b}");
+    let spec = muster::client::TaskSpec {
+        idempotency_key: Some("order-0".into()),
+        ..Default::default()
+    };
+    let b = nodes[1].api().submit(&elsewhere, &spec).await.unwrap();
+    assert!(b.replayed, "{b:?}");
+    assert_eq!(b.queue, "idem", "{b:?}");
+    assert_eq!(b.state, "queued", "{b:?}");
     // Header and body must agree.
     let req = nodes[0]
         .request(reqwest::Method::POST, "/api/v1/queues/idem/tasks")

@@ -242,6 +242,39 @@ def test_other_operations_round_trip(cluster: Cluster, queue: str) -> None:
         assert c.redis_info() and c.live() and "muster_" in c.metrics()
 
 
+def test_limits_round_trip(cluster: Cluster, queue: str) -> None:
+    """Flow-control limits: define, bind a queue, submit with a task's own,
+    read the use back, remove."""
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        made = c.set_limit(f"{queue}-api", concurrency=1, rate_max=100, rate_per_ms=1000, rate_burst=5)
+        assert made["concurrency"] == 1 and made["rate"] == {"max": 100, "per_ms": 1000, "burst": 5}
+        c.set_limit(f"{queue}-tenant:*", concurrency=2)
+        assert c.set_queue_limits(queue, [f"{queue}-api"])["limits"] == [f"{queue}-api"]
+        sub = c.submit(queue, {"n": 1}, limits=[f"{queue}-tenant:acme"])
+        assert c.get_task(sub.id).state == "queued"
+        c.heartbeat_node("py-lim-worker", ttl_ms=5000)
+        [t] = c.claim(queue, "py-lim-worker", max=5, wait_ms=1000)
+        assert t.id == sub.id
+        assert c.get_limit(f"{queue}-api")["running"] == 1
+        assert c.get_limit(f"{queue}-tenant:acme")["running"] == 1
+        c.complete(t.id, t.token, None)
+        assert c.get_limit(f"{queue}-api")["running"] == 0
+        assert {lim["name"] for lim in c.list_limits()} >= {f"{queue}-api", f"{queue}-tenant:*"}
+        with pytest.raises(Conflict):
+            c.submit(queue, 1, limits=["nope"])
+        c.set_queue_limits(queue, [])
+        c.delete_limit(f"{queue}-api")
+        with pytest.raises(NotFound):
+            c.get_limit(f"{queue}-api")
+        # Debounce: the second submit with the key replaces the first.
+        first = c.submit(queue, 1, debounce=("py-key", 60_000))
+        second = c.submit(queue, 2, debounce=("py-key", 60_000))
+        assert first.state == "delayed" and first.replaced is None
+        assert second.replaced == first.id
+        assert c.get_task(first.id).state == "cancelled"
+        c.cancel(second.id)
+
+
 def test_blocking_follow(cluster: Cluster, queue: str) -> None:
     with Client(cluster.urls, ADMIN_TOKEN) as c:
         ids = [c.submit(queue, i).id for i in range(2)]

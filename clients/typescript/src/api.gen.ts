@@ -488,6 +488,53 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/limits": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every limit and template, with its use now. */
+        get: operations["list_limits"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/limits/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A limit, a template (`name:*`) or a template's key (`name:key`): its
+         *     settings and its use now (running, tokens left, tasks waiting on it).
+         */
+        get: operations["get_limit"];
+        /**
+         * Defines or changes a limit, or a template `name:*` whose settings every
+         *     key `name:<key>` gets (each key its own bucket and slots, made on first
+         *     use). A key given settings of its own (`tenant:big`) keeps them over its
+         *     template's. 201 when created. A change keeps the bucket and the slots held.
+         */
+        put: operations["put_limit"];
+        post?: never;
+        /**
+         * Removes a limit or template. Tasks running under it keep their slots
+         *     until they end; queues and tasks that name it are no longer held by it.
+         */
+        delete: operations["delete_limit"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/live": {
         parameters: {
             query?: never;
@@ -673,7 +720,9 @@ export interface paths {
         /**
          * An external worker joins the cluster or refreshes its membership. A
          *     worker must heartbeat before it claims, and keep heartbeating while it
-         *     runs tasks: when its heartbeat expires its tasks are recovered.
+         *     runs tasks: when its heartbeat expires its tasks are recovered. A
+         *     worker id belongs to the credential (token name) that registered it
+         *     until it leaves or is marked dead; a muster node's id is never a worker's.
          */
         put: operations["heartbeat_node"];
         post?: never;
@@ -696,7 +745,8 @@ export interface paths {
          * An external worker leaves the cluster when it stops: its registration is
          *     removed at once, or, while it still holds running tasks, kept (dead) until
          *     the orphan cleaner has recovered them. Only worker registrations: a
-         *     muster node is removed by an admin (`DELETE /api/v1/nodes/{id}`).
+         *     muster node is removed by an admin (`DELETE /api/v1/nodes/{id}`), and
+         *     a worker only by the credential that registered it.
          */
         post: operations["leave_worker"];
         delete?: never;
@@ -792,6 +842,28 @@ export interface paths {
          *     worker strands nothing.
          */
         post: operations["claim_tasks"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/queues/{queue}/limits": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The limits that bind every task of a queue. */
+        get: operations["get_queue_limits"];
+        /**
+         * Sets the limits that bind every task of a queue, on top of each task's
+         *     own; one limit named by several queues is shared by them. An empty list
+         *     removes them.
+         */
+        put: operations["put_queue_limits"];
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1340,6 +1412,7 @@ export interface components {
              */
             wait_ms?: number | null;
         };
+        /** @description A lock held. */
         Acquired: {
             /**
              * Format: int64
@@ -1539,6 +1612,8 @@ export interface components {
             code?: number | null;
             error?: string | null;
             id?: string | null;
+            /** @description The task this item replaced (`debounce`). */
+            replaced?: string | null;
             state?: string | null;
             /** @description created, replayed or error. */
             status: string;
@@ -1565,6 +1640,7 @@ export interface components {
              * @description Largest retry delay; default `tasks.backoff_cap_ms`.
              */
             backoff_cap_ms?: number | null;
+            debounce?: components["schemas"]["Debounce"] | null;
             /**
              * Format: uint64
              * @description Claimable after this delay, at most one year (366 days).
@@ -1574,6 +1650,12 @@ export interface components {
             group?: string | null;
             /** @description Same key within `tasks.idempotency_window_ms`: the same task, never a second. */
             idempotency_key?: string | null;
+            /**
+             * @description Flow-control limits of its own (1 to 8, each defined: a limit, or a
+             *     key `name:key` of a template `name:*`), on top of its queue's: it
+             *     starts only when every one has room (G13). Not with `group`.
+             */
+            limits?: string[] | null;
             /**
              * Format: uint32
              * @description Executions before the task is dead, 1 to 1000. Default `tasks.max_attempts`.
@@ -1733,7 +1815,10 @@ export interface components {
              */
             token: number;
         };
-        /** @description A list of completions, bare or as `{"tasks": [...]}`. */
+        /**
+         * @description A list of completions, bare or as `{"tasks": [...]}`: the request's
+         *     shape for the OpenAPI document; the body is read by [`parse_batch`].
+         */
         CompleteBatch: components["schemas"]["CompleteItem"][] | {
             tasks: components["schemas"]["CompleteItem"][];
         };
@@ -1789,6 +1874,15 @@ export interface components {
             id: string;
             /** @description True when the idempotency key returned an existing workflow. */
             replayed: boolean;
+        };
+        /** @description A debounce: the key (`[A-Za-z0-9._-]{1,128}`, per queue) and the window. */
+        Debounce: {
+            key: string;
+            /**
+             * Format: int64
+             * @description 1 to 86 400 000 (one day).
+             */
+            ms: number;
         };
         /** @description A DoubleBarrier's state. */
         DoubleBarrier: {
@@ -1939,7 +2033,7 @@ export interface components {
              * Format: uint64
              * @description Queued tasks of the group, in the queue asked about.
              */
-            queued: number;
+            queued?: number;
             /** Format: uint64 */
             running: number;
         };
@@ -1977,9 +2071,15 @@ export interface components {
         };
         /** @description Body of an external worker's heartbeat. */
         HeartbeatBody: {
-            /** @description Where the worker runs (host, URL); shown on the Nodes page. */
+            /**
+             * @description Where the worker runs (host, URL); shown on the Nodes page. No
+             *     control or bidirectional formatting characters.
+             */
             addr?: string;
-            /** @description Up to 32 labels (keys up to 64 characters, values up to 256). */
+            /**
+             * @description Up to 32 labels (keys up to 64 characters, values up to 256); no
+             *     control or bidirectional formatting characters in keys or values.
+             */
             labels?: {
                 [key: string]: string;
             };
@@ -1988,7 +2088,10 @@ export interface components {
              * @description Lifetime of this heartbeat, 500 to 3 600 000 ms; default `nodes.ttl_ms`.
              */
             ttl_ms?: number | null;
-            /** @description The worker's version, shown on the Nodes page. */
+            /**
+             * @description The worker's version, shown on the Nodes page. No control or
+             *     bidirectional formatting characters.
+             */
             version?: string;
         };
         HeartbeatRequest: {
@@ -2121,6 +2224,46 @@ export interface components {
              *     every entrant to leave. Leaving again is harmless.
              */
             wait_ms?: number | null;
+        };
+        /** @description A limit, its settings and its use now. */
+        LimitInfo: {
+            /** Format: uint32 */
+            concurrency?: number | null;
+            /** @description `name`, a template `name:*`, or a template's key `name:key`. */
+            name: string;
+            /** @description The queues whose limits name it. */
+            queues: string[];
+            rate?: components["schemas"]["Rate"] | null;
+            /**
+             * Format: uint64
+             * @description Tasks holding a slot of it now (those started under its concurrency).
+             */
+            running: number;
+            /**
+             * Format: uint64
+             * @description Whole tokens in its bucket now; null without a rate.
+             */
+            tokens?: number | null;
+            /**
+             * Format: uint64
+             * @description Queued tasks waiting on it: those whose own limits start with it, and
+             *     those of the queues that name it.
+             */
+            waiting: number;
+        };
+        /** @description Every limit and template. */
+        LimitList: {
+            limits: components["schemas"]["LimitInfo"][];
+        };
+        /** @description What `PUT /api/v1/limits/{name}` takes: at least one of the two. */
+        LimitSpec: {
+            /**
+             * Format: int32
+             * @description At most this many tasks hold the limit at once, 1 to 100 000;
+             *     null or absent: no bound on concurrency.
+             */
+            concurrency?: number | null;
+            rate?: components["schemas"]["Rate"] | null;
         };
         LiveNode: {
             id: string;
@@ -2375,6 +2518,14 @@ export interface components {
             /** @description Groups with queued tasks here or a configured limit. */
             groups: components["schemas"]["GroupInfo"][];
         };
+        /**
+         * @description A queue's limits: they bind every task of it (`PUT
+         *     /api/v1/queues/{queue}/limits`); an empty list removes them.
+         */
+        QueueLimits: {
+            /** @description 0 to 8 defined limits (or template keys `name:key`). */
+            limits: string[];
+        };
         QueueList: {
             queues: components["schemas"]["QueueStats"][];
         };
@@ -2397,7 +2548,7 @@ export interface components {
              *     line (the ready set, each group's line) has been claimable, in Redis
              *     ms; 0 with nothing queued.
              */
-            latency_ms: number;
+            latency_ms?: number;
             name: string;
             /**
              * @description `active`, `paused`, or on a split namespace while a pause or resume
@@ -2405,7 +2556,7 @@ export interface components {
              *     `resuming`: some shards still hand out (or still hold back) the
              *     queue's grouped tasks until the janitors converge them.
              */
-            pause_state: string;
+            pause_state?: string;
             paused: boolean;
             /** Format: uint64 */
             queued: number;
@@ -2419,6 +2570,28 @@ export interface components {
          * @enum {string}
          */
         Range: "hour" | "month";
+        /**
+         * @description A token bucket: `max` tokens refill evenly over `per_ms`, and at most
+         *     `burst` are saved up (the bucket starts full). Every task started takes
+         *     one, so no window of `per_ms` ever sees more than `max + burst` starts.
+         */
+        Rate: {
+            /**
+             * Format: int32
+             * @description Tokens that may be saved up, 1 to 1 000 000.
+             */
+            burst: number;
+            /**
+             * Format: int32
+             * @description Tokens per period, 1 to 1 000 000.
+             */
+            max: number;
+            /**
+             * Format: int64
+             * @description The period, 1 ms to one day (86 400 000).
+             */
+            per_ms: number;
+        };
         RedisSummary: {
             address: string;
             /**
@@ -2467,6 +2640,7 @@ export interface components {
              */
             ttl_ms?: number | null;
         };
+        /** @description A lease renewed. */
         Renewed: {
             /**
              * Format: int64
@@ -2732,6 +2906,8 @@ export interface components {
         SubmitResponse: {
             id: string;
             queue: string;
+            /** @description The task this submit replaced (`debounce`): it ended cancelled. */
+            replaced?: string | null;
             /** @description True when an idempotency key returned an existing task. */
             replayed: boolean;
             /** @description queued or delayed (or the original task's state on a replay). */
@@ -2766,6 +2942,8 @@ export interface components {
             group?: string | null;
             id: string;
             idempotency_key?: string | null;
+            /** @description Its own flow-control limits (G13), as submitted. */
+            limits?: string[] | null;
             /** Format: uint32 */
             max_attempts: number;
             /** @description The node running it (or that ran it last). */
@@ -2822,6 +3000,7 @@ export interface components {
              * @description Largest retry delay; default `tasks.backoff_cap_ms`.
              */
             backoff_cap_ms?: number | null;
+            debounce?: components["schemas"]["Debounce"] | null;
             /**
              * Format: uint64
              * @description Claimable after this delay, at most one year (366 days).
@@ -2831,6 +3010,12 @@ export interface components {
             group?: string | null;
             /** @description Same key within `tasks.idempotency_window_ms`: the same task, never a second. */
             idempotency_key?: string | null;
+            /**
+             * @description Flow-control limits of its own (1 to 8, each defined: a limit, or a
+             *     key `name:key` of a template `name:*`), on top of its queue's: it
+             *     starts only when every one has room (G13). Not with `group`.
+             */
+            limits?: string[] | null;
             /**
              * Format: int32
              * @description Executions before the task is dead, 1 to 1000. Default `tasks.max_attempts`.
@@ -2874,6 +3059,13 @@ export interface components {
             backoff_cap_ms?: number | null;
             /** @description Concurrency group, `[A-Za-z0-9._-]{1,128}`. */
             group?: string | null;
+            /**
+             * @description Flow-control limits of each occurrence's task (G13), 1 to 8 names
+             *     (`name` or a template's key `name:key`), each defined when the
+             *     schedule is written through the API; not with `group`. On a split
+             *     namespace the schedule's id must be in shard 0, where limits live.
+             */
+            limits?: string[];
             /**
              * Format: int32
              * @description Executions before the task is dead, 1 to 1000. Default `tasks.max_attempts`.
@@ -2985,6 +3177,12 @@ export interface components {
             group?: string | null;
             /** @description Unique in the workflow, `[A-Za-z0-9._-]{1,128}`. */
             key: string;
+            /**
+             * @description Flow-control limits of this step's task (G13), 1 to 8 defined names;
+             *     not with `group`. On a split namespace a workflow with limits lives
+             *     in shard 0, where they are.
+             */
+            limits?: string[];
             /** Format: int32 */
             max_attempts?: number | null;
             payload?: unknown;
@@ -2995,7 +3193,17 @@ export interface components {
             timeout_ms?: number | null;
         };
     };
-    responses: never;
+    responses: {
+        /** @description 405 for a method the path does not list (every path answers it for the others); the `Allow` header and `detail` name the methods it takes */
+        MethodNotAllowed: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+    };
     parameters: never;
     requestBodies: never;
     headers: never;
@@ -3286,6 +3494,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too many barriers */
             409: {
                 headers: {
@@ -3478,6 +3695,15 @@ export interface operations {
             };
             /** @description Not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3837,6 +4063,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description The round would open but the barrier has `barriers.max_open_rounds` undecided rounds */
             409: {
                 headers: {
@@ -3939,6 +4174,15 @@ export interface operations {
             };
             /** @description Not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4105,6 +4349,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description The body or a value in it is larger than allowed */
             413: {
                 headers: {
@@ -4188,6 +4441,15 @@ export interface operations {
             };
             /** @description The token's role is below the one this operation needs */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4430,6 +4692,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too many entrants, a different count, or the node is not alive */
             409: {
                 headers: {
@@ -4534,6 +4805,15 @@ export interface operations {
             };
             /** @description Not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4773,6 +5053,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description The body or a value in it is larger than allowed */
             413: {
                 headers: {
@@ -4863,6 +5152,15 @@ export interface operations {
             };
             /** @description Not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5065,6 +5363,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The caller's token (with its sessions), or in no-auth mode its address, holds `events.max_clients_per_principal` subscribers on this node */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too many subscribers on this node (events.max_clients) */
             503: {
                 headers: {
@@ -5240,6 +5547,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too many groups */
             409: {
                 headers: {
@@ -5269,6 +5585,340 @@ export interface operations {
             };
             /** @description The body is not sent as `application/json` */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Redis is unreachable or this node cannot serve now; retry (see `Retry-After`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_limits: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LimitList"];
+                };
+            };
+            /** @description No credential, or one that matches no token (only with [auth] tokens) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The token's role is below the one this operation needs */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request target (path and query) is longer than 8192 bytes */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Redis is unreachable or this node cannot serve now; retry (see `Retry-After`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_limit: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `name`, `name:key` or `name:*`; each part [A-Za-z0-9._-]{1,128} */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LimitInfo"];
+                };
+            };
+            /** @description A parameter or the body is invalid; `detail` names it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No credential, or one that matches no token (only with [auth] tokens) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The token's role is below the one this operation needs */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not defined */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request target (path and query) is longer than 8192 bytes */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Redis is unreachable or this node cannot serve now; retry (see `Retry-After`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    put_limit: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `name`, a template `name:*`, or a template's key `name:key` given settings of its own; each part [A-Za-z0-9._-]{1,128} */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["LimitSpec"];
+            };
+        };
+        responses: {
+            /** @description Changed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LimitInfo"];
+                };
+            };
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LimitInfo"];
+                };
+            };
+            /** @description A bad setting */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No credential, or one that matches no token (only with [auth] tokens) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The token's role is below the one this operation needs */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many limits (`tasks.max_limits`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body or a value in it is larger than allowed */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request target (path and query) is longer than 8192 bytes */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body is not sent as `application/json` */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Redis is unreachable or this node cannot serve now; retry (see `Retry-After`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    delete_limit: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description `name` or `name:*` */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Removed */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description A parameter or the body is invalid; `detail` names it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No credential, or one that matches no token (only with [auth] tokens) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The token's role is below the one this operation needs */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not defined */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request target (path and query) is longer than 8192 bytes */
+            414: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5606,6 +6256,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Held by another owner (`holder`, `position` in line), or the node is not alive */
             409: {
                 headers: {
@@ -5705,6 +6364,15 @@ export interface operations {
             };
             /** @description Not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5813,6 +6481,15 @@ export interface operations {
             };
             /** @description Not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6212,7 +6889,16 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Too many nodes */
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too many nodes, a muster node's id, or a worker registered by another credential */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6296,7 +6982,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The token's role is below the one this operation needs */
+            /** @description A worker registered by another credential */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -6641,7 +7327,16 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The node is not registered, or draining */
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The node is not registered, or draining, or a worker registered by another credential */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -6678,6 +7373,200 @@ export interface operations {
                 };
             };
             /** @description Redis unreachable or this node is stopping */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_queue_limits: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Queue name */
+                queue: components["schemas"]["Name"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["QueueLimits"];
+                };
+            };
+            /** @description A parameter or the body is invalid; `detail` names it */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No credential, or one that matches no token (only with [auth] tokens) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The token's role is below the one this operation needs */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request target (path and query) is longer than 8192 bytes */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Redis is unreachable or this node cannot serve now; retry (see `Retry-After`) */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    put_queue_limits: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Queue name */
+                queue: components["schemas"]["Name"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["QueueLimits"];
+            };
+        };
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["QueueLimits"];
+                };
+            };
+            /** @description A bad name */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No credential, or one that matches no token (only with [auth] tokens) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The token's role is below the one this operation needs */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description A limit not defined */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body or a value in it is larger than allowed */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The request target (path and query) is longer than 8192 bytes */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body is not sent as `application/json` */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Redis is unreachable or this node cannot serve now; retry (see `Retry-After`) */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -7000,7 +7889,16 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Alias taken or too many queues */
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Alias taken, too many queues, a limit named that is not defined, or a new template key past `tasks.max_limit_keys` */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7104,6 +8002,15 @@ export interface operations {
             };
             /** @description Not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7313,6 +8220,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description The id exists, is defined in config.toml, or too many schedules */
             409: {
                 headers: {
@@ -7506,6 +8422,15 @@ export interface operations {
             };
             /** @description Not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8035,6 +8960,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description The body or a value in it is larger than allowed */
             413: {
                 headers: {
@@ -8295,6 +9229,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Stale token (the task went back to its queue, or runs under a newer claim): drop the work; the body carries the current state */
             409: {
                 headers: {
@@ -8495,6 +9438,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Stale token: changes nothing; the body carries the current state */
             409: {
                 headers: {
@@ -8606,6 +9558,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Stale token: changes nothing */
             409: {
                 headers: {
@@ -8707,6 +9668,15 @@ export interface operations {
             };
             /** @description Unknown task */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8973,6 +9943,15 @@ export interface operations {
             };
             /** @description The token's role is below the one this operation needs */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9253,6 +10232,15 @@ export interface operations {
             };
             /** @description [failover] role is off on this node, or an unknown message */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };

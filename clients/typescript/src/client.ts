@@ -285,6 +285,42 @@ export class Client {
     return this.call("PUT", `/api/v1/groups/${seg(group)}`, { json: { limit } });
   }
 
+  /** Every flow-control limit and template, with its use (G13). */
+  listLimits(): Promise<M.Json> {
+    return this.call("GET", "/api/v1/limits");
+  }
+
+  /** A limit, a template (`name:*`) or a template's key (`name:key`), and its use. */
+  getLimit(name: string): Promise<M.Json> {
+    return this.call("GET", `/api/v1/limits/${seg(name)}`);
+  }
+
+  /**
+   * Defines or changes a limit or template (admin): a concurrency, a rate
+   * (`max` tokens per `per_ms`, `burst` saved up), or both.
+   */
+  setLimit(
+    name: string,
+    spec: { concurrency?: number | null; rate?: { max: number; per_ms: number; burst: number } | null },
+  ): Promise<M.Json> {
+    return this.call("PUT", `/api/v1/limits/${seg(name)}`, { json: spec });
+  }
+
+  /** Removes a limit or template (admin). */
+  async deleteLimit(name: string): Promise<void> {
+    await this.http.request("DELETE", `/api/v1/limits/${seg(name)}`);
+  }
+
+  /** The limits that bind every task of a queue. */
+  queueLimits(queue: string): Promise<M.Json> {
+    return this.call("GET", `/api/v1/queues/${seg(queue)}/limits`);
+  }
+
+  /** Sets the limits that bind every task of a queue (admin); [] removes them. */
+  setQueueLimits(queue: string, limits: string[]): Promise<M.Json> {
+    return this.call("PUT", `/api/v1/queues/${seg(queue)}/limits`, { json: { limits } });
+  }
+
   /** Retries dead tasks of a queue in bulk, oldest first (admin). */
   retryDead(queue: string, o: { limit?: number } = {}): Promise<M.BulkOutcome> {
     return this.call("POST", "/api/v1/dead/retry", { json: drop({ queue, limit: o.limit }) });

@@ -45,6 +45,12 @@ const OPERATIONS: Record<string, keyof Client> = {
   "GET /api/v1/failover": "failoverStatus",
   "GET /api/v1/groups": "listGroups",
   "PUT /api/v1/groups/{group}": "setGroupLimit",
+  "GET /api/v1/limits": "listLimits",
+  "GET /api/v1/limits/{name}": "getLimit",
+  "PUT /api/v1/limits/{name}": "setLimit",
+  "DELETE /api/v1/limits/{name}": "deleteLimit",
+  "GET /api/v1/queues/{queue}/limits": "queueLimits",
+  "PUT /api/v1/queues/{queue}/limits": "setQueueLimits",
   "GET /api/v1/live": "live",
   "GET /api/v1/locks": "listLocks",
   "GET /api/v1/locks/{name}": "getLock",
@@ -134,6 +140,30 @@ test("submit, claim, heartbeat, complete; a second complete is a Conflict", asyn
   const got = await c.getTask(task.id);
   assert.deepEqual(got.result, { ok: true });
   assert.equal(got.attempt_log.length, 1);
+});
+
+test("flow-control limits: define, bind a queue, submit with a task's own, read the use, remove", async (t) => {
+  const q = queueName(t.name);
+  const c = new Client(cluster.urls, { token: ADMIN_TOKEN });
+  const made = await c.setLimit(`${q}-api`, { concurrency: 1, rate: { max: 100, per_ms: 1000, burst: 5 } });
+  assert.equal(made.concurrency, 1);
+  await c.setLimit(`${q}-tenant:*`, { concurrency: 2 });
+  assert.deepEqual((await c.setQueueLimits(q, [`${q}-api`])).limits, [`${q}-api`]);
+  assert.deepEqual((await c.queueLimits(q)).limits, [`${q}-api`]);
+  const s = await c.submit(q, { n: 1 }, { limits: [`${q}-tenant:acme`] });
+  await c.heartbeatNode("ts-lim", { ttl_ms: 10_000 });
+  const [task] = await c.claim(q, "ts-lim", { max: 5 });
+  assert.ok(task);
+  assert.equal(task.id, s.id);
+  assert.equal((await c.getLimit(`${q}-tenant:acme`)).running, 1);
+  await c.complete(task.id, task.token, null);
+  assert.equal((await c.getLimit(`${q}-api`)).running, 0);
+  const names = ((await c.listLimits()).limits as { name: string }[]).map((l) => l.name);
+  assert.ok(names.includes(`${q}-api`) && names.includes(`${q}-tenant:*`));
+  await assert.rejects(c.submit(q, 1, { limits: ["nope"] }), Conflict);
+  await c.setQueueLimits(q, []);
+  await c.deleteLimit(`${q}-api`);
+  await assert.rejects(c.getLimit(`${q}-api`), NotFound);
 });
 
 test("refusals are typed: NotFound, BadRequest, Unauthorized, with the problem's fields", async () => {

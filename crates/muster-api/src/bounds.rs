@@ -43,6 +43,18 @@ pub const DOUBLE_BARRIER_COUNT: RangeInclusive<u32> = 1..=1000;
 pub const MIN_LEASE_MS: u64 = 100;
 /// A group's concurrency `limit`.
 pub const GROUP_LIMIT: RangeInclusive<u32> = 1..=100_000;
+/// A flow-control limit's concurrency (tasks running at once).
+pub const LIMIT_CONCURRENCY: RangeInclusive<u32> = 1..=100_000;
+/// A rate's tokens per period, and its burst (tokens saved up).
+pub const LIMIT_RATE_MAX: RangeInclusive<u32> = 1..=1_000_000;
+/// A rate's period (ms): one millisecond to one day.
+pub const LIMIT_RATE_PER_MS: RangeInclusive<u64> = 1..=86_400_000;
+/// The flow-control limits one task names of its own.
+pub const TASK_LIMITS_MAX: usize = 8;
+/// A limit name: `name`, `name:key` or `name:*`.
+pub const LIMIT_NAME_MAX_LEN: usize = 2 * NAME_MAX_LEN + 1;
+/// A debounce window (ms): one millisecond to one day.
+pub const DEBOUNCE_MS: RangeInclusive<u64> = 1..=86_400_000;
 /// A task heartbeat's `progress`.
 pub const PROGRESS: RangeInclusive<u8> = 0..=100;
 /// An external worker's heartbeat `ttl_ms`.
@@ -82,6 +94,19 @@ pub fn name_pattern(max: usize) -> String {
         max - 2,
         max - 2
     )
+}
+
+/// The JSON Schema pattern of a flow-control limit name: `name` or
+/// `name:key`, and with `template` also `name:*`.
+pub fn limit_name_pattern(template: bool) -> String {
+    let part = name_pattern(NAME_MAX_LEN);
+    let part = &part[1..part.len() - 1];
+    let key = if template {
+        format!("({part}|\\*)")
+    } else {
+        format!("({part})")
+    };
+    format!("^({part})(:{key})?$")
 }
 
 /// The JSON Schema pattern of a task or workflow id.

@@ -27,6 +27,20 @@ pub fn is_name(s: &str) -> bool {
     (1..=NAME_MAX_LEN).contains(&s.len()) && charset_ok(s) && !is_dot_segment(s)
 }
 
+/// Flow-control limit names: a name (`payments-api`), a template's key
+/// (`tenant:acme`) or a template (`tenant:*`), each part a name.
+pub fn is_limit_name(s: &str) -> bool {
+    match s.split_once(':') {
+        None => is_name(s),
+        Some((base, key)) => is_name(base) && (key == "*" || is_name(key)),
+    }
+}
+
+/// Whether limit name `s` is a template (`name:*`).
+pub fn is_limit_template(s: &str) -> bool {
+    s.ends_with(":*")
+}
+
 /// Task and workflow ids: 26 ASCII letters and digits (ULIDs).
 pub fn is_id(s: &str) -> bool {
     s.len() == ID_LEN && s.bytes().all(|b| b.is_ascii_alphanumeric())
@@ -141,6 +155,15 @@ checked_string!(
     is_name,
     "a name",
     "1 to 128 characters from A-Z a-z 0-9 . _ -, not `.` or `..`"
+);
+
+checked_string!(
+    /// A flow-control limit: `name`, a template's key `name:key`, or a
+    /// template `name:*` ([`is_limit_name`]).
+    LimitName,
+    is_limit_name,
+    "a limit name",
+    "a name, `name:key` or `name:*`, each part 1 to 128 characters from A-Z a-z 0-9 . _ -"
 );
 
 checked_string!(

@@ -57,6 +57,12 @@ pub struct TaskTemplate {
     /// Largest retry delay; default `tasks.backoff_cap_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff_cap_ms: Option<u64>,
+    /// Flow-control limits of each occurrence's task (G13), 1 to 8 names
+    /// (`name` or a template's key `name:key`), each defined when the
+    /// schedule is written through the API; not with `group`. On a split
+    /// namespace the schedule's id must be in shard 0, where limits live.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<String>,
 }
 
 /// serde's default for `timezone`.
@@ -117,4 +123,120 @@ pub struct ScheduleDef {
     /// true runs every due occurrence (within the deadline), in order.
     #[serde(default, skip_serializing_if = "is_false")]
     pub backfill: bool,
+}
+
+/// Totals of a schedule's outcomes since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FireCounts {
+    pub fired: u64,
+    pub skipped_overlap: u64,
+    pub missed: u64,
+}
+
+/// One entry of a schedule's history: a firing, a skipped occurrence, or a
+/// run of consecutive missed occurrences.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HistoryEntry {
+    /// fired, skipped_overlap or missed.
+    pub result: String,
+    /// The occurrence (its intended time, Unix ms); the first of a missed run.
+    pub t: i64,
+    /// The last occurrence of a missed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<i64>,
+    /// Occurrences in a missed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// When the outcome was decided (Redis ms).
+    pub at: i64,
+    /// The node that decided it.
+    #[serde(default)]
+    pub node: String,
+    /// The task fired, or the live task an occurrence was skipped for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// How late the firing was (Redis ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_ms: Option<i64>,
+    /// Why occurrences were missed: deadline, superseded (no backfill) or too_many_queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The task cancelled by overlap `replace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced: Option<String>,
+    /// Fired by "trigger now".
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub manual: bool,
+    /// Who triggered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+/// A schedule with its state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Schedule {
+    pub id: String,
+    pub expression: String,
+    /// The expression in words.
+    pub description: String,
+    pub timezone: String,
+    pub queue: String,
+    pub task: TaskTemplate,
+    pub enabled: bool,
+    pub overlap: Overlap,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starting_deadline_ms: Option<u64>,
+    pub backfill: bool,
+    /// api, or config (from `[[schedules.items]]` in config.toml, which wins at start).
+    pub source: String,
+    /// Bumped by every change of the definition or of `enabled`.
+    pub version: u64,
+    pub created_at: i64,
+    pub updated_at: i64,
+    /// The latest occurrence that has its outcome (Unix ms); later ones are pending.
+    pub cursor: i64,
+    /// The next 5 occurrences (Unix ms) after now (Redis time), while enabled.
+    pub next: Vec<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_task: Option<String>,
+    /// The occurrence of the last firing (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_occurrence: Option<i64>,
+    /// When the last firing happened (Redis ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fired_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_node: Option<String>,
+    pub counts: FireCounts,
+    /// Newest first; only in GET /api/v1/schedules/{id}.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
+}
+
+// The answer of `GET /api/v1/schedules` (no doc comment: the OpenAPI
+// document has no description for it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ScheduleList {
+    pub schedules: Vec<Schedule>,
+}
+
+/// What a trigger did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Triggered {
+    pub schedule: String,
+    pub task: String,
+    pub queue: String,
+    /// The occurrence: Redis now at the trigger (Unix ms).
+    pub occurrence: i64,
+    /// The live task that overlap `replace` cancelled for this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced: Option<String>,
+    /// True when the `Idempotency-Key` named an earlier trigger's task: that
+    /// task is returned and nothing fired.
+    pub replayed: bool,
 }

@@ -8,13 +8,19 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::types::{
-    Acquire, Acquired, Arrive, ArriveAnswer, BatchAnswer, BatchItem, BulkOutcome, Campaign, Cancelled, ClaimAnswer,
-    ClaimRequest, ClaimedTask, Complete, CompleteBatchAnswer, CompleteItem, CompleteOutcome, CreatedWorkflow,
-    DoubleBarrier, Entrant, EventPage, Fail, Finished, GroupInfo, GroupList, Hold, NewWorkflow, NodeHeartbeat,
-    NodeHeartbeatAnswer, NodeInfo, NodeList, QueueDetail, QueueList, QueueStats, Renewed, ScheduleDef, StatsSeries,
-    Submitted, TaskAck, TaskHeartbeat, TaskHeartbeatAnswer, TaskInfo, TaskPage, TaskSpec,
+    Acquire, Acquired, Arrive, ArriveAnswer, Campaign, ClaimRequest, Complete, CompleteItem, DoubleBarrier, Entrant,
+    Fail, Hold, NewWorkflow, NodeHeartbeat, Renewed, ScheduleDef, TaskAck, TaskHeartbeat,
 };
 use super::{CallOptions, Client, Result, Retry, enc};
+use muster_api::events::EventPage;
+use muster_api::limits::{LimitInfo, LimitList, LimitSpec, QueueLimits};
+use muster_api::nodes::{NodeHeartbeatAnswer, NodeInfo, NodeList};
+use muster_api::tasks::{
+    BatchItem, BatchResponse, BulkOutcome, Cancelled, ClaimResponse, ClaimedTask, CompleteBatchResponse,
+    CompleteOutcome, FinishedNext, GroupInfo, GroupList, OrphanReport, QueueDetail, QueueList, QueueStats, StatsSeries,
+    Submitted, TaskHeartbeatAnswer, TaskInfo, TaskPage, TaskSpec,
+};
+use muster_api::workflows::CreatedWorkflow;
 
 fn idem() -> CallOptions {
     CallOptions::new(Retry::Idempotent)
@@ -100,7 +106,7 @@ impl Client {
                 ..t.clone()
             })
             .collect();
-        let a: BatchAnswer = self
+        let a: BatchResponse = self
             .call_json(
                 Method::POST,
                 &format!("/api/v1/queues/{}/tasks/batch", enc(queue)),
@@ -115,7 +121,7 @@ impl Client {
     /// Empty when none came. Retried only when certainly not applied (a
     /// claim whose answer was lost holds its tasks until their timeout).
     pub async fn claim(&self, queue: &str, req: &ClaimRequest) -> Result<Vec<ClaimedTask>> {
-        let a: Option<ClaimAnswer> = self
+        let a: Option<ClaimResponse> = self
             .call(
                 Method::POST,
                 &format!("/api/v1/queues/{}/claim", enc(queue)),
@@ -155,7 +161,7 @@ impl Client {
     /// Completes a task with its fencing token (409: stale). With `next`
     /// the same call claims the worker's next task(s); then it is retried
     /// only when certainly not applied, since a lost answer would lose them.
-    pub async fn complete(&self, id: &str, c: &Complete) -> Result<Finished> {
+    pub async fn complete(&self, id: &str, c: &Complete) -> Result<FinishedNext> {
         let opts = match &c.next {
             None => idem(),
             Some(n) => polling(Retry::Once, n.wait_ms.unwrap_or(0)),
@@ -171,7 +177,7 @@ impl Client {
 
     /// Completes several tasks in one call; one outcome per item.
     pub async fn complete_batch(&self, items: &[CompleteItem]) -> Result<Vec<CompleteOutcome>> {
-        let a: CompleteBatchAnswer = self
+        let a: CompleteBatchResponse = self
             .call_json(Method::POST, "/api/v1/tasks/complete", Some(items), &idem())
             .await?;
         Ok(a.results)
@@ -180,7 +186,7 @@ impl Client {
     /// Fails a task with its fencing token: retried after a backoff while
     /// attempts are left and `retry` is set, else dead (cancelled when a
     /// cancel was requested). 409: stale.
-    pub async fn fail(&self, id: &str, f: &Fail) -> Result<Finished> {
+    pub async fn fail(&self, id: &str, f: &Fail) -> Result<FinishedNext> {
         let opts = match &f.next {
             None => idem(),
             Some(n) => polling(Retry::Once, n.wait_ms.unwrap_or(0)),
@@ -201,9 +207,10 @@ impl Client {
     }
 
     /// Requeues a dead task with fresh attempts (admin).
-    pub async fn retry_task(&self, id: &str) -> Result<Value> {
-        self.call_json(Method::POST, &format!("/api/v1/tasks/{}/retry", enc(id)), NONE, &once())
+    pub async fn retry_task(&self, id: &str) -> Result<()> {
+        self.call::<Value, Value>(Method::POST, &format!("/api/v1/tasks/{}/retry", enc(id)), None, &once())
             .await
+            .map(drop)
     }
 
     /// A task with its attempts.
@@ -247,29 +254,32 @@ impl Client {
     }
 
     /// Pauses a queue (admin).
-    pub async fn pause_queue(&self, queue: &str) -> Result<Value> {
-        self.call_json(
+    pub async fn pause_queue(&self, queue: &str) -> Result<()> {
+        self.call::<Value, Value>(
             Method::POST,
             &format!("/api/v1/queues/{}/pause", enc(queue)),
-            NONE,
+            None,
             &idem(),
         )
         .await
+        .map(drop)
     }
 
     /// Resumes a queue (admin).
-    pub async fn resume_queue(&self, queue: &str) -> Result<Value> {
-        self.call_json(
+    pub async fn resume_queue(&self, queue: &str) -> Result<()> {
+        self.call::<Value, Value>(
             Method::POST,
             &format!("/api/v1/queues/{}/resume", enc(queue)),
-            NONE,
+            None,
             &idem(),
         )
         .await
+        .map(drop)
     }
 
-    /// Dead letters of every queue (a page as sent).
-    pub async fn dead(&self) -> Result<Value> {
+    /// The first page of the dead letters of every queue (the server's
+    /// default page size), newest first.
+    pub async fn dead(&self) -> Result<TaskPage> {
         self.call_json(Method::GET, "/api/v1/dead", NONE, &idem()).await
     }
 
@@ -313,7 +323,7 @@ impl Client {
     }
 
     /// Sets (Some) or removes (None) a group's limit (admin).
-    pub async fn set_group_limit(&self, group: &str, limit: Option<u32>) -> Result<Value> {
+    pub async fn set_group_limit(&self, group: &str, limit: Option<u32>) -> Result<GroupInfo> {
         self.call_json(
             Method::PUT,
             &format!("/api/v1/groups/{}", enc(group)),
@@ -323,8 +333,63 @@ impl Client {
         .await
     }
 
-    /// Recovered tasks and suspect nodes (as sent).
-    pub async fn orphans(&self) -> Result<Value> {
+    /// Every flow-control limit and template, with its use (G13).
+    pub async fn limits(&self) -> Result<Vec<LimitInfo>> {
+        let l: LimitList = self.call_json(Method::GET, "/api/v1/limits", NONE, &idem()).await?;
+        Ok(l.limits)
+    }
+
+    /// A limit, template (`name:*`) or template key (`name:key`) and its use.
+    pub async fn limit(&self, name: &str) -> Result<LimitInfo> {
+        self.call_json(Method::GET, &format!("/api/v1/limits/{}", enc(name)), NONE, &idem())
+            .await
+    }
+
+    /// Defines or changes a limit or a template `name:*` (admin).
+    pub async fn set_limit(&self, name: &str, spec: &LimitSpec) -> Result<LimitInfo> {
+        self.call_json(
+            Method::PUT,
+            &format!("/api/v1/limits/{}", enc(name)),
+            Some(spec),
+            &idem(),
+        )
+        .await
+    }
+
+    /// Removes a limit or template (admin).
+    pub async fn delete_limit(&self, name: &str) -> Result<()> {
+        self.call::<Value, Value>(Method::DELETE, &format!("/api/v1/limits/{}", enc(name)), None, &idem())
+            .await
+            .map(drop)
+    }
+
+    /// The limits that bind every task of `queue`.
+    pub async fn queue_limits(&self, queue: &str) -> Result<QueueLimits> {
+        self.call_json(
+            Method::GET,
+            &format!("/api/v1/queues/{}/limits", enc(queue)),
+            NONE,
+            &idem(),
+        )
+        .await
+    }
+
+    /// Sets the limits that bind every task of `queue` (admin); empty: none.
+    pub async fn set_queue_limits(&self, queue: &str, limits: &[&str]) -> Result<QueueLimits> {
+        let body = QueueLimits {
+            limits: limits.iter().map(|l| l.to_string()).collect(),
+        };
+        self.call_json(
+            Method::PUT,
+            &format!("/api/v1/queues/{}/limits", enc(queue)),
+            Some(&body),
+            &idem(),
+        )
+        .await
+    }
+
+    /// Recovered tasks, suspect nodes and totals.
+    pub async fn orphans(&self) -> Result<OrphanReport> {
         self.call_json(Method::GET, "/api/v1/orphans", NONE, &idem()).await
     }
 
@@ -354,9 +419,10 @@ impl Client {
     }
 
     /// Drains a node: it gets no new work (admin).
-    pub async fn drain_node(&self, id: &str) -> Result<Value> {
-        self.call_json(Method::POST, &format!("/api/v1/nodes/{}/drain", enc(id)), NONE, &idem())
+    pub async fn drain_node(&self, id: &str) -> Result<()> {
+        self.call::<Value, Value>(Method::POST, &format!("/api/v1/nodes/{}/drain", enc(id)), None, &idem())
             .await
+            .map(drop)
     }
 
     /// A worker leaves (worker role): its registration goes at once, or
@@ -395,7 +461,7 @@ impl Client {
         participants: &[String],
         max_missing: u32,
         timeout_ms: u64,
-    ) -> Result<Value> {
+    ) -> Result<muster_api::barriers::BarrierConfigView> {
         self.call_json(
             Method::PUT,
             &format!("/api/v1/barriers/{}", enc(name)),
@@ -405,8 +471,8 @@ impl Client {
         .await
     }
 
-    /// A barrier's configuration and hold (as sent).
-    pub async fn barrier(&self, name: &str) -> Result<Value> {
+    /// A barrier's configuration (when it was configured) and hold.
+    pub async fn barrier(&self, name: &str) -> Result<muster_api::barriers::BarrierDetail> {
         self.call_json(Method::GET, &format!("/api/v1/barriers/{}", enc(name)), NONE, &idem())
             .await
     }
@@ -441,24 +507,25 @@ impl Client {
     }
 
     /// Releases a lock (409: stale).
-    pub async fn release(&self, name: &str, token: u64) -> Result<Value> {
-        self.call_json(
+    pub async fn release(&self, name: &str, token: u64) -> Result<()> {
+        self.call::<Value, Value>(
             Method::POST,
             &format!("/api/v1/locks/{}/release", enc(name)),
             Some(&json!({ "token": token })),
             &idem(),
         )
         .await
+        .map(drop)
     }
 
-    /// A lock's holder, token, lease and waiters (as sent).
-    pub async fn lock(&self, name: &str) -> Result<Value> {
+    /// A lock's holder, token, lease and waiters.
+    pub async fn lock(&self, name: &str) -> Result<muster_api::locks::LockInfo> {
         self.call_json(Method::GET, &format!("/api/v1/locks/{}", enc(name)), NONE, &idem())
             .await
     }
 
     /// Campaigns in an election (the leader campaigns again to renew).
-    pub async fn campaign(&self, name: &str, c: &Campaign) -> Result<Value> {
+    pub async fn campaign(&self, name: &str, c: &Campaign) -> Result<muster_api::locks::CampaignResponse> {
         self.call_json(
             Method::POST,
             &format!("/api/v1/elections/{}/campaign", enc(name)),
@@ -468,15 +535,16 @@ impl Client {
         .await
     }
 
-    /// Resigns leadership.
-    pub async fn resign(&self, name: &str, candidate: &str, epoch: Option<u64>) -> Result<Value> {
-        self.call_json(
+    /// Resigns leadership (409 unless `candidate` leads, at `epoch` when given).
+    pub async fn resign(&self, name: &str, candidate: &str, epoch: Option<u64>) -> Result<()> {
+        self.call::<Value, Value>(
             Method::POST,
             &format!("/api/v1/elections/{}/resign", enc(name)),
             Some(&json!({ "candidate": candidate, "epoch": epoch })),
             &idem(),
         )
         .await
+        .map(drop)
     }
 
     // ---- events and system ------------------------------------------------
@@ -491,11 +559,6 @@ impl Client {
             path.push_str(&format!("&topics={}", enc(t)));
         }
         self.call_json(Method::GET, &path, NONE, &idem()).await
-    }
-
-    /// The node's Redis summary (as sent).
-    pub async fn redis_summary(&self) -> Result<Value> {
-        self.call_json(Method::GET, "/api/v1/redis", NONE, &idem()).await
     }
 
     /// The node's Prometheus text.

@@ -17,8 +17,9 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-use super::types::{Event, TaskInfo};
 use super::{Client, Error, Problem, Result, enc};
+use muster_api::events::Event;
+use muster_api::tasks::TaskInfo;
 
 /// What to follow.
 #[derive(Debug, Clone, Default)]
@@ -133,6 +134,71 @@ fn ws_url(base: &str, opts: &EventsOptions, since: Option<&str>) -> String {
 
 /// Connects, reads and reconnects until the receiver goes away or the
 /// server refuses the subscription.
+/// One WebSocket connection of the event stream.
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+impl Client {
+    /// Opens the event stream's WebSocket at `url` with the client's token
+    /// and TLS settings, within 5 s. A refusal (4xx) is [`Error::Api`]; a bad
+    /// URL or token [`Error::Invalid`]; anything else [`Error::Unreachable`].
+    async fn open_socket(&self, url: &str) -> Result<Socket> {
+        let mut req = url
+            .into_client_request()
+            .map_err(|e| Error::Invalid(format!("bad events URL {url}: {e}")))?;
+        if let Some(t) = self.token() {
+            let v = format!("Bearer {t}")
+                .parse()
+                .map_err(|_| Error::Invalid("the token is not a header value".into()))?;
+            req.headers_mut().insert("authorization", v);
+        }
+        let connect = tokio_tungstenite::connect_async_tls_with_config(
+            req,
+            None,
+            false,
+            Some(tokio_tungstenite::Connector::Rustls(self.tls())),
+        );
+        let unreachable = |message: String| Error::Unreachable {
+            url: url.to_string(),
+            message,
+        };
+        match tokio::time::timeout(Duration::from_secs(5), connect).await {
+            Ok(Ok((ws, _))) => Ok(ws),
+            Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) if resp.status().is_client_error() => {
+                let body = resp.body().clone().unwrap_or_default();
+                Err(Problem::from_body(resp.status().as_u16(), &body).into())
+            }
+            Ok(Err(e)) => Err(unreachable(e.to_string())),
+            Err(_) => Err(unreachable("the WebSocket handshake timed out".into())),
+        }
+    }
+
+    /// The event stream's frames as the node sends them (events and the
+    /// `lagged` and `gap` notices, unparsed JSON text), over one connection
+    /// to the current node: no resume, no failover, the stream ends when the
+    /// connection does. For a consumer that reads a field or two of many
+    /// events (a relay, a latency probe) and would rather not pay for a full
+    /// parse; everyone else wants [`Client::events`].
+    pub async fn event_frames(
+        &self,
+        opts: &EventsOptions,
+    ) -> Result<impl Stream<Item = Result<String>> + Send + Unpin + use<>> {
+        let url = ws_url(self.current_url(), opts, opts.since.as_deref());
+        let ws = self.open_socket(&url).await?;
+        let url = self.current_url().to_string();
+        Ok(ws.filter_map(move |m| {
+            let out = match m {
+                Ok(Message::Text(t)) => Some(Ok(t.to_string())),
+                Ok(_) => None,
+                Err(e) => Some(Err(Error::Unreachable {
+                    url: url.clone(),
+                    message: format!("the events WebSocket failed: {e}"),
+                })),
+            };
+            std::future::ready(out)
+        }))
+    }
+}
+
 async fn follow(client: Client, opts: EventsOptions, tx: &mpsc::Sender<Result<EventFrame>>) {
     let urls = client.urls().to_vec();
     let mut since = opts.since.clone();
@@ -140,38 +206,15 @@ async fn follow(client: Client, opts: EventsOptions, tx: &mpsc::Sender<Result<Ev
     let mut backoff = Duration::from_millis(100);
     loop {
         let url = ws_url(&urls[i % urls.len()], &opts, since.as_deref());
-        let mut req = match url.as_str().into_client_request() {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = tx.send(Err(Error::Invalid(format!("bad events URL {url}: {e}")))).await;
+        let connect = match client.open_socket(&url).await {
+            Err(e @ Error::Invalid(_)) => {
+                let _ = tx.send(Err(e)).await;
                 return;
             }
+            other => other,
         };
-        if let Some(t) = client.token() {
-            match format!("Bearer {t}").parse() {
-                Ok(v) => {
-                    req.headers_mut().insert("authorization", v);
-                }
-                Err(_) => {
-                    let _ = tx
-                        .send(Err(Error::Invalid("the token is not a header value".into())))
-                        .await;
-                    return;
-                }
-            }
-        }
-        let connect = tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio_tungstenite::connect_async_tls_with_config(
-                req,
-                None,
-                false,
-                Some(tokio_tungstenite::Connector::Rustls(client.tls())),
-            ),
-        )
-        .await;
         match connect {
-            Ok(Ok((mut ws, _))) => {
+            Ok(mut ws) => {
                 backoff = Duration::from_millis(100);
                 while let Some(msg) = ws.next().await {
                     let Ok(msg) = msg else { break };
@@ -218,14 +261,11 @@ async fn follow(client: Client, opts: EventsOptions, tx: &mpsc::Sender<Result<Ev
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
-            Ok(Err(tokio_tungstenite::tungstenite::Error::Http(resp))) if resp.status().is_client_error() => {
-                let status = resp.status().as_u16();
-                let body = resp.body().clone().unwrap_or_default();
-                let _ = tx.send(Err(Problem::from_body(status, &body).into())).await;
+            Err(e @ Error::Api(_)) => {
+                let _ = tx.send(Err(e)).await;
                 return;
             }
-            Ok(Err(e)) => tracing::debug!(error = %e, "muster client: events connect failed"),
-            Err(_) => tracing::debug!("muster client: events connect timed out"),
+            Err(e) => tracing::debug!(error = %e, "muster client: events connect failed"),
         }
         i += 1;
         if i.is_multiple_of(urls.len()) {

@@ -49,6 +49,16 @@ use serde::de::DeserializeOwned;
 pub use error::{Error, Problem, Result};
 pub use events::{EventFrame, EventsOptions};
 pub use types::*;
+// The answers of each subsystem, defined once in the contract crate.
+pub use muster_api::barriers::*;
+pub use muster_api::events::*;
+pub use muster_api::limits::*;
+pub use muster_api::locks::*;
+pub use muster_api::nodes::*;
+pub use muster_api::schedules::*;
+pub use muster_api::system::*;
+pub use muster_api::tasks::*;
+pub use muster_api::workflows::*;
 pub use worker::{CancelReason, Ctx, HandlerError, Permanent, Task, Worker, WorkerBuilder, WorkerStats};
 
 /// How a call may be retried.

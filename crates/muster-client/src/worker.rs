@@ -80,11 +80,10 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::types::{
-    ClaimRequest, ClaimedTask, Complete, CompleteItem, CompleteOutcome, Fail, Finished, NextRequest, NodeHeartbeat,
-    NodeHeartbeatAnswer, TaskHeartbeat,
-};
+use super::types::{ClaimRequest, Complete, CompleteItem, Fail, NextRequest, NodeHeartbeat, TaskHeartbeat};
 use super::{Client, Result};
+use muster_api::nodes::NodeHeartbeatAnswer;
+use muster_api::tasks::{ClaimedTask, CompleteOutcome, FinishedNext};
 
 mod builder;
 mod complete;

@@ -13,7 +13,7 @@ mod table;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use muster_client::{Client, Error, TaskSpec};
+use muster_client::{Client, Error, ScheduleList, TaskSpec};
 use serde::Serialize;
 
 use crate::cli::duration::parse_duration;
@@ -234,13 +234,13 @@ async fn dispatch(cmd: Admin, conn: &Conn) -> Result<u8, Stop> {
         }
         Admin::Queue(QueueCommand::Pause { queue }) => {
             name("queue", &queue)?;
-            let v = c.pause_queue(&queue).await?;
-            show(conn, &v, |_| format!("paused {queue}\n"))
+            c.pause_queue(&queue).await?;
+            show(conn, &(), |_| format!("paused {queue}\n"))
         }
         Admin::Queue(QueueCommand::Resume { queue }) => {
             name("queue", &queue)?;
-            let v = c.resume_queue(&queue).await?;
-            show(conn, &v, |_| format!("resumed {queue}\n"))
+            c.resume_queue(&queue).await?;
+            show(conn, &(), |_| format!("resumed {queue}\n"))
         }
         Admin::Dead(d) => dead(&c, conn, d).await,
         Admin::Node(NodeCommand::List) => {
@@ -253,22 +253,18 @@ async fn dispatch(cmd: Admin, conn: &Conn) -> Result<u8, Stop> {
                     "`{id}` is not a node id: 1 to 64 characters from A-Z a-z 0-9 . _ -"
                 )));
             }
-            let v = c.drain_node(&id).await?;
-            show(conn, &v, |_| format!("draining {id}\n"))
+            c.drain_node(&id).await?;
+            show(conn, &(), |_| format!("draining {id}\n"))
         }
         Admin::Schedule(ScheduleCommand::List) => {
-            let v = c.schedules().await?;
-            show(conn, &v, table::schedules)
+            let schedules = c.schedules().await?;
+            show(conn, &ScheduleList { schedules }, |l| table::schedules(&l.schedules))
         }
         Admin::Schedule(ScheduleCommand::Trigger { id, key }) => {
             name("schedule", &id)?;
-            let v = c.trigger_schedule(&id, key.as_deref()).await?;
-            show(conn, &v, |v| {
-                format!(
-                    "triggered {id}: task {} in {}\n",
-                    v["task"].as_str().unwrap_or("-"),
-                    v["queue"].as_str().unwrap_or("-")
-                )
+            let t = c.trigger_schedule(&id, key.as_deref()).await?;
+            show(conn, &t, |t| {
+                format!("triggered {id}: task {} in {}\n", t.task, t.queue)
             })
         }
     }

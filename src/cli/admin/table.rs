@@ -1,6 +1,6 @@
 //! Tables for people: columns padded to their widest cell, times as ages.
 
-use muster_client::{NodeInfo, QueueStats, TaskInfo};
+use muster_client::{NodeInfo, QueueStats, Schedule, TaskInfo};
 use serde_json::Value;
 
 /// Left-aligned columns, two spaces apart, a header row first.
@@ -87,7 +87,7 @@ pub(super) fn nodes(nodes: &[NodeInfo]) -> String {
             vec![
                 n.id.clone(),
                 n.kind.clone(),
-                n.state.clone(),
+                n.state.to_string(),
                 n.heartbeat_age_ms.map_or("-".into(), |a| ms(a.max(0) as u64)),
                 if n.addr.is_empty() { "-".into() } else { n.addr.clone() },
             ]
@@ -140,25 +140,17 @@ pub(super) fn task(t: &TaskInfo) -> String {
     rows.iter().map(|(k, v)| format!("{k:<w$}  {v}\n")).collect()
 }
 
-pub(super) fn schedules(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["schedules"]
-        .as_array()
-        .into_iter()
-        .flatten()
+pub(super) fn schedules(schedules: &[Schedule]) -> String {
+    let rows: Vec<Vec<String>> = schedules
+        .iter()
         .map(|s| {
-            let text = |k: &str| s[k].as_str().unwrap_or("-").to_string();
             vec![
-                text("id"),
-                text("expression"),
-                text("timezone"),
-                text("queue"),
-                if s["enabled"].as_bool().unwrap_or(true) {
-                    "yes"
-                } else {
-                    "no"
-                }
-                .into(),
-                s["next"][0].as_i64().map_or("-".into(), |n| n.to_string()),
+                s.id.clone(),
+                s.expression.clone(),
+                s.timezone.clone(),
+                s.queue.clone(),
+                if s.enabled { "yes" } else { "no" }.into(),
+                s.next.first().map_or("-".into(), |n| n.to_string()),
             ]
         })
         .collect();

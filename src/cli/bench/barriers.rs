@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use muster_client::{Arrive, Client};
+use muster_client::{Arrive, Client, Verdict};
 
 pub use super::latency::Latency;
 use serde::Serialize;
@@ -131,7 +131,7 @@ async fn one_round(
     loop {
         let r = nodes[0].round(name, round).await;
         if let Ok(r) = &r
-            && r["arrived"].as_array().map_or(0, Vec::len) == waiters.len()
+            && r.arrived.len() == waiters.len()
         {
             break;
         }
@@ -150,14 +150,14 @@ async fn one_round(
         .await
         .map_err(|e| format!("round {round}: the last arrival failed: {e}"))?;
     let last_call = ms(t0.elapsed());
-    if v.verdict != "released" {
+    if v.verdict != Verdict::Released {
         return Err(format!("round {round}: the last arrival got {v:?}"));
     }
     let mut lat = Vec::with_capacity(tasks.len());
     for t in tasks {
         let (at, answer) = t.await.map_err(|e| e.to_string())?;
         match answer {
-            Ok(v) if v.verdict == "released" && v.may_run => lat.push(ms(at.saturating_duration_since(t0))),
+            Ok(v) if v.verdict == Verdict::Released && v.may_run => lat.push(ms(at.saturating_duration_since(t0))),
             other => return Err(format!("round {round}: a waiter got {other:?}")),
         }
     }

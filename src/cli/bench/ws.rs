@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use muster_client::{Client, EventsOptions, TaskSpec};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::Mutex;
 
 use super::latency::Latency;
@@ -39,30 +40,25 @@ pub struct WsBenchReport {
 /// the event's Redis time (same machine, so one clock).
 pub async fn run_ws(opts: WsBenchOptions) -> anyhow::Result<WsBenchReport> {
     use futures_util::StreamExt;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-    let base = opts.url.trim_end_matches('/').to_string();
+    let client = Client::builder().url(&opts.url).token_opt(opts.token.clone()).build()?;
     let queue = format!("ws-bench-{}", ulid::Ulid::generate().to_string().to_lowercase());
-    let ws_url = format!(
-        "{}/api/v1/events/ws?topics=task.enqueued&queue={queue}",
-        base.replacen("http", "ws", 1)
-    );
+    let follow = EventsOptions {
+        topics: Some("task.enqueued".into()),
+        queue: Some(queue.clone()),
+        since: None,
+    };
     let samples: Arc<Mutex<Vec<f64>>> = Arc::default();
     let received = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::with_capacity(opts.clients);
     for _ in 0..opts.clients {
-        let mut req = ws_url.as_str().into_client_request()?;
-        if let Some(t) = &opts.token {
-            req.headers_mut()
-                .insert("authorization", format!("Bearer {t}").parse()?);
-        }
-        let (ws, _) = tokio_tungstenite::connect_async(req).await?;
+        // Raw frames: the bench reads one field of each, not the event.
+        let mut rx = client.event_frames(&follow).await?;
         let samples = samples.clone();
         let received = received.clone();
         let stop = stop.clone();
         clients.push(tokio::spawn(async move {
-            let (_, mut rx) = ws.split();
             let mut local = Vec::new();
             loop {
                 let msg = tokio::select! {
@@ -71,7 +67,7 @@ pub async fn run_ws(opts: WsBenchOptions) -> anyhow::Result<WsBenchReport> {
                         if stop.load(Ordering::Relaxed) { break } else { continue }
                     }
                 };
-                let Some(Ok(tokio_tungstenite::tungstenite::Message::Text(t))) = msg else {
+                let Some(Ok(t)) = msg else {
                     break;
                 };
                 let now = std::time::SystemTime::now()
@@ -90,7 +86,6 @@ pub async fn run_ws(opts: WsBenchOptions) -> anyhow::Result<WsBenchReport> {
             samples.lock().await.extend(local);
         }));
     }
-    let http = reqwest::Client::new();
     let start = Instant::now();
     let mut sent = 0usize;
     // Ten submits a second, each of rate/10 tasks, spread evenly.
@@ -98,14 +93,13 @@ pub async fn run_ws(opts: WsBenchOptions) -> anyhow::Result<WsBenchReport> {
     while start.elapsed() < Duration::from_secs(opts.seconds) {
         let due = start + Duration::from_millis(100 * (sent / per_tick) as u64);
         tokio::time::sleep_until(due.into()).await;
-        let tasks: Vec<Value> = (0..per_tick).map(|i| json!({"payload": i})).collect();
-        let mut req = http
-            .post(format!("{base}/api/v1/queues/{queue}/tasks/batch"))
-            .json(&json!({"tasks": tasks}));
-        if let Some(t) = &opts.token {
-            req = req.bearer_auth(t);
-        }
-        anyhow::ensure!(req.send().await?.status().is_success(), "submit failed");
+        let tasks: Vec<TaskSpec> = (0..per_tick)
+            .map(|i| TaskSpec {
+                payload: json!(i),
+                ..TaskSpec::default()
+            })
+            .collect();
+        client.submit_batch(&queue, &tasks).await?;
         sent += per_tick;
     }
     let expected = sent * opts.clients;

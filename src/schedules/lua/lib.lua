@@ -20,8 +20,9 @@
 -- Definition fields: expr, tz, queue, overlap (allow|forbid|replace), backfill
 -- ('1'|'0'), deadline ('' or ms), enabled ('1'|'0'), spec (the definition as given,
 -- JSON), source (api|config), config_hash, and the resolved task template: payload
--- (JSON text), group (''), priority, max_attempts, timeout_ms ('0': none),
--- backoff_base, backoff_cap.
+-- (JSON text), group (''), limits ('' or comma-separated: the task waits in the line
+-- of the first, as enqueue.lua puts it), priority, max_attempts, timeout_ms ('0':
+-- none), backoff_base, backoff_cap.
 -- Runtime fields: version (bumped by every change of definition or enabled),
 -- cursor (the latest occurrence that has its outcome; occurrences up to it are
 -- never looked at again), last_task, last_t, last_at, last_node, fired, skipped,
@@ -87,6 +88,8 @@ end
 -- (that task's id), E.TOO_MANY_QUEUES too many queues ('') -- the codes of enqueue.lua.
 local function submit_task(s, sf, id, idem, occurrence, nows, o)
   local q, g = sf.queue, sf.group or ''
+  local lims = sf.limits or ''
+  if lims ~= '' then g = limits_line(string.match(lims, '^[^,]+')) end
   if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
     if redis.call('SCARD', P .. ':queues') >= o.max_queues then return E.TOO_MANY_QUEUES, '' end
     redis.call('SADD', P .. ':queues', q)
@@ -101,6 +104,10 @@ local function submit_task(s, sf, id, idem, occurrence, nows, o)
     fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = sf.timeout_ms
   end
   if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
+  if lims ~= '' then
+    fields[#fields + 1] = 'limits'; fields[#fields + 1] = lims
+    limit_keys_touch(lims, now_ms())
+  end
   redis.call('SET', P .. ':idem:' .. idem, id, 'PX', o.window)
   redis.call('HSET', tkey(id), unpack(fields))
   make_queued(id, q, g, order_score(tonumber(sf.priority), next_seqs(1)), nows)

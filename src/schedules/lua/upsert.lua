@@ -30,7 +30,9 @@
 --   code  1 created, 2 replaced, 3 unchanged (config), E.EXISTS exists (create),
 --         E.TOO_MANY too many schedules (schedules.max_schedules; version 0),
 --         E.WRONG_STATE written from config.toml (stored source 'config'; modes
---         create and put)
+--         create and put), E.UNKNOWN_LIMIT the task's limits name one not defined
+--         (modes create and put; version 0, then its name). config.toml's schedules
+--         are written whatever their limits: a limit not defined holds nothing.
 -- Emits schedule.created or schedule.updated.
 local s, mode, actor, max, chash = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local n = tonumber(ARGV[6])
@@ -48,6 +50,11 @@ for i = 0, n - 1 do
   local f, v = ARGV[7 + 2 * i], ARGV[8 + 2 * i]
   fields[#fields + 1] = f; fields[#fields + 1] = v
   new[f] = v
+end
+if mode ~= 'config' then
+  for name in string.gmatch(new.limits or '', '[^,]+') do
+    if not limit_settings(name) then return {E.UNKNOWN_LIMIT, 0, name} end
+  end
 end
 local enabled = new.enabled or '1'
 local source = 'api'

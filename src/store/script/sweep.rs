@@ -52,7 +52,7 @@ use crate::store::{Keys, Store, StoreError, StoreResult};
 /// Sorted set: the namespace's function libraries, by name, scored by
 /// until when (Redis ms) a live node uses them. Bounded by the libraries
 /// recorded and not yet deleted; TTL [`KEEP`] from the last record.
-pub fn functions_key(k: &Keys) -> String {
+pub(crate) fn functions_key(k: &Keys) -> String {
     format!("{}:functions", k.prefix())
 }
 
@@ -129,7 +129,7 @@ fn is_library_name(name: &str) -> bool {
 }
 
 /// One node's records of the libraries it uses, and the sweep.
-pub struct Functions {
+pub(crate) struct Functions {
     store: Store,
     /// The libraries this node uses.
     names: Vec<String>,
@@ -144,7 +144,7 @@ impl Functions {
     /// The records of a node whose services were built with `ctx` (so its
     /// libraries are all assembled), renewed every `ttl`
     /// (`nodes.ttl_ms`).
-    pub fn new(store: &Store, ctx: &ScriptCtx, ttl: Duration) -> Functions {
+    pub(crate) fn new(store: &Store, ctx: &ScriptCtx, ttl: Duration) -> Functions {
         let record = Lua::load("functions_record", include_str!("../lua/functions_record.lua"), ctx);
         let ended = Lua::load("functions_ended", include_str!("../lua/functions_ended.lua"), ctx);
         let forget = Lua::load("functions_forget", include_str!("../lua/functions_forget.lua"), ctx);
@@ -158,18 +158,13 @@ impl Functions {
         }
     }
 
-    /// The libraries this node records.
-    pub fn names(&self) -> &[String] {
-        &self.names
-    }
-
     /// How long a record lasts: three times the interval between records.
-    pub fn lease(&self) -> Duration {
+    pub(crate) fn lease(&self) -> Duration {
         self.every * 3
     }
 
     /// Records this node's libraries as used for one more lease.
-    pub async fn record(&self) -> StoreResult<()> {
+    pub(crate) async fn record(&self) -> StoreResult<()> {
         for names in self.names.chunks(CHUNK) {
             let call = Record {
                 lease: self.lease(),
@@ -183,7 +178,7 @@ impl Functions {
     /// Deletes the libraries whose records ended (no live node of the
     /// namespace named them within a lease) and forgets those records.
     /// Returns the names deleted (or found gone already).
-    pub async fn sweep(&self) -> StoreResult<Vec<String>> {
+    pub(crate) async fn sweep(&self) -> StoreResult<Vec<String>> {
         let mut deleted = Vec::new();
         loop {
             let ended = self.store.run(&self.ended, &Ended { max: CHUNK }).await?;
@@ -223,7 +218,7 @@ impl Functions {
 /// Records this node's libraries every ttl (the node recorded them once at
 /// start), and sweeps a lease and a ttl after the start, then every four
 /// leases, until `cancel`.
-pub fn spawn(functions: Functions, cancel: CancellationToken) -> JoinHandle<()> {
+pub(crate) fn spawn(functions: Functions, cancel: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
         let f = functions;
         let mut next_sweep = Instant::now() + f.lease() + f.every;

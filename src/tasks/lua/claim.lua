@@ -16,11 +16,21 @@
 --          goes back to the queue (orphans/lua/unacked.lua); 0: no lease
 -- ARGV[5]  the caller's credential (token name): a worker registered by another one
 --          is refused (E.NOT_OWNER); '' not checked
+-- ARGV[6]  split namespaces, shard != 0: tasks reserved in shard 0 for the queue's limits
+--          (limit_reserve.lua), or ''
+-- ARGV[7]  the limits reserved under (with ARGV[6]), or ''
+-- ARGV[8]  shard 0's time of the reservation (Redis ms, with ARGV[6]), or '': the
+--          claimed tasks' started_at (the limits' clock decides when they started)
+-- ARGV[9..] outbox entries handed to shard 0 with the reservation: removed from this
+--          shard's outbox (P:limit_out)
 --
 -- Returns {code, next_due, more, task...}
 --   code      n >= 0 tasks claimed, E.NODE_NOT_ALIVE, E.NODE_DRAINING, E.NOT_OWNER
 --   next_due  Redis ms when the earliest delayed task is due, or -1
---   more      1 when `max` tasks were claimed (the queue may hold more), else 0
+--   more      1 when `max` tasks were claimed (the queue may hold more), else 0; 2
+--             (nothing claimed) when the queue's limits are in shard 0 and ARGV[6] is '':
+--             then the reply is {code, next_due, 2, count, entry...}, the head of this
+--             shard's outbox to hand over with the reservation
 --   task      9 entries per task: id, token, attempt, payload, max_attempts,
 --             timeout_ms, group, priority, created_at
 -- Emits task.claimed per task.
@@ -29,6 +39,9 @@ local now = now_ms()
 local refused = claim_refusal(node, now, ARGV[5])
 if refused then return {refused, -1, 0} end
 local out = {0, -1, 0}
-local n, next_due, more = claim_tasks(q, node, max, now, out, ack_ms)
+local res
+if ARGV[6] ~= '' then res = {k = tonumber(ARGV[6]), names = ARGV[7], at = ARGV[8]} end
+if #ARGV >= 9 then redis.call('ZREM', P .. ':limit_out', unpack(ARGV, 9)) end
+local n, next_due, more = claim_tasks(q, node, max, now, out, ack_ms, res)
 out[1] = n; out[2] = next_due; out[3] = more
 return out

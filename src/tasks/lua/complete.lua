@@ -36,7 +36,8 @@ local deadlines, acked = {}, {}
 for i = 0, n - 1 do
   local id, token, result = ARGV[6 + i * 3], ARGV[7 + i * 3], ARGV[8 + i * 3]
   local t = tkey(id)
-  local f = redis.call('HMGET', t, 'state', 'token', 'queue', 'group', 'owner', 'attempts', 'alias', 'timeout_ms', 'wf')
+  local f = redis.call('HMGET', t, 'state', 'token', 'queue', 'group', 'owner', 'attempts', 'alias', 'timeout_ms', 'wf',
+    'held')
   if not f[1] then
     out[#out + 1] = E.NOT_FOUND; out[#out + 1] = ''; out[#out + 1] = 0
   elseif f[1] ~= 'running' or f[2] ~= token then
@@ -58,6 +59,7 @@ for i = 0, n - 1 do
     batch_add(zadd, qkey(q, 'succeeded'), nows, id)
     if f[8] then deadlines[#deadlines + 1] = id end
     acked[#acked + 1] = id
+    limits_release(id, f[10])
     if g ~= '' then
       batch_add(srem, grunning(g), id)
       groups[g] = true

@@ -17,18 +17,28 @@
 -- ARGV[3]  max_queues
 -- ARGV[4]  submitting node id (for the event)
 -- ARGV[5]  max_delay_ms: the latest run_at accepted is Redis time + this
--- ARGV[6]  n, the number of tasks; then 12 fields per task, from ARGV[7]:
+-- ARGV[6]  max_limit_keys: template keys in use at once (P:limit_keys), at most
+-- ARGV[7]  retention_ms: how long a task a debounce replaced is kept (cancelled)
+-- ARGV[8]  n, the number of tasks; then 15 fields per task, from ARGV[9]:
 --          id, payload (JSON text), group ('' for none), priority, delay_ms,
 --          run_at (Redis ms, 0 for none), max_attempts, timeout_ms (0: none),
---          alias (''), idempotency key (''), backoff_base_ms, backoff_cap_ms
+--          alias (''), idempotency key (''), backoff_base_ms, backoff_cap_ms,
+--          limits (its own flow-control limits, comma-separated, '' for none; never
+--          with a group: the task waits in the line of its first, '@<limit>'),
+--          debounce key ('' for none), debounce ms ('0'; never with a delay or run_at):
+--          the task is delayed that long, and replaces the task the key names
+--          (P:debounce:<queue>:<key>) while that one still waits for its time
 --
 -- Returns a flat list, 3 entries per task, in order: code, id, state
---   code  1 created, 2 replay of an idempotency key (id is the original task's),
+--   code  1 created (state 'state|<id>' when it replaced that task: a debounce),
+--         2 replay of an idempotency key (id is the original task's),
 --         E.ALIAS_TAKEN (id is the holder), E.TOO_MANY_QUEUES,
---         E.TOO_FAR run_at too far ahead (state is the Redis time now, ms)
+--         E.TOO_FAR run_at too far ahead (state is the Redis time now, ms),
+--         E.UNKNOWN_LIMIT (state is the limit that is not defined),
+--         E.TOO_MANY (state is a template key new past max_limit_keys)
 -- Emits task.enqueued per created task.
 local q, window, max_queues, node = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local max_delay, n = tonumber(ARGV[5]), tonumber(ARGV[6])
+local max_delay, max_keys, retention, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local now = now_ms()
 local nows = int(now)
 local out = {}
@@ -38,8 +48,9 @@ local seq = next_seqs(n)
 local ready = {}
 local delayed = {}
 for i = 0, n - 1 do
-  local b = 7 + i * 12
+  local b = 9 + i * 15
   local id, payload, g, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local lims = ARGV[b + 12]
   local delay, run_at = 0, 0
   if ARGV[b + 4] ~= '0' then delay = tonumber(ARGV[b + 4]) end
   if ARGV[b + 5] ~= '0' then run_at = tonumber(ARGV[b + 5]) end
@@ -69,6 +80,22 @@ for i = 0, n - 1 do
       done = true
     end
   end
+  if not done and lims ~= '' then
+    for name in string.gmatch(lims, '[^,]+') do
+      local s = limit_settings(name)
+      if not s then
+        out[#out + 1] = E.UNKNOWN_LIMIT; out[#out + 1] = id; out[#out + 1] = name
+        done = true
+        break
+      end
+      if s.key and not limit_key_room(name, max_keys) then
+        out[#out + 1] = E.TOO_MANY; out[#out + 1] = id; out[#out + 1] = name
+        done = true
+        break
+      end
+    end
+    if not done then g = limits_line(string.match(lims, '^[^,]+')) end
+  end
   if not done and not room then
     out[#out + 1] = E.TOO_MANY_QUEUES; out[#out + 1] = id; out[#out + 1] = ''
     done = true
@@ -86,6 +113,10 @@ for i = 0, n - 1 do
     payload_fields(fields, payload)
     if ARGV[b + 7] ~= '0' then fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = ARGV[b + 7] end
     if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
+    if lims ~= '' then
+      fields[#fields + 1] = 'limits'; fields[#fields + 1] = lims
+      limit_keys_touch(lims, now)
+    end
     if alias ~= '' then
       fields[#fields + 1] = 'alias'; fields[#fields + 1] = alias
       redis.call('SET', P .. ':alias:' .. alias, id)
@@ -94,10 +125,36 @@ for i = 0, n - 1 do
       fields[#fields + 1] = 'idem'; fields[#fields + 1] = idem
       redis.call('SET', P .. ':idem:' .. idem, id, 'PX', window)
     end
+    -- Debounce: this task waits dms; the task its key names, still waiting for its
+    -- time, is replaced (cancelled, and named in the answer).
+    local dkey, dms = ARGV[b + 13], tonumber(ARGV[b + 14])
+    local replaced = ''
+    if dms > 0 then
+      due = now + dms
+      local dk = P .. ':debounce:' .. q .. ':' .. dkey
+      local old = redis.call('GET', dk)
+      local of = old and redis.call('HMGET', tkey(old), 'state', 'run_at', 'group', 'attempts')
+      if of and of[1] == 'delayed' and tonumber(of[2] or '0') > now then
+        redis.call('ZREM', qkey(q, 'delayed'), old)
+        redis.call('HSET', tkey(old), 'error', 'replaced by ' .. id .. ' (debounce key ' .. dkey .. ')',
+          'replaced_by', id)
+        finish(old, q, 'cancelled', nows, retention)
+        emit_task('task.cancelled', node, '{"attempt":' .. (of[4] or '0') .. ',"reason":"debounced","replaced_by":"'
+          .. id .. '"}', old, q, of[3] or '')
+        replaced = old
+      end
+      redis.call('SET', dk, id, 'PX', int(dms))
+      fields[#fields + 1] = 'debounce'; fields[#fields + 1] = dkey
+    end
     if due > now then
       state = 'delayed'
       fields[#fields + 1] = 'run_at'; fields[#fields + 1] = int(due)
-      delayed[#delayed + 1] = int(due); delayed[#delayed + 1] = id
+      if dms > 0 then
+        -- At once, not with the batch's: a later item of this call may replace it.
+        redis.call('ZADD', qkey(q, 'delayed'), int(due), id)
+      else
+        delayed[#delayed + 1] = int(due); delayed[#delayed + 1] = id
+      end
     elseif g ~= '' then
       redis.call('ZADD', gqkey(q, g), score, id)
       redis.call('SADD', gqueues(g), q)
@@ -109,7 +166,8 @@ for i = 0, n - 1 do
     redis.call('HSET', tkey(id), unpack(fields))
     if state == 'queued' and g ~= '' then refresh_group_token(q, g) end
     emit_task('task.enqueued', node, '{"state":"' .. state .. '"}', id, q, g)
-    out[#out + 1] = 1; out[#out + 1] = id; out[#out + 1] = state
+    out[#out + 1] = 1; out[#out + 1] = id
+    if replaced ~= '' then out[#out + 1] = state .. '|' .. replaced else out[#out + 1] = state end
   end
 end
 local b = batch_new()

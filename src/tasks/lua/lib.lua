@@ -29,10 +29,35 @@
 --   P:deadlines             zset   running tasks with a timeout, by deadline
 --   P:unacked               zset   claimed tasks not acknowledged yet (a task heartbeat, an
 --                                  ack, the finish), by their claim lease's end (Redis ms)
+--   P:limits                set    flow-control limits and templates (bounded by limits.max_limits)
+--   P:limit:<L>             hash   limit L: its settings c (concurrency), rmax, rper, rburst (rate:
+--                                  rmax per rper ms, at most rburst saved up; '0' for none) and its
+--                                  bucket tok (tokens * rper), at (Redis ms of tok). A template key's
+--                                  (L = name:key, settings in P:limit:name:*) holds the bucket only
+--                                  and expires once the bucket would be full again
+--   P:limit_run:<L>         set    running task ids holding a concurrency slot of L
+--   P:limit_keys            zset   template keys in use -> last named or taken from (Redis ms);
+--                                  bounded by tasks.max_limit_keys, pruned by limit_keys.lua
+--   P:limit_queues:<L>      set    the queues that name L
+--   P:q:<q>:limits          string the queue's limits, comma-separated: they bind each of its tasks.
+--                                  Split namespaces: limits live in shard 0; in another shard this key
+--                                  only says that the queue has limits (a claim reserves first)
+--   P:limit_resv            zset   shard 0: reservations (limit_reserve.lua) -> their end (Redis ms)
+--   P:limit_resd            hash   shard 0: reservation -> 'names|k' (its slots `<rid>.<1..k>`)
+--   P:limit_tomb            zset   shard 0: `id:attempt` of tasks that ended before their claim's
+--                                  reservation was settled -> when (ms); TTL 30 s
+--   P:limit_out             zset   shards but 0: 'id:attempt|names' of ended tasks whose slots in
+--                                  shard 0 are still to give back (limit_return.lua), by end time
+--   P:q:<q>:g:@<L>          zset   queued tasks of q with limits of their own, first of them L,
+--                                  FIFO (a line like a group's, its token "~g:@<L>" always in the
+--                                  ready set while it is not empty; skipped while L has no room).
+--                                  Lines take turns: one that gave a task goes behind what is
+--                                  queued then (rotate_line), so keys of a template share q fairly
 --   P:fence, P:epoch        string the fencing counter and epoch
 --   P:seq, P:fseq           string order counters (back and front of a queue)
 --   P:idem:<key>            string idempotency key -> task id; TTL the window
 --   P:alias:<alias>         string alias -> task id; TTL once the task finished
+--   P:debounce:<q>:<key>    string debounce key -> the task that waits for it; TTL its window
 --
 -- Order score: (1000 - priority) * 2^42 + 2^41 + seq, with seq > 0 for the back of
 -- the queue and < 0 for the front: higher priority first, then FIFO. Exact below 2^53.
@@ -157,7 +182,176 @@ local function next_tokens(n)
   return epoch * TWO32 + c - n + 1
 end
 
+-- Flow-control limits (G13). A limit's settings, per call: name -> {c, rmax, rper,
+-- rburst, key} or false (not defined); key: a template's key (its bucket expires).
+local LIMITS = {} -- @per-call
+local LIMIT_POLL_MS = 100
+
+local function lkey(name) return P .. ':limit:' .. name end
+-- The line (a group-like line of a queue) of tasks whose own limits start with `name`,
+-- and whether group g is such a line rather than a group.
+local function limits_line(name) return '@' .. name end
+local function is_limits_line(g) return string.sub(g, 1, 1) == '@' end
+local function lrun(name) return P .. ':limit_run:' .. name end
+local function lqueues(name) return P .. ':limit_queues:' .. name end
+-- Whether this call runs in the shard that holds the limits: the only one, or shard 0 of
+-- a split namespace (its tag is `{prefix#0.k}`; `#` cannot occur in a prefix).
+local function limits_here() return not string.find(P, '#', 1, true) or string.find(P, '#0.', 1, true) ~= nil end
+
+local function limit_settings(name)
+  local s = LIMITS[name]
+  if s ~= nil then return s end
+  local f = redis.call('HMGET', lkey(name), 'c', 'rmax', 'rper', 'rburst')
+  local key = false
+  if not f[1] then
+    local base = string.match(name, '^([^:]+):[^:*]+$')
+    if base then f = redis.call('HMGET', lkey(base .. ':*'), 'c', 'rmax', 'rper', 'rburst') end
+    key = true
+  end
+  if not f[1] then
+    s = false
+  else
+    s = {c = tonumber(f[1]), rmax = tonumber(f[2]), rper = tonumber(f[3]), rburst = tonumber(f[4]), key = key}
+  end
+  LIMITS[name] = s
+  return s
+end
+
+-- Limit `name`'s bucket refilled to `now` (scaled: one token is rper); its capacity is rburst
+-- tokens. A missing bucket is full.
+local function limit_tokens(name, s, now)
+  local b = redis.call('HMGET', lkey(name), 'tok', 'at')
+  local cap = s.rburst * s.rper
+  if not b[1] then return cap end
+  local tok = tonumber(b[1]) + (now - tonumber(b[2])) * s.rmax
+  if tok > cap then tok = cap end
+  return tok
+end
+
+-- How many more tasks limit `name` lets start now (a large number when unbounded), and
+-- when (Redis ms) its next token comes when that is none for want of tokens (else -1).
+local function limit_room(name, s, now)
+  local room, due = 1000000, -1
+  if s.c > 0 then
+    room = s.c - redis.call('SCARD', lrun(name))
+    -- No event says when a slot of a queue's limit frees up: a waiting claim
+    -- looks again after LIMIT_POLL_MS.
+    if room <= 0 then due = now + LIMIT_POLL_MS end
+  end
+  if s.rmax > 0 then
+    local tok = limit_tokens(name, s, now)
+    local r = math.floor(tok / s.rper)
+    if r < room then room = r end
+    if r <= 0 then
+      local at = now + math.ceil((s.rper - tok) / s.rmax)
+      if at > due then due = at end
+    end
+  end
+  if room < 0 then room = 0 end
+  return room, due
+end
+
+-- Template keys in use (P:limit_keys, bounded by tasks.max_limit_keys): whether key
+-- `name` is in use or there is room for one more; and the touch that keeps the
+-- keys of limits `lims` (comma-separated) in use as of `now`.
+local function limit_key_room(name, max_keys)
+  local keys = P .. ':limit_keys'
+  return redis.call('ZSCORE', keys, name) or redis.call('ZCARD', keys) < max_keys
+end
+local function limit_keys_touch(lims, now)
+  for name in string.gmatch(lims, '[^,]+') do
+    local s = limit_settings(name)
+    if s and s.key then redis.call('ZADD', P .. ':limit_keys', int(now), name) end
+  end
+end
+
+-- Takes from limit `name` what the tasks `ids` starting now use: a concurrency slot each
+-- and a token each.
+local function limit_take(name, s, now, ids)
+  if #ids == 0 then return end
+  if s.key then redis.call('ZADD', P .. ':limit_keys', int(now), name) end
+  if s.c > 0 then redis.call('SADD', lrun(name), unpack(ids)) end
+  if s.rmax > 0 then
+    local tok = limit_tokens(name, s, now) - #ids * s.rper
+    redis.call('HSET', lkey(name), 'tok', int(tok), 'at', int(now))
+    if s.key then
+      redis.call('PEXPIRE', lkey(name), math.ceil((s.rburst * s.rper - tok) / s.rmax) + 1000)
+    end
+  end
+end
+
+-- Gives back in shard 0 the slots named by an outbox entry `id:attempt|names`. A slot
+-- not there (its reservation not settled yet: the task ended first; or handed over
+-- twice) leaves a tombstone in P:limit_tomb for LIMIT_TOMB_MS, so that a settling
+-- that comes later does not take it (limit_confirm.lua).
+local LIMIT_TOMB_MS = 30000
+local function limits_return(entry)
+  local member, names = string.match(entry, '^([^|]+)|(.*)$')
+  if not member then return 0 end
+  local n, missed = 0, false
+  for name in string.gmatch(names, '[^,]+') do
+    local s = limit_settings(name)
+    if s and s.c > 0 then
+      local r = redis.call('SREM', lrun(name), member)
+      n = n + r
+      if r == 0 then missed = true end
+    end
+  end
+  if missed then
+    local tomb, now = P .. ':limit_tomb', now_ms()
+    redis.call('ZADD', tomb, int(now), member)
+    redis.call('ZREMRANGEBYSCORE', tomb, '-inf', int(now - LIMIT_TOMB_MS))
+    redis.call('PEXPIRE', tomb, LIMIT_TOMB_MS)
+  end
+  return n
+end
+
+-- Gives back the concurrency slots task `id` holds: its 'held' limits, comma-separated,
+-- whose slots are here (member: the id); or, prefixed '=', limits in shard 0 reserved
+-- for it by a claim in this shard (member `id:attempt`): those go to the outbox
+-- P:limit_out, which the nodes hand to shard 0 (limit_return.lua) and then trim.
+local function limits_release(id, held)
+  if not held or held == '' then return end
+  if string.sub(held, 1, 1) == '=' then
+    local a = redis.call('HGET', tkey(id), 'attempts') or '0'
+    redis.call('ZADD', P .. ':limit_out', int(now_ms()), id .. ':' .. a .. '|' .. string.sub(held, 2))
+    return
+  end
+  for name in string.gmatch(held, '[^,]+') do redis.call('SREM', lrun(name), id) end
+end
+
+-- The room under limits `list` (comma-separated; names not defined hold nothing): at
+-- most `max`, the Redis ms when one without room may have some (or -1 if `due` is
+-- -1 and none gives one sooner), and the defined names.
+local function limits_list_room(list, max, now, due)
+  local names = {}
+  for name in string.gmatch(list, '[^,]+') do
+    local s = limit_settings(name)
+    if s then
+      local room, d = limit_room(name, s, now)
+      if room < max then max = room end
+      if d >= 0 and (due < 0 or d < due) then due = d end
+      names[#names + 1] = name
+    end
+  end
+  return max, due, names
+end
+
+-- Whether a task of limits line g (g = '@' .. its first limit) with limits `own`
+-- (comma-separated) may start now; false with the Redis ms of the next token, or -1.
+local function own_limits_room(own, now)
+  for name in string.gmatch(own or '', '[^,]+') do
+    local s = limit_settings(name)
+    if s then
+      local room, due = limit_room(name, s, now)
+      if room <= 0 then return false, due end
+    end
+  end
+  return true, -1
+end
+
 local function group_has_room(g)
+  if is_limits_line(g) then return true end
   local limit = redis.call('HGET', GROUP_LIMITS, g)
   if not limit then return true end
   return redis.call('SCARD', grunning(g)) < tonumber(limit)
@@ -172,11 +366,26 @@ local function refresh_group_token(q, g)
     redis.call('ZREM', qkey(q, 'ready'), token)
     redis.call('SREM', gqueues(g), q)
     redis.call('SREM', qkey(q, 'groups'), g)
+  elseif is_limits_line(g) then
+    -- GT: a line's turn (rotate_line) is not undone by its tasks' comings and goings.
+    redis.call('ZADD', qkey(q, 'ready'), 'GT', head[2], token)
   elseif group_has_room(g) then
     redis.call('ZADD', qkey(q, 'ready'), head[2], token)
   else
     redis.call('ZREM', qkey(q, 'ready'), token)
   end
+end
+
+-- Round robin across lines of own limits (one tenant's backlog does not starve
+-- another's): a line that just gave a task goes behind everything queued in q now at its
+-- head's priority, as if its head had just been submitted.
+local function rotate_line(q, g)
+  local head = redis.call('ZRANGE', gqkey(q, g), 0, 0, 'WITHSCORES')
+  if #head == 0 then return refresh_group_token(q, g) end
+  local hs = tonumber(head[2])
+  local back = math.floor(hs / TWO42) * TWO42 + TWO41 + next_seqs(1)
+  if back < hs then back = hs end
+  redis.call('ZADD', qkey(q, 'ready'), int(back), '~g:' .. g)
 end
 
 local function refresh_group_everywhere(g)
@@ -211,6 +420,7 @@ end
 -- index, its deadline, its claim lease, and its group slot (which may let the group's
 -- next task run).
 local function release_running(id, q, g, owner)
+  limits_release(id, redis.call('HGET', tkey(id), 'held'))
   redis.call('ZREM', qkey(q, 'running'), id)
   if owner and owner ~= '' then redis.call('SREM', ntasks(owner), id) end
   redis.call('ZREM', DEADLINES, id)
@@ -332,10 +542,15 @@ end
 -- skipped without blocking the tasks behind it; FIFO within a group (G1, G6).
 -- ack_ms > 0: each claimed task must be acknowledged within ack_ms (P:unacked), or
 -- orphans/lua/unacked.lua puts it back; 0: no claim lease.
+-- res: in a shard other than 0, what the caller reserved in shard 0 for a queue with
+-- limits ({k = tasks, names = its limits, at = shard 0's time of the reservation},
+-- limit_reserve.lua), else nil.
 -- Returns n (tasks claimed), next_due (Redis ms when the earliest delayed task is
--- due, or -1), more (1 when max tasks were taken and the ready set is not empty). Emits
--- task.claimed per task.
-local function claim_tasks(q, node, max, now, out, ack_ms)
+-- due, or -1), more (1 when max tasks were taken and the ready set is not empty; 2
+-- when the queue's limits are in shard 0 and nothing was reserved: then `out` gets the
+-- head of this shard's outbox of limit slots, a count and the entries, for the caller
+-- to hand over with its reservation). Emits task.claimed per task.
+local function claim_tasks(q, node, max, now, out, ack_ms, res)
   local nows = int(now)
   local next_due = -1
   local delayed = qkey(q, 'delayed')
@@ -346,11 +561,34 @@ local function claim_tasks(q, node, max, now, out, ack_ms)
   end
   if #head > 0 then next_due = tonumber(head[2]) end
   if redis.call('HGET', qkey(q, 'meta'), 'paused') == '1' then return 0, next_due, 0 end
+  -- 0. The queue's limits bind every task of it: at most their least room (G13). In a
+  --    shard other than 0 they are held in shard 0: the claim takes at most what the
+  --    caller reserved there first (res: {k, names}), and without a reservation
+  --    nothing (more = 2: reserve, then claim again).
+  local qnames = {}
+  local qlims = redis.call('GET', qkey(q, 'limits'))
+  local remote
+  if qlims and not limits_here() then
+    if not res then
+      -- What the caller hands to shard 0 with its reservation: this shard's outbox.
+      local handed = redis.call('ZRANGE', P .. ':limit_out', 0, 199)
+      out[#out + 1] = #handed
+      for i = 1, #handed do out[#out + 1] = handed[i] end
+      return 0, next_due, 2
+    end
+    if res.k < max then max = res.k end
+    if max <= 0 then return 0, next_due, 0 end
+    qlims, remote = nil, res.names
+  elseif qlims then
+    max, next_due, qnames = limits_list_room(qlims, max, now, next_due)
+    if max <= 0 then return 0, next_due, 0 end
+  end
   -- 1. Pick ids in claim order, popping the ready set's head. A group token yields
   --    that group's head (if it has room); members popped after a token go back, and
   --    the set is read again, because the token's new score may come before them.
   local ready = qkey(q, 'ready')
-  local picked, from_group = {}, {}
+  local picked, from_group, own = {}, {}, {}
+  local stashed = {}
   local guard = 0
   while #picked < max and guard < 10000 do
     guard = guard + 1
@@ -365,14 +603,41 @@ local function claim_tasks(q, node, max, now, out, ack_ms)
       elseif string.sub(m, 1, 3) == '~g:' then
         local g = string.sub(m, 4)
         local first = redis.call('ZRANGE', gqkey(q, g), 0, 0)
-        if #first > 0 and group_has_room(g) then
+        local ok, lims = #first > 0, nil
+        if ok and is_limits_line(g) then
+          -- A line of tasks with limits of their own: its head starts when each has
+          -- room; else the line waits (its token set aside until this claim ends)
+          -- and blocks nothing behind it.
+          local due
+          lims = redis.call('HGET', tkey(first[1]), 'limits') or ''
+          ok, due = own_limits_room(lims, now)
+          if not ok then
+            stashed[#stashed + 1] = popped[i + 1]; stashed[#stashed + 1] = m
+            if due >= 0 and (next_due < 0 or due < next_due) then next_due = due end
+          end
+        elseif ok then
+          ok = group_has_room(g)
+        end
+        if ok then
           local id = first[1]
           redis.call('ZREM', gqkey(q, g), id)
-          redis.call('SADD', grunning(g), id)
+          if lims then
+            for name in string.gmatch(lims, '[^,]+') do
+              local ls = limit_settings(name)
+              if ls then limit_take(name, ls, now, {id}) end
+            end
+            own[id] = lims
+          else
+            redis.call('SADD', grunning(g), id)
+          end
           picked[#picked + 1] = id
           from_group[id] = g
         end
-        refresh_group_token(q, g)
+        if ok and lims then
+          rotate_line(q, g)
+        elseif ok or not lims then
+          refresh_group_token(q, g)
+        end
         back = {}
       else
         picked[#picked + 1] = m
@@ -381,8 +646,12 @@ local function claim_tasks(q, node, max, now, out, ack_ms)
     if not back then break end
     if #back > 0 then redis.call('ZADD', ready, unpack(back)) end
   end
+  if #stashed > 0 then redis.call('ZADD', ready, unpack(stashed)) end
   if #picked == 0 then return 0, next_due, 0 end
-  -- 2. Hand them out.
+  -- 2. Hand them out. A task started under a reservation in shard 0 records as its
+  --    start the time its limits granted it there (shard 0's clock decides G13).
+  local started = nows
+  if remote and res.at then started = res.at end
   local token = next_tokens(#picked)
   local running, mine, deadlines, unacked = {}, {}, {}, {}
   local ack_by = ack_ms > 0 and int(now + ack_ms)
@@ -399,10 +668,18 @@ local function claim_tasks(q, node, max, now, out, ack_ms)
       local a = int(attempt)
       if f[7] and f[7] ~= '0' then
         redis.call('HSET', t, 'state', 'running', 'owner', node, 'token', tok, 'attempts', a,
-          'started_at', nows, 'a' .. a, node .. '|' .. tok .. '|' .. nows, 'progress', '0')
+          'started_at', started, 'a' .. a, node .. '|' .. tok .. '|' .. nows, 'progress', '0')
       else
         redis.call('HSET', t, 'state', 'running', 'owner', node, 'token', tok, 'attempts', a,
-          'started_at', nows, 'a' .. a, node .. '|' .. tok .. '|' .. nows)
+          'started_at', started, 'a' .. a, node .. '|' .. tok .. '|' .. nows)
+      end
+      -- The limits whose slots it holds until it ends (limits_release).
+      if remote then
+        if remote ~= '' then redis.call('HSET', t, 'held', '=' .. remote) end
+      elseif qlims or own[id] then
+        local held = qlims or ''
+        if own[id] and own[id] ~= '' then held = (held ~= '' and held .. ',' or '') .. own[id] end
+        redis.call('HSET', t, 'held', held)
       end
       running[#running + 1] = nows; running[#running + 1] = id
       mine[#mine + 1] = id
@@ -415,14 +692,17 @@ local function claim_tasks(q, node, max, now, out, ack_ms)
       emit_task('task.claimed', node, '{"attempt":' .. a .. ',"token":' .. tok .. '}', id, q, g)
       n = n + 1
       out[#out + 1] = id; out[#out + 1] = token + i - 1; out[#out + 1] = attempt; out[#out + 1] = f[1]
-      out[#out + 1] = f[3] or '0'; out[#out + 1] = timeout; out[#out + 1] = g
+      out[#out + 1] = f[3] or '0'; out[#out + 1] = timeout
+      if is_limits_line(g) then out[#out + 1] = '' else out[#out + 1] = g end
       out[#out + 1] = f[5] or '0'; out[#out + 1] = f[6] or '0'
     elseif from_group[id] then
       -- the task vanished while queued: give its slot back
+      limits_release(id, own[id])
       redis.call('SREM', grunning(from_group[id]), id)
       refresh_group_everywhere(from_group[id])
     end
   end
+  for i = 1, #qnames do limit_take(qnames[i], limit_settings(qnames[i]), now, mine) end
   if #running > 0 then redis.call('ZADD', qkey(q, 'running'), unpack(running)) end
   if #deadlines > 0 then redis.call('ZADD', DEADLINES, unpack(deadlines)) end
   if #unacked > 0 then redis.call('ZADD', UNACKED, unpack(unacked)) end

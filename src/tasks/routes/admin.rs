@@ -5,16 +5,17 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
+use muster_api::tasks::{Cancelled as CancelResponse, GroupList, QueueDetail, QueueList};
 use muster_api::{Name, TaskId};
 
 use crate::auth::{AdminCaller, ReadCaller, WorkerCaller};
 use crate::error::{ApiError, Result};
 use crate::http::{ApiQuery, OptJson, Path, no_content};
 use crate::tasks::Tasks;
-use crate::tasks::{GroupInfo, QueueStats, STATES, Task, TaskError, TaskPage};
+use crate::tasks::{GroupInfo, STATES, Task, TaskError, TaskPage};
 use crate::validate;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -67,25 +68,12 @@ pub(super) async fn list_tasks(
     Ok(Json(tasks.list(&queue, &state, limit, cursor).await?))
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct QueueList {
-    pub queues: Vec<QueueStats>,
-}
-
 /// Every queue with its counts.
 #[utoipa::path(get, path = "/api/v1/queues", tag = "tasks", security(("bearer" = ["read"]), ("session" = ["read"])), responses((status = 200, body = QueueList)))]
 pub(super) async fn list_queues(State(tasks): State<Arc<Tasks>>, _caller: ReadCaller) -> Result<Json<QueueList>> {
     Ok(Json(QueueList {
         queues: tasks.queues().await?,
     }))
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct QueueDetail {
-    #[serde(flatten)]
-    pub stats: QueueStats,
-    /// Groups with queued tasks here or a configured limit.
-    pub groups: Vec<GroupInfo>,
 }
 
 /// One queue's counts and its groups.
@@ -173,13 +161,6 @@ pub(super) async fn get_alias(
     tasks.get(&id).await?.map(Json).ok_or_else(not_found)
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct CancelResponse {
-    /// cancelled, or running when the worker was asked to stop.
-    pub state: String,
-    pub cancel_requested: bool,
-}
-
 /// Cancels a queued or delayed task; asks a running task's worker to stop
 /// (it learns on its next heartbeat).
 #[utoipa::path(post, path = "/api/v1/tasks/{id}/cancel", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
@@ -236,11 +217,6 @@ pub(super) async fn list_dead(
         cursor: p.cursor,
     })?;
     Ok(Json(tasks.dead(limit, cursor).await?))
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct GroupList {
-    pub groups: Vec<GroupInfo>,
 }
 
 /// Groups with a configured limit, with their slots in use.

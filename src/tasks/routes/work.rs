@@ -6,18 +6,24 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
+use muster_api::tasks::{CompleteBatchResponse, CompleteOutcome, TaskHeartbeatAnswer as HeartbeatResponse};
 use muster_api::{Name, TaskId};
+
+/// The answer to a claim, with the payloads as stored.
+type ClaimResponse = muster_api::tasks::ClaimResponse<Box<RawValue>>;
+/// The answer to a complete or fail, with the payloads as stored.
+type FinishedNext = muster_api::tasks::FinishedNext<Box<RawValue>>;
 
 use crate::app::AppState;
 use crate::auth::WorkerCaller;
 use crate::error::{ApiError, Result};
 use crate::http::{ApiJson, Path, no_content};
 use crate::tasks::Tasks;
-use crate::tasks::{Claimed, Finished, NextAsk, NextClaim, NextTasks, TaskError};
+use crate::tasks::{NextAsk, NextClaim, TaskError};
 use crate::validate;
 
 use super::check_task_id;
@@ -35,17 +41,6 @@ pub(super) struct ClaimRequest {
     /// `POST /api/v1/tasks/{id}/ack`, or its complete or fail), or it goes
     /// back to the queue, its token is refused, and no attempt is counted.
     pub ack_ms: Option<u64>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct ClaimResponse {
-    pub tasks: Vec<Claimed>,
-    /// Split namespaces: shards of the queue whose claim did not run (their
-    /// master failed or stalls, or this node cannot serve them now). Tasks
-    /// there wait for a later claim; the tasks above are yours either way.
-    /// Absent when every shard was tried.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub shards_not_tried: Vec<usize>,
 }
 
 /// Claims tasks for a node: each with its fencing token. 204 when none came
@@ -109,13 +104,6 @@ pub(super) struct HeartbeatRequest {
     /// A small JSON object of runtime fields (at most 4 KiB), replacing the previous one.
     #[schema(value_type = Option<Object>)]
     pub fields: Option<Box<RawValue>>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct HeartbeatResponse {
-    pub state: String,
-    /// The task was asked to stop: finish with `fail` and it is cancelled.
-    pub cancel_requested: bool,
 }
 
 /// The holder of the current token reports it is still working (optionally
@@ -211,15 +199,6 @@ pub(super) struct NextRequest {
     /// The next tasks' claim lease, 1 000 to 600 000 ms; default
     /// `claim.ack_ms`. As a claim's `ack_ms`.
     pub ack_ms: Option<u64>,
-}
-
-/// The outcome of a complete or fail, with the next task(s) when asked for.
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct FinishedNext {
-    #[serde(flatten)]
-    pub finished: Finished,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next: Option<NextTasks>,
 }
 
 fn next_ask(s: &AppState, next: Option<NextRequest>) -> Result<NextAsk> {
@@ -338,27 +317,6 @@ fn parse_batch(body: &RawValue) -> Result<Vec<CompleteItem>> {
     })
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct CompleteOutcome {
-    pub id: String,
-    /// completed, conflict (stale token), not_found, invalid, or unknown:
-    /// the task's shard did not answer (its master failed or stalls, on a
-    /// split namespace), so whether it completed is not known. Send the
-    /// unknown items again: a completion that did apply answers `conflict`
-    /// with state `succeeded`.
-    pub status: &'static str,
-    /// The task's state after the call.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct CompleteBatchResponse {
-    pub results: Vec<CompleteOutcome>,
-}
-
 /// Completes up to 1000 tasks in one script; one outcome per item, in order.
 #[utoipa::path(post, path = "/api/v1/tasks/complete", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     request_body = CompleteBatch,
@@ -389,7 +347,7 @@ pub(super) async fn complete_batch(
             }
             Err(e) => results.push(Some(CompleteOutcome {
                 id: it.id,
-                status: "invalid",
+                status: "invalid".into(),
                 state: None,
                 error: Some(e.to_string()),
             })),
@@ -401,13 +359,13 @@ pub(super) async fn complete_batch(
             results[slot] = Some(match r {
                 Ok(f) => CompleteOutcome {
                     id: id.clone(),
-                    status: "completed",
+                    status: "completed".into(),
                     state: Some(f.state),
                     error: None,
                 },
                 Err(TaskError::NotFound(_)) => CompleteOutcome {
                     id: id.clone(),
-                    status: "not_found",
+                    status: "not_found".into(),
                     state: None,
                     error: None,
                 },
@@ -418,14 +376,14 @@ pub(super) async fn complete_batch(
                     };
                     CompleteOutcome {
                         id: id.clone(),
-                        status: "conflict",
+                        status: "conflict".into(),
                         state,
                         error: Some(e.to_string()),
                     }
                 }
                 Err(e @ TaskError::Store(_)) => CompleteOutcome {
                     id: id.clone(),
-                    status: "unknown",
+                    status: "unknown".into(),
                     state: None,
                     error: Some(ApiError::from(e).to_string()),
                 },

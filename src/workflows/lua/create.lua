@@ -21,7 +21,8 @@
 --          key, spec JSON ({"id","queue","t"}), dependency count, comma-separated dependents
 --
 -- Returns {code, id}: 1 created, 2 replay of the idempotency key (id is the original),
---                     E.TOO_MANY_QUEUES too many queues (id is '')
+--                     E.TOO_MANY_QUEUES too many queues (id is ''), E.UNKNOWN_LIMIT a task
+--                     names a flow-control limit not defined (id is its name)
 -- Emits workflow.started, and task.enqueued per dispatched task.
 local w, policy, idem, window, ret, node = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local max_queues, dret, n = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
@@ -31,8 +32,12 @@ if idem ~= '' then
 end
 local new_queues = {}
 for i = 0, n - 1 do
-  local q = cjson.decode(ARGV[11 + i * 4]).queue
+  local d = cjson.decode(ARGV[11 + i * 4])
+  local q = d.queue
   if redis.call('SISMEMBER', P .. ':queues', q) == 0 then new_queues[q] = true end
+  for name in string.gmatch(d.t.limits or '', '[^,]+') do
+    if not limit_settings(name) then return {E.UNKNOWN_LIMIT, name} end
+  end
 end
 local count = 0
 for _ in pairs(new_queues) do count = count + 1 end

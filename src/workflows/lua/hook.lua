@@ -49,11 +49,17 @@ local function wf_dispatch(w, k, nows, node)
   local d = cjson.decode(redis.call('HGET', wkey(w, 'spec'), k))
   local t, id, q = d.t, d.id, d.queue
   local g = t.group or ''
+  local lims = t.limits or ''
+  if lims ~= '' then g = limits_line(string.match(lims, '^[^,]+')) end
   local fields = {'queue', q, 'priority', t.priority, 'max_attempts', t.max_attempts,
     'backoff_base', t.backoff_base, 'backoff_cap', t.backoff_cap, 'created_at', nows, 'node', node,
     'wf', w, 'wfkey', k}
   payload_fields(fields, t.payload)
   if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
+  if lims ~= '' then
+    fields[#fields + 1] = 'limits'; fields[#fields + 1] = lims
+    limit_keys_touch(lims, tonumber(nows))
+  end
   if t.timeout_ms ~= '0' then fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = t.timeout_ms end
   redis.call('HSET', wkey(w, 'st'), k, 'queued')
   if redis.call('SISMEMBER', P .. ':queues', q) == 0 then

@@ -2,7 +2,8 @@
 
 use super::*;
 
-fn cli_arrive(app: &TestApp, round: &str, node: &str, wait: &str) -> (Option<i32>, Value) {
+/// The CLI's exit code and the answer it printed (None when it printed none).
+fn cli_arrive(app: &TestApp, round: &str, node: &str, wait: &str) -> (Option<i32>, Option<ArriveAnswer>) {
     let out = Command::new(muster_bin())
         .args([
             "barrier", "arrive", "cron", round, "--node", node, "--wait", wait, "--url", &app.url,
@@ -11,8 +12,7 @@ fn cli_arrive(app: &TestApp, round: &str, node: &str, wait: &str) -> (Option<i32
         .env_remove("MUSTER_TOKEN")
         .output()
         .unwrap();
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code(), v)
+    (out.status.code(), serde_json::from_slice(&out.stdout).ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -34,19 +34,28 @@ async fn cli_exit_codes_and_verdict_json() {
         out.status.code()
     });
     let (code, v) = cli_arrive(&a, "day1", "h1", "10s");
-    assert_eq!(code, Some(0), "{v}");
-    assert_eq!(v["verdict"], "released");
-    assert_eq!(v["may_run"], true);
-    assert_eq!(names(&v["missing"]), BTreeSet::from(["h3".to_string()]));
+    assert_eq!(code, Some(0), "{v:?}");
+    let v = v.expect("the verdict as JSON");
+    assert_eq!(v.verdict, Verdict::Released);
+    assert!(v.may_run);
+    assert_eq!(names(&v.missing), BTreeSet::from(["h3".to_string()]));
     assert_eq!(h2.join().unwrap(), Some(0));
     let (code, v) = cli_arrive(&a, "day1", "h3", "10s");
-    assert_eq!((code, v["late"].clone()), (Some(4), json!(true)), "{v}");
+    assert_eq!((code, v.as_ref().map(|v| v.late)), (Some(4), Some(true)), "{v:?}");
     // Alone: aborted at the deadline (3).
     let (code, v) = cli_arrive(&a, "day2", "h1", "10s");
-    assert_eq!((code, v["verdict"].clone()), (Some(3), json!("aborted")), "{v}");
+    assert_eq!(
+        (code, v.as_ref().map(|v| v.verdict)),
+        (Some(3), Some(Verdict::Aborted)),
+        "{v:?}"
+    );
     // No verdict within --wait (5).
     let (code, v) = cli_arrive(&a, "day3", "h1", "100ms");
-    assert_eq!((code, v["verdict"].clone()), (Some(5), json!("pending")), "{v}");
+    assert_eq!(
+        (code, v.as_ref().map(|v| v.verdict)),
+        (Some(5), Some(Verdict::Pending)),
+        "{v:?}"
+    );
     // A non-participant is an error (1), with the reason on stderr.
     let (code, _) = cli_arrive(&a, "day4", "intruder", "1s");
     assert_eq!(code, Some(1));
@@ -58,7 +67,7 @@ async fn barriers_page_shows_rounds_with_arrivals() {
     let a = TestApp::start(&redis).await;
     let parts: Vec<String> = ["n-one", "n-two"].iter().map(|s| s.to_string()).collect();
     configure(&a, "nightly", &parts, 1, 60_000).await;
-    arrive(&a, "nightly", "2026-11-22", "n-one", 0).await;
+    arrive(&a, "nightly", "2026-11-22", "n-one", 0).await.unwrap();
     let html = a.page("/barriers").await;
     assert!(
         html.contains("nightly") && html.contains("n-one") && html.contains("n-two"),
@@ -73,7 +82,7 @@ async fn barriers_page_shows_rounds_with_arrivals() {
     assert_eq!(resp.status(), 200);
     let html = resp.text().await.unwrap();
     assert!(html.contains("2026-11-22") && html.contains("pending"), "{html}");
-    arrive(&a, "nightly", "2026-11-22", "n-two", 0).await;
+    arrive(&a, "nightly", "2026-11-22", "n-two", 0).await.unwrap();
     let html = a.page("/barriers/nightly").await;
     assert!(
         html.contains("released") && !html.contains("http-equiv=\"refresh\""),
@@ -99,60 +108,51 @@ async fn deciding_a_round_never_deletes_it() {
     let parts = strings(&["pa", "pb", "pc"]);
     configure(&a, "small", &parts, 0, 60_000).await;
     for r in ["r1", "r2"] {
-        let (s, v) = arrive(&a, "small", r, "pa", 0).await;
-        assert_eq!((s, v["verdict"].clone()), (200, json!("pending")), "{v}");
+        let v = arrive(&a, "small", r, "pa", 0).await.unwrap();
+        assert_eq!(v.verdict, Verdict::Pending, "{v:?}");
     }
     // pc waits for r1's verdict.
     let a2 = a.clone();
     let waiter = tokio::spawn(async move { arrive(&a2, "small", "r1", "pc", 10_000).await });
     let waiting = wait_until(Duration::from_secs(5), || async {
-        let (_, r) = a.get("/api/v1/barriers/small/rounds/r1").await;
-        r["arrived"].as_array().is_some_and(|v| v.len() == 2)
+        a.api().round("small", "r1").await.is_ok_and(|r| r.arrived.len() == 2)
     })
     .await;
     assert!(waiting, "pc arrived at r1");
     // pb completes r1.
-    let (s, v) = arrive(&a, "small", "r1", "pb", 200).await;
-    assert_eq!(s, 200, "the completing arrival reads its round: {v}");
-    assert_eq!(
-        (v["verdict"].clone(), v["may_run"].clone()),
-        (json!("released"), json!(true)),
-        "{v}"
-    );
-    let (s, v) = waiter.await.unwrap();
-    assert_eq!(s, 200, "the waiter reads the round: {v}");
-    assert_eq!(
-        (v["verdict"].clone(), v["may_run"].clone()),
-        (json!("released"), json!(true)),
-        "{v}"
-    );
-    let (s, r) = a.get("/api/v1/barriers/small/rounds/r1").await;
-    assert_eq!((s, r["verdict"].clone()), (200, json!("released")), "{r}");
-    assert!(r.get("incarnation").is_none(), "internal: {r}");
+    let v = arrive(&a, "small", "r1", "pb", 200)
+        .await
+        .unwrap_or_else(|e| panic!("the completing arrival reads its round: {e:?}"));
+    assert_eq!((v.verdict, v.may_run), (Verdict::Released, true), "{v:?}");
+    let v = waiter
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the waiter reads the round: {e:?}"));
+    assert_eq!((v.verdict, v.may_run), (Verdict::Released, true), "{v:?}");
+    let r = a.api().round("small", "r1").await.unwrap();
+    assert_eq!(r.verdict, Verdict::Released, "{r:?}");
+    // Absent from the JSON: read raw.
+    let (_, raw) = a.get("/api/v1/barriers/small/rounds/r1").await;
+    assert!(raw.get("incarnation").is_none(), "internal: {raw}");
     // Arriving again (the documented retry) reads that verdict; nothing reopens.
     for p in &parts {
-        let (s, v) = arrive(&a, "small", "r1", p, 0).await;
-        assert_eq!(s, 200, "{v}");
-        assert_eq!(
-            (v["verdict"].clone(), v["may_run"].clone()),
-            (json!("released"), json!(true)),
-            "{p}: {v}"
-        );
-        assert_eq!(v["late"], false, "{v}");
+        let v = arrive(&a, "small", "r1", p, 0).await.unwrap();
+        assert_eq!((v.verdict, v.may_run), (Verdict::Released, true), "{p}: {v:?}");
+        assert!(!v.late, "{v:?}");
     }
     assert_eq!(decisions(&redis, "small").await["r1"], ["released"], "one verdict");
     assert_eq!(openings(&redis, "small", "r1").await, 1, "r1 opened once");
     // The bound holds: deciding r2 deletes r1, the older decided round beyond
     // rounds_kept = 1, and never r2 itself.
-    arrive(&a, "small", "r2", "pb", 0).await;
-    let (s, v) = arrive(&a, "small", "r2", "pc", 0).await;
-    assert_eq!((s, v["verdict"].clone()), (200, json!("released")), "{v}");
-    assert_eq!(a.get("/api/v1/barriers/small/rounds/r2").await.0, 200);
-    assert_eq!(a.get("/api/v1/barriers/small/rounds/r1").await.0, 404);
+    arrive(&a, "small", "r2", "pb", 0).await.unwrap();
+    let v = arrive(&a, "small", "r2", "pc", 0).await.unwrap();
+    assert_eq!(v.verdict, Verdict::Released, "{v:?}");
+    a.api().round("small", "r2").await.unwrap();
+    assert_eq!(problem(a.api().round("small", "r1").await).status, 404);
     let keys: Vec<String> = redis.cmd(&["KEYS", &kn("small", "barrier:small:r:*")]).await;
     assert_eq!(keys, [kn("small", "barrier:small:r:r2")]);
-    let (_, list) = a.get("/api/v1/barriers/small/rounds").await;
-    assert_eq!(list["rounds"].as_array().unwrap().len(), 1, "{list}");
+    let list = a.api().rounds("small", 50).await.unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
 }
 
 /// G4 for undecided rounds: at most `max_open_rounds` per barrier; the
@@ -167,18 +167,15 @@ async fn open_rounds_are_bounded_per_barrier() {
     .await;
     configure(&a, "capped", &strings(&["x", "y"]), 0, 60_000).await;
     for r in ["o1", "o2"] {
-        assert_eq!(arrive(&a, "capped", r, "x", 0).await.0, 200);
+        arrive(&a, "capped", r, "x", 0).await.unwrap();
     }
     let keys_before: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
     let events_before = redis.events("muster").await.len();
-    let (s, v) = arrive(&a, "capped", "o3", "x", 1000).await;
-    assert_eq!(s, 409, "{v}");
-    assert_eq!(v["reason"], "too_many_open_rounds", "{v}");
-    assert_eq!(v["max_open_rounds"], 2, "{v}");
-    assert!(
-        v["detail"].as_str().unwrap().contains("barriers.max_open_rounds"),
-        "{v}"
-    );
+    let p = problem(arrive(&a, "capped", "o3", "x", 1000).await);
+    assert_eq!(p.status, 409, "{p:?}");
+    assert_eq!(p.extra["reason"], "too_many_open_rounds", "{p:?}");
+    assert_eq!(p.extra["max_open_rounds"], 2, "{p:?}");
+    assert!(p.detail.contains("barriers.max_open_rounds"), "{p:?}");
     let keys_after: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
     let state = |keys: Vec<String>| {
         keys.into_iter()
@@ -187,19 +184,22 @@ async fn open_rounds_are_bounded_per_barrier() {
     };
     assert_eq!(state(keys_before), state(keys_after));
     assert_eq!(redis.events("muster").await.len(), events_before, "no event");
-    assert_eq!(a.get("/api/v1/barriers/capped/rounds/o3").await.0, 404);
+    assert_eq!(problem(a.api().round("capped", "o3").await).status, 404);
     // Open rounds still take arrivals; a non-participant is still 403.
-    assert_eq!(arrive(&a, "capped", "o1", "x", 0).await.0, 200);
-    assert_eq!(arrive(&a, "capped", "o3", "intruder", 0).await.0, 403);
+    arrive(&a, "capped", "o1", "x", 0).await.unwrap();
+    assert_eq!(problem(arrive(&a, "capped", "o3", "intruder", 0).await).status, 403);
     // Once one is decided, another may open.
-    let (_, v) = arrive(&a, "capped", "o1", "y", 0).await;
-    assert_eq!(v["verdict"], "released");
-    let (s, v) = arrive(&a, "capped", "o3", "x", 0).await;
-    assert_eq!((s, v["verdict"].clone()), (200, json!("pending")), "{v}");
+    let v = arrive(&a, "capped", "o1", "y", 0).await.unwrap();
+    assert_eq!(v.verdict, Verdict::Released);
+    let v = arrive(&a, "capped", "o3", "x", 0).await.unwrap();
+    assert_eq!(v.verdict, Verdict::Pending, "{v:?}");
     // A stale entry (a round decided by a node that predates the open index,
     // say) does not hold a place: at the bound, entries past their deadline
     // whose round is decided or gone are dropped first.
-    assert_eq!(arrive(&a, "capped", "o2", "y", 0).await.1["verdict"], "released");
+    assert_eq!(
+        arrive(&a, "capped", "o2", "y", 0).await.unwrap().verdict,
+        Verdict::Released
+    );
     redis
         .cmd::<i64>(&["ZADD", &kn("capped", "barrier:capped:open"), "1", "ghost"])
         .await;
@@ -207,10 +207,14 @@ async fn open_rounds_are_bounded_per_barrier() {
         redis.cmd::<i64>(&["ZCARD", &kn("capped", "barrier:capped:open")]).await,
         2
     );
-    let (s, v) = arrive(&a, "capped", "o4", "x", 0).await;
-    assert_eq!((s, v["verdict"].clone()), (200, json!("pending")), "{v}");
-    let (s, v) = arrive(&a, "capped", "o5", "x", 0).await;
-    assert_eq!((s, v["reason"].clone()), (409, json!("too_many_open_rounds")), "{v}");
+    let v = arrive(&a, "capped", "o4", "x", 0).await.unwrap();
+    assert_eq!(v.verdict, Verdict::Pending, "{v:?}");
+    let p = problem(arrive(&a, "capped", "o5", "x", 0).await);
+    assert_eq!(
+        (p.status, p.extra["reason"].clone()),
+        (409, json!("too_many_open_rounds")),
+        "{p:?}"
+    );
 }
 
 /// The decided-rounds cache of a node never answers for another incarnation
@@ -227,31 +231,25 @@ async fn a_cached_verdict_never_answers_a_reopened_round() {
     let a2 = a.clone();
     let waiter = tokio::spawn(async move { arrive(&a2, "again", "r", "x", 10_000).await });
     let waiting = wait_until(Duration::from_secs(5), || async {
-        let (_, r) = a.get("/api/v1/barriers/again/rounds/r").await;
-        r["arrived"].as_array().is_some_and(|v| v.len() == 1)
+        a.api().round("again", "r").await.is_ok_and(|r| r.arrived.len() == 1)
     })
     .await;
     assert!(waiting);
-    arrive(&a, "again", "r", "y", 0).await;
-    let (s, v) = waiter.await.unwrap();
-    assert_eq!((s, v["verdict"].clone()), (200, json!("released")), "{v}");
+    let _ = arrive(&a, "again", "r", "y", 0).await;
+    let v = waiter.await.unwrap().unwrap();
+    assert_eq!(v.verdict, Verdict::Released, "{v:?}");
     // The same round id, a new incarnation.
-    assert_eq!(a.delete("/api/v1/barriers/again").await.0, 204);
+    a.api().delete_barrier("again").await.unwrap();
     configure(&a, "again", &parts, 0, 60_000).await;
     // Longer than the 1 s re-check, within the cache's 5 s.
-    let (s, v) = arrive(&a, "again", "r", "x", 1500).await;
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["verdict"], "pending", "the old verdict must not answer: {v}");
-    assert_eq!(v["may_run"], false, "{v}");
-    assert_eq!(names(&v["arrived"]), BTreeSet::from(["x".to_string()]), "{v}");
+    let v = arrive(&a, "again", "r", "x", 1500).await.unwrap();
+    assert_eq!(v.verdict, Verdict::Pending, "the old verdict must not answer: {v:?}");
+    assert!(!v.may_run, "{v:?}");
+    assert_eq!(names(&v.arrived), BTreeSet::from(["x".to_string()]), "{v:?}");
     // Its own verdict does.
     let a2 = a.clone();
     let waiter = tokio::spawn(async move { arrive(&a2, "again", "r", "x", 10_000).await });
-    arrive(&a, "again", "r", "y", 0).await;
-    let (s, v) = waiter.await.unwrap();
-    assert_eq!(
-        (s, v["verdict"].clone(), v["may_run"].clone()),
-        (200, json!("released"), json!(true)),
-        "{v}"
-    );
+    let _ = arrive(&a, "again", "r", "y", 0).await;
+    let v = waiter.await.unwrap().unwrap();
+    assert_eq!((v.verdict, v.may_run), (Verdict::Released, true), "{v:?}");
 }

@@ -46,24 +46,21 @@ pub(super) fn spawn_worker(
                 )
                 .await;
             let tasks = match claimed {
-                Some((200, b)) => b["tasks"].as_array().cloned().unwrap_or_default(),
+                Some((200, b)) => serde_json::from_value::<NextTasks>(b).map_or_else(|_| Vec::new(), |c| c.tasks),
                 _ => continue,
             };
             {
                 let mut held = shared.held.lock().await;
                 let mine = held.entry(id.clone()).or_default();
                 for t in &tasks {
-                    mine.insert(
-                        t["id"].as_str().unwrap().to_string(),
-                        (t["token"].as_u64().unwrap(), t["attempt"].as_u64().unwrap()),
-                    );
+                    mine.insert(t.id.clone(), (t.token, u64::from(t.attempt)));
                 }
             }
             for t in &tasks {
                 seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 tokio::time::sleep(Duration::from_millis(5 + (seed >> 33) % 40)).await;
-                let tid = t["id"].as_str().unwrap().to_string();
-                let token = t["token"].as_u64().unwrap();
+                let tid = t.id.clone();
+                let token = t.token;
                 let res = shared
                     .call(
                         reqwest::Method::POST,
@@ -76,7 +73,7 @@ pub(super) fn spawn_worker(
                         .completions
                         .lock()
                         .await
-                        .push((tid.clone(), t["attempt"].as_u64().unwrap(), token));
+                        .push((tid.clone(), u64::from(t.attempt), token));
                 }
                 if let Some(m) = shared.held.lock().await.get_mut(&id) {
                     m.remove(&tid);

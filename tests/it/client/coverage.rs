@@ -122,6 +122,28 @@ async fn every_operation_has_a_typed_call_that_works() {
     c.fail(&t.id, &Fail { token: t.token, ..fail }).await.unwrap();
     assert_eq!(op!("discard_dead", c.discard_dead("*", Some(10))).unwrap().done, 1);
     op!("put_group", c.set_group_limit("cov-g", Some(2))).unwrap();
+    // Flow-control limits.
+    let lspec = muster::client::LimitSpec {
+        concurrency: Some(2),
+        rate: Some(muster::client::Rate {
+            max: 10,
+            per_ms: 1000,
+            burst: 2,
+        }),
+    };
+    let set = op!("put_limit", c.set_limit("cov-l", &lspec)).unwrap();
+    assert_eq!(set.concurrency, Some(2));
+    let queue_set = op!("put_queue_limits", c.set_queue_limits("cov", &["cov-l"])).unwrap();
+    assert_eq!(queue_set.limits, vec!["cov-l".to_string()]);
+    let queue_got = op!("get_queue_limits", c.queue_limits("cov")).unwrap();
+    assert_eq!(queue_got.limits, vec!["cov-l".to_string()]);
+    assert_eq!(
+        op!("get_limit", c.limit("cov-l")).unwrap().queues,
+        vec!["cov".to_string()]
+    );
+    assert_eq!(op!("list_limits", c.limits()).unwrap().len(), 1);
+    c.set_queue_limits("cov", &[]).await.unwrap();
+    op!("delete_limit", c.delete_limit("cov-l")).unwrap();
     assert!(
         op!("list_groups", c.groups())
             .unwrap()

@@ -85,3 +85,37 @@ async fn a_lagged_stream_resumes_without_loss_or_duplicates() {
         }
     }
 }
+
+/// `event_frames` hands over the node's frames as sent: an enqueue's event
+/// text names its task; a token the node refuses is the node's 401 problem,
+/// not a stream that stays silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_frames_are_the_nodes_text_and_a_refusal_is_a_problem() {
+    use futures_util::StreamExt;
+    let redis = TestRedis::start();
+    let app = TestApp::start_with(&redis, |c| {
+        c.auth.tokens = role_tokens("frames");
+    })
+    .await;
+    let admin = api_client(std::slice::from_ref(&app.url), Some("frames-a".into()));
+    let q = "client-frames";
+    let opts = EventsOptions {
+        topics: Some("task.enqueued".into()),
+        queue: Some(q.into()),
+        since: None,
+    };
+    let mut frames = admin.event_frames(&opts).await.unwrap();
+    let id = admin.submit(q, &spec(json!("f"), 0)).await.unwrap().id;
+    let text = tokio::time::timeout(Duration::from_secs(10), frames.next())
+        .await
+        .expect("a frame within 10 s")
+        .expect("the stream is open")
+        .unwrap();
+    assert!(text.contains("task.enqueued") && text.contains(&id), "{text}");
+    let stranger = api_client(std::slice::from_ref(&app.url), Some("not-a-token".into()));
+    match stranger.event_frames(&opts).await {
+        Err(muster::client::Error::Api(p)) => assert_eq!(p.status, 401, "{p:?}"),
+        Err(e) => panic!("a 401 problem, got {e}"),
+        Ok(_) => panic!("a 401 problem, got a stream"),
+    }
+}

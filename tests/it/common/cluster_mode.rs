@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
 
 use muster::config::Config;
-use muster::store::shards::{ShardMap, key_slot};
+use muster::testing::{ShardMap, key_slot};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{

@@ -450,6 +450,8 @@ pub struct TestApp {
     pub node_id: String,
     pub http: reqwest::Client,
     pub token: Option<String>,
+    /// The typed client [`TestApp::api`] hands out, built on first use.
+    api: std::sync::OnceLock<muster::client::Client>,
     _dir: TempDir,
 }
 
@@ -475,16 +477,27 @@ impl TestApp {
             running: Some(running),
             http: reqwest::Client::new(),
             token: None,
+            api: std::sync::OnceLock::new(),
             _dir: dir,
         }
     }
 
     pub fn with_token(mut self, token: &str) -> Self {
         self.token = Some(token.to_string());
+        self.api = std::sync::OnceLock::new();
         self
     }
 
-    pub fn state(&self) -> &muster::app::AppState {
+    /// The typed client of this node (with its token, if any), as tests
+    /// speak to a node unless raw HTTP is their point. It tries once and
+    /// never fails over or retries: a test sees every refusal and every
+    /// outage as it happens ([`problem`] reads a refusal).
+    pub fn api(&self) -> &muster::client::Client {
+        self.api
+            .get_or_init(|| api_client(std::slice::from_ref(&self.url), self.token.clone()))
+    }
+
+    pub fn state(&self) -> &muster::testing::AppState {
         &self.running.as_ref().unwrap().state
     }
 
@@ -576,6 +589,33 @@ pub fn csrf_of(html: &str) -> String {
         .and_then(|rest| rest.split('"').next())
         .expect("the page carries a CSRF token")
         .to_string()
+}
+
+/// A typed client of these node URLs that tries each URL once (no retry
+/// budget), with an optional token.
+pub fn api_client(urls: &[String], token: Option<String>) -> muster::client::Client {
+    muster::client::Client::builder()
+        .urls(urls.iter().cloned())
+        .token_opt(token)
+        .retry_for(Duration::ZERO)
+        .build()
+        .expect("a test client builds")
+}
+
+/// The problem of a call that had to be refused: panics when it succeeded or
+/// failed without an answer (unreachable, undecodable).
+#[track_caller]
+pub fn problem<T: std::fmt::Debug>(r: muster::client::Result<T>) -> muster::client::Problem {
+    match r {
+        Err(muster::client::Error::Api(p)) => *p,
+        other => panic!("expected a refusal (a problem answer), got {other:?}"),
+    }
+}
+
+/// A raw answer read as a problem (for tests whose point is raw HTTP: a
+/// body the typed client would never send).
+pub fn as_problem(status: u16, body: &Value) -> muster::client::Problem {
+    muster::client::Problem::from_body(status, &serde_json::to_vec(body).unwrap_or_default())
 }
 
 pub async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {

@@ -8,7 +8,7 @@
 //! names, the dashboard's sessions and the stats history in shard 0, and the
 //! layout record stays under `{muster}`.
 
-use muster::store::shards::ShardMap;
+use muster::testing::ShardMap;
 
 use super::test_shards;
 

@@ -113,13 +113,13 @@ async fn probe_tick(http: reqwest::Client, n: u64, targets: Vec<(String, String)
     for (node, r, took) in futures_util::future::join_all(calls).await {
         match r {
             Ok(st) => {
-                let round = &st["coordinator"]["round"];
+                let round = st.coordinator.and_then(|c| c.round);
                 tick.probes.push(Probe {
                     node,
                     sent,
                     took,
-                    master: st["master"].as_str().unwrap_or("").to_string(),
-                    round: (!round.is_null()).then(|| format!("{} {}", round["id"], round["phase"])),
+                    master: st.master,
+                    round: round.map(|r| format!("{} {:?}", r.id, r.phase)),
                 });
             }
             Err(e) => tick.errors.push((node, e)),
@@ -269,16 +269,16 @@ async fn phase_reached(
     let mut round_started = false;
     for n in clients {
         let st = status(http, &n.url).await.unwrap_or_else(|e| panic!("{}: {e}", n.id));
-        let m = st["master"].as_str().unwrap_or("").to_string();
+        let m = st.master;
         let file = n.data_file("redis-master").unwrap_or_default();
-        let last = &st["last_message"];
-        let round = last["round"].as_u64().unwrap_or(0);
+        let last = st.last_message;
+        let round = last.as_ref().map_or(0, |l| l.round);
         round_started |= round > floor;
         let when = if round > floor { "this round" } else { "before the kill" };
         evidence.push(format!(
             "{}: master {m:?}, master file {file:?}, last message {} ({when})",
             n.id,
-            last["kind"].as_str().unwrap_or("none")
+            last.as_ref().map_or("none", |l| l.kind.as_str())
         ));
         masters.push((m, file));
     }
@@ -426,8 +426,9 @@ async fn wait_published(http: &reqwest::Client, nc: &NodeProc, within: Duration)
     loop {
         let st = status(http, &nc.url).await;
         if let Ok(st) = &st
-            && st["coordinator"]["round"]["phase"] == "publish"
-            && st["coordinator"]["round"]["result"] == "every client confirmed"
+            && let Some(round) = st.coordinator.as_ref().and_then(|c| c.round.as_ref())
+            && round.phase == "publish"
+            && round.result == "every client confirmed"
         {
             return;
         }
@@ -526,20 +527,24 @@ async fn kill_coordinator_once(http: &reqwest::Client, i: usize, trigger: Trigge
         let masters: Vec<String> = sts
             .iter()
             .map(|r| match r {
-                Ok(st) => st["master"].as_str().unwrap_or("").to_string(),
+                Ok(st) => st.master.clone(),
                 Err(e) => format!("(error: {e})"),
             })
             .collect();
         let port = if masters[0] == new { Some(new_port) } else { None };
         if masters.iter().all(|m| *m == masters[0]) && port.is_some_and(|p| redis_role(p) == "master") {
-            let round = &sts[2].as_ref().unwrap()["coordinator"]["round"];
-            let by = if round.is_null() {
-                "they already agreed: nothing to do".to_string()
-            } else {
-                format!(
-                    "by the restarted coordinator's {} {}: {}",
-                    round["phase"], round["id"], round["result"]
-                )
+            let round = sts[2]
+                .as_ref()
+                .unwrap()
+                .coordinator
+                .as_ref()
+                .and_then(|c| c.round.as_ref());
+            let by = match round {
+                None => "they already agreed: nothing to do".to_string(),
+                Some(round) => format!(
+                    "by the restarted coordinator's {:?} {}: {:?}",
+                    round.phase, round.id, round.result
+                ),
             };
             break Ok((restarted.elapsed(), by));
         }

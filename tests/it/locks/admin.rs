@@ -30,15 +30,15 @@ async fn lock_run_holds_renews_and_stops_the_command_when_lost() {
     assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
     let token: u64 = std::fs::read_to_string(&out_file).unwrap().trim().parse().unwrap();
     assert!(token > 0);
-    let (_, info) = a.get("/api/v1/locks/cronjob").await;
-    assert_eq!(info["held"], false, "released when the command exits");
+    let info = a.api().lock("cronjob").await.unwrap();
+    assert!(!info.held, "released when the command exits");
     let events = redis.events("muster").await;
     assert!(
         !events.iter().any(|(t, _, _)| t == "lock.expired"),
         "renewed, never lapsed"
     );
     // 2. Someone holds it: --wait runs out (exit 5), the command never runs.
-    let (_, held) = acquire(&a, "cronjob", "other", 30_000, 0).await;
+    let held = acquire(&a, "cronjob", "other", 30_000, 0).await.unwrap();
     let marker = dir.path().join("ran");
     let out = lock_run(
         &a,
@@ -49,7 +49,7 @@ async fn lock_run_holds_renews_and_stops_the_command_when_lost() {
     .unwrap();
     assert_eq!(out.status.code(), Some(5));
     assert!(!marker.exists());
-    assert_eq!(release(&a, "cronjob", &held["token"]).await, 204);
+    release(&a, "cronjob", held.token).await.unwrap();
     // 3. The lock is lost (an admin breaks it): the command is stopped.
     let pid_file = dir.path().join("pid");
     let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
@@ -66,7 +66,7 @@ async fn lock_run_holds_renews_and_stops_the_command_when_lost() {
     assert!(started);
     let pid: u32 = read_pid().unwrap();
     assert!(process_alive(pid));
-    assert_eq!(a.delete("/api/v1/locks/cronjob").await.0, 204);
+    a.api().break_lock("cronjob").await.unwrap();
     let t = Instant::now();
     // Polled like wait_until (the child cannot be borrowed by its closure).
     let status = loop {
@@ -172,7 +172,7 @@ async fn roles_guard_barriers_and_locks() {
         call("tok-r", reqwest::Method::GET, "/api/v1/elections/e", Value::Null).await,
         200
     );
-    // The OpenAPI document lists the new routes.
+    // The OpenAPI document lists the new routes (a JSON document: read raw).
     let (_, doc) = app.get("/api/v1/openapi.json").await;
     let paths = doc["paths"].as_object().unwrap();
     for p in [
@@ -213,24 +213,17 @@ async fn lock_and_election_keys_return_to_baseline() {
         let a = a.clone();
         tasks.push(tokio::spawn(async move {
             let name = format!("l{}", i % 4);
-            let (s, v) = acquire(&a, &name, &format!("o{i}"), 300, 5000).await;
-            assert_eq!(s, 200, "{v}");
+            let v = acquire(&a, &name, &format!("o{i}"), 300, 5000).await.unwrap();
             if i % 3 != 0 {
-                release(&a, &name, &v["token"]).await;
+                let _ = release(&a, &name, v.token).await;
             }
             let e = format!("e{}", i % 2);
-            let (_, v) = a
-                .post(
-                    &format!("/api/v1/elections/{e}/campaign"),
-                    json!({"candidate": format!("c{i}"), "ttl_ms": 300, "wait_ms": 5000}),
-                )
-                .await;
+            let me = format!("c{i}");
+            let v = a.api().campaign(&e, &campaign(&me, 300, 5000, None)).await;
             if i % 2 == 0 {
-                a.post(
-                    &format!("/api/v1/elections/{e}/resign"),
-                    json!({"candidate": format!("c{i}"), "epoch": v["epoch"]}),
-                )
-                .await;
+                // The epoch of whoever leads (none when the campaign failed).
+                let epoch = v.ok().and_then(|v| v.leadership.epoch);
+                let _ = a.api().resign(&e, &me, epoch).await;
             }
         }));
     }
@@ -283,9 +276,8 @@ async fn an_acquire_after_thousands_of_lapsed_waiters_succeeds() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         assert_eq!(redis.cmd::<i64>(&args).await, n);
     }
-    let (s, v) = acquire(&a, "crowd", "fresh", 5000, 0).await;
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["owner"], "fresh");
+    let v = acquire(&a, "crowd", "fresh", 5000, 0).await.unwrap();
+    assert_eq!(v.owner, "fresh");
     for k in [kn("crowd", "lock:crowd:q"), kn("crowd", "lock:crowd:qx")] {
         assert_eq!(redis.cmd::<i64>(&["ZCARD", &k]).await, 0, "{k}");
     }
@@ -298,36 +290,33 @@ async fn script_outcomes_map_to_http() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     // E.NOT_FOUND: breaking a lock nobody holds.
-    assert_eq!(a.delete("/api/v1/locks/free").await.0, 404);
+    assert_eq!(problem(a.api().break_lock("free").await).status, 404);
     // E.STALE: releasing a free lock under a token.
-    assert_eq!(release(&a, "free", &json!(7)).await, 409);
+    assert_eq!(problem(release(&a, "free", 7).await).status, 409);
     // E.LAPSED: the lease lapsed by Redis time before the expiry loop saw it
     // (its index entry still says later).
-    let (_, held) = acquire(&a, "l", "o", 60_000, 0).await;
+    let held = acquire(&a, "l", "o", 60_000, 0).await.unwrap();
     let _: i64 = redis.cmd(&["HSET", &kn("l", "lock:l"), "expires_at", "1"]).await;
-    let (s, v) = a
-        .post("/api/v1/locks/l/renew", json!({"token": held["token"], "ttl_ms": 5000}))
-        .await;
-    assert_eq!((s, v["reason"].clone()), (409, json!("lapsed")), "{v}");
-    assert_eq!(a.get("/api/v1/locks/l").await.1["held"], json!(false));
-    // E.NODE_NOT_ALIVE: a lease tied to a node that is not registered.
-    let (s, _) = a
-        .post("/api/v1/locks/n/acquire", json!({"owner": "o", "node": "nowhere"}))
-        .await;
-    assert_eq!(s, 409);
+    // (The problem's extension members are untyped: read from its map.)
+    let p = problem(a.api().renew("l", held.token, Some(5000)).await);
+    assert_eq!((p.status, p.extra["reason"].clone()), (409, json!("lapsed")), "{p:?}");
+    assert!(!a.api().lock("l").await.unwrap().held);
+    // E.NODE_NOT_ALIVE: a lease tied to a node that is not registered
+    // (30 s: locks.default_ttl_ms).
+    let tied = Acquire {
+        owner: "o".into(),
+        ttl_ms: 30_000,
+        wait_ms: 0,
+        node: Some("nowhere".into()),
+    };
+    assert_eq!(problem(a.api().acquire("n", &tied).await).status, 409);
     // E.STALE: a candidate that does not lead resigns.
-    let (s, v) = a
-        .post(
-            "/api/v1/elections/e/campaign",
-            json!({"candidate": "c1", "ttl_ms": 60_000}),
-        )
-        .await;
-    assert_eq!((s, v["elected"].clone()), (200, json!(true)), "{v}");
-    let epoch = v["epoch"].clone();
-    let (s, v) = a.post("/api/v1/elections/e/resign", json!({"candidate": "c2"})).await;
+    let v = a.api().campaign("e", &campaign("c1", 60_000, 0, None)).await.unwrap();
+    assert!(v.elected, "{v:?}");
+    let p = problem(a.api().resign("e", "c2", None).await);
     assert_eq!(
-        (s, v["leader"].clone(), v["epoch"].clone()),
-        (409, json!("c1"), epoch),
-        "{v}"
+        (p.status, p.extra["leader"].clone(), p.extra["epoch"].as_u64()),
+        (409, json!("c1"), v.leadership.epoch),
+        "{p:?}"
     );
 }

@@ -100,10 +100,10 @@ async fn node_clock_jumps_an_hour_cron_fires_once_leases_hold() {
         .await
         .unwrap();
     assert_eq!(s, 200, "{b}");
-    let (tid, tok) = (
-        b["tasks"][0]["id"].as_str().unwrap().to_string(),
-        b["tasks"][0]["token"].as_u64().unwrap(),
-    );
+    let (tid, tok) = {
+        let t = &claimed(&b)[0];
+        (t.id.clone(), t.token)
+    };
 
     let mut marks = vec![("start", wall_ms())];
     tokio::time::sleep(Duration::from_millis(2500)).await;

@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::common::skip_on_cluster;
+use muster::client::FailoverStatus;
 
 /// `role` of the Redis on `ip` (`master`, `slave`), or "" if it does not answer.
 async fn redis_role(ip: Ipv4Addr) -> String {
@@ -55,10 +56,9 @@ async fn masters_of(http: &reqwest::Client, nodes: &[NsNodeRef]) -> Vec<(String,
             .send()
             .await
         {
-            Ok(r) => r
-                .json::<Value>()
-                .await
-                .map_or("(error)".into(), |b| b["master"].as_str().unwrap_or("").to_string()),
+            Ok(r) => r.json::<Value>().await.map_or("(error)".into(), |b| {
+                serde_json::from_value::<FailoverStatus>(b).map_or(String::new(), |st| st.master)
+            }),
             Err(_) => "(error)".into(),
         };
         out.push((n.id.clone(), m));
@@ -206,7 +206,7 @@ async fn coordinated_client_cut_from_coordinator(test: &str, cut: Cut) {
         }
     }
     let answers = answers.len();
-    let st: Value = http
+    let st: FailoverStatus = http
         .get(format!("{}/api/v1/failover", nc.url))
         .bearer_auth(ADMIN)
         .send()
@@ -215,27 +215,24 @@ async fn coordinated_client_cut_from_coordinator(test: &str, cut: Cut) {
         .json()
         .await
         .unwrap();
-    let history = st["coordinator"]["history"].as_array().cloned().unwrap_or_default();
-    assert!(!history.is_empty(), "the coordinator never tried a round: {st}");
+    let history = st.coordinator.as_ref().map(|c| c.history.clone()).unwrap_or_default();
+    assert!(!history.is_empty(), "the coordinator never tried a round: {st:?}");
     let during = masters(&http, &all).await;
     if promotes {
         // Promoted once; b, which confirmed `invalidate`, uses nothing until
         // its `reconfigure` gets through.
         assert_eq!(redis_role(r1h.ip).await, "master");
-        assert!(history.iter().any(|r| r["phase"] == "done"), "{st}");
+        assert!(history.iter().any(|r| r.phase == "done"), "{st:?}");
         for (id, m) in &during {
             let want = if *id == b { "" } else { r1addr.as_str() };
             assert_eq!(m, want, "{id} while b's reconfigure is lost: {during:?}");
         }
     } else {
         for r in &history {
-            assert_eq!(r["phase"], "cancelled", "{st}");
-            assert!(r["result"].as_str().unwrap_or("").contains(b.as_str()), "{r}");
+            assert_eq!(r.phase, "cancelled", "{st:?}");
+            assert!(r.result.contains(b.as_str()), "{r:?}");
             if let Cut::Message(kind) = cut {
-                assert!(
-                    r["result"].as_str().unwrap_or("").starts_with(kind),
-                    "cut in {kind}: {r}"
-                );
+                assert!(r.result.starts_with(kind), "cut in {kind}: {r:?}");
             }
         }
     }

@@ -29,7 +29,7 @@ fn work(w: Worker, max: usize, tally: Arc<Tally>, stop: Arc<AtomicBool>, t0: Ins
                 )
                 .await;
             let tasks = match &r {
-                Some((200, b)) => b["tasks"].as_array().cloned().unwrap_or_default(),
+                Some((200, b)) => claimed(b),
                 _ => Vec::new(),
             };
             let status = r.as_ref().map_or(0, |(s, _)| *s);
@@ -44,7 +44,7 @@ fn work(w: Worker, max: usize, tally: Arc<Tally>, stop: Arc<AtomicBool>, t0: Ins
             for t in tasks {
                 seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 tokio::time::sleep(Duration::from_millis(10 + (seed >> 33) % 20)).await;
-                let (id, tok) = (t["id"].as_str().unwrap().to_string(), t["token"].as_u64().unwrap());
+                let (id, tok) = (t.id.clone(), t.token);
                 let path = format!("/api/v1/tasks/{id}/complete");
                 for _ in 0..20 {
                     match w

@@ -6,53 +6,87 @@ use super::*;
 async fn invalid_schedules_get_400_saying_what_is_wrong() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
-    let base = json!({"id": "ok", "expression": "*/5 * * * *", "queue": "q"});
-    let with = |k: &str, v: Value| {
-        let mut b = base.clone();
+    let base = def("ok", "*/5 * * * *", "q");
+    let with = |f: &dyn Fn(&mut ScheduleDef)| {
+        let mut d = base.clone();
+        f(&mut d);
+        d
+    };
+    let task = |t: TaskTemplate| with(&|d| d.task = t.clone());
+    let cases = [
+        (with(&|d| d.expression = "61 * * * *".into()), "expression"),
+        (with(&|d| d.expression = "* * * *".into()), "expression"),
+        (with(&|d| d.expression = "* * * * * * *".into()), "expression"),
+        (with(&|d| d.expression = "0 0 30 2 *".into()), "never matches"),
+        (with(&|d| d.timezone = "Europe/Berlni".into()), "timezone"),
+        (with(&|d| d.timezone = "CEST+2".into()), "timezone"),
+        (with(&|d| d.id = "a:b".into()), "`id`"),
+        (with(&|d| d.queue = "no spaces".into()), "`queue`"),
+        (with(&|d| d.starting_deadline_ms = Some(0)), "starting_deadline_ms"),
+        (with(&|d| d.starting_deadline_ms = Some(500)), "starting_deadline_ms"),
+        (
+            task(TaskTemplate {
+                priority: Some(5000),
+                ..TaskTemplate::default()
+            }),
+            "priority",
+        ),
+        (
+            task(TaskTemplate {
+                group: Some("a b".into()),
+                ..TaskTemplate::default()
+            }),
+            "group",
+        ),
+    ];
+    for (d, needle) in cases {
+        let p = problem(a.api().create_schedule(&d).await);
+        assert_eq!(p.status, 400, "{d:?} -> {p:?}");
+        assert!(
+            p.detail.contains(needle),
+            "{d:?}: {:?} should mention {needle:?}",
+            p.detail
+        );
+    }
+    // Bodies the typed definition cannot hold: sent raw.
+    let raw = json!({"id": "ok", "expression": "*/5 * * * *", "queue": "q"});
+    let raw_with = |k: &str, v: Value| {
+        let mut b = raw.clone();
         b[k] = v;
         b
     };
-    let cases = [
-        (with("expression", json!("61 * * * *")), "expression"),
-        (with("expression", json!("* * * *")), "expression"),
-        (with("expression", json!("* * * * * * *")), "expression"),
-        (with("expression", json!("0 0 30 2 *")), "never matches"),
-        (with("timezone", json!("Europe/Berlni")), "timezone"),
-        (with("timezone", json!("CEST+2")), "timezone"),
-        (with("id", json!("a:b")), "`id`"),
-        (with("queue", json!("no spaces")), "`queue`"),
-        (with("overlap", json!("sometimes")), "sometimes"),
-        (with("starting_deadline_ms", json!(0)), "starting_deadline_ms"),
-        (with("starting_deadline_ms", json!(500)), "starting_deadline_ms"),
-        (with("task", json!({"priority": 5000})), "priority"),
-        (with("task", json!({"alias": "x"})), "alias"),
-        (with("task", json!({"group": "a b"})), "group"),
-        (with("surprise", json!(1)), "surprise"),
-    ];
-    for (body, needle) in cases {
-        let (s, b) = a.post("/api/v1/schedules", body.clone()).await;
-        assert_eq!(s, 400, "{body} -> {b}");
-        let detail = b["detail"].as_str().unwrap();
-        assert!(detail.contains(needle), "{body}: {detail:?} should mention {needle:?}");
-    }
-    let (s, b) = a.put("/api/v1/schedules/other", base.clone()).await;
-    assert_eq!(s, 400, "{b}");
-    assert!(b["detail"].as_str().unwrap().contains("differs"));
-    let (s, _) = a.post("/api/v1/schedules", base.clone()).await;
-    assert_eq!(s, 201);
-    let (s, b) = a.post("/api/v1/schedules", base.clone()).await;
-    assert_eq!(s, 409, "{b}");
-    for (method, path) in [
-        ("GET", "/api/v1/schedules/nope"),
-        ("DELETE", "/api/v1/schedules/nope"),
-        ("POST", "/api/v1/schedules/nope/trigger"),
-        ("POST", "/api/v1/schedules/nope/enable"),
+    for (body, needle) in [
+        (raw_with("overlap", json!("sometimes")), "sometimes"),
+        (raw_with("task", json!({"alias": "x"})), "alias"),
+        (raw_with("surprise", json!(1)), "surprise"),
     ] {
-        let (s, b) = send(a.request(method.parse().unwrap(), path).json(&json!({}))).await;
-        assert_eq!(s, 404, "{method} {path}: {b}");
+        let (s, b) = a.post("/api/v1/schedules", body.clone()).await;
+        let p = as_problem(s, &b);
+        assert_eq!(p.status, 400, "{body} -> {b}");
+        assert!(
+            p.detail.contains(needle),
+            "{body}: {:?} should mention {needle:?}",
+            p.detail
+        );
     }
-    let (s, _) = a.get("/api/v1/schedules/bad:id").await;
-    assert_eq!(s, 400);
+    // A body whose id differs from the path (the client sends them equal).
+    let (s, b) = a.put("/api/v1/schedules/other", raw.clone()).await;
+    let p = as_problem(s, &b);
+    assert_eq!(p.status, 400, "{b}");
+    assert!(p.detail.contains("differs"));
+    create(&a, base.clone()).await;
+    let p = problem(a.api().create_schedule(&base).await);
+    assert_eq!(p.status, 409, "{p:?}");
+    let nope = [
+        ("GET", problem(a.api().schedule("nope").await)),
+        ("DELETE", problem(a.api().delete_schedule("nope").await)),
+        ("trigger", problem(a.api().trigger_schedule("nope", None).await)),
+        ("enable", problem(a.api().set_schedule_enabled("nope", true).await)),
+    ];
+    for (what, p) in nope {
+        assert_eq!(p.status, 404, "{what} nope: {p:?}");
+    }
+    assert_eq!(problem(a.api().schedule("bad:id").await).status, 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,110 +109,90 @@ async fn schedules_api_config_pages_trigger_and_events() {
     let a = TestApp::start_with(&redis, from_config).await;
     // Config schedules are in Redis when the node serves; the API may not change them.
     let s = get(&a, "nightly").await;
-    assert_eq!(s["source"], "config");
-    assert_eq!(s["timezone"], "Europe/Berlin");
-    assert_eq!(s["overlap"], "forbid");
-    assert_eq!(s["task"]["payload"]["kind"], "nightly");
-    let next: Vec<i64> = s["next"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_i64().unwrap())
-        .collect();
-    assert_eq!(next.len(), 5);
-    for w in next.windows(2) {
+    assert_eq!(s.source, "config");
+    assert_eq!(s.timezone, "Europe/Berlin");
+    assert_eq!(s.overlap, Overlap::Forbid);
+    let payload = s.task.payload.clone().unwrap_or_default();
+    assert_eq!(
+        payload.get("kind").and_then(Value::as_str),
+        Some("nightly"),
+        "{payload}"
+    );
+    assert_eq!(s.next.len(), 5);
+    for w in s.next.windows(2) {
         // 03:00 Berlin every day: 23, 24 or 25 hours apart.
         let gap = w[1] - w[0];
         assert!([23, 24, 25].map(|h| h * 3_600_000).contains(&gap), "{gap}");
     }
-    let (st, b) = a
-        .put(
-            "/api/v1/schedules/nightly",
-            json!({"expression": "0 4 * * *", "queue": "reports"}),
-        )
-        .await;
-    assert_eq!(st, 409, "{b}");
-    assert!(b["detail"].as_str().unwrap().contains("config.toml"));
-    let (st, _) = a.delete("/api/v1/schedules/nightly").await;
-    assert_eq!(st, 409);
+    let p = problem(a.api().put_schedule(&def("nightly", "0 4 * * *", "reports")).await);
+    assert_eq!(p.status, 409, "{p:?}");
+    assert!(p.detail.contains("config.toml"));
+    assert_eq!(problem(a.api().delete_schedule("nightly").await).status, 409);
     // A second node with the same config leaves it alone (no new version).
     let b2 = TestApp::start_with(&redis, from_config).await;
-    assert_eq!(get(&b2, "nightly").await["version"], s["version"]);
+    assert_eq!(get(&b2, "nightly").await.version, s.version);
     // An operator's disable stands across restarts until the entry changes.
-    let (st, _) = a.post("/api/v1/schedules/nightly/disable", json!({})).await;
-    assert_eq!(st, 204);
+    a.api().set_schedule_enabled("nightly", false).await.unwrap();
     let c3 = TestApp::start_with(&redis, from_config).await;
-    assert_eq!(get(&c3, "nightly").await["enabled"], false);
-    let (st, _) = c3.post("/api/v1/schedules/nightly/enable", json!({})).await;
-    assert_eq!(st, 204);
+    assert!(!get(&c3, "nightly").await.enabled);
+    c3.api().set_schedule_enabled("nightly", true).await.unwrap();
 
     // API schedules: create, list, replace, trigger, delete.
-    let created = create(
-        &a,
-        json!({"id": "hourly", "expression": "*/5 * * * *", "timezone": "UTC", "queue": "jobs",
-               "task": {"payload": {"n": 1}, "priority": 7}}),
-    )
-    .await;
-    assert_eq!(created["source"], "api");
-    assert!(
-        created["description"]
-            .as_str()
-            .unwrap()
-            .to_lowercase()
-            .contains("every 5 minutes")
-    );
-    let (_, list) = a.get("/api/v1/schedules").await;
-    let ids: Vec<&str> = list["schedules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["id"].as_str().unwrap())
-        .collect();
+    let mut hourly = def("hourly", "*/5 * * * *", "jobs");
+    hourly.task = TaskTemplate {
+        payload: Some(json!({"n": 1})),
+        priority: Some(7),
+        ..TaskTemplate::default()
+    };
+    let created = create(&a, hourly).await;
+    assert_eq!(created.source, "api");
+    assert!(created.description.to_lowercase().contains("every 5 minutes"));
+    let list = a.api().schedules().await.unwrap();
+    let ids: Vec<&str> = list.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, vec!["hourly", "nightly"]);
-    let (st, replaced) = a
-        .put(
-            "/api/v1/schedules/hourly",
-            json!({"expression": "0 * * * *", "queue": "jobs"}),
-        )
-        .await;
-    assert_eq!(st, 200, "{replaced}");
-    assert_eq!(replaced["expression"], "0 * * * *");
-    assert!(replaced["version"].as_u64() > created["version"].as_u64());
+    // PUT answers 200 for a replace and 201 for a create: raw, to see which.
+    let put = |id: &str, d: ScheduleDef| {
+        let req = a
+            .request(reqwest::Method::PUT, &format!("/api/v1/schedules/{id}"))
+            .json(&d);
+        async move {
+            let (st, b) = send(req).await;
+            let s: Schedule = serde_json::from_value(b.clone()).unwrap_or_else(|e| panic!("{e}: {st} {b}"));
+            (st, s)
+        }
+    };
+    let (st, replaced) = put("hourly", def("hourly", "0 * * * *", "jobs")).await;
+    assert_eq!(st, 200, "{replaced:?}");
+    assert_eq!(replaced.expression, "0 * * * *");
+    assert!(replaced.version > created.version);
     // A new expression starts a new timeline: its past is not an outage.
-    assert_eq!(replaced["cursor"], replaced["updated_at"]);
+    assert_eq!(replaced.cursor, replaced.updated_at);
     // Other changes keep the cursor: outcomes stand, pending occurrences stay pending.
-    let (st, again) = a
-        .put(
-            "/api/v1/schedules/hourly",
-            json!({"expression": "0 * * * *", "queue": "jobs", "task": {"priority": 3}}),
-        )
-        .await;
-    assert_eq!(st, 200, "{again}");
-    assert_eq!(again["cursor"], replaced["cursor"]);
-    assert_eq!(again["task"]["priority"], 3);
+    let mut d = def("hourly", "0 * * * *", "jobs");
+    d.task.priority = Some(3);
+    let (st, again) = put("hourly", d).await;
+    assert_eq!(st, 200, "{again:?}");
+    assert_eq!(again.cursor, replaced.cursor);
+    assert_eq!(again.task.priority, Some(3));
     let (st, t) = a.post("/api/v1/schedules/hourly/trigger", json!({})).await;
     assert_eq!(st, 201, "{t}");
-    assert_eq!(t["queue"], "jobs");
-    let task_id = t["task"].as_str().unwrap();
-    let (_, task) = a.get(&format!("/api/v1/tasks/{task_id}")).await;
-    assert_eq!(task["queue"], "jobs");
-    assert_eq!(task["state"], "queued");
+    let t: Triggered = serde_json::from_value(t).unwrap();
+    assert_eq!(t.queue, "jobs");
+    let task_id = t.task.as_str();
+    let task = a.api().task(task_id).await.unwrap();
+    assert_eq!(task.queue, "jobs");
+    assert_eq!(task.state, "queued");
     assert_eq!(
-        task["idempotency_key"],
-        format!("schedule:hourly:trigger:{task_id}").as_str()
+        task.idempotency_key.as_deref(),
+        Some(format!("schedule:hourly:trigger:{task_id}").as_str())
     );
-    assert_eq!(task["created_at"], t["occurrence"]);
-    assert_eq!(t["replayed"], false);
+    assert_eq!(task.created_at, t.occurrence);
+    assert!(!t.replayed);
     let s = get(&a, "hourly").await;
-    assert_eq!(s["counts"]["fired"], 1);
-    assert_eq!(s["last_task"], task_id);
-    assert_eq!(s["history"][0]["manual"], true);
-    let (st, _) = a
-        .put(
-            "/api/v1/schedules/new-one",
-            json!({"expression": "0 * * * *", "queue": "jobs"}),
-        )
-        .await;
+    assert_eq!(s.counts.fired, 1);
+    assert_eq!(s.last_task.as_deref(), Some(task_id));
+    assert!(s.history[0].manual);
+    let (st, _) = put("new-one", def("new-one", "0 * * * *", "jobs")).await;
     assert_eq!(st, 201);
 
     // The pages.
@@ -206,10 +220,8 @@ async fn schedules_api_config_pages_trigger_and_events() {
         "no delete for a config schedule"
     );
 
-    let (st, _) = a.delete("/api/v1/schedules/hourly").await;
-    assert_eq!(st, 204);
-    let (st, _) = a.get("/api/v1/schedules/hourly").await;
-    assert_eq!(st, 404);
+    a.api().delete_schedule("hourly").await.unwrap();
+    assert_eq!(problem(a.api().schedule("hourly").await).status, 404);
     let events = redis.events("muster").await;
     for ty in [
         "schedule.created",
@@ -249,11 +261,7 @@ async fn g4_schedule_keys_return_to_baseline() {
         let (st, _) = a.post(&format!("/api/v1/queues/{q}/tasks"), json!({})).await;
         assert_eq!(st, 201);
         let t = claim(&a, &q, "w", 1, 0).await;
-        a.post(
-            &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
-            json!({"token": t[0]["token"]}),
-        )
-        .await;
+        let _ = complete(&a, &t[0]).await;
     }
     let settled = wait_until(Duration::from_secs(10), || async {
         let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
@@ -274,19 +282,15 @@ async fn g4_schedule_keys_return_to_baseline() {
         let ttl: i64 = redis.cmd(&["PTTL", r]).await;
         assert!(ttl > 0 && ttl <= 1000, "{r} has PTTL {ttl}");
     }
-    let (st, _) = a.delete("/api/v1/schedules/leak").await;
-    assert_eq!(st, 204);
+    a.api().delete_schedule("leak").await.unwrap();
     // Work off the tasks it submitted.
     loop {
         let got = claim(&a, "leak", "w", 100, 0).await;
         if got.is_empty() {
             break;
         }
-        let items: Vec<Value> = got
-            .iter()
-            .map(|t| json!({"id": t["id"], "token": t["token"]}))
-            .collect();
-        a.post("/api/v1/tasks/complete", Value::Array(items)).await;
+        let items = completions(&got, Value::Null);
+        let _ = a.api().complete_batch(&items).await;
     }
     redis
         .assert_back_to_baseline(&baseline, Duration::from_secs(20), |_| false)
@@ -305,10 +309,10 @@ async fn fire_script_outcomes_and_limits() {
         c.tasks.max_queues = 1;
     })
     .await;
-    let mut def = every_second("direct", "direct");
-    def["enabled"] = json!(false);
-    let created = create(&a, def).await;
-    let v = created["version"].as_u64().unwrap();
+    let mut direct = every_second("direct", "direct");
+    direct.enabled = false;
+    let created = create(&a, direct).await;
+    let v = created.version;
     let s = &a.state().schedules;
     let now = redis_now(&redis).await;
     let t1 = now - now.rem_euclid(1000) - 3000;
@@ -391,21 +395,21 @@ async fn fire_script_outcomes_and_limits() {
         name_like("muster", "third", "direct"),
     );
     let mut other = every_second(&oid, &oid);
-    other["enabled"] = json!(false);
-    let v2 = create(&a, other).await["version"].as_u64().unwrap();
-    let (st, b) = a.post("/api/v1/schedules", every_second(&third, "direct")).await;
-    assert_eq!(st, 409, "{b}");
-    assert!(b["detail"].as_str().unwrap().contains("schedules.max_schedules"));
-    let (st, b) = a.post(&format!("/api/v1/schedules/{oid}/trigger"), json!({})).await;
-    assert_eq!(st, 409, "{b}");
-    assert!(b["detail"].as_str().unwrap().contains("tasks.max_queues"));
+    other.enabled = false;
+    let v2 = create(&a, other).await.version;
+    let p = problem(a.api().create_schedule(&every_second(&third, "direct")).await);
+    assert_eq!(p.status, 409, "{p:?}");
+    assert!(p.detail.contains("schedules.max_schedules"));
+    let p = problem(a.api().trigger_schedule(&oid, None).await);
+    assert_eq!(p.status, 409, "{p:?}");
+    assert!(p.detail.contains("tasks.max_queues"));
     rewind(&redis, &oid, t1 - 1000).await;
     let r = s.fire(&oid, v2, &occ, Some(t1 + 2000)).await.unwrap();
     assert_eq!((r.code, r.fired, r.missed), (1, 0, 2));
-    let h = &get(&a, &oid).await["history"][0];
+    let h = &get(&a, &oid).await.history[0];
     assert_eq!(
-        (h["result"].as_str(), h["reason"].as_str()),
-        (Some("missed"), Some("too_many_queues"))
+        (h.result.as_str(), h.reason.as_deref()),
+        ("missed", Some("too_many_queues"))
     );
 }
 
@@ -428,48 +432,52 @@ async fn config_schedules_are_protected_on_nodes_whose_config_lacks_them() {
     let a = TestApp::start_with(&redis, with_config_x).await;
     let b = TestApp::start_with(&redis, fast).await;
     let before = get(&b, "x").await;
-    assert_eq!(before["source"], "config");
+    assert_eq!(before.source, "config");
     let events_before = redis.events("muster").await.len();
-    // Through B, whose config.toml does not list x: every change is refused.
+    // Through B, whose config.toml does not list x: every change is refused,
+    // with a problem+json answer (raw, to check its content type too).
     use reqwest::Method;
-    let def = json!({"expression": "*/5 * * * *", "queue": "elsewhere"});
-    let (st, body) = problem(b.request(Method::DELETE, "/api/v1/schedules/x")).await;
-    assert_eq!(st, 409, "{body}");
-    let detail = body["detail"].as_str().unwrap();
+    let body = json!({"expression": "*/5 * * * *", "queue": "elsewhere"});
+    let p = raw_problem(b.request(Method::DELETE, "/api/v1/schedules/x")).await;
+    assert_eq!(p.status, 409, "{p:?}");
     assert!(
-        detail.contains("config.toml") && detail.contains("?force=true"),
-        "{detail}"
+        p.detail.contains("config.toml") && p.detail.contains("?force=true"),
+        "{}",
+        p.detail
     );
-    let (st, body) = problem(b.request(Method::PUT, "/api/v1/schedules/x").json(&def)).await;
-    assert_eq!(st, 409, "{body}");
-    assert!(body["detail"].as_str().unwrap().contains("config.toml"), "{body}");
-    let mut created = def.clone();
-    created["id"] = json!("x");
-    let (st, body) = problem(b.request(Method::POST, "/api/v1/schedules").json(&created)).await;
-    assert_eq!(st, 409, "{body}");
-    assert!(body["detail"].as_str().unwrap().contains("config.toml"), "{body}");
+    let p = raw_problem(b.request(Method::PUT, "/api/v1/schedules/x").json(&body)).await;
+    assert_eq!(p.status, 409, "{p:?}");
+    assert!(p.detail.contains("config.toml"), "{p:?}");
+    let created = json!({"id": "x", "expression": "*/5 * * * *", "queue": "elsewhere"});
+    let p = raw_problem(b.request(Method::POST, "/api/v1/schedules").json(&created)).await;
+    assert_eq!(p.status, 409, "{p:?}");
+    assert!(p.detail.contains("config.toml"), "{p:?}");
     // Nothing changed.
     let after = get(&b, "x").await;
-    for f in ["version", "expression", "queue", "source", "updated_at"] {
-        assert_eq!(after[f], before[f], "{f}");
-    }
+    assert_eq!(after.version, before.version, "version");
+    assert_eq!(after.expression, before.expression, "expression");
+    assert_eq!(after.queue, before.queue, "queue");
+    assert_eq!(after.source, before.source, "source");
+    assert_eq!(after.updated_at, before.updated_at, "updated_at");
     assert_eq!(
         redis.events("muster").await.len(),
         events_before,
         "no event: nothing happened"
     );
     // Enable and disable still work from any node.
-    assert_eq!(b.post("/api/v1/schedules/x/disable", json!({})).await.0, 204);
-    assert_eq!(b.post("/api/v1/schedules/x/enable", json!({})).await.0, 204);
+    b.api().set_schedule_enabled("x", false).await.unwrap();
+    b.api().set_schedule_enabled("x", true).await.unwrap();
     // A node that lists it refuses even with `force` (it would write it back
     // at its next start); once the entry is gone from every config, `force`
     // deletes it.
+    // (`force` has no client method: raw.)
     let (st, body) = a.delete("/api/v1/schedules/x?force=true").await;
-    assert_eq!(st, 409, "{body}");
-    assert!(body["detail"].as_str().unwrap().contains("this node's config.toml"));
+    let p = as_problem(st, &body);
+    assert_eq!(p.status, 409, "{body}");
+    assert!(p.detail.contains("this node's config.toml"));
     assert_eq!(b.delete("/api/v1/schedules/x?force=true").await.0, 204);
-    assert_eq!(b.get("/api/v1/schedules/x").await.0, 404);
+    assert_eq!(problem(b.api().schedule("x").await).status, 404);
     // An API schedule is still deleted without ceremony.
-    create(&b, json!({"id": "api", "expression": "0 3 * * *", "queue": "q"})).await;
-    assert_eq!(b.delete("/api/v1/schedules/api").await.0, 204);
+    create(&b, def("api", "0 3 * * *", "q")).await;
+    b.api().delete_schedule("api").await.unwrap();
 }

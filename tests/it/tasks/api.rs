@@ -2,6 +2,12 @@
 
 use super::*;
 
+/// The payload of a [`mixed_task`].
+#[derive(serde::Deserialize)]
+struct Mixed {
+    n: u64,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_outcomes_map_to_http() {
     let redis = TestRedis::start();
@@ -29,14 +35,20 @@ async fn script_outcomes_map_to_http() {
     assert_eq!(a.get(&format!("/api/v1/tasks/{ghost}")).await.0, 404);
     assert_eq!(a.get("/api/v1/aliases/nobody").await.0, 404);
     // claim: unknown node, then draining node
-    let (s, b) = a.post("/api/v1/queues/q1/claim", json!({"node": "stranger"})).await;
-    assert_eq!(s, 409, "{b}");
-    assert!(b["detail"].as_str().unwrap().contains("heartbeat"));
+    let req = |node: &str| ClaimRequest {
+        node: node.into(),
+        max: 1,
+        wait_ms: 0,
+        ack_ms: None,
+    };
+    let p = problem(a.api().claim("q1", &req("stranger")).await);
+    assert_eq!(p.status, 409, "{p:?}");
+    assert!(p.detail.contains("heartbeat"));
     join(&a, "w").await;
-    a.post("/api/v1/nodes/w/drain", Value::Null).await;
-    let (s, b) = a.post("/api/v1/queues/q1/claim", json!({"node": "w"})).await;
-    assert_eq!(s, 409);
-    assert!(b["detail"].as_str().unwrap().contains("draining"));
+    a.api().drain_node("w").await.unwrap();
+    let p = problem(a.api().claim("q1", &req("w")).await);
+    assert_eq!(p.status, 409);
+    assert!(p.detail.contains("draining"));
     // delete of an unfinished task, retry of a queued one
     let id = submit(&a, "q1", json!({})).await;
     assert_eq!(a.delete(&format!("/api/v1/tasks/{id}")).await.0, 409);
@@ -47,11 +59,12 @@ async fn script_outcomes_map_to_http() {
     submit(&a, &q2, json!({})).await;
     let (s, b) = a.post(&format!("/api/v1/queues/{q3}/tasks"), json!({})).await;
     assert_eq!(s, 409, "{b}");
-    assert!(b["detail"].as_str().unwrap().contains("max_queues"));
+    assert!(as_problem(s, &b).detail.contains("max_queues"));
     let (_, b) = a
         .post(&format!("/api/v1/queues/{q3}/tasks/batch"), json!({"tasks": [{}]}))
         .await;
-    assert_eq!(b["results"][0]["code"], 409);
+    let b: BatchResponse = serde_json::from_value(b).unwrap();
+    assert_eq!(b.results[0].code, Some(409));
     assert_eq!(a.post(&format!("/api/v1/queues/{q3}/pause"), Value::Null).await.0, 409);
     // too many groups (max 1; per shard when split, so two in one's shard)
     assert_eq!(a.put("/api/v1/groups/one", json!({"limit": 1})).await.0, 200);
@@ -109,7 +122,7 @@ async fn bad_task_input_is_refused_and_changes_nothing() {
     for (path, body, want) in cases {
         let (s, b) = a.post(path, body.clone()).await;
         assert_eq!(s, want, "{path} {body}: {b}");
-        assert!(b["detail"].as_str().is_some_and(|d| !d.is_empty()), "{b}");
+        assert!(!as_problem(s, &b).detail.is_empty(), "{b}");
     }
     let (s, _) = a.get("/api/v1/queues/ok/tasks?state=finished").await;
     assert_eq!(s, 400);
@@ -125,23 +138,15 @@ async fn bad_task_input_is_refused_and_changes_nothing() {
         )
         .await;
     assert_eq!(s, 200);
-    let r = b["results"].as_array().unwrap();
+    let r = serde_json::from_value::<BatchResponse>(b).unwrap().results;
     assert_eq!(
-        (
-            r[0]["status"].as_str(),
-            r[1]["status"].as_str(),
-            r[2]["status"].as_str()
-        ),
-        (Some("created"), Some("error"), Some("created"))
+        (r[0].status.as_str(), r[1].status.as_str(), r[2].status.as_str()),
+        ("created", "error", "created")
     );
-    assert_eq!(r[1]["code"], 400);
-    let (_, q) = a.get("/api/v1/queues").await;
-    assert_eq!(
-        q["queues"].as_array().unwrap().len(),
-        1,
-        "only the batch's queue exists: {q}"
-    );
-    assert_eq!(q["queues"][0]["queued"], 2);
+    assert_eq!(r[1].code, Some(400));
+    let q = a.api().queues().await.unwrap();
+    assert_eq!(q.len(), 1, "only the batch's queue exists: {q:?}");
+    assert_eq!(q[0].queued, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,26 +158,21 @@ async fn listing_pages_through_states() {
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let path = match &cursor {
-            Some(c) => format!("/api/v1/queues/ls/tasks?state=queued&limit=50&cursor={c}"),
-            None => "/api/v1/queues/ls/tasks?state=queued&limit=50".to_string(),
-        };
-        let (s, page) = a.get(&path).await;
-        assert_eq!(s, 200);
-        assert_eq!(page["total"], 120);
-        for t in page["tasks"].as_array().unwrap() {
-            seen.push(t["id"].as_str().unwrap().to_string());
-        }
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = Some(c.to_string()),
+        let page = a.api().tasks("ls", "queued", 50, cursor.as_deref()).await.unwrap();
+        assert_eq!(page.total, 120);
+        seen.extend(page.tasks.into_iter().map(|t| t.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
             None => break,
         }
     }
     assert_eq!(seen, ids, "queued tasks listed in claim order");
     let got = claim(&a, "ls", "w", 3, 0).await;
+    // Raw: the default page size (no `limit`).
     let (_, page) = a.get("/api/v1/queues/ls/tasks?state=running").await;
-    assert_eq!(page["total"], 3);
-    assert_eq!(page["tasks"].as_array().unwrap().len(), 3);
+    let page: muster::client::TaskPage = serde_json::from_value(page).unwrap();
+    assert_eq!(page.total, 3);
+    assert_eq!(page.tasks.len(), 3);
     assert_eq!(got.len(), 3);
 }
 
@@ -190,13 +190,9 @@ async fn g4_keys_return_to_baseline_after_retention() {
     // Warm up: the counters and the event stream exist from the first task
     // on (each shard's from its first task when split: one queue per shard).
     for q in names_per_shard("muster", "warm") {
-        let warm = submit(&a, &q, json!({})).await;
-        let t = claim(&a, &q, "w", 1, 0).await;
-        a.post(
-            &format!("/api/v1/tasks/{warm}/complete"),
-            json!({"token": t[0]["token"]}),
-        )
-        .await;
+        submit(&a, &q, json!({})).await;
+        let t = claim_tasks(&a, &q, "w", 1, 0).await;
+        complete_task(&a, &t[0]).await;
     }
     let settled = wait_until(Duration::from_secs(10), || async {
         let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
@@ -213,30 +209,22 @@ async fn g4_keys_return_to_baseline_after_retention() {
     }
     let mut finished = 0;
     while finished < 10_000 {
-        let got = claim(&a, "leak", "w", 200, 1000).await;
+        let got = claim_tasks(&a, "leak", "w", 200, 1000).await;
         assert!(!got.is_empty(), "work remains ({finished} finished)");
-        let (ok, bad): (Vec<&Value>, Vec<&Value>) =
-            got.iter().partition(|t| t["payload"]["n"].as_u64().unwrap() % 7 != 0);
+        let n = |t: &ClaimedTask| serde_json::from_value::<Mixed>(t.payload.clone()).unwrap().n;
+        let (ok, bad): (Vec<&ClaimedTask>, Vec<&ClaimedTask>) = got.iter().partition(|t| n(t) % 7 != 0);
         if !ok.is_empty() {
-            let items: Vec<Value> = ok.iter().map(|t| json!({"id": t["id"], "token": t["token"]})).collect();
-            a.post("/api/v1/tasks/complete", Value::Array(items)).await;
+            let items = completions(ok.iter().copied(), Value::Null);
+            a.api().complete_batch(&items).await.unwrap();
         }
         for t in bad {
-            a.post(
-                &format!("/api/v1/tasks/{}/fail", t["id"].as_str().unwrap()),
-                json!({"token": t["token"], "error": "x"}),
-            )
-            .await;
+            fail_task(&a, t, "x").await;
         }
         finished += got.len();
     }
     assert_eq!(finished, 10_000);
-    let (_, q) = a.get("/api/v1/queues/leak").await;
-    assert_eq!(
-        (q["queued"].as_u64(), q["running"].as_u64(), q["delayed"].as_u64()),
-        (Some(0), Some(0), Some(0)),
-        "{q}"
-    );
+    let q = a.api().queue("leak").await.unwrap().stats;
+    assert_eq!((q.queued, q.running, q.delayed), (0, 0, 0), "{q:?}");
     // Every key left has a TTL or belongs to the bounded baseline set.
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]).await;
     for k in &keys {
@@ -302,7 +290,7 @@ async fn dashboard_forms_pause_cancel_retry_and_discard() {
     let dying = submit(&a, "ui", json!({"max_attempts": 1})).await;
     // pause / resume
     assert_eq!(form("/ui/queues/ui/pause").await, 303);
-    assert_eq!(a.get("/api/v1/queues/ui").await.1["paused"], true);
+    assert!(a.api().queue("ui").await.unwrap().stats.paused);
     assert_eq!(form("/ui/queues/ui/resume").await, 303);
     // a forged token changes nothing
     let forged = http
@@ -312,26 +300,18 @@ async fn dashboard_forms_pause_cancel_retry_and_discard() {
         .await
         .unwrap();
     assert_eq!(forged.status().as_u16(), 403);
-    assert_eq!(a.get("/api/v1/queues/ui").await.1["paused"], false);
+    assert!(!a.api().queue("ui").await.unwrap().stats.paused);
     // cancel from the task page
     assert_eq!(form(&format!("/ui/tasks/{queued}/cancel")).await, 303);
-    assert_eq!(a.get(&format!("/api/v1/tasks/{queued}")).await.1["state"], "cancelled");
+    assert_eq!(a.api().task(&queued).await.unwrap().state, "cancelled");
     // retry and discard a dead letter
-    let t = claim(&a, "ui", "w", 1, 0).await;
-    assert_eq!(t[0]["id"], dying.as_str());
-    a.post(
-        &format!("/api/v1/tasks/{dying}/fail"),
-        json!({"token": t[0]["token"], "error": "x"}),
-    )
-    .await;
+    let t = claim_tasks(&a, "ui", "w", 1, 0).await;
+    assert_eq!(t[0].id, dying);
+    fail_task(&a, &t[0], "x").await;
     assert_eq!(form(&format!("/ui/tasks/{dying}/retry")).await, 303);
-    assert_eq!(a.get(&format!("/api/v1/tasks/{dying}")).await.1["state"], "queued");
-    let t = claim(&a, "ui", "w", 1, 0).await;
-    a.post(
-        &format!("/api/v1/tasks/{dying}/fail"),
-        json!({"token": t[0]["token"], "error": "y"}),
-    )
-    .await;
+    assert_eq!(a.api().task(&dying).await.unwrap().state, "queued");
+    let t = claim_tasks(&a, "ui", "w", 1, 0).await;
+    fail_task(&a, &t[0], "y").await;
     assert_eq!(form(&format!("/ui/tasks/{dying}/discard")).await, 303);
     assert_eq!(a.get(&format!("/api/v1/tasks/{dying}")).await.0, 404);
     // bad names are refused before anything happens
@@ -348,30 +328,18 @@ async fn task_outcome_metrics_are_labelled_by_queue() {
     let q = format!("mq{}", std::process::id());
     // succeeded
     submit(&a, &q, json!({})).await;
-    let t = claim(&a, &q, "w", 1, 0).await;
-    let (s, _) = a
-        .post(
-            &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
-            json!({"token": t[0]["token"]}),
-        )
-        .await;
-    assert_eq!(s, 200);
+    let t = claim_tasks(&a, &q, "w", 1, 0).await;
+    complete_task(&a, &t[0]).await;
     // failed and dead by `fail`
     submit(&a, &q, json!({"max_attempts": 1})).await;
-    let t = claim(&a, &q, "w", 1, 0).await;
-    let (s, _) = a
-        .post(
-            &format!("/api/v1/tasks/{}/fail", t[0]["id"].as_str().unwrap()),
-            json!({"token": t[0]["token"], "error": "no"}),
-        )
-        .await;
-    assert_eq!(s, 200);
+    let t = claim_tasks(&a, &q, "w", 1, 0).await;
+    fail_task(&a, &t[0], "no").await;
     // failed and dead by the timeout monitor
     let id = submit(&a, &q, json!({"max_attempts": 1, "timeout_ms": 100})).await;
     claim(&a, &q, "w", 1, 0).await;
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            a.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "dead"
+            a.api().task(&id).await.unwrap().state == "dead"
         })
         .await
     );
@@ -432,8 +400,9 @@ async fn long_payloads_are_kept_in_parts_and_read_back_whole() {
         .post("/api/v1/queues/parts/tasks/batch", json!({"tasks": batch}))
         .await;
     assert_eq!(s, 200, "{b}");
-    for (r, t) in b["results"].as_array().unwrap().iter().zip(&texts) {
-        sent.insert(r["id"].as_str().unwrap().into(), json!({"t": t, "n": 1.5}));
+    let b: BatchResponse = serde_json::from_value(b).unwrap();
+    for (r, t) in b.results.into_iter().zip(&texts) {
+        sent.insert(r.id.unwrap(), json!({"t": t, "n": 1.5}));
     }
     // The hash of a task with a 90-byte payload is a listpack.
     let ninety = submit(&a, "parts", json!({"payload": {"data": "x".repeat(79)}})).await;
@@ -448,15 +417,15 @@ async fn long_payloads_are_kept_in_parts_and_read_back_whole() {
         .unwrap();
     assert_eq!(encoding, "listpack", "a 90-byte payload keeps the hash compact");
     for (id, payload) in &sent {
-        let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
-        assert_eq!(&t["payload"], payload, "read back: {id}");
+        let t = a.api().task(id).await.unwrap();
+        assert_eq!(&t.payload, payload, "read back: {id}");
     }
     let mut claimed = 0;
     while claimed < sent.len() {
-        let got = claim(&a, "parts", "w", 100, 0).await;
+        let got = claim_tasks(&a, "parts", "w", 100, 0).await;
         assert!(!got.is_empty(), "{claimed} of {} claimed", sent.len());
         for t in got {
-            assert_eq!(&t["payload"], &sent[t["id"].as_str().unwrap()], "claimed: {t}");
+            assert_eq!(&t.payload, &sent[&t.id], "claimed: {t:?}");
             claimed += 1;
         }
     }
@@ -469,8 +438,8 @@ async fn long_payloads_are_kept_in_parts_and_read_back_whole() {
         )
         .await;
     assert_eq!(s, 201, "{b}");
-    let got = claim(&a, "parts-wf", "w", 1, 0).await;
-    assert_eq!(got[0]["payload"], long);
+    let got = claim_tasks(&a, "parts-wf", "w", 1, 0).await;
+    assert_eq!(got[0].payload, long);
     let (s, b) = a
         .post(
             "/api/v1/schedules",
@@ -481,6 +450,6 @@ async fn long_payloads_are_kept_in_parts_and_read_back_whole() {
     assert_eq!(s, 201, "{b}");
     let (s, b) = a.post("/api/v1/schedules/parts-s/trigger", json!({})).await;
     assert!(s == 200 || s == 201, "{s} {b}");
-    let got = claim(&a, "parts-s", "w", 1, 0).await;
-    assert_eq!(got[0]["payload"], long);
+    let got = claim_tasks(&a, "parts-s", "w", 1, 0).await;
+    assert_eq!(got[0].payload, long);
 }

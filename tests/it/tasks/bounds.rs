@@ -10,7 +10,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{claim, join, submit};
+use muster::client::{BatchResponse, TaskSpec};
+
+use super::{claim, claim_tasks, complete_task, join, submit};
 use crate::common::*;
 
 /// One year (366 days), the bound of `delay_ms` and of `run_at` - Redis time.
@@ -42,7 +44,7 @@ fn assert_problem(got: &(u16, String, Value), words: &[&str], what: &str) {
     let (status, ctype, body) = got;
     assert_eq!(*status, 400, "{what}: {body}");
     assert!(ctype.starts_with("application/problem+json"), "{what}: {ctype}");
-    let detail = body["detail"].as_str().unwrap_or("");
+    let detail = as_problem(*status, body).detail;
     for w in words {
         assert!(detail.contains(w), "{what}: the detail should mention {w:?}: {detail}");
     }
@@ -80,21 +82,17 @@ async fn run_at_more_than_a_year_ahead_is_refused_and_creates_nothing() {
         assert_problem(&got, words, &format!("run_at {run_at}"));
         let (s, b) = a.post(&format!("{path}/batch"), json!({"tasks": [body]})).await;
         assert_eq!(s, 200, "{b}");
-        assert_eq!(b["results"][0]["status"], "error", "{b}");
-        assert_eq!(b["results"][0]["code"], 400, "{b}");
+        let r = &serde_json::from_value::<BatchResponse>(b).unwrap().results[0];
+        assert_eq!((r.status.as_str(), r.code), ("error", Some(400)), "{r:?}");
     }
     assert_eq!(task_keys(&redis).await, Vec::<String>::new(), "nothing was created");
-    let (_, q) = a.get("/api/v1/queues").await;
-    assert_eq!(q["queues"], json!([]), "no queue was registered: {q}");
+    let q = a.api().queues().await.unwrap();
+    assert!(q.is_empty(), "no queue was registered: {q:?}");
     // Within the year: delayed until then, not run now.
     let ok = now + YEAR_MS - 60_000;
     let id = submit(&a, "runat", json!({"run_at": ok})).await;
-    let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
-    assert_eq!(
-        (t["state"].as_str(), t["run_at"].as_i64()),
-        (Some("delayed"), Some(ok)),
-        "{t}"
-    );
+    let t = a.api().task(&id).await.unwrap();
+    assert_eq!((t.state.as_str(), t.run_at), ("delayed", Some(ok)), "{t:?}");
     join(&a, "w").await;
     assert!(
         claim(&a, "runat", "w", 1, 0).await.is_empty(),
@@ -176,8 +174,8 @@ async fn dot_and_dot_dot_are_not_names() {
         assert_problem(&got, &[field, "cannot be"], &format!("{path} {body}"));
     }
     assert_eq!(task_keys(&redis).await, Vec::<String>::new(), "nothing was created");
-    let (_, n) = a.get("/api/v1/nodes").await;
-    assert!(!n.to_string().contains("\"id\":\".\""), "no node `.`: {n}");
+    let n = a.api().nodes().await.unwrap();
+    assert!(!n.iter().any(|n| n.id == "."), "no node `.`: {n:?}");
     // Names that only contain dots among other characters are fine.
     submit(&a, "...", json!({"group": ".a"})).await;
     submit(&a, "a..b", json!({})).await;
@@ -188,15 +186,10 @@ async fn a_group_put_needs_a_body_to_remove_a_limit() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     let path = "/api/v1/groups/g1";
-    assert_eq!(a.put(path, json!({"limit": 2})).await.0, 200);
+    a.api().set_group_limit("g1", Some(2)).await.unwrap();
     let limit = || async {
-        let (_, g) = a.get("/api/v1/groups").await;
-        g["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|g| g["name"] == "g1")
-            .map(|g| g["limit"].clone())
+        let g = a.api().groups().await.unwrap();
+        g.into_iter().find(|g| g.name == "g1").and_then(|g| g.limit)
     };
     let refused = [
         ("no body", a.request(Method::PUT, path)),
@@ -211,10 +204,13 @@ async fn a_group_put_needs_a_body_to_remove_a_limit() {
     for (what, req) in refused {
         let got = send_typed(req).await;
         assert_problem(&got, &[r#"{"limit": null}"#, "to remove it"], what);
-        assert_eq!(limit().await, Some(json!(2)), "{what} changed nothing");
+        assert_eq!(limit().await, Some(2), "{what} changed nothing");
     }
+    // Raw: an explicit `null` (what the typed call sends for None too).
     let (s, b) = a.put(path, json!({"limit": null})).await;
-    assert_eq!((s, &b["limit"]), (200, &Value::Null), "{b}");
+    assert_eq!(s, 200, "{b}");
+    let g: muster::client::GroupInfo = serde_json::from_value(b).unwrap();
+    assert_eq!(g.limit, None, "{g:?}");
     assert_eq!(limit().await, None, "an explicit null removes the limit");
 }
 
@@ -259,22 +255,20 @@ async fn a_replay_is_answered_even_when_its_queue_could_not_be_created_now() {
     let redis = TestRedis::start();
     let a = TestApp::start_with(&redis, |c| c.tasks.max_queues = 1).await;
     join(&a, "w").await;
-    let (s, first) = a.post("/api/v1/queues/q1/tasks", json!({"idempotency_key": "K"})).await;
-    assert_eq!(s, 201, "{first}");
+    let keyed = TaskSpec {
+        idempotency_key: Some("K".into()),
+        ..Default::default()
+    };
+    let first = a.api().submit("q1", &keyed).await.unwrap();
+    assert!(!first.replayed, "{first:?}");
     // The task finishes and is discarded; its queue is forgotten...
-    let got = claim(&a, "q1", "w", 1, 0).await;
-    let id = first["id"].as_str().unwrap();
-    let (s, _) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/complete"),
-            json!({"token": got[0]["token"]}),
-        )
-        .await;
-    assert_eq!(s, 200);
-    assert_eq!(a.delete(&format!("/api/v1/tasks/{id}")).await.0, 204);
+    let got = claim_tasks(&a, "q1", "w", 1, 0).await;
+    let id = first.id.as_str();
+    assert_eq!(got[0].id, id);
+    complete_task(&a, &got[0]).await;
+    a.api().delete_task(id).await.unwrap();
     let forgotten = wait_until(Duration::from_secs(10), || async {
-        let (_, q) = a.get("/api/v1/queues").await;
-        q["queues"] == json!([])
+        a.api().queues().await.unwrap().is_empty()
     })
     .await;
     assert!(forgotten, "q1 is forgotten");
@@ -282,8 +276,9 @@ async fn a_replay_is_answered_even_when_its_queue_could_not_be_created_now() {
     // when split: q2 in q1's shard).
     submit(&a, &name_like("muster", "q2", "q1"), json!({})).await;
     // The key is still within its window: the same task, not a 409.
-    let (s, b) = a.post("/api/v1/queues/q1/tasks", json!({"idempotency_key": "K"})).await;
-    assert_eq!((s, &b["id"], &b["replayed"]), (200, &first["id"], &json!(true)), "{b}");
+    let b = a.api().submit("q1", &keyed).await.unwrap();
+    assert_eq!((&b.id, b.replayed), (&first.id, true), "{b:?}");
+    // Raw: the second task without an idempotency key (the client would add one).
     let (s, b) = a
         .post(
             "/api/v1/queues/q1/tasks/batch",
@@ -291,11 +286,12 @@ async fn a_replay_is_answered_even_when_its_queue_could_not_be_created_now() {
         )
         .await;
     assert_eq!(s, 200);
-    assert_eq!(b["results"][0]["status"], "replayed", "{b}");
-    assert_eq!(b["results"][0]["id"], first["id"], "{b}");
-    assert_eq!(b["results"][1]["code"], 409, "a new task still needs room: {b}");
-    let (_, q) = a.get("/api/v1/queues").await;
-    assert_eq!(q["queues"].as_array().unwrap().len(), 1, "{q}");
+    let r = serde_json::from_value::<BatchResponse>(b).unwrap().results;
+    assert_eq!(r[0].status, "replayed", "{r:?}");
+    assert_eq!(r[0].id.as_ref(), Some(&first.id), "{r:?}");
+    assert_eq!(r[1].code, Some(409), "a new task still needs room: {r:?}");
+    let q = a.api().queues().await.unwrap();
+    assert_eq!(q.len(), 1, "{q:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,6 +307,8 @@ async fn the_dead_index_is_trimmed_when_no_queue_is_left() {
     // A dead task whose queue is not registered: a workflow successor refused
     // for max_queues (the other way, a queue forgotten in the same pass that
     // trimmed the task from it, is a race of a few milliseconds).
+    // Raw: a workflow start through the client carries an idempotency key,
+    // which this test's "no task state is left" would then count.
     let (s, w) = a
         .post(
             "/api/v1/workflows",
@@ -321,24 +319,18 @@ async fn the_dead_index_is_trimmed_when_no_queue_is_left() {
         )
         .await;
     assert_eq!(s, 201, "{w}");
+    let w: muster::client::CreatedWorkflow = serde_json::from_value(w).unwrap();
     // max_queues is per shard when split: "other" in the workflow's shard
     // (its id names it), so that wb finds no room there.
-    let wid = w["id"].as_str().unwrap();
+    let wid = w.id.as_str();
     let other = name_in_shard("muster", "other", shard_map("muster").home(wid));
     submit(&a, &other, json!({})).await;
     for q in ["wa", other.as_str()] {
-        let got = claim(&a, q, "w", 1, 0).await;
-        let id = got[0]["id"].as_str().unwrap();
-        let (s, _) = a
-            .post(
-                &format!("/api/v1/tasks/{id}/complete"),
-                json!({"token": got[0]["token"]}),
-            )
-            .await;
-        assert_eq!(s, 200);
+        let got = claim_tasks(&a, q, "w", 1, 0).await;
+        complete_task(&a, &got[0]).await;
     }
-    let (_, dead) = a.get("/api/v1/dead").await;
-    assert_eq!(dead["total"], 1, "{dead}");
+    let dead = a.api().dead().await.unwrap();
+    assert_eq!(dead.total, 1, "{dead:?}");
     // Every queue is forgotten after retention; the dead index still empties.
     let no_queues = wait_until(Duration::from_secs(10), || async {
         let mut n = 0;
@@ -357,8 +349,8 @@ async fn the_dead_index_is_trimmed_when_no_queue_is_left() {
         n == 0
     })
     .await;
-    let (_, dead) = a.get("/api/v1/dead").await;
-    assert!(trimmed, "P:dead still names a task: {dead}");
+    let dead = a.api().dead().await.unwrap();
+    assert!(trimmed, "P:dead still names a task: {dead:?}");
     assert_eq!(task_keys(&redis).await, Vec::<String>::new(), "no task state is left");
 }
 
@@ -382,8 +374,9 @@ async fn the_queued_listing_merges_groups_in_claim_order_down_to_its_depth_bound
         let tasks: Vec<Value> = chunk.iter().map(|&i| spec(i)).collect();
         let (s, b) = a.post("/api/v1/queues/deep/tasks/batch", json!({"tasks": tasks})).await;
         assert_eq!(s, 200);
-        for (&i, r) in chunk.iter().zip(b["results"].as_array().unwrap()) {
-            ids.push((i, r["id"].as_str().unwrap().to_string()));
+        let results = serde_json::from_value::<BatchResponse>(b).unwrap().results;
+        for (&i, r) in chunk.iter().zip(results) {
+            ids.push((i, r.id.unwrap()));
         }
     }
     // Claim order: higher priority first, then submission order, across groups.
@@ -393,20 +386,11 @@ async fn the_queued_listing_merges_groups_in_claim_order_down_to_its_depth_bound
     let page = |cursor: usize, limit: usize| {
         let a = &a;
         async move {
-            let (s, p) = a
-                .get(&format!(
-                    "/api/v1/queues/deep/tasks?state=queued&cursor={cursor}&limit={limit}"
-                ))
-                .await;
-            assert_eq!(s, 200, "{p}");
-            assert_eq!(p["total"], n, "{}", p["total"]);
-            let got: Vec<String> = p["tasks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t["id"].as_str().unwrap().to_string())
-                .collect();
-            (got, p["next_cursor"].as_str().map(str::to_string))
+            let cursor = cursor.to_string();
+            let p = a.api().tasks("deep", "queued", limit, Some(&cursor)).await.unwrap();
+            assert_eq!(p.total, n as u64, "{}", p.total);
+            let got: Vec<String> = p.tasks.into_iter().map(|t| t.id).collect();
+            (got, p.next_cursor)
         }
     };
     // Paging from the start follows next_cursor.

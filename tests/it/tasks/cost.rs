@@ -4,10 +4,31 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use muster::client::{ClaimedTask, Complete, Fail, FinishedNext, NextRequest};
+use serde_json::{Value, json};
 
 use crate::common::*;
-use crate::tasks::{claim, join, submit};
+use crate::tasks::{claim_tasks, join, submit};
+
+/// A complete of `t` with `token` that claims `next` in the same call.
+async fn complete_next(
+    a: &TestApp,
+    t: &ClaimedTask,
+    token: u64,
+    next: NextRequest,
+) -> muster::client::Result<FinishedNext> {
+    let c = Complete {
+        token,
+        result: Value::Null,
+        next: Some(next),
+    };
+    a.api().complete(&t.id, &c).await
+}
+
+/// The `i` of a task's `{"i": n}` payload.
+fn i_of(t: &ClaimedTask) -> u64 {
+    t.payload.get("i").and_then(Value::as_u64).unwrap()
+}
 
 /// Calls of one Redis command so far (commands run inside scripts count).
 async fn calls(redis: &TestRedis, cmd: &str) -> i64 {
@@ -35,66 +56,53 @@ async fn complete_and_fail_can_claim_the_next_task_in_the_same_call() {
     for i in 0..3 {
         submit(&a, "nx", json!({"payload": {"i": i}})).await;
     }
-    let t = claim(&a, "nx", "w", 1, 0).await;
-    let (s, r) = a
-        .post(
-            &format!("/api/v1/tasks/{}/complete", t[0]["id"].as_str().unwrap()),
-            json!({"token": t[0]["token"], "next": {}}),
-        )
-        .await;
-    assert_eq!(s, 200, "{r}");
-    assert_eq!(r["state"], "succeeded", "{r}");
-    let next = &r["next"]["tasks"];
-    assert_eq!(next.as_array().unwrap().len(), 1, "{r}");
-    assert_eq!(next[0]["payload"]["i"], 1, "FIFO: the next task in line");
-    assert!(
-        next[0]["token"].as_u64().unwrap() > t[0]["token"].as_u64().unwrap(),
-        "G1: a newer token"
-    );
+    let t = claim_tasks(&a, "nx", "w", 1, 0).await;
+    let r = complete_next(&a, &t[0], t[0].token, NextRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(r.state, "succeeded", "{r:?}");
+    let next = r.next.as_ref().unwrap().tasks.clone();
+    assert_eq!(next.len(), 1, "{r:?}");
+    assert_eq!(i_of(&next[0]), 1, "FIFO: the next task in line");
+    assert!(next[0].token > t[0].token, "G1: a newer token");
     // fail with next: the failed task is retried later, the next one runs now.
-    let (s, r) = a
-        .post(
-            &format!("/api/v1/tasks/{}/fail", next[0]["id"].as_str().unwrap()),
-            json!({"token": next[0]["token"], "error": "boom", "next": {"max": 5}}),
-        )
-        .await;
-    assert_eq!(s, 200, "{r}");
-    assert_eq!(r["state"], "delayed", "{r}");
-    assert_eq!(r["next"]["tasks"].as_array().unwrap().len(), 1, "{r}");
-    assert_eq!(r["next"]["tasks"][0]["payload"]["i"], 2);
+    let f = Fail {
+        token: next[0].token,
+        error: "boom".into(),
+        retry: true,
+        next: Some(NextRequest {
+            max: Some(5),
+            ..Default::default()
+        }),
+    };
+    let r = a.api().fail(&next[0].id, &f).await.unwrap();
+    assert_eq!(r.state, "delayed", "{r:?}");
+    let tasks = &r.next.as_ref().unwrap().tasks;
+    assert_eq!(tasks.len(), 1, "{r:?}");
+    assert_eq!(i_of(&tasks[0]), 2);
     // A stale token claims nothing and changes nothing.
-    let third = r["next"]["tasks"][0].clone();
-    let (s, _) = a
-        .post(
-            &format!("/api/v1/tasks/{}/complete", third["id"].as_str().unwrap()),
-            json!({"token": third["token"].as_u64().unwrap() - 1, "next": {}}),
-        )
-        .await;
-    assert_eq!(s, 409);
+    let third = tasks[0].clone();
+    let p = problem(complete_next(&a, &third, third.token - 1, NextRequest::default()).await);
+    assert_eq!(p.status, 409);
     // A draining worker completes but is told why it gets nothing next.
-    let (s, _) = a.post("/api/v1/nodes/w/drain", json!({})).await;
-    assert_eq!(s, 204);
+    a.api().drain_node("w").await.unwrap();
     submit(&a, "nx", json!({})).await;
-    let (s, r) = a
-        .post(
-            &format!("/api/v1/tasks/{}/complete", third["id"].as_str().unwrap()),
-            json!({"token": third["token"], "next": {}}),
-        )
-        .await;
-    assert_eq!(s, 200, "{r}");
-    assert!(r["next"]["tasks"].as_array().unwrap().is_empty(), "{r}");
+    let r = complete_next(&a, &third, third.token, NextRequest::default())
+        .await
+        .unwrap();
+    let next = r.next.as_ref().unwrap();
+    assert!(next.tasks.is_empty(), "{r:?}");
     assert!(
-        r["next"]["refused"].as_str().unwrap().contains("node `w` is draining"),
-        "{r}"
+        next.refused.as_deref().unwrap().contains("node `w` is draining"),
+        "{r:?}"
     );
     // Bad input is refused before anything happens.
-    let (s, _) = a
-        .post(
-            &format!("/api/v1/tasks/{}/complete", third["id"].as_str().unwrap()),
-            json!({"token": third["token"], "next": {"max": 0}}),
-        )
-        .await;
-    assert_eq!(s, 400);
+    let zero = NextRequest {
+        max: Some(0),
+        ..Default::default()
+    };
+    let p = problem(complete_next(&a, &third, third.token, zero).await);
+    assert_eq!(p.status, 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,46 +172,49 @@ async fn a_complete_can_wait_for_the_next_task() {
     let b = TestApp::start(&redis).await;
     join(&a, "w").await;
     submit(&a, "nw", json!({})).await;
-    let t = claim(&a, "nw", "w", 1, 0).await;
-    let url = format!("{}/api/v1/tasks/{}/complete", a.url, t[0]["id"].as_str().unwrap());
-    // Bad waits are refused and change nothing.
+    let t = claim_tasks(&a, "nw", "w", 1, 0).await;
+    let path = format!("/api/v1/tasks/{}/complete", t[0].id);
+    // Bad waits are refused and change nothing (raw: the typed request
+    // cannot hold a negative or a text wait).
     for bad in [
         json!({"wait_ms": 30_001}),
         json!({"wait_ms": -1}),
         json!({"wait_ms": "1"}),
     ] {
-        let (s, r) = a
-            .post(&url.replace(&a.url, ""), json!({"token": t[0]["token"], "next": bad}))
-            .await;
+        let (s, r) = a.post(&path, json!({"token": t[0].token, "next": bad})).await;
         assert_eq!(s, 400, "{r}");
     }
     let pops = calls(&redis, "zpopmin").await;
-    let http = a.http.clone();
-    let body = json!({"token": t[0]["token"], "next": {"queue": "nw", "wait_ms": 10_000}});
+    let api = a.api().clone();
+    let first = t[0].clone();
+    let wait = NextRequest {
+        queue: Some("nw".into()),
+        wait_ms: Some(10_000),
+        ..Default::default()
+    };
     let started = Instant::now();
     let done = tokio::spawn(async move {
-        let r = http.post(&url).json(&body).send().await.unwrap();
-        (
-            r.status().as_u16(),
-            r.json::<serde_json::Value>().await.unwrap(),
-            started.elapsed(),
-        )
+        let c = Complete {
+            token: first.token,
+            result: Value::Null,
+            next: Some(wait),
+        };
+        let r = api.complete(&first.id, &c).await;
+        (r, started.elapsed())
     });
     // The complete is applied at once, before the wait.
-    let (_, task) = a.get(&format!("/api/v1/tasks/{}", t[0]["id"].as_str().unwrap())).await;
     let applied = wait_until(Duration::from_secs(5), || async {
-        let (_, task) = a.get(&format!("/api/v1/tasks/{}", t[0]["id"].as_str().unwrap())).await;
-        task["state"] == "succeeded"
+        a.api().task(&t[0].id).await.unwrap().state == "succeeded"
     })
     .await;
-    assert!(applied, "{task}");
+    assert!(applied, "{:?}", a.api().task(&t[0].id).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!done.is_finished(), "it waits while the queue is empty");
     let second = submit(&b, "nw", json!({"payload": {"n": 2}})).await;
-    let (s, r, took) = done.await.unwrap();
-    assert_eq!(s, 200, "{r}");
-    assert_eq!(r["state"], "succeeded", "{r}");
-    assert_eq!(r["next"]["tasks"][0]["id"], second.as_str(), "{r}");
+    let (r, took) = done.await.unwrap();
+    let r = r.unwrap();
+    assert_eq!(r.state, "succeeded", "{r:?}");
+    assert_eq!(r.next.as_ref().unwrap().tasks[0].id, second, "{r:?}");
     assert!(
         took < Duration::from_secs(8),
         "woken by the enqueue, not the end of the wait: {took:?}"
@@ -217,15 +228,13 @@ async fn a_complete_can_wait_for_the_next_task() {
         "the complete's claim and one after the wake-up: {reads} queue reads in {took:?}"
     );
     // Nothing comes: the answer comes when the wait ends, with no task.
-    let t2 = &r["next"]["tasks"][0];
+    let t2 = &r.next.as_ref().unwrap().tasks[0];
     let started = Instant::now();
-    let (s, r) = a
-        .post(
-            &format!("/api/v1/tasks/{}/complete", t2["id"].as_str().unwrap()),
-            json!({"token": t2["token"], "next": {"wait_ms": 400}}),
-        )
-        .await;
-    assert_eq!(s, 200, "{r}");
-    assert_eq!(r["next"]["tasks"], json!([]), "{r}");
+    let short = NextRequest {
+        wait_ms: Some(400),
+        ..Default::default()
+    };
+    let r = complete_next(&a, t2, t2.token, short).await.unwrap();
+    assert!(r.next.as_ref().unwrap().tasks.is_empty(), "{r:?}");
     assert!(started.elapsed() >= Duration::from_millis(400));
 }

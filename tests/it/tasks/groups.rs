@@ -120,7 +120,7 @@ async fn g6_group_limits_hold_fifo_within_groups() {
             while idle < 3 {
                 let q = ["ga6", "gb6"][(seed % 2) as usize];
                 seed = seed.wrapping_mul(31).wrapping_add(17);
-                let got = claim(app, q, &me, 2, 0).await;
+                let got = claim_tasks(app, q, &me, 2, 0).await;
                 if got.is_empty() {
                     idle += 1;
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -128,21 +128,12 @@ async fn g6_group_limits_hold_fifo_within_groups() {
                 }
                 idle = 0;
                 for t in &got {
-                    let g = t["group"].as_str().unwrap_or("").to_string();
-                    claimed
-                        .lock()
-                        .await
-                        .push((format!("{q}/{g}"), t["id"].as_str().unwrap().into(), token(t)));
+                    let g = t.group.clone().unwrap_or_default();
+                    claimed.lock().await.push((format!("{q}/{g}"), t.id.clone(), t.token));
                 }
                 tokio::time::sleep(Duration::from_millis(1 + seed % 6)).await;
                 for t in &got {
-                    let (s, _) = app
-                        .post(
-                            &format!("/api/v1/tasks/{}/complete", t["id"].as_str().unwrap()),
-                            json!({"token": t["token"]}),
-                        )
-                        .await;
-                    assert_eq!(s, 200);
+                    complete_task(app, t).await;
                 }
             }
         }));
@@ -156,14 +147,9 @@ async fn g6_group_limits_hold_fifo_within_groups() {
     let v = violations.lock().await;
     assert!(v.is_empty(), "limits exceeded: {:?}", &v[..v.len().min(10)]);
     // Everything ran.
-    let (_, qs) = apps[0].get("/api/v1/queues").await;
-    let done: u64 = qs["queues"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|q| q["succeeded"].as_u64().unwrap())
-        .sum();
-    assert_eq!(done, 400, "{qs}");
+    let qs = apps[0].api().queues().await.unwrap();
+    let done: u64 = qs.iter().map(|q| q.succeeded).sum();
+    assert_eq!(done, 400, "{qs:?}");
     // FIFO within each (queue, group): claim order (token order) is enqueue order.
     let claimed = claimed.lock().await;
     let mut by_group: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
@@ -187,44 +173,36 @@ async fn g6_a_full_group_does_not_block_others() {
     join(&a, "w").await;
     // Claim order holds within a shard when split: both groups in hol's.
     let (slow, fast) = (name_like("muster", "slow", "hol"), name_like("muster", "fast", "hol"));
-    a.put(&format!("/api/v1/groups/{slow}"), json!({"limit": 1})).await;
+    a.api().set_group_limit(&slow, Some(1)).await.unwrap();
     let s1 = submit(&a, "hol", json!({"group": slow, "priority": 10})).await;
     let _s2 = submit(&a, "hol", json!({"group": slow, "priority": 10})).await;
     let _s3 = submit(&a, "hol", json!({"group": slow, "priority": 10})).await;
     let other = submit(&a, "hol", json!({"group": fast})).await;
     let plain = submit(&a, "hol", json!({})).await;
-    let got = claim(&a, "hol", "w", 10, 0).await;
-    let ids: Vec<&str> = got.iter().map(|t| t["id"].as_str().unwrap()).collect();
+    let got = claim_tasks(&a, "hol", "w", 10, 0).await;
+    let ids: Vec<&str> = got.iter().map(|t| t.id.as_str()).collect();
     assert_eq!(
         ids,
         vec![s1.as_str(), other.as_str(), plain.as_str()],
         "slow's head, then the others"
     );
     // The group page shows the slot in use and the queued ones.
-    let (_, q) = a.get("/api/v1/queues/hol").await;
-    let page = q["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["name"] == slow.as_str())
-        .unwrap()
-        .clone();
-    assert_eq!(page["running"], 1);
-    assert_eq!(page["queued"], 2);
-    assert_eq!(page["limit"], 1);
+    let q = a.api().queue("hol").await.unwrap();
+    let page = q.groups.iter().find(|g| g.name == slow).unwrap().clone();
+    assert_eq!(page.running, 1);
+    assert_eq!(page.queued, 2);
+    assert_eq!(page.limit, Some(1));
     // Raising the limit lets the next one start at once.
-    a.put(&format!("/api/v1/groups/{slow}"), json!({"limit": 2})).await;
+    a.api().set_group_limit(&slow, Some(2)).await.unwrap();
     assert_eq!(claim(&a, "hol", "w", 10, 0).await.len(), 1);
     // Completing one frees a slot.
-    let t = &got[0];
-    a.post(&format!("/api/v1/tasks/{s1}/complete"), json!({"token": t["token"]}))
-        .await;
+    assert_eq!(got[0].id, s1);
+    complete_task(&a, &got[0]).await;
     assert_eq!(claim(&a, "hol", "w", 10, 0).await.len(), 1);
     // Removing the limit: nothing left anyway.
-    let (s, _) = a.put(&format!("/api/v1/groups/{slow}"), json!({"limit": null})).await;
-    assert_eq!(s, 200);
-    let (s, _) = a.put(&format!("/api/v1/groups/{slow}"), json!({"limit": 0})).await;
-    assert_eq!(s, 400);
+    let g = a.api().set_group_limit(&slow, None).await.unwrap();
+    assert_eq!(g.limit, None, "{g:?}");
+    assert_eq!(problem(a.api().set_group_limit(&slow, Some(0)).await).status, 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,9 +214,9 @@ async fn priority_then_fifo() {
     let n1 = submit(&a, "prio", json!({})).await;
     let high = submit(&a, "prio", json!({"priority": 7})).await;
     let n2 = submit(&a, "prio", json!({})).await;
-    let got = claim(&a, "prio", "w", 10, 0).await;
-    let ids: Vec<&str> = got.iter().map(|t| t["id"].as_str().unwrap()).collect();
+    let got = claim_tasks(&a, "prio", "w", 10, 0).await;
+    let ids: Vec<&str> = got.iter().map(|t| t.id.as_str()).collect();
     assert_eq!(ids, vec![high.as_str(), n1.as_str(), n2.as_str(), low.as_str()]);
-    let toks: Vec<u64> = got.iter().map(token).collect();
+    let toks: Vec<u64> = got.iter().map(|t| t.token).collect();
     assert!(toks.windows(2).all(|w| w[0] < w[1]), "tokens increase within a claim");
 }

@@ -4,32 +4,52 @@
 //! refused and its attempt not counted; an acknowledged one is left alone
 //! however long it runs.
 
+use muster::client::{Attempt, Event, TaskInfo};
+
 use super::*;
 
 /// The lease these tests use: short, so a lost answer comes back fast.
 const ACK_MS: u64 = 1000;
 
-async fn task_of(app: &TestApp, id: &str) -> Value {
-    let (s, t) = app.get(&format!("/api/v1/tasks/{id}")).await;
-    assert_eq!(s, 200, "{t}");
-    t
+async fn task_of(app: &TestApp, id: &str) -> TaskInfo {
+    app.api().task(id).await.unwrap()
 }
 
 /// The claims of a task's log that were not acknowledged.
-fn unacked_entries(t: &Value) -> Vec<Value> {
-    t["attempt_log"]
-        .as_array()
-        .unwrap()
+fn unacked_entries(t: &TaskInfo) -> Vec<Attempt> {
+    t.attempt_log
         .iter()
-        .filter(|a| a["outcome"] == "not_acknowledged")
+        .filter(|a| a.outcome.as_deref() == Some("not_acknowledged"))
         .cloned()
         .collect()
+}
+
+/// The outcomes of a task's attempt log, in order ("" while running).
+fn outcomes(t: &TaskInfo) -> Vec<&str> {
+    t.attempt_log
+        .iter()
+        .map(|a| a.outcome.as_deref().unwrap_or(""))
+        .collect()
+}
+
+/// The latest events of a topic, through the replay.
+async fn events_of(app: &TestApp, topic: &str) -> Vec<Event> {
+    app.api().events_page(None, 10, Some(topic)).await.unwrap().events
+}
+
+/// The complete of a claimed task, without a result.
+fn done(token: u64) -> Complete {
+    Complete {
+        token,
+        result: Value::Null,
+        next: None,
+    }
 }
 
 /// One claim of the races, with the fault it met: Some(tasks) when the
 /// answer reached the worker, None when it was lost (the client gave up
 /// first, or the answer was dropped on its way back).
-async fn racing_claim(app: &TestApp, queue: &str, worker: &str, i: usize) -> Option<Vec<Value>> {
+async fn racing_claim(app: &TestApp, queue: &str, worker: &str, i: usize) -> Option<Vec<ClaimedTask>> {
     let body = json!({"node": worker, "max": 1, "wait_ms": 100});
     let mut req = app
         .request(reqwest::Method::POST, &format!("/api/v1/queues/{queue}/claim"))
@@ -58,10 +78,9 @@ async fn racing_claim(app: &TestApp, queue: &str, worker: &str, i: usize) -> Opt
     }
     match status {
         200 => Some(
-            serde_json::from_str::<Value>(&text).unwrap()["tasks"]
-                .as_array()
+            serde_json::from_str::<muster::client::ClaimResponse>(&text)
                 .unwrap()
-                .clone(),
+                .tasks,
         ),
         204 => Some(Vec::new()),
         _ => panic!("claim {i}: {status} {text}"),
@@ -82,16 +101,13 @@ async fn lost_claim_answers_come_back_within_the_lease_and_run_once() {
     let runs: Arc<Mutex<HashMap<String, u32>>> = Default::default();
     // Runs a delivered task: counts the run, completes it at once (the
     // complete is its acknowledgement).
-    let run = |t: Value| {
+    let run = |t: ClaimedTask| {
         let (runs, app) = (runs.clone(), &app);
         async move {
-            let id = t["id"].as_str().unwrap().to_string();
-            assert_eq!(t["ack_ms"], ACK_MS, "{t}");
-            *runs.lock().await.entry(id.clone()).or_default() += 1;
-            let (s, b) = app
-                .post(&format!("/api/v1/tasks/{id}/complete"), json!({"token": t["token"]}))
-                .await;
-            assert_eq!(s, 200, "a delivered task completes at once: {b}");
+            assert_eq!(t.ack_ms, ACK_MS, "{t:?}");
+            *runs.lock().await.entry(t.id.clone()).or_default() += 1;
+            let r = app.api().complete(&t.id, &done(t.token)).await;
+            assert!(r.is_ok(), "a delivered task completes at once: {r:?}");
         }
     };
     let mut ids = Vec::new();
@@ -104,7 +120,7 @@ async fn lost_claim_answers_come_back_within_the_lease_and_run_once() {
             let delay = Duration::from_millis(rand::random::<u64>() % 40);
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                let b: Value = http
+                let b: Submitted = http
                     .post(url)
                     .json(&json!({"payload": {"i": i}}))
                     .send()
@@ -113,7 +129,7 @@ async fn lost_claim_answers_come_back_within_the_lease_and_run_once() {
                     .json()
                     .await
                     .unwrap();
-                b["id"].as_str().unwrap().to_string()
+                b.id
             })
         };
         match racing_claim(&app, q, w, i).await {
@@ -130,7 +146,7 @@ async fn lost_claim_answers_come_back_within_the_lease_and_run_once() {
     let all_done = || async {
         let mut done = 0;
         for id in &ids {
-            if task_of(&app, id).await["state"] == "succeeded" {
+            if task_of(&app, id).await.state == "succeeded" {
                 done += 1;
             }
         }
@@ -138,7 +154,7 @@ async fn lost_claim_answers_come_back_within_the_lease_and_run_once() {
     };
     let deadline = Instant::now() + Duration::from_millis(ACK_MS + 5000);
     while Instant::now() < deadline {
-        for t in claim(&app, q, w, 50, 200).await {
+        for t in claim_tasks(&app, q, w, 50, 200).await {
             run(t).await;
         }
         if all_done().await {
@@ -150,20 +166,20 @@ async fn lost_claim_answers_come_back_within_the_lease_and_run_once() {
     let mut requeued = 0;
     for id in &ids {
         let t = task_of(&app, id).await;
-        if t["state"] != "succeeded" {
-            stranded.push(format!("{id}: {} under {}", t["state"], t["owner"]));
+        if t.state != "succeeded" {
+            stranded.push(format!("{id}: {} under {:?}", t.state, t.owner));
             continue;
         }
-        assert_eq!(runs.get(id), Some(&1), "task {id} ran {:?} times: {t}", runs.get(id));
-        assert_eq!(t["attempts"], 1, "a claim not acknowledged counts no attempt: {t}");
+        assert_eq!(runs.get(id), Some(&1), "task {id} ran {:?} times: {t:?}", runs.get(id));
+        assert_eq!(t.attempts, 1, "a claim not acknowledged counts no attempt: {t:?}");
         for e in unacked_entries(&t) {
             requeued += 1;
-            let took = e["ended_at"].as_i64().unwrap() - e["claimed_at"].as_i64().unwrap();
+            let took = e.ended_at.unwrap() - e.claimed_at;
             assert!(
                 took <= (ACK_MS + 1000) as i64,
-                "task {id} came back {took} ms after its claim (lease {ACK_MS} ms): {t}"
+                "task {id} came back {took} ms after its claim (lease {ACK_MS} ms): {t:?}"
             );
-            assert!(took >= ACK_MS as i64, "task {id} came back early ({took} ms): {t}");
+            assert!(took >= ACK_MS as i64, "task {id} came back early ({took} ms): {t:?}");
         }
     }
     assert!(
@@ -196,66 +212,54 @@ async fn an_acknowledged_claim_outlives_its_lease_and_an_unacknowledged_one_is_f
     let beat = submit(&app, q, json!({"payload": 2})).await;
     let silent = submit(&app, q, json!({"payload": 3, "max_attempts": 1})).await;
     let longer = submit(&app, q, json!({"payload": 4})).await;
-    let take = |max: u32, ack: Option<u64>| {
+    let take = |max: u32, ack_ms: Option<u64>| {
         let app = &app;
         async move {
-            let mut body = json!({"node": w, "max": max});
-            if let Some(a) = ack {
-                body["ack_ms"] = json!(a);
-            }
-            let (s, b) = app.post(&format!("/api/v1/queues/{q}/claim"), body).await;
-            assert_eq!(s, 200, "{b}");
-            b["tasks"].as_array().unwrap().clone()
+            let req = ClaimRequest {
+                node: w.into(),
+                max,
+                wait_ms: 0,
+                ack_ms,
+            };
+            let got = app.api().claim(q, &req).await.unwrap();
+            assert!(!got.is_empty(), "nothing claimed");
+            got
         }
     };
     let got = take(3, None).await;
     assert_eq!(got.len(), 3);
-    let tok = |id: &str| got.iter().find(|t| t["id"] == id).unwrap()["token"].as_u64().unwrap();
-    assert!(got.iter().all(|t| t["ack_ms"] == ACK_MS), "{got:?}");
+    let tok = |id: &str| got.iter().find(|t| t.id == id).unwrap().token;
+    assert!(got.iter().all(|t| t.ack_ms == ACK_MS), "{got:?}");
     let claimed = Instant::now();
     // A claim asking for its own lease gets it.
     let long = take(1, Some(5000)).await;
-    assert_eq!(
-        (long[0]["id"].as_str(), long[0]["ack_ms"].as_u64()),
-        (Some(longer.as_str()), Some(5000))
-    );
+    assert_eq!((long[0].id.as_str(), long[0].ack_ms), (longer.as_str(), 5000));
 
-    let (s, b) = app
-        .post(&format!("/api/v1/tasks/{acked}/ack"), json!({"token": tok(&acked)}))
-        .await;
-    assert_eq!((s, &b["state"]), (200, &json!("running")), "{b}");
-    let (s, b) = app
-        .post(
-            &format!("/api/v1/tasks/{beat}/heartbeat"),
-            json!({"token": tok(&beat), "progress": 10}),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
+    let b = app.api().ack_task(&acked, tok(&acked)).await.unwrap();
+    assert_eq!(b.state, "running", "{b:?}");
+    let hb = TaskHeartbeat {
+        token: tok(&beat),
+        progress: Some(10),
+        fields: None,
+    };
+    app.api().heartbeat_task(&beat, &hb).await.unwrap();
 
     // The unacknowledged one is back in the queue after its lease, not before.
     let back = wait_until(Duration::from_millis(ACK_MS + 3000), || async {
-        task_of(&app, &silent).await["state"] == "queued"
+        task_of(&app, &silent).await.state == "queued"
     })
     .await;
-    assert!(back, "not put back: {}", task_of(&app, &silent).await);
+    assert!(back, "not put back: {:?}", task_of(&app, &silent).await);
     assert!(claimed.elapsed() >= Duration::from_millis(ACK_MS - 100));
     // Past twice the lease, by a few cleaner passes.
     while claimed.elapsed() < Duration::from_millis(2 * ACK_MS) {
         app.cleaner_passes(1).await;
     }
     app.cleaner_passes(2).await;
-    for (id, token) in [
-        (&acked, tok(&acked)),
-        (&beat, tok(&beat)),
-        (&longer, long[0]["token"].as_u64().unwrap()),
-    ] {
+    for (id, token) in [(&acked, tok(&acked)), (&beat, tok(&beat)), (&longer, long[0].token)] {
         let t = task_of(&app, id).await;
-        assert_eq!(
-            (t["state"].as_str(), t["token"].as_u64()),
-            (Some("running"), Some(token)),
-            "{t}"
-        );
-        assert!(unacked_entries(&t).is_empty(), "{t}");
+        assert_eq!((t.state.as_str(), t.token), ("running", Some(token)), "{t:?}");
+        assert!(unacked_entries(&t).is_empty(), "{t:?}");
     }
 
     // The put-back task: its token is refused everywhere, nothing counted.
@@ -267,58 +271,40 @@ async fn an_acknowledged_claim_outlives_its_lease_and_an_unacknowledged_one_is_f
         assert_eq!(s, 409, "{path} with the token of a claim put back: {b}");
     }
     let t = task_of(&app, &silent).await;
-    assert_eq!(
-        (t["state"].as_str(), t["attempts"].as_u64()),
-        (Some("queued"), Some(0)),
-        "{t}"
-    );
+    assert_eq!((t.state.as_str(), t.attempts), ("queued", 0), "{t:?}");
     let e = unacked_entries(&t);
-    assert_eq!(e.len(), 1, "{t}");
-    assert_eq!(
-        (e[0]["attempt"].as_u64(), e[0]["node"].as_str()),
-        (Some(1), Some(w)),
-        "{t}"
-    );
-    assert_eq!(e[0]["token"].as_u64(), Some(old), "{t}");
-    let (_, page) = app.get("/api/v1/events?topics=task.requeued&limit=10").await;
-    let evs = page["events"].as_array().unwrap();
-    assert_eq!(evs.len(), 1, "{page}");
-    assert_eq!(evs[0]["task"], silent.as_str(), "{page}");
-    assert_eq!(evs[0]["data"]["reason"], "not_acknowledged", "{page}");
+    assert_eq!(e.len(), 1, "{t:?}");
+    assert_eq!((e[0].attempt, e[0].node.as_str()), (1, w), "{t:?}");
+    assert_eq!(e[0].token, old, "{t:?}");
+    let evs = events_of(&app, "task.requeued").await;
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert_eq!(evs[0].subject("task"), Some(silent.as_str()), "{evs:?}");
+    assert_eq!(evs[0].data.get("reason"), Some(&json!("not_acknowledged")), "{evs:?}");
 
     // Claimed again: the same attempt number, a greater token; it completes.
     let again = take(1, None).await;
-    assert_eq!(again[0]["id"], silent.as_str());
-    assert_eq!(again[0]["attempt"], 1, "{again:?}");
-    assert!(again[0]["token"].as_u64().unwrap() > old);
-    let (s, b) = app
-        .post(
-            &format!("/api/v1/tasks/{silent}/complete"),
-            json!({"token": again[0]["token"]}),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
+    assert_eq!(again[0].id, silent);
+    assert_eq!(again[0].attempt, 1, "{again:?}");
+    assert!(again[0].token > old);
+    app.api().complete(&silent, &done(again[0].token)).await.unwrap();
     let t = task_of(&app, &silent).await;
-    assert_eq!(t["attempts"], 1, "{t}");
-    let outcomes: Vec<&str> = t["attempt_log"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["outcome"].as_str().unwrap_or(""))
-        .collect();
-    assert_eq!(outcomes, ["not_acknowledged", "succeeded"], "{t}");
+    assert_eq!(t.attempts, 1, "{t:?}");
+    assert_eq!(outcomes(&t), ["not_acknowledged", "succeeded"], "{t:?}");
 
     // A complete's next task gets the lease too.
     let next_one = submit(&app, q, json!({"payload": 5})).await;
-    let (s, b) = app
-        .post(
-            &format!("/api/v1/tasks/{acked}/complete"),
-            json!({"token": tok(&acked), "next": {"max": 1, "ack_ms": 2000}}),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
-    assert_eq!(b["next"]["tasks"][0]["id"], next_one.as_str(), "{b}");
-    assert_eq!(b["next"]["tasks"][0]["ack_ms"], 2000, "{b}");
+    let with_next = Complete {
+        next: Some(NextRequest {
+            max: Some(1),
+            ack_ms: Some(2000),
+            ..Default::default()
+        }),
+        ..done(tok(&acked))
+    };
+    let b = app.api().complete(&acked, &with_next).await.unwrap();
+    let next = b.next.as_ref().expect("next tasks");
+    assert_eq!(next.tasks[0].id, next_one, "{b:?}");
+    assert_eq!(next.tasks[0].ack_ms, 2000, "{b:?}");
 }
 
 /// `ack_ms` is bounded (1 000 to 600 000), on a claim and on `next`.
@@ -332,19 +318,21 @@ async fn a_claim_lease_out_of_bounds_is_refused() {
             .post("/api/v1/queues/qb/claim", json!({"node": "w-b", "ack_ms": bad}))
             .await;
         assert!(s == 400 || s == 422, "ack_ms {bad}: {s} {b}");
-        assert!(b["detail"].as_str().unwrap_or("").contains("ack_ms"), "{b}");
+        assert!(as_problem(s, &b).detail.contains("ack_ms"), "{b}");
     }
     let id = submit(&app, "qb", json!({})).await;
-    let t = claim(&app, "qb", "w-b", 1, 0).await;
-    assert_eq!(t[0]["ack_ms"], 10_000, "the default lease is claim.ack_ms: {t:?}");
-    let (s, b) = app
-        .post(
-            &format!("/api/v1/tasks/{id}/complete"),
-            json!({"token": t[0]["token"], "next": {"ack_ms": 500}}),
-        )
-        .await;
-    assert!(s == 400 || s == 422, "{s} {b}");
-    assert!(b["detail"].as_str().unwrap_or("").contains("next.ack_ms"), "{b}");
+    let t = claim_tasks(&app, "qb", "w-b", 1, 0).await;
+    assert_eq!(t[0].ack_ms, 10_000, "the default lease is claim.ack_ms: {t:?}");
+    let c = Complete {
+        next: Some(NextRequest {
+            ack_ms: Some(500),
+            ..Default::default()
+        }),
+        ..done(t[0].token)
+    };
+    let p = problem(app.api().complete(&id, &c).await);
+    assert!(p.status == 400 || p.status == 422, "{p:?}");
+    assert!(p.detail.contains("next.ack_ms"), "{p:?}");
 }
 
 /// `claim.ack_ms = 0` switches the lease off: a claim nobody acknowledges
@@ -355,13 +343,13 @@ async fn without_a_claim_lease_an_unacknowledged_claim_stays_running() {
     let app = TestApp::start_with(&redis, |c| c.claim.ack_ms = 0).await;
     join(&app, "w-off").await;
     let id = submit(&app, "qoff", json!({})).await;
-    let t = claim(&app, "qoff", "w-off", 1, 0).await;
-    assert_eq!(t[0]["ack_ms"], 0, "{t:?}");
+    let t = claim_tasks(&app, "qoff", "w-off", 1, 0).await;
+    assert_eq!(t[0].ack_ms, 0, "{t:?}");
     let since = Instant::now();
     while since.elapsed() < Duration::from_millis(2000) {
         app.cleaner_passes(1).await;
     }
-    assert_eq!(task_of(&app, &id).await["state"], "running");
+    assert_eq!(task_of(&app, &id).await.state, "running");
 }
 
 /// A task whose worker never acknowledges it (one that crashes on receipt
@@ -383,34 +371,28 @@ async fn a_task_never_acknowledged_goes_dead_after_max_unacked_lapses() {
     // (state after the lapse, attempts after it)
     let expected = [("queued", 0), ("queued", 0), ("queued", 1), ("dead", 2)];
     for (lapse, (state, attempts)) in expected.iter().enumerate() {
-        let got = claim(&app, q, w, 1, 2000).await;
+        let got = claim_tasks(&app, q, w, 1, 2000).await;
         assert_eq!(got.len(), 1, "claim {}: {got:?}", lapse + 1);
-        assert_eq!(got[0]["id"], id.as_str());
+        assert_eq!(got[0].id, id);
         let left = wait_until(Duration::from_millis(ACK_MS + 3000), || async {
-            task_of(&app, &id).await["state"] != "running"
+            task_of(&app, &id).await.state != "running"
         })
         .await;
         assert!(left, "lapse {}: still running", lapse + 1);
         let t = task_of(&app, &id).await;
         assert_eq!(
-            (t["state"].as_str(), t["attempts"].as_u64()),
-            (Some(*state), Some(*attempts)),
-            "after lapse {}: {t}",
+            (t.state.as_str(), t.attempts),
+            (*state, *attempts),
+            "after lapse {}: {t:?}",
             lapse + 1
         );
     }
     let t = task_of(&app, &id).await;
-    let outcomes: Vec<&str> = t["attempt_log"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["outcome"].as_str().unwrap_or(""))
-        .collect();
-    assert_eq!(outcomes, ["not_acknowledged"; 4], "{t}");
+    assert_eq!(outcomes(&t), ["not_acknowledged"; 4], "{t:?}");
     assert!(
-        t["error"].as_str().unwrap_or("").contains("claim.max_unacked"),
-        "the dead task says why: {t}"
+        t.error.as_deref().unwrap_or("").contains("claim.max_unacked"),
+        "the dead task says why: {t:?}"
     );
-    let (_, page) = app.get("/api/v1/events?topics=task.dead&limit=10").await;
-    assert_eq!(page["events"][0]["data"]["reason"], "not_acknowledged", "{page}");
+    let evs = events_of(&app, "task.dead").await;
+    assert_eq!(evs[0].data.get("reason"), Some(&json!("not_acknowledged")), "{evs:?}");
 }

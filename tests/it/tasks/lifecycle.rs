@@ -13,62 +13,48 @@ async fn retries_backoff_dead_letters_retry_and_discard() {
         json!({"max_attempts": 2, "backoff_base_ms": 300, "backoff_cap_ms": 300}),
     )
     .await;
-    let t = claim(&a, "rt", "w", 1, 0).await;
-    let (s, f) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/fail"),
-            json!({"token": t[0]["token"], "error": "e1"}),
-        )
-        .await;
-    assert_eq!(s, 200);
-    assert_eq!(f["state"], "delayed");
-    let (_, task) = a.get(&format!("/api/v1/tasks/{id}")).await;
-    let failed_at = task["attempt_log"][0]["ended_at"].as_i64().unwrap();
-    let delay = f["retry_at"].as_i64().unwrap() - failed_at;
+    let t = claim_tasks(&a, "rt", "w", 1, 0).await;
+    let f = fail_task(&a, &t[0], "e1").await;
+    assert_eq!(f.state, "delayed");
+    let task = a.api().task(&id).await.unwrap();
+    let failed_at = task.attempt_log[0].ended_at.unwrap();
+    let delay = f.retry_at.unwrap() - failed_at;
     assert!(
         (150..=300).contains(&delay),
         "backoff with jitter in [base/2, base]: {delay}"
     );
     assert!(claim(&a, "rt", "w", 1, 0).await.is_empty(), "not before the backoff");
     let started = Instant::now();
-    let t2 = claim(&a, "rt", "w", 1, 2000).await;
+    let t2 = claim_tasks(&a, "rt", "w", 1, 2000).await;
     assert_eq!(t2.len(), 1, "the long poll returns when the retry is due");
     assert!(started.elapsed() < Duration::from_millis(1000));
-    assert_eq!(t2[0]["attempt"], 2);
-    let (_, f) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/fail"),
-            json!({"token": t2[0]["token"], "error": "e2"}),
-        )
-        .await;
-    assert_eq!(f["state"], "dead", "no attempts left");
-    let (_, dead) = a.get("/api/v1/dead").await;
-    assert_eq!(dead["tasks"][0]["id"], id.as_str());
-    assert_eq!(dead["tasks"][0]["error"], "e2");
-    // retry: queued again with fresh attempts
-    assert_eq!(a.post(&format!("/api/v1/tasks/{id}/retry"), Value::Null).await.0, 204);
-    let (_, task) = a.get(&format!("/api/v1/tasks/{id}")).await;
-    assert_eq!(task["state"], "queued");
-    assert_eq!(task["attempts"], 0);
-    assert_eq!(a.get("/api/v1/dead").await.1["total"], 0);
-    assert_eq!(
-        a.post(&format!("/api/v1/tasks/{id}/retry"), Value::Null).await.0,
-        409,
-        "only dead tasks"
-    );
+    assert_eq!(t2[0].attempt, 2);
+    let f = fail_task(&a, &t2[0], "e2").await;
+    assert_eq!(f.state, "dead", "no attempts left");
+    let dead = a.api().dead().await.unwrap();
+    assert_eq!(dead.tasks[0].id, id);
+    assert_eq!(dead.tasks[0].error.as_deref(), Some("e2"));
+    // retry: queued again with fresh attempts (204)
+    a.api().retry_task(&id).await.unwrap();
+    let task = a.api().task(&id).await.unwrap();
+    assert_eq!(task.state, "queued");
+    assert_eq!(task.attempts, 0);
+    assert_eq!(a.api().dead().await.unwrap().total, 0);
+    assert_eq!(problem(a.api().retry_task(&id).await).status, 409, "only dead tasks");
     // non-retryable failure: dead at once
-    let t3 = claim(&a, "rt", "w", 1, 0).await;
-    let (_, f) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/fail"),
-            json!({"token": t3[0]["token"], "error": "fatal", "retry": false}),
-        )
-        .await;
-    assert_eq!(f["state"], "dead");
-    // discard
-    assert_eq!(a.delete(&format!("/api/v1/tasks/{id}")).await.0, 204);
-    assert_eq!(a.get(&format!("/api/v1/tasks/{id}")).await.0, 404);
-    assert_eq!(a.delete(&format!("/api/v1/tasks/{id}")).await.0, 404);
+    let t3 = claim_tasks(&a, "rt", "w", 1, 0).await;
+    let fatal = Fail {
+        token: t3[0].token,
+        error: "fatal".into(),
+        retry: false,
+        next: None,
+    };
+    let f = a.api().fail(&id, &fatal).await.unwrap();
+    assert_eq!(f.state, "dead");
+    // discard (204), then it is gone
+    a.api().delete_task(&id).await.unwrap();
+    assert_eq!(problem(a.api().task(&id).await).status, 404);
+    assert_eq!(problem(a.api().delete_task(&id).await).status, 404);
     let events: Vec<String> = redis.events("muster").await.into_iter().map(|e| e.0).collect();
     for t in [
         "task.enqueued",
@@ -89,41 +75,29 @@ async fn cancel_queued_delayed_and_running() {
     join(&a, "w").await;
     let queued = submit(&a, "cx", json!({"alias": "job-1"})).await;
     let delayed = submit(&a, "cx", json!({"delay_ms": 60_000})).await;
-    let (s, r) = a.post(&format!("/api/v1/tasks/{queued}/cancel"), Value::Null).await;
-    assert_eq!((s, r["state"].as_str()), (200, Some("cancelled")));
-    assert_eq!(
-        a.post(&format!("/api/v1/tasks/{delayed}/cancel"), Value::Null).await.1["state"],
-        "cancelled"
-    );
-    assert_eq!(
-        a.post(&format!("/api/v1/tasks/{queued}/cancel"), Value::Null).await.0,
-        409,
-        "already cancelled"
-    );
+    let r = a.api().cancel(&queued).await.unwrap();
+    assert_eq!(r.state, "cancelled");
+    assert_eq!(a.api().cancel(&delayed).await.unwrap().state, "cancelled");
+    assert_eq!(problem(a.api().cancel(&queued).await).status, 409, "already cancelled");
     assert!(claim(&a, "cx", "w", 5, 0).await.is_empty(), "nothing left to claim");
     // running: the worker learns through its heartbeat; its fail cancels
     let running = submit(&a, "cx", json!({})).await;
-    let t = claim(&a, "cx", "w", 1, 0).await;
-    let tok = t[0]["token"].clone();
-    let (_, r) = a.post(&format!("/api/v1/tasks/{running}/cancel"), Value::Null).await;
-    assert_eq!(r["cancel_requested"], true);
-    let (_, hb) = a
-        .post(
-            &format!("/api/v1/tasks/{running}/heartbeat"),
-            json!({"token": tok, "progress": 40}),
-        )
-        .await;
-    assert_eq!(hb["cancel_requested"], true);
-    let (_, f) = a
-        .post(
-            &format!("/api/v1/tasks/{running}/fail"),
-            json!({"token": tok, "error": "stopped"}),
-        )
-        .await;
-    assert_eq!(f["state"], "cancelled");
-    let (_, q) = a.get("/api/v1/queues/cx").await;
-    assert_eq!(q["cancelled"], 3);
-    assert_eq!(q["running"], 0);
+    let t = claim_tasks(&a, "cx", "w", 1, 0).await;
+    assert_eq!(t[0].id, running);
+    let r = a.api().cancel(&running).await.unwrap();
+    assert!(r.cancel_requested);
+    let beat = TaskHeartbeat {
+        token: t[0].token,
+        progress: Some(40),
+        fields: None,
+    };
+    let hb = a.api().heartbeat_task(&running, &beat).await.unwrap();
+    assert!(hb.cancel_requested);
+    let f = fail_task(&a, &t[0], "stopped").await;
+    assert_eq!(f.state, "cancelled");
+    let q = a.api().queue("cx").await.unwrap().stats;
+    assert_eq!(q.cancelled, 3);
+    assert_eq!(q.running, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,15 +106,15 @@ async fn delayed_pause_resume_and_aliases() {
     let a = TestApp::start(&redis).await;
     join(&a, "w").await;
     let id = submit(&a, "dl", json!({"delay_ms": 400, "alias": "nightly"})).await;
-    let (_, t) = a.get("/api/v1/aliases/nightly").await;
-    assert_eq!(t["id"], id.as_str());
-    assert_eq!(t["state"], "delayed");
+    let t = a.api().alias("nightly").await.unwrap();
+    assert_eq!(t.id, id);
+    assert_eq!(t.state, "delayed");
     let (s, b) = a.post("/api/v1/queues/dl/tasks", json!({"alias": "nightly"})).await;
     assert_eq!(s, 409, "alias is unique while its task lives: {b}");
-    assert_eq!(b["holder"], id.as_str());
+    assert_eq!(as_problem(s, &b).extra["holder"], id.as_str());
     assert!(claim(&a, "dl", "w", 1, 0).await.is_empty());
     let started = Instant::now();
-    let got = claim(&a, "dl", "w", 1, 3000).await;
+    let got = claim_tasks(&a, "dl", "w", 1, 3000).await;
     let waited = started.elapsed();
     assert_eq!(got.len(), 1);
     assert!(
@@ -151,25 +125,22 @@ async fn delayed_pause_resume_and_aliases() {
     // for retention, but no longer lives).
     let (s, _) = a.post("/api/v1/queues/dl/tasks", json!({"alias": "nightly"})).await;
     assert_eq!(s, 409, "held while running");
-    let (s, b) = a
-        .post(
-            &format!("/api/v1/tasks/{id}/complete"),
-            json!({"token": got[0]["token"]}),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
+    complete_task(&a, &got[0]).await;
     let next = submit(&a, "dl2", json!({"alias": "nightly"})).await;
-    let (_, t) = a.get("/api/v1/aliases/nightly").await;
-    assert_eq!(t["id"], next.as_str(), "the alias moved to the new task");
+    let t = a.api().alias("nightly").await.unwrap();
+    assert_eq!(t.id, next, "the alias moved to the new task");
     // run_at in the past: queued at once
-    let (_, r) = a.post("/api/v1/queues/dl/tasks", json!({"run_at": 1})).await;
-    assert_eq!(r["state"], "queued");
-    // pause: nothing is handed out until resume
-    assert_eq!(a.post("/api/v1/queues/dl/pause", Value::Null).await.0, 204);
-    let (_, q) = a.get("/api/v1/queues").await;
-    assert_eq!(q["queues"][0]["paused"], true);
+    let past = TaskSpec {
+        run_at: Some(1),
+        ..Default::default()
+    };
+    assert_eq!(a.api().submit("dl", &past).await.unwrap().state, "queued");
+    // pause: nothing is handed out until resume (204 each)
+    a.api().pause_queue("dl").await.unwrap();
+    let q = a.api().queues().await.unwrap();
+    assert!(q.iter().find(|q| q.name == "dl").unwrap().paused, "{q:?}");
     assert!(claim(&a, "dl", "w", 1, 0).await.is_empty());
-    assert_eq!(a.post("/api/v1/queues/dl/resume", Value::Null).await.0, 204);
+    a.api().resume_queue("dl").await.unwrap();
     assert_eq!(claim(&a, "dl", "w", 1, 0).await.len(), 1);
     let events: Vec<String> = redis.events("muster").await.into_iter().map(|e| e.0).collect();
     assert!(events.contains(&"queue.paused".to_string()) && events.contains(&"queue.resumed".to_string()));
@@ -215,30 +186,22 @@ async fn updated_at_is_the_last_change_not_the_due_time() {
         t[0].parse::<i64>().unwrap() * 1000 + t[1].parse::<i64>().unwrap() / 1000
     };
     let id = submit(&a, "later", json!({"delay_ms": 3_600_000})).await;
-    let (_, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
-    assert_eq!(t["state"], "delayed");
-    assert_eq!(
-        t["updated_at"], t["created_at"],
-        "nothing happened since the submit: {t}"
-    );
-    assert!(t["updated_at"].as_i64().unwrap() <= redis_now().await, "{t}");
-    let (_, page) = a.get("/api/v1/queues/later/tasks?state=delayed").await;
-    assert_eq!(page["tasks"][0]["updated_at"], t["created_at"], "{page}");
+    let t = a.api().task(&id).await.unwrap();
+    assert_eq!(t.state, "delayed");
+    assert_eq!(t.updated_at, t.created_at, "nothing happened since the submit: {t:?}");
+    assert!(t.updated_at <= redis_now().await, "{t:?}");
+    let page = a.api().tasks("later", "delayed", 50, None).await.unwrap();
+    assert_eq!(page.tasks[0].updated_at, t.created_at, "{page:?}");
     // A failed attempt waiting for its retry: updated when it failed.
     let retry = submit(&a, "retry", json!({"backoff_base_ms": 3_600_000})).await;
-    let got = claim(&a, "retry", "w", 1, 0).await;
-    let (s, f) = a
-        .post(
-            &format!("/api/v1/tasks/{retry}/fail"),
-            json!({"token": got[0]["token"], "error": "x"}),
-        )
-        .await;
-    assert_eq!((s, f["state"].as_str()), (200, Some("delayed")), "{f}");
+    let got = claim_tasks(&a, "retry", "w", 1, 0).await;
+    let f = fail_task(&a, &got[0], "x").await;
+    assert_eq!(f.state, "delayed", "{f:?}");
     let after = redis_now().await;
-    let (_, t) = a.get(&format!("/api/v1/tasks/{retry}")).await;
-    let updated = t["updated_at"].as_i64().unwrap();
-    assert!(updated <= after && updated >= t["started_at"].as_i64().unwrap(), "{t}");
-    assert!(t["run_at"].as_i64().unwrap() > after, "{t}");
+    let t = a.api().task(&retry).await.unwrap();
+    let updated = t.updated_at;
+    assert!(updated <= after && updated >= t.started_at.unwrap(), "{t:?}");
+    assert!(t.run_at.unwrap() > after, "{t:?}");
 }
 
 /// Queue latency: how long the longest-waiting head of the queue (the ready
@@ -254,9 +217,14 @@ async fn queue_latency_is_the_wait_of_the_oldest_head() {
     let latency = |q: &'static str| {
         let a = &a;
         async move {
+            // Raw: `latency_ms` must be sent (the typed answer defaults it).
             let (s, v) = a.get(&format!("/api/v1/queues/{q}")).await;
             assert_eq!(s, 200, "{v}");
-            v["latency_ms"].as_u64().unwrap_or_else(|| panic!("no latency_ms: {v}"))
+            assert!(v.get("latency_ms").is_some(), "no latency_ms: {v}");
+            serde_json::from_value::<muster::client::QueueDetail>(v)
+                .unwrap()
+                .stats
+                .latency_ms
         }
     };
     submit(&a, "lat", json!({"payload": 1})).await;

@@ -269,9 +269,15 @@ class AsyncClient:
         idempotency_key: str | None = None,
         backoff_base_ms: int | None = None,
         backoff_cap_ms: int | None = None,
+        limits: Sequence[str] | None = None,
+        debounce: tuple[str, int] | None = None,
     ) -> Submitted:
         """Submits a task. Without `idempotency_key` a random one is sent, so
-        a retry after a lost answer never creates the task twice."""
+        a retry after a lost answer never creates the task twice. `limits`:
+        flow-control limits of its own (`["tenant:acme"]`), on top of its
+        queue's. `debounce`: (key, ms): only the newest task per key waits,
+        and runs `ms` after the last submit with that key; the answer's
+        `replaced` names the task this one replaced."""
         body = _drop_none(
             {
                 "payload": payload,
@@ -285,6 +291,8 @@ class AsyncClient:
                 "idempotency_key": idempotency_key or uuid.uuid4().hex,
                 "backoff_base_ms": backoff_base_ms,
                 "backoff_cap_ms": backoff_cap_ms,
+                "limits": list(limits) if limits is not None else None,
+                "debounce": {"key": debounce[0], "ms": debounce[1]} if debounce is not None else None,
             }
         )
         return Submitted.from_json(await self._json("POST", f"/api/v1/queues/{_p(queue)}/tasks", json=body))
@@ -433,6 +441,50 @@ class AsyncClient:
     async def set_group_limit(self, group: str, limit: int | None) -> dict[str, Any]:
         """Sets (or with None removes) a group's cluster-wide concurrency limit."""
         out: dict[str, Any] = await self._json("PUT", f"/api/v1/groups/{_p(group)}", json={"limit": limit})
+        return out
+
+    # ---- flow-control limits (G13) ------------------------------------------
+
+    async def list_limits(self) -> list[dict[str, Any]]:
+        """Every limit and template, with its use (running, tokens, waiting)."""
+        out: dict[str, Any] = await self._json("GET", "/api/v1/limits")
+        limits: list[dict[str, Any]] = out["limits"]
+        return limits
+
+    async def get_limit(self, name: str) -> dict[str, Any]:
+        """A limit, a template (`name:*`) or a template's key (`name:key`)."""
+        out: dict[str, Any] = await self._json("GET", f"/api/v1/limits/{_p(name)}")
+        return out
+
+    async def set_limit(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate_max: int | None = None,
+        rate_per_ms: int | None = None,
+        rate_burst: int | None = None,
+    ) -> dict[str, Any]:
+        """Defines or changes a limit or template (admin): a concurrency, a
+        rate (`rate_max` tokens per `rate_per_ms`, `rate_burst` saved up,
+        default 1), or both."""
+        rate = None
+        if rate_max is not None or rate_per_ms is not None:
+            rate = {"max": rate_max, "per_ms": rate_per_ms, "burst": 1 if rate_burst is None else rate_burst}
+        out: dict[str, Any] = await self._json(
+            "PUT", f"/api/v1/limits/{_p(name)}", json={"concurrency": concurrency, "rate": rate}
+        )
+        return out
+
+    async def delete_limit(self, name: str) -> None:
+        """Removes a limit or template (admin)."""
+        await self.request("DELETE", f"/api/v1/limits/{_p(name)}")
+
+    async def set_queue_limits(self, queue: str, limits: Sequence[str]) -> dict[str, Any]:
+        """Sets the limits that bind every task of `queue` (admin); [] removes them."""
+        out: dict[str, Any] = await self._json(
+            "PUT", f"/api/v1/queues/{_p(queue)}/limits", json={"limits": list(limits)}
+        )
         return out
 
     async def orphans(self, *, limit: int | None = None) -> dict[str, Any]:

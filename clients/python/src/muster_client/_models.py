@@ -147,10 +147,18 @@ class Submitted:
     queue: str
     state: str
     replayed: bool
+    #: The task this submit replaced (a debounce), if any.
+    replaced: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Submitted:
-        return cls(id=d["id"], queue=d["queue"], state=d["state"], replayed=bool(d.get("replayed", False)))
+        return cls(
+            id=d["id"],
+            queue=d["queue"],
+            state=d["state"],
+            replayed=bool(d.get("replayed", False)),
+            replaced=d.get("replaced"),
+        )
 
 
 @dataclass(frozen=True)
@@ -162,10 +170,18 @@ class BatchItem:
     state: str | None = None
     code: int | None = None
     error: str | None = None
+    replaced: str | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> BatchItem:
-        return cls(status=d["status"], id=d.get("id"), state=d.get("state"), code=d.get("code"), error=d.get("error"))
+        return cls(
+            status=d["status"],
+            id=d.get("id"),
+            state=d.get("state"),
+            code=d.get("code"),
+            error=d.get("error"),
+            replaced=d.get("replaced"),
+        )
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
 //! Barriers (rounds, etcd-style holds, DoubleBarriers), locks and elections
 //! beyond the calls a worker makes on its hot path.
 
+use muster_api::barriers::{BarrierList, DoubleBarrierList, Released, Round, RoundList};
+use muster_api::locks::{ElectionList, Leadership, LockInfo, LockList};
+
 use super::{Client, DoubleBarrier, Entrant, Hold, Method, NONE, Result, Retry, Value, enc, idem, json, polling};
 
 impl Client {
     // ---- barriers ---------------------------------------------------------
 
-    /// Every configured barrier with its latest round (as sent).
-    pub async fn barriers(&self) -> Result<Value> {
+    /// Every configured barrier, and every etcd-style hold.
+    pub async fn barriers(&self) -> Result<BarrierList> {
         self.call_json(Method::GET, "/api/v1/barriers", NONE, &idem()).await
     }
 
@@ -23,19 +26,21 @@ impl Client {
         .map(drop)
     }
 
-    /// A barrier's stored rounds, newest first, up to `limit` (as sent).
-    pub async fn rounds(&self, name: &str, limit: usize) -> Result<Value> {
-        self.call_json(
-            Method::GET,
-            &format!("/api/v1/barriers/{}/rounds?limit={limit}", enc(name)),
-            NONE,
-            &idem(),
-        )
-        .await
+    /// A barrier's stored rounds, newest first, up to `limit`.
+    pub async fn rounds(&self, name: &str, limit: usize) -> Result<Vec<Round>> {
+        let l: RoundList = self
+            .call_json(
+                Method::GET,
+                &format!("/api/v1/barriers/{}/rounds?limit={limit}", enc(name)),
+                NONE,
+                &idem(),
+            )
+            .await?;
+        Ok(l.rounds)
     }
 
-    /// One round as any caller sees it (as sent; 404 when unknown).
-    pub async fn round(&self, name: &str, round: &str) -> Result<Value> {
+    /// One round as any caller sees it (404 when unknown).
+    pub async fn round(&self, name: &str, round: &str) -> Result<Round> {
         self.call_json(
             Method::GET,
             &format!("/api/v1/barriers/{}/rounds/{}", enc(name), enc(round)),
@@ -67,7 +72,7 @@ impl Client {
 
     /// Lifts the barrier; whether it was held.
     pub async fn release_barrier(&self, name: &str) -> Result<bool> {
-        let r: Value = self
+        let r: Released = self
             .call_json(
                 Method::POST,
                 &format!("/api/v1/barriers/{}/release", enc(name)),
@@ -75,7 +80,7 @@ impl Client {
                 &idem(),
             )
             .await?;
-        Ok(r["released"].as_bool().unwrap_or(false))
+        Ok(r.released)
     }
 
     /// etcd-style Barrier.Wait: returns once the barrier is not held
@@ -92,10 +97,10 @@ impl Client {
 
     /// Every DoubleBarrier with entrants.
     pub async fn double_barriers(&self) -> Result<Vec<DoubleBarrier>> {
-        let l: Value = self
+        let l: DoubleBarrierList = self
             .call_json(Method::GET, "/api/v1/double-barriers", NONE, &idem())
             .await?;
-        Ok(serde_json::from_value(l["double_barriers"].clone()).unwrap_or_default())
+        Ok(l.double_barriers)
     }
 
     /// One DoubleBarrier.
@@ -136,9 +141,10 @@ impl Client {
 
     // ---- locks and elections ----------------------------------------------
 
-    /// Every lock held or waited for (as sent).
-    pub async fn locks(&self) -> Result<Value> {
-        self.call_json(Method::GET, "/api/v1/locks", NONE, &idem()).await
+    /// Every lock held or waited for.
+    pub async fn locks(&self) -> Result<Vec<LockInfo>> {
+        let l: LockList = self.call_json(Method::GET, "/api/v1/locks", NONE, &idem()).await?;
+        Ok(l.locks)
     }
 
     /// Breaks a lock whatever its holder (admin); its token goes stale.
@@ -148,13 +154,14 @@ impl Client {
             .map(drop)
     }
 
-    /// Every election with a leader (as sent).
-    pub async fn elections(&self) -> Result<Value> {
-        self.call_json(Method::GET, "/api/v1/elections", NONE, &idem()).await
+    /// Every election with a leader.
+    pub async fn elections(&self) -> Result<Vec<Leadership>> {
+        let l: ElectionList = self.call_json(Method::GET, "/api/v1/elections", NONE, &idem()).await?;
+        Ok(l.elections)
     }
 
-    /// An election's leader, epoch and value (as sent).
-    pub async fn leader(&self, name: &str) -> Result<Value> {
+    /// An election's leader (None when nobody leads), epoch and value.
+    pub async fn leader(&self, name: &str) -> Result<Leadership> {
         self.call_json(Method::GET, &format!("/api/v1/elections/{}", enc(name)), NONE, &idem())
             .await
     }

@@ -1,5 +1,8 @@
 //! Workflows and schedules: the work that starts other work.
 
+use muster_api::schedules::{Schedule, ScheduleList, Triggered};
+use muster_api::workflows::{Workflow, WorkflowList};
+
 use super::{
     Client, CreatedWorkflow, Method, NONE, NewWorkflow, Result, ScheduleDef, Value, enc, idem, random_key, unkeyed,
 };
@@ -26,8 +29,9 @@ impl Client {
     }
 
     /// A page of workflows, newest first, optionally in one `state`
-    /// (running, succeeded, failed, cancelled) (as sent).
-    pub async fn workflows(&self, state: Option<&str>, limit: usize) -> Result<Value> {
+    /// (running, succeeded, failed, cancelled), with the cursor of the
+    /// next page.
+    pub async fn workflows(&self, state: Option<&str>, limit: usize) -> Result<WorkflowList> {
         let mut path = format!("/api/v1/workflows?limit={limit}");
         if let Some(st) = state {
             path.push_str(&format!("&state={}", enc(st)));
@@ -35,38 +39,52 @@ impl Client {
         self.call_json(Method::GET, &path, NONE, &idem()).await
     }
 
-    /// A workflow's state and each task's (as sent).
-    pub async fn workflow(&self, id: &str) -> Result<Value> {
+    /// A workflow's state and each task's.
+    pub async fn workflow(&self, id: &str) -> Result<Workflow> {
         self.call_json(Method::GET, &format!("/api/v1/workflows/{}", enc(id)), NONE, &idem())
             .await
     }
 
-    /// Cancels a workflow (admin).
-    pub async fn cancel_workflow(&self, id: &str) -> Result<Value> {
-        self.call_json(
+    /// Cancels a workflow (admin): what has not started is cancelled,
+    /// running tasks are asked to stop. 409 when it already finished.
+    pub async fn cancel_workflow(&self, id: &str) -> Result<()> {
+        self.call::<Value, Value>(
             Method::POST,
             &format!("/api/v1/workflows/{}/cancel", enc(id)),
+            None,
+            &idem(),
+        )
+        .await
+        .map(drop)
+    }
+
+    // ---- schedules --------------------------------------------------------
+
+    /// Every schedule with its next fire times and totals (no history).
+    pub async fn schedules(&self) -> Result<Vec<Schedule>> {
+        let l: ScheduleList = self.call_json(Method::GET, "/api/v1/schedules", NONE, &idem()).await?;
+        Ok(l.schedules)
+    }
+
+    /// One schedule with its 50 newest history entries.
+    pub async fn schedule(&self, id: &str) -> Result<Schedule> {
+        self.call_json(Method::GET, &format!("/api/v1/schedules/{}", enc(id)), NONE, &idem())
+            .await
+    }
+
+    /// One schedule with its `history` newest history entries (0 to 1000).
+    pub async fn schedule_with_history(&self, id: &str, history: usize) -> Result<Schedule> {
+        self.call_json(
+            Method::GET,
+            &format!("/api/v1/schedules/{}?history={history}", enc(id)),
             NONE,
             &idem(),
         )
         .await
     }
 
-    // ---- schedules --------------------------------------------------------
-
-    /// Every schedule (as sent).
-    pub async fn schedules(&self) -> Result<Value> {
-        self.call_json(Method::GET, "/api/v1/schedules", NONE, &idem()).await
-    }
-
-    /// One schedule with its history (as sent).
-    pub async fn schedule(&self, id: &str) -> Result<Value> {
-        self.call_json(Method::GET, &format!("/api/v1/schedules/{}", enc(id)), NONE, &idem())
-            .await
-    }
-
-    /// Creates or replaces a schedule (admin).
-    pub async fn put_schedule(&self, def: &ScheduleDef) -> Result<Value> {
+    /// Creates or replaces a schedule (admin); the schedule as written.
+    pub async fn put_schedule(&self, def: &ScheduleDef) -> Result<Schedule> {
         self.call_json(
             Method::PUT,
             &format!("/api/v1/schedules/{}", enc(&def.id)),
@@ -79,22 +97,23 @@ impl Client {
     /// Creates a schedule (admin); 409 when its id exists. Retried only if
     /// the request never left ([`Client::put_schedule`] is the idempotent
     /// create-or-replace).
-    pub async fn create_schedule(&self, def: &ScheduleDef) -> Result<Value> {
+    pub async fn create_schedule(&self, def: &ScheduleDef) -> Result<Schedule> {
         self.call_json(Method::POST, "/api/v1/schedules", Some(def), &unkeyed())
             .await
     }
 
     /// Enables (`true`) or disables a schedule (admin): enabled, it fires
     /// the occurrences after now.
-    pub async fn set_schedule_enabled(&self, id: &str, enabled: bool) -> Result<Value> {
+    pub async fn set_schedule_enabled(&self, id: &str, enabled: bool) -> Result<()> {
         let verb = if enabled { "enable" } else { "disable" };
-        self.call_json(
+        self.call::<Value, Value>(
             Method::POST,
             &format!("/api/v1/schedules/{}/{verb}", enc(id)),
-            NONE,
+            None,
             &idem(),
         )
         .await
+        .map(drop)
     }
 
     /// Deletes a schedule (admin).
@@ -104,8 +123,10 @@ impl Client {
             .map(drop)
     }
 
-    /// Fires a schedule now (admin); with `key`, a retry fires nothing more.
-    pub async fn trigger_schedule(&self, id: &str, key: Option<&str>) -> Result<Value> {
+    /// Fires a schedule now (admin); with `key`, a retry fires nothing more
+    /// and answers the first call's task (`replayed`). 409 when the overlap
+    /// policy forbids it (the live task in the problem's `task`).
+    pub async fn trigger_schedule(&self, id: &str, key: Option<&str>) -> Result<Triggered> {
         let mut opts = if key.is_some() { idem() } else { unkeyed() };
         if let Some(k) = key {
             opts.headers.push(("idempotency-key", k.to_string()));

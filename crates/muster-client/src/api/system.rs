@@ -1,16 +1,22 @@
 //! The node itself: its failover status, live view, probes, API document.
 
 use super::{CallOptions, Client, Method, NONE, Result, Retry, StatsSeries, Value, enc, idem};
+use muster_api::system::{FailoverStatus, RedisSummary};
 
 impl Client {
-    /// The failover status of the node answering (as sent).
-    pub async fn failover_status(&self) -> Result<Value> {
+    /// The failover status of the node answering.
+    pub async fn failover_status(&self) -> Result<FailoverStatus> {
         self.call_json(Method::GET, "/api/v1/failover", NONE, &idem()).await
     }
 
     /// The answering node's cached live view (as sent).
     pub async fn live(&self) -> Result<Value> {
         self.call_json(Method::GET, "/api/v1/live", NONE, &idem()).await
+    }
+
+    /// The node's Redis summary: how it reaches Redis, and how Redis is doing.
+    pub async fn redis_summary(&self) -> Result<RedisSummary> {
+        self.call_json(Method::GET, "/api/v1/redis", NONE, &idem()).await
     }
 
     /// The outcome history behind the dashboard's charts: `range` is

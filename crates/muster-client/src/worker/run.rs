@@ -2,8 +2,8 @@
 
 use super::{
     Arc, AtomicU64, CancelReason, CancellationToken, ClaimRequest, Client, Complete, CompleteItem, Ctx, Duration, Fail,
-    Finished, Future, HandlerError, NextRequest, Ordering, Permanent, Result, Run, Shared, Task, TaskHeartbeat, Value,
-    inc,
+    FinishedNext, Future, HandlerError, NextRequest, Ordering, Permanent, Result, Run, Shared, Task, TaskHeartbeat,
+    Value, inc,
 };
 
 pub(super) async fn registration_loop(s: Arc<Shared>, done: CancellationToken, killed: CancellationToken) {
@@ -365,7 +365,7 @@ pub(super) async fn report_fail(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, f
 /// How a complete or fail ended.
 pub(super) enum Reported {
     /// Applied; the answer.
-    Answer(Finished),
+    Answer(FinishedNext),
     /// Applied within a batch complete (no next task).
     Applied,
     /// Applied by a try whose answer was lost (a retry got 409 and the task
@@ -388,7 +388,7 @@ pub(super) enum Reported {
 pub(super) async fn report<F, Fut>(s: &Shared, task: &Task, ctx: &Ctx, run: &Run, call: F) -> Reported
 where
     F: Fn(Client) -> Fut,
-    Fut: Future<Output = Result<Finished>>,
+    Fut: Future<Output = Result<FinishedNext>>,
 {
     match until_answered(s, &run.hard_stop, &task.id, || call(s.client.clone())).await {
         Ok(f) => Reported::Answer(f),
