@@ -104,6 +104,8 @@ pub struct AppParts {
     pub failover: crate::failover::Failover,
     /// The outcome history behind the charts.
     pub stats: Arc<crate::stats::Stats>,
+    /// Tracing (issue 39): off unless `telemetry.otlp_endpoint` is set.
+    pub tracer: crate::traces::Tracer,
 }
 
 /// The root of the document; [`openapi::document`] completes it once every
@@ -161,6 +163,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(state.clone(), crate::durability::middleware))
         .layer(from_fn_with_state(state.clone(), crate::auth::middleware))
         .layer(from_fn(crate::http::track_metrics))
+        .layer(from_fn_with_state(state.tracer.clone(), crate::traces::middleware))
         .with_state(state);
     // `Router::layer` wraps each route's method router, and a method router
     // adds the `Allow` header of its 405 only after its layers ran: the

@@ -86,6 +86,7 @@ mod store;
 mod system;
 mod tasks;
 mod telemetry;
+mod traces;
 mod validate;
 // askama's derives put `pub` on what they generate: the lint cannot be
 // fixed there.

@@ -51,8 +51,11 @@ impl Running {
     /// Stops the node gracefully and waits until it has left the cluster and
     /// stopped its embedded Redis.
     pub async fn shutdown(self) {
+        let tracer = self.state.tracer.clone();
         self.cancel.cancel();
         let _ = self.join.await;
+        // The spans still queued go out (bounded by the export timeout).
+        let _ = tokio::time::timeout(Duration::from_secs(6), tracer.flush()).await;
     }
 
     /// A token that stops the node when cancelled.
@@ -305,6 +308,7 @@ async fn build_services(
     // Every script is assembled now: the libraries this node uses.
     let functions = store::script::sweep::Functions::new(&store, &ctx, Duration::from_millis(cfg.nodes.ttl_ms));
     let advertise = cfg.advertise_url(addr);
+    let tracer = crate::traces::Tracer::start(&cfg.telemetry, &node_id);
     let cfg = Arc::new(cfg);
     let state = AppState::new(AppParts {
         cfg: cfg.clone(),
@@ -334,6 +338,7 @@ async fn build_services(
         waiters: park.waiters.clone(),
         failover,
         stats,
+        tracer,
     });
     Ok((state, tail_from, functions))
 }

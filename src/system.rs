@@ -120,6 +120,7 @@ async fn readyz(State(s): State<AppState>) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "system", security(("bearer" = ["read"]), ("session" = ["read"])),
     responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain")))]
 async fn metrics(State(s): State<AppState>, _caller: ReadCaller) -> Result<Response> {
+    s.tracer.publish_counts();
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::telemetry::render(s.metrics.render()),

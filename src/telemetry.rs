@@ -165,6 +165,16 @@ pub const METRICS: &[Metric] = &[
         NO_REDIS_ERRORS,
     ),
     m(
+        "muster_trace_spans_exported_total",
+        Counter,
+        "Spans the OTLP receiver accepted (telemetry.otlp_endpoint; zero with tracing off)",
+    ),
+    m(
+        "muster_trace_spans_dropped_total",
+        Counter,
+        "Spans dropped: the export queue was full (telemetry.queue), or their export request failed",
+    ),
+    m(
         "muster_redis_reconnects_total",
         Counter,
         "Shared Redis connections cut after a call timed out, and reopened",

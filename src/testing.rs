@@ -11,4 +11,5 @@ pub use crate::store::script::LIBRARIES;
 pub use crate::store::shards::{ShardMap, key_slot};
 pub use crate::store::{Lua, ScriptCtx, Store, StoreError, classify};
 pub use crate::telemetry::{Kind, METRICS};
+pub use crate::traces::Tracer;
 pub use crate::validate::plain_text_pattern;

@@ -23,7 +23,7 @@ pub use self::validate::{MAX_ACK_CONNECTIONS, MAX_ACK_REPLICAS, MAX_ACK_TIMEOUT_
 
 pub use self::sections::{
     AuthConfig, BarriersConfig, ClaimConfig, EventsConfig, FailoverConfig, FailoverRole, LocksConfig, NodesConfig,
-    OrphansConfig, RedisConfig, Role, SchedulesConfig, ServerConfig, TasksConfig, TokenConfig,
+    OrphansConfig, RedisConfig, Role, SchedulesConfig, ServerConfig, TasksConfig, TelemetryConfig, TokenConfig,
 };
 
 /// Everything a node needs to start.
@@ -42,6 +42,7 @@ pub struct Config {
     pub barriers: BarriersConfig,
     pub locks: LocksConfig,
     pub failover: FailoverConfig,
+    pub telemetry: TelemetryConfig,
 }
 /// Why a configuration was refused. The message names the key.
 #[derive(Debug, thiserror::Error)]
@@ -216,6 +217,28 @@ mod tests {
         assert!(e.0.contains("overlapp"), "{}", e.0);
         let e = Config::from_toml("[schedules]\nrecord_ttl_ms = 1000\n").unwrap_err();
         assert!(e.0.contains("schedules.record_ttl_ms"), "{}", e.0);
+    }
+
+    #[test]
+    fn telemetry_keys_are_checked() {
+        let ok = Config::from_toml(
+            "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\nsample_ratio = 0.5\n\
+             trace_url = \"http://j:16686/trace/{trace_id}\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok.telemetry.sample_ratio, 0.5);
+        for (bad, key) in [
+            ("otlp_endpoint = \"collector:4318\"", "telemetry.otlp_endpoint"),
+            ("sample_ratio = 1.5", "telemetry.sample_ratio"),
+            ("sample_ratio = -0.1", "telemetry.sample_ratio"),
+            ("sample_ratio = nan", "telemetry.sample_ratio"),
+            ("service_name = \"\"", "telemetry.service_name"),
+            ("queue = 0", "telemetry.queue"),
+            ("trace_url = \"http://j:16686/trace/\"", "telemetry.trace_url"),
+        ] {
+            let e = Config::from_toml(&format!("[telemetry]\n{bad}\n")).unwrap_err();
+            assert!(e.0.contains(key), "{bad}: {}", e.0);
+        }
     }
 
     #[test]

@@ -536,3 +536,37 @@ impl Default for LocksConfig {
         }
     }
 }
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The OTLP/HTTP receiver spans are exported to (`http://collector:4318`,
+    /// posted to `<endpoint>/v1/traces` as protobuf). Empty: tracing is off,
+    /// and costs nothing (issue 39).
+    pub otlp_endpoint: String,
+    /// The share of new traces recorded (0.0 to 1.0), decided by the trace id
+    /// so every node and worker decides the same. A request that comes with a
+    /// `traceparent` follows its `sampled` flag.
+    pub sample_ratio: f64,
+    /// `service.name` of the node's spans.
+    pub service_name: String,
+    /// Spans waiting for export at most; more are dropped and counted
+    /// (`muster_trace_spans_dropped_total`).
+    pub queue: usize,
+    /// The dashboard's link from a task to its trace: a URL with
+    /// `{trace_id}` in it (`http://jaeger:16686/trace/{trace_id}`). Empty:
+    /// the task page shows the trace id without a link.
+    pub trace_url: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: String::new(),
+            sample_ratio: 1.0,
+            service_name: "muster".into(),
+            queue: 4096,
+            trace_url: String::new(),
+        }
+    }
+}

@@ -219,6 +219,29 @@ impl Config {
         if !(1000..=600_000).contains(&l.max_wait_ms) {
             return err("locks.max_wait_ms", "must be between 1000 and 600000");
         }
+        let t = &self.telemetry;
+        let url = &t.otlp_endpoint;
+        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+            return err(
+                "telemetry.otlp_endpoint",
+                "must be an http:// or https:// URL, or empty (tracing off)",
+            );
+        }
+        if !(0.0..=1.0).contains(&t.sample_ratio) {
+            return err("telemetry.sample_ratio", "must be between 0.0 and 1.0");
+        }
+        if t.service_name.is_empty() || t.service_name.len() > 128 {
+            return err("telemetry.service_name", "must be 1 to 128 characters");
+        }
+        if !(16..=1_000_000).contains(&t.queue) {
+            return err("telemetry.queue", "must be between 16 and 1000000");
+        }
+        if !t.trace_url.is_empty() && !t.trace_url.contains("{trace_id}") {
+            return err(
+                "telemetry.trace_url",
+                "must contain {trace_id} (where the trace id goes), or be empty",
+            );
+        }
         self.validate_schedules()?;
         Ok(())
     }

@@ -153,6 +153,16 @@ pub(super) fn field_bounds(cfg: &Config) -> Vec<(&'static str, &'static str, Val
         ("WorkflowTaskSpec", "delay_ms", upto(crate::tasks::MAX_DELAY_MS)),
         ("TaskSpec", "alias", name()),
         ("TaskSpec", "idempotency_key", key()),
+        (
+            "TaskSpec",
+            "traceparent",
+            json!({"minLength": 55, "maxLength": 55, "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"}),
+        ),
+        (
+            "TaskSpec",
+            "tracestate",
+            json!({"maxLength": muster_trace::TRACESTATE_MAX, "pattern": "^[\\x20-\\x7e]*$"}),
+        ),
         ("BatchRequest", "tasks", items(&v::BATCH_ITEMS)),
         ("ClaimRequest", "node", node()),
         ("ClaimRequest", "max", range(&v::CLAIM_MAX)),

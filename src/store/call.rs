@@ -382,7 +382,15 @@ impl Store {
                 ))));
             }
         };
-        metrics::histogram!("muster_redis_call_duration_seconds", "op" => op).record(start.elapsed().as_secs_f64());
+        let took = start.elapsed();
+        metrics::histogram!("muster_redis_call_duration_seconds", "op" => op).record(took.as_secs_f64());
+        // A span of the request being served, when it is traced (issue 39).
+        let shard = self.shard_index();
+        match &res {
+            Ok(Ok(_)) => crate::traces::redis_call(op, shard, took, None),
+            Ok(Err(e)) => crate::traces::redis_call(op, shard, took, Some(e)),
+            Err(_) => crate::traces::redis_call(op, shard, took, Some(&"timed out")),
+        }
         let timed_out = |store: &Store| {
             metrics::counter!("muster_redis_errors_total", "op" => op, "kind" => "timeout").increment(1);
             store.inner.healthy.store(false, Ordering::Relaxed);

@@ -352,6 +352,8 @@ impl Tasks {
                         priority: t.priority,
                         created_at: t.created_at,
                         ack_ms,
+                        traceparent: (!t.traceparent.is_empty()).then_some(t.traceparent),
+                        tracestate: (!t.tracestate.is_empty()).then_some(t.tracestate),
                     })
                     .collect();
                 Ok(ClaimResult {

@@ -305,6 +305,8 @@ impl Tasks {
                     backoff_cap_ms: t.backoff_cap_ms,
                     limits: t.limits.join(","),
                     debounce: t.debounce.as_ref().map(|(k, ms)| (k.as_str(), *ms)),
+                    traceparent: &t.traceparent,
+                    tracestate: &t.tracestate,
                 })
                 .collect(),
         };

@@ -30,6 +30,9 @@ pub struct NewTask {
     pub limits: Vec<String>,
     /// Its debounce key and window (ms), if any (validated).
     pub debounce: Option<(String, u64)>,
+    /// Its W3C trace context (validated; empty: none).
+    pub traceparent: String,
+    pub tracestate: String,
 }
 
 /// The outcome of submitting one task.

@@ -470,5 +470,7 @@ fn task_from(id: &str, m: &BTreeMap<String, String>) -> Task {
         cancel_requested: m.get("cancel_requested").is_some_and(|v| v == "1"),
         submitted_by: opt(m.get("node")),
         attempt_log,
+        traceparent: opt(m.get("tp")),
+        tracestate: opt(m.get("ts")),
     }
 }

@@ -66,11 +66,40 @@ pub(crate) fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>> 
     }
 }
 
+/// The caller's W3C trace context from the `traceparent` and `tracestate`
+/// headers, for the tasks of a submit that carry none of their own. As the
+/// W3C recommendation asks of a receiver, a malformed `traceparent` is
+/// ignored (the task starts no trace), and so is a `tracestate` that is too
+/// long or beside no valid `traceparent`.
+pub(crate) fn trace_headers(headers: &HeaderMap) -> Option<(String, String)> {
+    let tp = headers.get("traceparent")?.to_str().ok()?;
+    muster_trace::SpanContext::parse(tp)?;
+    let ts = headers
+        .get("tracestate")
+        .and_then(|v| v.to_str().ok())
+        .filter(|ts| muster_trace::valid_tracestate(ts))
+        .unwrap_or("");
+    Some((tp.trim().to_string(), ts.to_string()))
+}
+
+/// Gives `task` the request's trace context when it has none of its own,
+/// and its `send` span when the request is traced.
+fn traced(task: &mut crate::tasks::NewTask, headers: Option<&(String, String)>) -> Option<crate::traces::Sending> {
+    let own = !task.traceparent.is_empty();
+    if !own && let Some((tp, ts)) = headers {
+        task.traceparent = tp.clone();
+        task.tracestate = ts.clone();
+    }
+    crate::traces::sending(&mut task.traceparent, &task.tracestate, own)
+}
+
 /// Submits a task. 201 for a new task; 200 with the original task when the
 /// idempotency key (field or `Idempotency-Key` header) was seen within its window.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/tasks", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
     params(("queue" = String, Path, description = "Queue name, [A-Za-z0-9._-]{1,128}"),
-           ("Idempotency-Key" = Option<String>, Header, description = "Same as `idempotency_key`")),
+           ("Idempotency-Key" = Option<String>, Header, description = "Same as `idempotency_key`"),
+           ("traceparent" = Option<String>, Header, description = "W3C trace context of the caller: the task joins its trace (unless its body has `traceparent`); a malformed one is ignored"),
+           ("tracestate" = Option<String>, Header, description = "W3C trace state beside `traceparent`, at most 512 printable ASCII characters (a longer one is ignored)")),
     request_body = TaskSpec,
     responses((status = 201, body = SubmitResponse, description = "Created"),
                (status = 200, body = SubmitResponse, description = "Replay of an idempotency key"),
@@ -94,10 +123,18 @@ async fn submit_task(
             _ => spec.idempotency_key = Some(h),
         }
     }
-    let task = crate::tasks::spec::check(&spec, s.tasks.config())?;
+    let mut task = crate::tasks::spec::check(&spec, s.tasks.config())?;
+    let sending = traced(&mut task, trace_headers(&headers).as_ref());
     let (alias, run_at) = (task.alias.clone(), task.run_at);
     let room = s.tasks.config().queue_room(caller.role);
     let out = s.tasks.submit(&queue, &[task], &s.node_id, room).await?;
+    if let Some(span) = sending {
+        match out.first() {
+            Some(Submitted::Created { id, .. }) => span.done(&queue, Some(id), "created"),
+            Some(Submitted::Replayed { id, .. }) => span.done(&queue, Some(id), "replayed"),
+            _ => span.done(&queue, None, "refused"),
+        }
+    }
     match out.into_iter().next() {
         Some(Submitted::Created { id, state, replaced }) => Ok((
             StatusCode::CREATED,
@@ -155,13 +192,16 @@ fn item_error(e: &ApiError) -> BatchItem {
 /// Submits up to 1000 tasks in one script. Invalid items get an error entry
 /// and the others are submitted.
 #[utoipa::path(post, path = "/api/v1/queues/{queue}/tasks/batch", tag = "tasks", security(("bearer" = ["worker"]), ("session" = ["worker"])),
-    params(("queue" = String, Path, description = "Queue name")),
+    params(("queue" = String, Path, description = "Queue name"),
+           ("traceparent" = Option<String>, Header, description = "W3C trace context for the items without a `traceparent` of their own; a malformed one is ignored"),
+           ("tracestate" = Option<String>, Header, description = "W3C trace state beside `traceparent`, at most 512 printable ASCII characters (a longer one is ignored)")),
     request_body = BatchRequest,
     responses((status = 200, body = BatchResponse), (status = 400, description = "Bad queue or batch size")))]
 async fn submit_batch(
     State(s): State<AppState>,
     caller: WorkerCaller,
     Path(queue): Path<Name>,
+    headers: HeaderMap,
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> Result<Json<BatchResponse>> {
     if !validate::BATCH_ITEMS.contains(&req.tasks.len()) {
@@ -174,9 +214,12 @@ async fn submit_batch(
     let mut results: Vec<Option<BatchItem>> = Vec::with_capacity(req.tasks.len());
     let mut valid = Vec::new();
     let mut slots = Vec::new();
+    let mut spans = Vec::new();
+    let header = trace_headers(&headers);
     for (i, spec) in req.tasks.iter().enumerate() {
         match crate::tasks::spec::check(spec, s.tasks.config()) {
-            Ok(t) => {
+            Ok(mut t) => {
+                spans.push(traced(&mut t, header.as_ref()));
                 valid.push(t);
                 slots.push(i);
                 results.push(None);
@@ -186,6 +229,15 @@ async fn submit_batch(
     }
     let room = s.tasks.config().queue_room(caller.role);
     let outcomes = s.tasks.submit(&queue, &valid, &s.node_id, room).await?;
+    for (span, outcome) in spans.into_iter().zip(&outcomes) {
+        if let Some(span) = span {
+            match outcome {
+                Submitted::Created { id, .. } => span.done(&queue, Some(id), "created"),
+                Submitted::Replayed { id, .. } => span.done(&queue, Some(id), "replayed"),
+                _ => span.done(&queue, None, "refused"),
+            }
+        }
+    }
     for ((slot, outcome), task) in slots.into_iter().zip(outcomes).zip(valid.iter()) {
         results[slot] = Some(match outcome {
             Submitted::Created { id, state, replaced } => BatchItem {

@@ -98,6 +98,9 @@ pub(crate) struct EnqueueItem<'a> {
     pub limits: String,
     /// Its debounce key and window (ms), if any.
     pub debounce: Option<(&'a str, u64)>,
+    /// Its W3C trace context ('' none).
+    pub traceparent: &'a str,
+    pub tracestate: &'a str,
 }
 
 pub(crate) struct Enqueue<'a> {
@@ -154,7 +157,7 @@ impl ScriptCall for Enqueue<'_> {
         vec![qkey(k, self.queue, "ready")]
     }
     fn args(&self) -> Vec<String> {
-        let mut a = Vec::with_capacity(8 + 15 * self.items.len());
+        let mut a = Vec::with_capacity(8 + 17 * self.items.len());
         a.extend([
             self.queue.to_string(),
             self.idempotency_window_ms.to_string(),
@@ -182,6 +185,8 @@ impl ScriptCall for Enqueue<'_> {
                 t.limits.clone(),
                 t.debounce.map(|d| d.0).unwrap_or("").to_string(),
                 t.debounce.map_or(0, |d| d.1).to_string(),
+                t.traceparent.to_string(),
+                t.tracestate.to_string(),
             ]);
         }
         a
@@ -260,6 +265,9 @@ pub(crate) struct ClaimedRow {
     pub group: String,
     pub priority: i32,
     pub created_at: i64,
+    /// Its W3C trace context as submitted ('' none).
+    pub traceparent: String,
+    pub tracestate: String,
 }
 
 /// What a claim did.
@@ -315,6 +323,8 @@ impl ClaimReply {
                 group: r.text("group")?,
                 priority: r.int("priority")? as i32,
                 created_at: r.int("created_at")?,
+                traceparent: r.text("traceparent")?,
+                tracestate: r.text("tracestate")?,
             });
         }
         Ok(ClaimReply::Claimed {

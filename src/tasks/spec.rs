@@ -56,6 +56,25 @@ pub(crate) fn check(spec: &TaskSpec, cfg: &TasksConfig) -> Result<NewTask, Inval
             ));
         }
     }
+    if let Some(tp) = &spec.traceparent
+        && (tp.len() != 55 || !tp.starts_with("00-") || muster_trace::SpanContext::parse(tp).is_none())
+    {
+        return Err(Invalid::new(
+            "`traceparent` must be a W3C trace context: 00-<32 lower-case hex>-<16 lower-case hex>-<2 hex>, \
+             neither id all zeros",
+        ));
+    }
+    if let Some(ts) = &spec.tracestate {
+        if spec.traceparent.is_none() {
+            return Err(Invalid::new("`tracestate` needs a `traceparent`"));
+        }
+        if !muster_trace::valid_tracestate(ts) {
+            return Err(Invalid::new(format!(
+                "`tracestate` must be at most {} printable ASCII characters",
+                muster_trace::TRACESTATE_MAX
+            )));
+        }
+    }
     let max_attempts = spec.max_attempts.unwrap_or(cfg.max_attempts);
     crate::validate::in_range("max_attempts", max_attempts, &crate::validate::MAX_ATTEMPTS)?;
     let timeout_ms = spec.timeout_ms.unwrap_or(0);
@@ -84,5 +103,7 @@ pub(crate) fn check(spec: &TaskSpec, cfg: &TasksConfig) -> Result<NewTask, Inval
         backoff_cap_ms: cap,
         limits,
         debounce: spec.debounce.as_ref().map(|d| (d.key.clone(), d.ms)),
+        traceparent: spec.traceparent.clone().unwrap_or_default(),
+        tracestate: spec.tracestate.clone().unwrap_or_default(),
     })
 }

@@ -172,6 +172,8 @@ pub(crate) fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Res
             backoff_cap_ms: t.backoff_cap_ms,
             limits: (!t.limits.is_empty()).then(|| t.limits.clone()),
             debounce: None,
+            traceparent: None,
+            tracestate: None,
         };
         let v = crate::tasks::spec::check(&spec, cfg).map_err(|e| e.within(&format!("task `{}`", t.key)))?;
         let json = serde_json::json!({

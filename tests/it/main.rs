@@ -44,4 +44,5 @@ mod soak;
 mod stalls;
 mod stats;
 mod tasks;
+mod tracing;
 mod workflows;

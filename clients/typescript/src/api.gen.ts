@@ -1680,6 +1680,18 @@ export interface components {
              * @description One execution's time limit; 0 or absent: none. At most 7 days.
              */
             timeout_ms?: number | null;
+            /**
+             * @description The W3C `traceparent` of the trace the task belongs to
+             *     (`00-<32 hex>-<16 hex>-<2 hex>`, 55 characters); on a single submit
+             *     the `traceparent` header does the same (this field wins). Stored with
+             *     the task, kept by its retries, and handed to every claim.
+             */
+            traceparent?: string | null;
+            /**
+             * @description The W3C `tracestate` beside it, at most 512 printable ASCII
+             *     characters; only with `traceparent`.
+             */
+            tracestate?: string | null;
         };
         /** @description What a bulk action did. */
         BulkOutcome: {
@@ -1814,6 +1826,13 @@ export interface components {
              * @description The fencing token: send it with heartbeat, complete and fail.
              */
             token: number;
+            /**
+             * @description The task's W3C trace context, as submitted (or as the node's submit
+             *     span made it, with tracing on): a worker starts its attempt's span as
+             *     a child of it. Absent when the submit had none.
+             */
+            traceparent?: string | null;
+            tracestate?: string | null;
         };
         /**
          * @description A list of completions, bare or as `{"tasks": [...]}`: the request's
@@ -1875,7 +1894,11 @@ export interface components {
             /** @description True when the idempotency key returned an existing workflow. */
             replayed: boolean;
         };
-        /** @description A debounce: the key (`[A-Za-z0-9._-]{1,128}`, per queue) and the window. */
+        /**
+         * @description A debounce: the key (`[A-Za-z0-9._-]{1,128}`, per queue) and the window.
+         *     Checked as it is read: a bad one makes the whole request malformed (in
+         *     a batch too), like a field of the wrong type.
+         */
         Debounce: {
             key: string;
             /**
@@ -2969,6 +2992,9 @@ export interface components {
              * @description The current (or last) fencing token.
              */
             token?: number | null;
+            /** @description Its W3C trace context, as its claims hand it out. */
+            traceparent?: string | null;
+            tracestate?: string | null;
             /** Format: int64 */
             updated_at: number;
         };
@@ -3040,6 +3066,18 @@ export interface components {
              * @description One execution's time limit; 0 or absent: none. At most 7 days.
              */
             timeout_ms?: number | null;
+            /**
+             * @description The W3C `traceparent` of the trace the task belongs to
+             *     (`00-<32 hex>-<16 hex>-<2 hex>`, 55 characters); on a single submit
+             *     the `traceparent` header does the same (this field wins). Stored with
+             *     the task, kept by its retries, and handed to every claim.
+             */
+            traceparent?: string | null;
+            /**
+             * @description The W3C `tracestate` beside it, at most 512 printable ASCII
+             *     characters; only with `traceparent`.
+             */
+            tracestate?: string | null;
         };
         /**
          * @description The task each occurrence submits. Aliases, idempotency keys and delays are
@@ -7820,6 +7858,10 @@ export interface operations {
             header?: {
                 /** @description Same as `idempotency_key` */
                 "Idempotency-Key"?: string | null;
+                /** @description W3C trace context of the caller: the task joins its trace (unless its body has `traceparent`); a malformed one is ignored */
+                traceparent?: string | null;
+                /** @description W3C trace state beside `traceparent`, at most 512 printable ASCII characters (a longer one is ignored) */
+                tracestate?: string | null;
                 /** @description `replicated`: answer only once max(`redis.ack_replicas`, 1) replicas confirmed the change (Redis `WAIT`), else 503 with `replicated: false`. Without it the node's `redis.ack_replicas` applies (0 by default: answer as soon as the master applied it). A confirmed answer carries `Durability-Replicas`, the number of replicas that confirmed. */
                 Durability?: "replicated";
             };
@@ -7949,6 +7991,10 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
+                /** @description W3C trace context for the items without a `traceparent` of their own; a malformed one is ignored */
+                traceparent?: string | null;
+                /** @description W3C trace state beside `traceparent`, at most 512 printable ASCII characters (a longer one is ignored) */
+                tracestate?: string | null;
                 /** @description `replicated`: answer only once max(`redis.ack_replicas`, 1) replicas confirmed the change (Redis `WAIT`), else 503 with `replicated: false`. Without it the node's `redis.ack_replicas` applies (0 by default: answer as soon as the master applied it). A confirmed answer carries `Durability-Replicas`, the number of replicas that confirmed. */
                 Durability?: "replicated";
             };
@@ -8229,7 +8275,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The id exists, is defined in config.toml, or too many schedules */
+            /** @description The id exists, is defined in config.toml, too many schedules, or its task names a flow-control limit not defined */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -8438,7 +8484,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Defined in config.toml, or too many schedules */
+            /** @description Defined in config.toml, too many schedules, or its task names a flow-control limit not defined */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -9952,6 +9998,15 @@ export interface operations {
             };
             /** @description The body did not arrive within `server.body_read_timeout_ms` (30000 ms on this node) after the request's head; the connection is closed */
             408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Its new queues do not fit in tasks.max_queues, or a task names a flow-control limit not defined */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -46,6 +46,16 @@ pub struct TaskSpec {
     /// submit. Not with `delay_ms` or `run_at`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debounce: Option<Debounce>,
+    /// The W3C `traceparent` of the trace the task belongs to
+    /// (`00-<32 hex>-<16 hex>-<2 hex>`, 55 characters); on a single submit
+    /// the `traceparent` header does the same (this field wins). Stored with
+    /// the task, kept by its retries, and handed to every claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` beside it, at most 512 printable ASCII
+    /// characters; only with `traceparent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 /// A debounce: the key (`[A-Za-z0-9._-]{1,128}`, per queue) and the window.
@@ -208,6 +218,13 @@ pub struct ClaimedTask<J = serde_json::Value> {
     /// complete or fail), or it goes back to the queue and this token is
     /// refused. 0: no lease.
     pub ack_ms: u64,
+    /// The task's W3C trace context, as submitted (or as the node's submit
+    /// span made it, with tracing on): a worker starts its attempt's span as
+    /// a child of it. Absent when the submit had none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 // The answer to a claim that got tasks.
@@ -393,6 +410,11 @@ pub struct TaskInfo<J = serde_json::Value> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub submitted_by: Option<String>,
     pub attempt_log: Vec<Attempt>,
+    /// Its W3C trace context, as its claims hand it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 impl<J> TaskInfo<J> {

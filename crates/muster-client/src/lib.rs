@@ -61,6 +61,19 @@ pub use muster_api::tasks::*;
 pub use muster_api::workflows::*;
 pub use worker::{CancelReason, Ctx, HandlerError, Permanent, Task, Worker, WorkerBuilder, WorkerStats};
 
+tokio::task_local! {
+    /// The W3C `traceparent` every call made in this scope sends.
+    static TRACEPARENT: String;
+}
+
+/// Runs `fut` with `traceparent` sent (as the `traceparent` header) on
+/// every call it makes through a [`Client`]: a task submitted there joins
+/// that trace. The worker runs each handler and its reports this way, with
+/// its attempt's span.
+pub async fn with_traceparent<F: std::future::Future>(traceparent: String, fut: F) -> F::Output {
+    TRACEPARENT.scope(traceparent, fut).await
+}
+
 /// How a call may be retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
@@ -354,6 +367,9 @@ impl Client {
             }
             for (k, v) in &opts.headers {
                 req = req.header(*k, v);
+            }
+            if let Ok(tp) = TRACEPARENT.try_with(String::clone) {
+                req = req.header("traceparent", tp);
             }
             if let Some(b) = &body {
                 req = req.header("content-type", "application/json").body(b.clone());

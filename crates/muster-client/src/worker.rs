@@ -90,6 +90,7 @@ mod complete;
 mod lease;
 mod run;
 mod tokens;
+mod trace;
 pub use builder::WorkerBuilder;
 use lease::{Lease, lease_loop};
 use run::{adopter, claim_loop, registration_loop};
@@ -157,10 +158,12 @@ struct CtxInner {
     progress: AtomicU8,
     fields: Mutex<Option<Value>>,
     worker_id: String,
+    /// The attempt's span, as a `traceparent`.
+    traceparent: Option<String>,
 }
 
 impl Ctx {
-    fn new(worker_id: &str) -> Ctx {
+    fn new(worker_id: &str, traceparent: Option<String>) -> Ctx {
         Ctx {
             inner: Arc::new(CtxInner {
                 cancel: CancellationToken::new(),
@@ -168,8 +171,17 @@ impl Ctx {
                 progress: AtomicU8::new(u8::MAX),
                 fields: Mutex::new(None),
                 worker_id: worker_id.to_string(),
+                traceparent,
             }),
         }
+    }
+
+    /// The W3C `traceparent` of this attempt's span (a child of the task's
+    /// trace context), when the task has one: pass it on to what the
+    /// handler calls. Calls through the [`Client`](crate::Client) from the
+    /// handler carry it already.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.inner.traceparent.as_deref()
     }
 
     /// Cancelled when the handler should stop: see [`Ctx::cancel_reason`].
@@ -308,6 +320,9 @@ struct Shared {
     held: Mutex<std::collections::HashSet<u64>>,
     /// The registration lease, on this process's clock.
     lease: Lease,
+    /// The span exporter, when the builder was given an OTLP endpoint
+    /// (started on the first run: building needs no runtime).
+    tracer: trace::Tracer,
 }
 
 /// Tokens a run hands to its parts.
@@ -445,6 +460,8 @@ impl Worker {
         let _ = registration.await;
         let _ = lease.await;
         let _ = s.client.leave_worker(&s.id).await;
+        // 7. The attempts' spans still queued go out.
+        s.tracer.flush().await;
         Ok(self.stats())
     }
 }

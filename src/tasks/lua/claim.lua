@@ -31,8 +31,9 @@
 --             (nothing claimed) when the queue's limits are in shard 0 and ARGV[6] is '':
 --             then the reply is {code, next_due, 2, count, entry...}, the head of this
 --             shard's outbox to hand over with the reservation
---   task      9 entries per task: id, token, attempt, payload, max_attempts,
---             timeout_ms, group, priority, created_at
+--   task      11 entries per task: id, token, attempt, payload, max_attempts,
+--             timeout_ms, group, priority, created_at, traceparent, tracestate
+--             ('' none)
 -- Emits task.claimed per task.
 local q, node, max, ack_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()

@@ -19,7 +19,7 @@
 -- ARGV[5]  max_delay_ms: the latest run_at accepted is Redis time + this
 -- ARGV[6]  max_limit_keys: template keys in use at once (P:limit_keys), at most
 -- ARGV[7]  retention_ms: how long a task a debounce replaced is kept (cancelled)
--- ARGV[8]  n, the number of tasks; then 15 fields per task, from ARGV[9]:
+-- ARGV[8]  n, the number of tasks; then 17 fields per task, from ARGV[9]:
 --          id, payload (JSON text), group ('' for none), priority, delay_ms,
 --          run_at (Redis ms, 0 for none), max_attempts, timeout_ms (0: none),
 --          alias (''), idempotency key (''), backoff_base_ms, backoff_cap_ms,
@@ -27,7 +27,9 @@
 --          with a group: the task waits in the line of its first, '@<limit>'),
 --          debounce key ('' for none), debounce ms ('0'; never with a delay or run_at):
 --          the task is delayed that long, and replaces the task the key names
---          (P:debounce:<queue>:<key>) while that one still waits for its time
+--          (P:debounce:<queue>:<key>) while that one still waits for its time,
+--          traceparent and tracestate ('' for none: stored as tp and ts, handed to
+--          every claim of the task)
 --
 -- Returns a flat list, 3 entries per task, in order: code, id, state
 --   code  1 created (state 'state|<id>' when it replaced that task: a debounce),
@@ -48,7 +50,7 @@ local seq = next_seqs(n)
 local ready = {}
 local delayed = {}
 for i = 0, n - 1 do
-  local b = 9 + i * 15
+  local b = 9 + i * 17
   local id, payload, g, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local lims = ARGV[b + 12]
   local delay, run_at = 0, 0
@@ -113,6 +115,8 @@ for i = 0, n - 1 do
     payload_fields(fields, payload)
     if ARGV[b + 7] ~= '0' then fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = ARGV[b + 7] end
     if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
+    if ARGV[b + 15] ~= '' then fields[#fields + 1] = 'tp'; fields[#fields + 1] = ARGV[b + 15] end
+    if ARGV[b + 16] ~= '' then fields[#fields + 1] = 'ts'; fields[#fields + 1] = ARGV[b + 16] end
     if lims ~= '' then
       fields[#fields + 1] = 'limits'; fields[#fields + 1] = lims
       limit_keys_touch(lims, now)

@@ -536,8 +536,8 @@ local function claim_refusal(node, now, credential)
 end
 
 -- Hands up to `max` queued tasks of q to `node` (whose claim_refusal is nil) and
--- appends 9 entries per task to `out`: id, token, attempt, payload, max_attempts,
--- timeout_ms, group, priority, created_at. Order: priority, then enqueue order;
+-- appends 11 entries per task to `out`: id, token, attempt, payload, max_attempts,
+-- timeout_ms, group, priority, created_at, traceparent, tracestate ('' none). Order: priority, then enqueue order;
 -- delayed tasks due by Redis time are promoted first; a group at its limit is
 -- skipped without blocking the tasks behind it; FIFO within a group (G1, G6).
 -- ack_ms > 0: each claimed task must be acknowledged within ack_ms (P:unacked), or
@@ -660,7 +660,7 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res)
     local id = picked[i]
     local t = tkey(id)
     local f = redis.call('HMGET', t, 'payload', 'attempts', 'max_attempts', 'timeout_ms', 'priority', 'created_at',
-      'progress', 'parts')
+      'progress', 'parts', 'tp', 'ts')
     f[1] = task_payload(t, f[1], f[8])
     if f[1] then
       local attempt = tonumber(f[2] or '0') + 1
@@ -695,6 +695,7 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res)
       out[#out + 1] = f[3] or '0'; out[#out + 1] = timeout
       if is_limits_line(g) then out[#out + 1] = '' else out[#out + 1] = g end
       out[#out + 1] = f[5] or '0'; out[#out + 1] = f[6] or '0'
+      out[#out + 1] = f[9] or ''; out[#out + 1] = f[10] or ''
     elseif from_group[id] then
       -- the task vanished while queued: give its slot back
       limits_release(id, own[id])

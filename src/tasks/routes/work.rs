@@ -74,6 +74,7 @@ pub(super) async fn claim_tasks(
         return Err(ApiError::Unavailable(format!("{why}; claim through another node")));
     }
     let ack_ms = s.tasks.ack_ms(req.ack_ms);
+    let start = muster_trace::now_ns();
     let r = s
         .tasks
         .claim_wait(
@@ -87,6 +88,9 @@ pub(super) async fn claim_tasks(
         .await?;
     if r.tasks.is_empty() {
         return Ok(no_content());
+    }
+    for t in &r.tasks {
+        crate::traces::received(&s.tracer, &queue, t, start);
     }
     Ok(Json(ClaimResponse {
         tasks: r.tasks,
@@ -266,12 +270,22 @@ pub(super) async fn complete_task(
     let result = result_text(&s, req.result)?;
     let ask = next_ask(&s, req.next)?;
     let items = [(id.to_string(), req.token, result)];
+    let start = muster_trace::now_ns();
     let (out, next) = s
         .tasks
         .finish_then_claim(ask, |next| s.tasks.complete_then(&items, next))
         .await?;
+    if let Some(n) = &next {
+        for t in &n.tasks {
+            crate::traces::received(&s.tracer, &t.queue, t, start);
+        }
+    }
     match out.into_iter().next() {
-        Some(r) => Ok(Json(FinishedNext { finished: r?, next })),
+        Some(r) => {
+            let finished = r?;
+            crate::traces::settled("complete", &id, Ok(&finished), start);
+            Ok(Json(FinishedNext { finished, next }))
+        }
         None => Err(ApiError::internal("complete returned nothing")),
     }
 }
@@ -434,9 +448,16 @@ pub(super) async fn fail_task(
     }
     let ask = next_ask(&s, req.next)?;
     let retry = req.retry.unwrap_or(true);
+    let start = muster_trace::now_ns();
     let (finished, next) = s
         .tasks
         .finish_then_claim(ask, |next| s.tasks.fail_then(&id, req.token, &error, retry, next))
         .await?;
+    crate::traces::settled("fail", &id, Ok(&finished), start);
+    if let Some(n) = &next {
+        for t in &n.tasks {
+            crate::traces::received(&s.tracer, &t.queue, t, start);
+        }
+    }
     Ok(Json(FinishedNext { finished, next }))
 }

@@ -30,6 +30,9 @@ class ClaimedTask:
     #: task heartbeat, its complete or fail) or it goes back to the queue
     #: and the token is refused. 0: no lease.
     ack_ms: int = 0
+    #: The task's W3C trace context (issue 39), when its submit had one.
+    traceparent: str | None = None
+    tracestate: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -46,6 +49,8 @@ class ClaimedTask:
             created_at=int(d.get("created_at", 0)),
             group=d.get("group"),
             ack_ms=int(d.get("ack_ms", 0)),
+            traceparent=d.get("traceparent"),
+            tracestate=d.get("tracestate"),
             raw=d,
         )
 

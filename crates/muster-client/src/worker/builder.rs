@@ -23,6 +23,7 @@ pub struct WorkerBuilder {
     grace: Duration,
     labels: std::collections::BTreeMap<String, String>,
     handler: Option<Handler>,
+    otlp: Option<(String, String)>,
 }
 
 impl WorkerBuilder {
@@ -40,6 +41,7 @@ impl WorkerBuilder {
             grace: Duration::from_secs(30),
             labels: Default::default(),
             handler: None,
+            otlp: None,
         }
     }
 
@@ -112,6 +114,17 @@ impl WorkerBuilder {
         self
     }
 
+    /// Exports a span per attempt (`process <queue>`, a child of the task's
+    /// trace context) to this OTLP/HTTP receiver (`http://collector:4318`)
+    /// under `service.name` `service`. Without it, the worker still hands
+    /// each handler its attempt's `traceparent` ([`Ctx::traceparent`]) and
+    /// sends it with every call the handler makes through the client, but
+    /// records nothing.
+    pub fn otlp_endpoint(mut self, url: impl Into<String>, service: impl Into<String>) -> Self {
+        self.otlp = Some((url.into(), service.into()));
+        self
+    }
+
     /// A label shown with the worker on the Nodes page.
     pub fn label(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
         self.labels.insert(k.into(), v.into());
@@ -155,8 +168,23 @@ impl WorkerBuilder {
                 "worker id `{id}` must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
             )));
         }
+        let tracer: Option<muster_trace::ExportConfig> = match self.otlp {
+            Some((url, service)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(Error::Invalid(format!(
+                        "the OTLP endpoint `{url}` must be an http:// or https:// URL"
+                    )));
+                }
+                let mut cfg = muster_trace::ExportConfig::new(url, service);
+                cfg.resource.push(("service.instance.id".into(), id.clone()));
+                cfg.scope = ("muster-client".into(), env!("CARGO_PKG_VERSION").into());
+                Some(cfg)
+            }
+            None => None,
+        };
         Ok(Worker {
             shared: Arc::new(Shared {
+                tracer: super::trace::Tracer::new(tracer),
                 client: self.client,
                 queues: self.queues,
                 id,

@@ -195,6 +195,8 @@ pub(super) async fn adopt(s: &Arc<Shared>, run: &Run) -> Result<u64> {
                     priority: t.priority,
                     created_at: t.created_at,
                     ack_ms: 0,
+                    traceparent: t.traceparent,
+                    tracestate: t.tracestate,
                 };
                 spawn_chain(s.clone(), run.clone(), task, permit);
             }
@@ -223,8 +225,20 @@ pub(super) enum Outcome {
 }
 
 /// Runs one task and reports its outcome; the next task when the complete
-/// claimed one in the same call.
+/// claimed one in the same call. With the task's trace context, the
+/// attempt gets a span: the handler and every call (its own through the
+/// client, and the reports) run with its `traceparent`.
 pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> {
+    match s.tracer.begin(&task) {
+        Some(attempt) => {
+            let tp = attempt.traceparent();
+            crate::with_traceparent(tp, run_attempt(s, task, run, Some(attempt))).await
+        }
+        None => run_attempt(s, task, run, None).await,
+    }
+}
+
+async fn run_attempt(s: &Shared, task: Task, run: &Run, attempt: Option<super::trace::Attempt>) -> Option<Task> {
     let lease = s.lease.token();
     if lease.is_cancelled() {
         // Claimed (or brought by a complete) by a call answered after the
@@ -237,8 +251,13 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
         s.adopt_soon();
         return None;
     }
-    let ctx = Ctx::new(&s.id);
-    let mut handle = tokio::spawn((s.handler)(task.clone(), ctx.clone()));
+    let tp = attempt.as_ref().map(|a| a.traceparent());
+    let ctx = Ctx::new(&s.id, tp.clone());
+    let work = (s.handler)(task.clone(), ctx.clone());
+    let mut handle = match tp {
+        Some(tp) => tokio::spawn(crate::with_traceparent(tp, work)),
+        None => tokio::spawn(work),
+    };
     // Dropped with this future (the run was killed): the handler stops too.
     let _abort = AbortOnDrop(handle.abort_handle());
     let outcome = tokio::select! {
@@ -253,6 +272,9 @@ pub(super) async fn run_task(s: &Shared, task: Task, run: &Run) -> Option<Task> 
             Outcome::HandedBack
         }
     };
+    if let Some(a) = &attempt {
+        a.end(&s.tracer, &task, &s.id, &outcome);
+    }
     if ctx.cancel_reason() == Some(CancelReason::Lost) {
         // The token is stale: someone else may be running the task. Nothing
         // this worker sends with it could change anything; send nothing.
