@@ -200,6 +200,10 @@ pub struct TaskPageView {
     pub result: Option<String>,
     pub can_cancel: bool,
     pub finished: bool,
+    /// The task's trace id (issue 39), and its link when
+    /// `telemetry.trace_url` is set.
+    pub trace_id: Option<String>,
+    pub trace_link: Option<String>,
 }
 
 fn pretty(raw: &serde_json::value::RawValue) -> String {
@@ -215,7 +219,19 @@ async fn task_page(State(s): State<AppState>, caller: ReadCaller, Path(id): Path
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no task `{id}`")))?;
     let active = matches!(task.state.as_str(), "queued" | "delayed" | "running");
+    let trace_id = task
+        .traceparent
+        .as_deref()
+        .and_then(muster_trace::SpanContext::parse)
+        .map(|c| c.trace_id_hex());
+    let url = &s.cfg.telemetry.trace_url;
+    let trace_link = trace_id
+        .as_ref()
+        .filter(|_| !url.is_empty())
+        .map(|t| url.replace("{trace_id}", t));
     Ok(TaskPageView {
+        trace_id,
+        trace_link,
         layout: Layout::new(&s, Some(&caller.0), &format!("Task {id}"), "Queues"),
         payload: pretty(&task.payload),
         fields: task.fields.as_deref().map(pretty),

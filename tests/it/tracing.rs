@@ -420,7 +420,10 @@ async fn one_trace_follows_a_task_from_its_submit_through_a_retry_across_two_nod
 #[tokio::test]
 async fn trace_context_is_stored_handed_out_and_checked_with_tracing_off() {
     let redis = TestRedis::start();
-    let app = TestApp::start(&redis).await;
+    let app = TestApp::start_with(&redis, |c| {
+        c.telemetry.trace_url = "http://viewer.test/trace/{trace_id}".into()
+    })
+    .await;
     let c = app.api();
     let queue = "trace-off";
     let tp = caller_traceparent();
@@ -446,6 +449,15 @@ async fn trace_context_is_stored_handed_out_and_checked_with_tracing_off() {
     assert_eq!(claimed.len(), 2);
     assert_eq!(claimed[0].traceparent.as_deref(), Some(tp.as_str()));
     assert_eq!(claimed[1].traceparent, None);
+    // The dashboard shows the trace id, linked through telemetry.trace_url;
+    // a task without a trace shows none.
+    let page = app.page(&format!("/tasks/{}", claimed[0].id)).await;
+    assert!(
+        page.contains(&format!("href=\"http://viewer.test/trace/{CALLER_TRACE}\"")),
+        "the task page links its trace"
+    );
+    let page = app.page(&format!("/tasks/{}", claimed[1].id)).await;
+    assert!(!page.contains("viewer.test"));
 
     // In a batch each item has its own; bad ones fail alone, with a reason.
     let spec = |tp: Option<&str>, ts: Option<&str>| TaskSpec {
