@@ -238,6 +238,15 @@ pub(crate) fn sending(traceparent: &mut String, tracestate: &str, own: bool) -> 
 }
 
 impl Sending {
+    /// Records the span under another name (a workflow's run).
+    pub(crate) fn finish(self, name: String, attrs: muster_trace::otlp::Attrs) {
+        let mut span = Span::new(&self.ctx, Some(&self.parent), name, Kind::Internal, self.start);
+        span.attrs = attrs;
+        span.trace_state = self.trace_state;
+        span.end_ns = now_ns();
+        self.tracer.record(span);
+    }
+
     /// Records the span: `id` of the created task, or the refusal.
     pub(crate) fn done(self, queue: &str, id: Option<&str>, outcome: &str) {
         let mut span = Span::new(

@@ -106,7 +106,14 @@ pub struct Workflows {
 /// Validates a workflow: sizes, names, task options, unique keys, known
 /// dependencies, and no cycle (the error names one); places it in a shard
 /// of `shards` (see [`shard_of`]) and draws its ids there.
-pub(crate) fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Result<Plan, Invalid> {
+/// `trace`: the run's W3C trace context (traceparent, tracestate), which
+/// every task of the run carries (issue 39).
+pub(crate) fn plan(
+    w: &NewWorkflow,
+    cfg: &TasksConfig,
+    shards: &ShardMap,
+    trace: Option<(&str, &str)>,
+) -> Result<Plan, Invalid> {
     if w.tasks.is_empty() || w.tasks.len() > MAX_TASKS {
         return Err(Invalid::new(format!("`tasks` must hold 1 to {MAX_TASKS} tasks")));
     }
@@ -190,6 +197,8 @@ pub(crate) fn plan(w: &NewWorkflow, cfg: &TasksConfig, shards: &ShardMap) -> Res
                 "backoff_cap": v.backoff_cap_ms.to_string(),
                 "delay_ms": v.delay_ms.to_string(),
                 "limits": v.limits.join(","),
+                "tp": trace.map_or("", |t| t.0),
+                "ts": trace.map_or("", |t| t.1),
             }
         });
         let next: Vec<&str> = dependents[i].iter().map(|&j| w.tasks[j].key.as_str()).collect();
@@ -293,8 +302,8 @@ impl Workflows {
     }
 
     /// Validates `w` and places it in a shard of this namespace ([`plan`]).
-    pub fn plan(&self, w: &NewWorkflow) -> Result<Plan, Invalid> {
-        plan(w, &self.tasks, self.store.shards())
+    pub fn plan(&self, w: &NewWorkflow, trace: Option<(&str, &str)>) -> Result<Plan, Invalid> {
+        plan(w, &self.tasks, self.store.shards(), trace)
     }
 
     /// The view of the shard workflow `id` lives in (its id names it).

@@ -35,6 +35,9 @@ pub(crate) use muster_api::workflows::CreatedWorkflow;
 /// dependencies succeeded. 201 for a new workflow, 200 for a replay of its
 /// idempotency key (also accepted as the `Idempotency-Key` header).
 #[utoipa::path(post, path = "/api/v1/workflows", tag = "workflows", security(("bearer" = ["worker"]), ("session" = ["worker"])), request_body = NewWorkflow,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Same as `idempotency_key`"),
+           ("traceparent" = Option<String>, Header, description = "W3C trace context: every task of the run carries it (with tracing on, a span of the run under it); a malformed one is ignored"),
+           ("tracestate" = Option<String>, Header, description = "W3C trace state beside `traceparent`, at most 512 printable ASCII characters (a longer one is ignored)")),
     responses((status = 201, body = CreatedWorkflow), (status = 200, body = CreatedWorkflow, description = "Replay"),
               (status = 400, description = "Invalid DAG: duplicate key, unknown dependency, cycle (named)"),
               (status = 409, description = "Its new queues do not fit in tasks.max_queues, or a task names a flow-control limit not defined"),
@@ -58,9 +61,18 @@ async fn create_workflow(
             _ => w.idempotency_key = Some(h.to_string()),
         }
     }
-    let plan = s.workflows.plan(&w)?;
+    // The run's trace: the caller's (header), or with tracing on a span of
+    // this request standing for the run; every task of the run carries it.
+    let (tp, ts) = crate::tasks::routes::trace_headers(&headers).unwrap_or_default();
+    let mut tp = tp;
+    let run = crate::traces::sending(&mut tp, &ts, false);
+    let trace = (!tp.is_empty()).then_some((tp.as_str(), ts.as_str()));
+    let plan = s.workflows.plan(&w, trace)?;
     let room = s.tasks.config().queue_room(caller.role);
     let (id, new) = s.workflows.create(&plan, &s.node_id, room).await?;
+    if let Some(run) = run {
+        run.finish("workflow run".into(), vec![("muster.workflow.id", id.clone().into())]);
+    }
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(CreatedWorkflow { id, replayed: !new })).into_response())
 }

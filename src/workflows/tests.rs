@@ -26,6 +26,7 @@ fn check(tasks: Vec<WorkflowTaskSpec>) -> Result<Plan, Invalid> {
         },
         &TasksConfig::default(),
         &ShardMap::new("muster", 1),
+        None,
     )
 }
 

@@ -563,3 +563,67 @@ async fn a_receiver_that_is_down_blocks_nothing_and_the_dropped_spans_are_counte
         .unwrap_or(0.0);
     assert!(counter >= 600.0, "muster_trace_spans_dropped_total {counter}");
 }
+
+#[tokio::test]
+async fn a_workflows_tasks_share_its_runs_trace() {
+    let receiver = Receiver::start().await;
+    let redis = TestRedis::start();
+    let endpoint = receiver.url.clone();
+    let mut app = TestApp::start_with(&redis, |c| c.telemetry.otlp_endpoint = endpoint.clone()).await;
+    let queue = "traced-flow";
+    let (status, body) = send(
+        app.request(reqwest::Method::POST, "/api/v1/workflows")
+            .header("traceparent", caller_traceparent())
+            .json(&json!({"tasks": [
+                {"key": "a", "queue": queue, "payload": 1},
+                {"key": "b", "queue": queue, "payload": 2, "depends_on": ["a"]},
+            ]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let handled: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let worker = {
+        let handled = handled.clone();
+        Arc::new(
+            Worker::builder(api_client(&[app.url.clone()], None))
+                .queue(queue)
+                .id("w-flow")
+                .claim_wait(Duration::from_millis(200))
+                .otlp_endpoint(receiver.url.clone(), "test-worker")
+                .handler(move |task, _ctx| {
+                    let handled = handled.clone();
+                    async move {
+                        handled
+                            .lock()
+                            .unwrap()
+                            .push((task.id.clone(), task.traceparent.clone().unwrap_or_default()));
+                        Ok(json!(null))
+                    }
+                })
+                .build()
+                .unwrap(),
+        )
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn({
+        let w = worker.clone();
+        async move { w.run_until(async { stop_rx.await.unwrap_or(()) }).await }
+    });
+    assert!(wait_until(Duration::from_secs(20), || async { handled.lock().unwrap().len() >= 2 }).await);
+    let _ = stop_tx.send(());
+    run.await.unwrap().unwrap();
+    app.shutdown().await;
+
+    // Both tasks carry the run's context: one span, in the caller's trace.
+    let handled = handled.lock().unwrap().clone();
+    assert_eq!(handled.len(), 2, "{handled:?}");
+    assert_eq!(handled[0].1, handled[1].1, "both tasks carry the run's context");
+    assert!(handled[0].1.starts_with(&format!("00-{CALLER_TRACE}-")), "{handled:?}");
+    let spans = receiver.of_trace(CALLER_TRACE);
+    let runs: Vec<_> = spans.iter().filter(|s| s.name == "workflow run").collect();
+    assert_eq!(runs.len(), 1, "{spans:?}");
+    assert!(handled[0].1.contains(&runs[0].id));
+    let process: Vec<_> = spans.iter().filter(|s| s.name == format!("process {queue}")).collect();
+    assert_eq!(process.len(), 2, "{spans:?}");
+    assert!(process.iter().all(|p| p.parent == runs[0].id));
+}

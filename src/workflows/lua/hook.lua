@@ -61,6 +61,9 @@ local function wf_dispatch(w, k, nows, node)
     limit_keys_touch(lims, tonumber(nows))
   end
   if t.timeout_ms ~= '0' then fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = t.timeout_ms end
+  -- The run's trace context (issue 39), shared by all its tasks.
+  if t.tp and t.tp ~= '' then fields[#fields + 1] = 'tp'; fields[#fields + 1] = t.tp end
+  if t.ts and t.ts ~= '' then fields[#fields + 1] = 'ts'; fields[#fields + 1] = t.ts end
   redis.call('HSET', wkey(w, 'st'), k, 'queued')
   if redis.call('SISMEMBER', P .. ':queues', q) == 0 then
     local h = redis.call('HMGET', wkey(w), 'mq', 'dret')
