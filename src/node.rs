@@ -265,6 +265,7 @@ async fn build_services(
         &ctx,
     );
     let workflows = workflows::Workflows::new(store.clone(), cfg.tasks.clone(), &ctx, tasks.clone());
+    let tracer = crate::traces::Tracer::start(&cfg.telemetry, &node_id);
     let schedules = schedules::Schedules::new(
         store.clone(),
         cfg.schedules.clone(),
@@ -272,6 +273,7 @@ async fn build_services(
         node_id.clone(),
         &ctx,
         tasks.clone(),
+        tracer.clone(),
     );
     let barriers = barriers::Barriers::new(
         store.clone(),
@@ -308,7 +310,6 @@ async fn build_services(
     // Every script is assembled now: the libraries this node uses.
     let functions = store::script::sweep::Functions::new(&store, &ctx, Duration::from_millis(cfg.nodes.ttl_ms));
     let advertise = cfg.advertise_url(addr);
-    let tracer = crate::traces::Tracer::start(&cfg.telemetry, &node_id);
     let cfg = Arc::new(cfg);
     let state = AppState::new(AppParts {
         cfg: cfg.clone(),

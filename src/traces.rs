@@ -119,6 +119,25 @@ impl Tracer {
         }
     }
 
+    /// The first span of a new trace started by the node itself (a
+    /// schedule's occurrence): `None` when tracing is off or the ratio
+    /// leaves the trace out.
+    pub(crate) fn new_root(&self) -> Option<SpanContext> {
+        if !self.is_on() {
+            return None;
+        }
+        Some(self.begin(None)).filter(|c| c.sampled)
+    }
+
+    /// Records the root span `ctx` (from [`Tracer::new_root`]).
+    pub(crate) fn record_root(&self, ctx: &SpanContext, name: String, attrs: muster_trace::otlp::Attrs) {
+        let now = now_ns();
+        let mut span = Span::new(ctx, None, name, Kind::Internal, now);
+        span.attrs = attrs;
+        span.attrs.push(("muster.node", self.node().to_string().into()));
+        self.record(span);
+    }
+
     fn node(&self) -> &str {
         self.0.as_ref().map_or("", |i| i.node.as_str())
     }

@@ -136,7 +136,7 @@ pub enum FireOutcome {
 }
 
 /// What one fire script call did (see `lua/fire.lua`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct FireResult {
     pub outcome: FireOutcome,
     /// `outcome` as a number: 1 done, 0 not due, -1 no such schedule, -2 the
@@ -147,6 +147,8 @@ pub struct FireResult {
     pub skipped: u64,
     pub missed: u64,
     pub wait_ms: i64,
+    /// The occurrences this call fired.
+    pub fired_at: Vec<i64>,
 }
 
 /// The schedule service.
@@ -167,6 +169,8 @@ pub struct Schedules {
     /// The task service, told which queue a trigger put a task in (its
     /// claim-routing cache), so this node's claims look in its shard at once.
     routing: Arc<crate::tasks::Tasks>,
+    /// Starts a trace per occurrence fired (issue 39).
+    tracer: crate::traces::Tracer,
 }
 
 impl Schedules {
@@ -177,6 +181,7 @@ impl Schedules {
         node_id: String,
         ctx: &ScriptCtx,
         routing: Arc<crate::tasks::Tasks>,
+        tracer: crate::traces::Tracer,
     ) -> Arc<Schedules> {
         let config_ids = cfg.items.iter().map(|d| d.id.clone()).collect();
         let shards = store.shard_count();
@@ -192,6 +197,7 @@ impl Schedules {
             scripts: Scripts::new(ctx),
             changed: (0..shards).map(|_| tokio::sync::Notify::new()).collect(),
             routing,
+            tracer,
         })
     }
 
@@ -377,6 +383,10 @@ impl Schedules {
     /// `tasks.idempotency_window_ms` returns that trigger's task and fires nothing.
     pub async fn trigger(&self, id: &str, actor: &str, key: Option<&str>) -> Result<Triggered, ScheduleError> {
         let task_id = self.task_id(id);
+        // Traced: the task joins the request's trace under a span of the
+        // trigger (issue 39).
+        let mut traceparent = String::new();
+        let span = crate::traces::sending(&mut traceparent, "", false);
         let call = scripts::Trigger {
             id,
             actor,
@@ -387,8 +397,19 @@ impl Schedules {
             max_queues: self.tasks.max_queues,
             retention_ms: self.tasks.retention_ms,
             key,
+            traceparent: &traceparent,
         };
         let reply = self.at(id).run(&self.scripts.trigger, &call).await?;
+        if let (Some(span), TriggerReply::Fired { task, .. }) = (span, &reply) {
+            span.finish(
+                format!("schedule {id}"),
+                vec![
+                    ("muster.schedule.id", id.to_string().into()),
+                    ("messaging.message.id", task.clone().into()),
+                    ("muster.schedule.manual", true.into()),
+                ],
+            );
+        }
         if let TriggerReply::Fired { queue, .. } | TriggerReply::Replayed { queue, .. } = &reply {
             // This node's claims look in the schedule's shard at once.
             self.routing.note_queue_in(queue, self.store.shards().home(id));
@@ -440,6 +461,8 @@ impl Schedules {
         occurrences: &[i64],
         after: Option<i64>,
     ) -> Result<FireResult, StoreError> {
+        // The trace of each occurrence, should it fire (issue 39).
+        let traces: Vec<_> = occurrences.iter().map(|_| self.tracer.new_root()).collect();
         let call = scripts::Fire {
             id,
             version,
@@ -451,9 +474,31 @@ impl Schedules {
             max_queues: self.tasks.max_queues,
             retention_ms: self.tasks.retention_ms,
             after,
-            occurrences: occurrences.iter().map(|t| (*t, self.task_id(id))).collect(),
+            occurrences: occurrences
+                .iter()
+                .zip(&traces)
+                .map(|(t, trace)| {
+                    let tp = trace.map(|c| c.traceparent()).unwrap_or_default();
+                    (*t, self.task_id(id), tp)
+                })
+                .collect(),
         };
         let res = self.at(id).run(&self.scripts.fire, &call).await?;
+        // Each occurrence fired starts a trace (tracing on): its root span.
+        for (t, trace) in occurrences.iter().zip(&traces) {
+            if let Some(ctx) = trace
+                && res.fired_at.contains(t)
+            {
+                self.tracer.record_root(
+                    ctx,
+                    format!("schedule {id}"),
+                    vec![
+                        ("muster.schedule.id", id.to_string().into()),
+                        ("muster.schedule.occurrence", (*t).into()),
+                    ],
+                );
+            }
+        }
         for (result, n) in [
             ("fired", res.fired),
             ("skipped_overlap", res.skipped),

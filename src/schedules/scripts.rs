@@ -256,8 +256,9 @@ pub(crate) struct Fire<'a> {
     pub retention_ms: u64,
     /// The occurrence after the last one proposed, if any.
     pub after: Option<i64>,
-    /// Occurrences (ascending) with a fresh task id each.
-    pub occurrences: Vec<(i64, String)>,
+    /// Occurrences (ascending) with a fresh task id and the traceparent
+    /// its task would carry ('' none) each.
+    pub occurrences: Vec<(i64, String, String)>,
 }
 
 impl ScriptCall for Fire<'_> {
@@ -266,7 +267,7 @@ impl ScriptCall for Fire<'_> {
         vec![schedule_key(k, self.id)]
     }
     fn args(&self) -> Vec<String> {
-        let mut args = Vec::with_capacity(11 + 2 * self.occurrences.len());
+        let mut args = Vec::with_capacity(11 + 3 * self.occurrences.len());
         args.extend([
             self.id.to_string(),
             self.version.to_string(),
@@ -280,9 +281,10 @@ impl ScriptCall for Fire<'_> {
             self.after.unwrap_or(0).to_string(),
             self.occurrences.len().to_string(),
         ]);
-        for (t, task) in &self.occurrences {
+        for (t, task, tp) in &self.occurrences {
             args.push(t.to_string());
             args.push(task.clone());
+            args.push(tp.clone());
         }
         args
     }
@@ -295,6 +297,10 @@ impl FromRedisValue for FireResult {
             let cursor = r.int("cursor")?;
             let (fired, skipped, missed) = (r.int("fired")?, r.int("skipped")?, r.int("missed")?);
             let wait_ms = r.int("wait_ms")?;
+            let mut fired_at = Vec::new();
+            while r.remaining() > 0 {
+                fired_at.push(r.int("fired occurrence")?);
+            }
             let outcome = match code {
                 Ok(1) => FireOutcome::Done,
                 Ok(0) => FireOutcome::NotDue,
@@ -311,6 +317,7 @@ impl FromRedisValue for FireResult {
                 skipped: skipped.max(0) as u64,
                 missed: missed.max(0) as u64,
                 wait_ms,
+                fired_at,
             })
         })
     }
@@ -335,6 +342,8 @@ pub(crate) struct Trigger<'a> {
     pub retention_ms: u64,
     /// The client's Idempotency-Key, if any.
     pub key: Option<&'a str>,
+    /// The task's traceparent ('' none).
+    pub traceparent: &'a str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -377,6 +386,7 @@ impl ScriptCall for Trigger<'_> {
             self.max_queues.to_string(),
             self.retention_ms.to_string(),
             self.key.unwrap_or_default().to_string(),
+            self.traceparent.to_string(),
         ]
     }
 }

@@ -627,3 +627,76 @@ async fn a_workflows_tasks_share_its_runs_trace() {
     assert_eq!(process.len(), 2, "{spans:?}");
     assert!(process.iter().all(|p| p.parent == runs[0].id));
 }
+
+#[tokio::test]
+async fn each_schedule_occurrence_starts_a_trace_and_a_trigger_joins_the_callers() {
+    let receiver = Receiver::start().await;
+    let redis = TestRedis::start();
+    let endpoint = receiver.url.clone();
+    let mut app = TestApp::start_with(&redis, |c| {
+        c.telemetry.otlp_endpoint = endpoint.clone();
+        c.schedules.interval_ms = 100;
+    })
+    .await;
+    let queue = "traced-cron";
+    let (status, body) = app
+        .post(
+            "/api/v1/schedules",
+            json!({"id": "every-second", "expression": "* * * * * *", "timezone": "UTC", "queue": queue}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    crate::tasks::join(&app, "w-cron").await;
+    let mut fired = Vec::new();
+    let got = wait_until(Duration::from_secs(10), || {
+        let app = &app;
+        async move { app.api().queue(queue).await.map(|q| q.stats.queued).unwrap_or(0) >= 2 }
+    })
+    .await;
+    assert!(got, "the schedule fired twice");
+    let (status, body) = send(
+        app.request(reqwest::Method::POST, "/api/v1/schedules/every-second/trigger")
+            .header("traceparent", caller_traceparent()),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let triggered = body["task"].as_str().unwrap().to_string();
+    for t in crate::tasks::claim_tasks(&app, queue, "w-cron", 100, 0).await {
+        fired.push(t);
+    }
+    app.shutdown().await;
+
+    // The occurrences: each its own trace, rooted at the node's span.
+    let occurrences: Vec<_> = fired.iter().filter(|t| t.id != triggered).collect();
+    assert!(occurrences.len() >= 2, "{fired:?}");
+    let mut traces = std::collections::HashSet::new();
+    for t in &occurrences {
+        let tp = t
+            .traceparent
+            .as_deref()
+            .expect("an occurrence's task carries its trace");
+        let ctx = &tp[3..35];
+        assert!(traces.insert(ctx.to_string()), "one trace per occurrence: {tp}");
+        let spans = receiver.of_trace(ctx);
+        let root = spans
+            .iter()
+            .find(|s| s.name == "schedule every-second")
+            .expect("the occurrence's span");
+        assert_eq!(root.parent, "", "a root span");
+        assert!(tp.contains(&root.id), "the task is the occurrence span's child");
+        assert!(root.attr("muster.schedule.occurrence").is_some());
+    }
+    // The trigger: in the caller's trace, under the request.
+    let t = fired.iter().find(|t| t.id == triggered).expect("the triggered task");
+    let tp = t.traceparent.as_deref().expect("the triggered task carries the trace");
+    assert!(tp.starts_with(&format!("00-{CALLER_TRACE}-")), "{tp}");
+    let spans = receiver.of_trace(CALLER_TRACE);
+    let span = spans
+        .iter()
+        .find(|s| s.name == "schedule every-second")
+        .expect("the trigger's span");
+    assert!(tp.contains(&span.id));
+    assert_eq!(span.attr("muster.schedule.manual"), Some("true"));
+    let request = spans.iter().find(|s| s.id == span.parent).expect("the request's span");
+    assert_eq!(request.name, "POST /api/v1/schedules/{id}/trigger");
+}

@@ -30,9 +30,10 @@
 -- ARGV[8]  max_queues (tasks.max_queues)
 -- ARGV[9]  retention_ms of a task cancelled by 'replace' (tasks.retention_ms)
 -- ARGV[10] the schedule's occurrence after the last one proposed (Redis ms), 0 if none
--- ARGV[11] n; then n pairs: occurrence T (Redis ms, ascending), a fresh task id
+-- ARGV[11] n; then n triples: occurrence T (Redis ms, ascending), a fresh task id,
+--          the task's traceparent ('' none: the node's trace of the occurrence)
 --
--- Returns {code, cursor, fired, skipped, missed, wait_ms}
+-- Returns {code, cursor, fired, skipped, missed, wait_ms, T...}, the Ts fired last
 --   code  1  every proposed occurrence was due and has its outcome (wait_ms -1)
 --         0  stopped at a proposed occurrence not yet due; wait_ms until it is
 --        E.NOT_FOUND no such schedule, E.STALE the definition changed (version),
@@ -54,6 +55,7 @@ local deadline = nil
 if sf.deadline and sf.deadline ~= '' then deadline = tonumber(sf.deadline) end
 local backfill = sf.backfill == '1'
 local fired, skipped, missed = 0, 0, 0
+local fired_at = {}
 local last = nil
 
 -- Consecutive missed occurrences with the same reason make one history entry.
@@ -76,7 +78,7 @@ end
 
 local code, wait = 1, -1
 for i = 0, n - 1 do
-  local ts, task_id = ARGV[12 + 2 * i], ARGV[13 + 2 * i]
+  local ts, task_id, tp = ARGV[12 + 3 * i], ARGV[13 + 3 * i], ARGV[14 + 3 * i]
   local t = tonumber(ts)
   if t > now then
     code, wait = 0, t - now
@@ -84,7 +86,7 @@ for i = 0, n - 1 do
   end
   if t > cursor then
     local succ = after
-    if i < n - 1 then succ = tonumber(ARGV[14 + 2 * i]) end
+    if i < n - 1 then succ = tonumber(ARGV[15 + 3 * i]) end
     local late = now - t
     if deadline and late > deadline then
       miss(t, 'deadline')
@@ -107,7 +109,7 @@ for i = 0, n - 1 do
           push_history(s, {result = 'skipped_overlap', t = t, at = now, node = node, task = prev}, hist_max)
           emit('schedule.skipped', node, {occurrence = t, live_task = prev}, 'schedule', s, 'task', prev)
         else
-          local c, id = submit_task(s, sf, task_id, idem, ts, nows, o)
+          local c, id = submit_task(s, sf, task_id, idem, ts, nows, o, tp)
           if c ~= 1 then
             -- Not reached: the queue had room and the idempotency key was free.
             redis.call('DEL', sfire(s, ts))
@@ -118,6 +120,7 @@ for i = 0, n - 1 do
             sf.last_task = id
             last = {t = ts, id = id}
             fired = fired + 1
+            fired_at[#fired_at + 1] = t
             push_history(s, {result = 'fired', t = t, at = now, node = node, task = id, late_ms = late,
               replaced = prev}, hist_max)
             emit('schedule.fired', node, {occurrence = t, late_ms = late, replaced = prev},
@@ -137,4 +140,6 @@ end
 if fired > 0 then redis.call('HINCRBY', KEYS[1], 'fired', fired) end
 if skipped > 0 then redis.call('HINCRBY', KEYS[1], 'skipped', skipped) end
 if missed > 0 then redis.call('HINCRBY', KEYS[1], 'missed', missed) end
-return {code, cursor, fired, skipped, missed, wait}
+local out = {code, cursor, fired, skipped, missed, wait}
+for _, t in ipairs(fired_at) do out[#out + 1] = t end
+return out

@@ -83,10 +83,11 @@ end
 -- delay, run_at or alias: the same hash fields (plus schedule and occurrence), the
 -- idempotency key with its window, the queue registration bounded by max_queues,
 -- the claim indexes (make_queued) and the task.enqueued event.
--- sf: the schedule's fields (HGETALL as a table); o: {node, window, max_queues}.
+-- sf: the schedule's fields (HGETALL as a table); o: {node, window, max_queues};
+-- tp: the task's traceparent ('' or nil: none).
 -- Returns code, task id: 1 created, 2 the idempotency key already names a task
 -- (that task's id), E.TOO_MANY_QUEUES too many queues ('') -- the codes of enqueue.lua.
-local function submit_task(s, sf, id, idem, occurrence, nows, o)
+local function submit_task(s, sf, id, idem, occurrence, nows, o, tp)
   local q, g = sf.queue, sf.group or ''
   local lims = sf.limits or ''
   if lims ~= '' then g = limits_line(string.match(lims, '^[^,]+')) end
@@ -104,6 +105,7 @@ local function submit_task(s, sf, id, idem, occurrence, nows, o)
     fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = sf.timeout_ms
   end
   if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
+  if tp and tp ~= '' then fields[#fields + 1] = 'tp'; fields[#fields + 1] = tp end
   if lims ~= '' then
     fields[#fields + 1] = 'limits'; fields[#fields + 1] = lims
     limit_keys_touch(lims, now_ms())

@@ -22,6 +22,7 @@
 -- ARGV[7]  max_queues
 -- ARGV[8]  retention_ms of a task cancelled by 'replace'
 -- ARGV[9]  the client's Idempotency-Key, '' for none
+-- ARGV[10] the task's traceparent ('' none)
 --
 -- Returns {code, task id, occurrence, queue, replaced}
 --   code  1 fired (the new task's id; replaced: the live task 'replace' cancelled, or ''),
@@ -56,7 +57,7 @@ if gate == 'skip' then
   return {3, prev, now, sf.queue, ''}
 end
 -- The key was checked above and the queue has room: this creates the task.
-local c, id = submit_task(s, sf, ARGV[4], idem, nows, nows, o)
+local c, id = submit_task(s, sf, ARGV[4], idem, nows, nows, o, ARGV[10])
 if c == E.TOO_MANY_QUEUES then return {E.TOO_MANY_QUEUES, '', now, sf.queue, ''} end
 redis.call('HSET', KEYS[1], 'last_task', id, 'last_t', nows, 'last_at', nows, 'last_node', o.node)
 redis.call('HINCRBY', KEYS[1], 'fired', 1)
