@@ -38,8 +38,14 @@ fn every_call_passes_what_its_header_documents() {
         include_str!("../lua/set_enabled.lua"),
         0,
     );
-    for occurrences in [vec![], vec![(1000, "t1".to_string()), (2000, "t2".into())]] {
-        let extra = 2 * occurrences.len();
+    for occurrences in [
+        vec![],
+        vec![
+            (1000, "t1".to_string(), String::new()),
+            (2000, "t2".into(), String::new()),
+        ],
+    ] {
+        let extra = 3 * occurrences.len();
         let call = Fire {
             id: "s",
             version: 1,
@@ -54,8 +60,8 @@ fn every_call_passes_what_its_header_documents() {
             occurrences,
         };
         check(&call, include_str!("../lua/fire.lua"), extra);
-        // ARGV[11] is n; the pairs follow from ARGV[12].
-        assert_eq!(call.args()[10], (extra / 2).to_string());
+        // ARGV[11] is n; the triples follow from ARGV[12].
+        assert_eq!(call.args()[10], (extra / 3).to_string());
     }
     check(
         &Trigger {
@@ -68,6 +74,7 @@ fn every_call_passes_what_its_header_documents() {
             max_queues: 1,
             retention_ms: 1,
             key: None,
+            traceparent: "",
         },
         include_str!("../lua/trigger.lua"),
         0,
