@@ -254,6 +254,7 @@ async fn build_services(
         shutdown.clone(),
         health.clone(),
     );
+    let tracer = crate::traces::Tracer::start(&cfg.telemetry, &node_id);
     let orphans = orphans::Orphans::new(
         store.clone(),
         cfg.orphans.clone(),
@@ -263,9 +264,9 @@ async fn build_services(
         node_id.clone(),
         tasks.labels.clone(),
         &ctx,
+        tracer.clone(),
     );
     let workflows = workflows::Workflows::new(store.clone(), cfg.tasks.clone(), &ctx, tasks.clone());
-    let tracer = crate::traces::Tracer::start(&cfg.telemetry, &node_id);
     let schedules = schedules::Schedules::new(
         store.clone(),
         cfg.schedules.clone(),

@@ -354,3 +354,32 @@ pub(crate) fn settled(verb: &'static str, id: &str, outcome: Result<&crate::task
     span.end_ns = now_ns();
     tracer.record(span);
 }
+
+/// The orphan cleaner recovered a task of a dead owner: a `recover` span in
+/// the task's trace, with what recovery did (`requeued`, `dead`,
+/// `cancelled`).
+pub(crate) fn recovered(tracer: &Tracer, id: &str, action: &str, queue: &str, traceparent: &str, start: u64) {
+    if !tracer.is_on() {
+        return;
+    }
+    let Some(parent) = SpanContext::parse(traceparent).filter(|p| p.sampled) else {
+        return;
+    };
+    let mut span = Span::new(
+        &parent.child(),
+        Some(&parent),
+        format!("recover {queue}"),
+        Kind::Internal,
+        start,
+    )
+    .attr("messaging.system", "muster")
+    .attr("messaging.destination.name", queue.to_string())
+    .attr("messaging.message.id", id.to_string())
+    .attr("muster.task.outcome", action.to_string())
+    .attr("muster.node", tracer.node().to_string());
+    if action == "dead" {
+        span.error = Some("dead: no attempts left after its owner died".into());
+    }
+    span.end_ns = now_ns();
+    tracer.record(span);
+}

@@ -43,6 +43,9 @@ pub struct Recovery {
     pub grace_until: i64,
     /// The queue of each task dead-lettered by this pass.
     pub dead_queues: Vec<String>,
+    /// Each recovered task with a trace context: id, what recovery did
+    /// (requeued, dead, cancelled), queue, traceparent (issue 39).
+    pub traced: Vec<(String, String, String, String)>,
 }
 
 /// What one timeout pass did.
@@ -91,6 +94,8 @@ pub struct Orphans {
     /// the sweep when due), attempted or skipped: what a test waits on
     /// instead of sleeping through a few intervals.
     pub(crate) passes: Vec<std::sync::atomic::AtomicU64>,
+    /// A span per traced task recovered (issue 39).
+    tracer: crate::traces::Tracer,
 }
 
 impl Orphans {
@@ -104,6 +109,7 @@ impl Orphans {
         node_id: String,
         labels: Arc<crate::tasks::QueueLabels>,
         ctx: &ScriptCtx,
+        tracer: crate::traces::Tracer,
     ) -> Arc<Orphans> {
         let shards = store.shard_count();
         Arc::new(Orphans {
@@ -116,6 +122,7 @@ impl Orphans {
             labels,
             passes: (0..shards).map(|_| Default::default()).collect(),
             scripts: Scripts::new(ctx),
+            tracer,
         })
     }
 
@@ -151,7 +158,12 @@ impl Orphans {
             limit: 1000,
             opts: self.recovery_opts(),
         };
-        s.run(&self.scripts.recover, &call).await
+        let start = muster_trace::now_ns();
+        let r = s.run(&self.scripts.recover, &call).await?;
+        for (id, action, queue, tp) in &r.traced {
+            crate::traces::recovered(&self.tracer, id, action, queue, tp, start);
+        }
+        Ok(r)
     }
 
     /// One timeout pass in shard `s`.

@@ -141,6 +141,10 @@ impl FromRedisValue for Recovery {
                 stale: count(r, "stale")?,
                 grace_until: count(r, "grace_until_ms")?,
                 dead_queues: names(r, "the dead tasks' queues")?,
+                traced: names(r, "the traced recovered tasks")?
+                    .chunks_exact(4)
+                    .map(|c| (c[0].clone(), c[1].clone(), c[2].clone(), c[3].clone()))
+                    .collect(),
             })
         })
     }

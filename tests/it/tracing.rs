@@ -700,3 +700,47 @@ async fn each_schedule_occurrence_starts_a_trace_and_a_trigger_joins_the_callers
     let request = spans.iter().find(|s| s.id == span.parent).expect("the request's span");
     assert_eq!(request.name, "POST /api/v1/schedules/{id}/trigger");
 }
+
+#[tokio::test]
+async fn a_task_recovered_from_a_dead_worker_gets_a_recover_span_in_its_trace() {
+    let receiver = Receiver::start().await;
+    let redis = TestRedis::start();
+    let endpoint = receiver.url.clone();
+    let mut app = TestApp::start_with(&redis, |c| {
+        c.telemetry.otlp_endpoint = endpoint.clone();
+        c.orphans.interval_ms = 100;
+    })
+    .await;
+    let queue = "traced-orphan";
+    let (status, body) = send(
+        app.request(reqwest::Method::POST, &format!("/api/v1/queues/{queue}/tasks"))
+            .header("traceparent", caller_traceparent())
+            .json(&json!({"payload": 1})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    // A worker with a short lease claims it and dies (never heartbeats again).
+    let hb = muster::client::NodeHeartbeat {
+        ttl_ms: Some(500),
+        ..Default::default()
+    };
+    app.api().heartbeat_node("w-dies", &hb).await.unwrap();
+    let claimed = crate::tasks::claim_tasks(&app, queue, "w-dies", 1, 0).await;
+    assert_eq!(claimed.len(), 1);
+    let stored = claimed[0].traceparent.clone().expect("the task's context");
+    let back = wait_until(Duration::from_secs(10), || {
+        let app = &app;
+        let id = id.clone();
+        async move { app.get(&format!("/api/v1/tasks/{id}")).await.1["state"] == "queued" }
+    })
+    .await;
+    assert!(back, "the orphan was requeued");
+    app.shutdown().await;
+    let spans = receiver.of_trace(CALLER_TRACE);
+    let recover: Vec<_> = spans.iter().filter(|s| s.name == format!("recover {queue}")).collect();
+    assert_eq!(recover.len(), 1, "{spans:?}");
+    assert!(stored.contains(&recover[0].parent), "a child of the task's context");
+    assert_eq!(recover[0].attr("muster.task.outcome"), Some("requeued"));
+    assert_eq!(recover[0].attr("messaging.message.id"), Some(id.as_str()));
+}

@@ -17,7 +17,8 @@
 -- ARGV[6]  history_max_age_ms     orphan history, oldest record
 -- ARGV[7]  acting node id         for events
 --
--- Returns {requeued, dead, cancelled, stale, grace_until_ms, {queue of each dead task}}
+-- Returns {requeued, dead, cancelled, stale, grace_until_ms, {queue of each dead task},
+--          {id, action, queue, traceparent of each task recovered that has a trace context}}
 --   grace_until_ms  while task timeouts wait after a stall (Redis ms), else 0
 -- Emits node.dead (first time a node is seen dead), orphan.recovered per task,
 -- and task.dead or task.cancelled where recovery ends a task.
@@ -27,6 +28,7 @@ local grace = liveness_pass(now, ttl)
 local o = recovery_opts(now, 3)
 local counts = {requeued = 0, dead = 0, cancelled = 0, stale = 0}
 local dead_q = {}
+local traced = {}
 local budget = limit
 -- Expired nodes stay listed (dead) for dead_retention_ms, mostly with no task
 -- left: look at up to 1000 of them, so a burst of dead workers cannot hide a
@@ -41,7 +43,14 @@ for i = 1, #rows, 2 do
     local action, q = recover_task(ids[j], node, o)
     counts[action] = counts[action] + 1
     if action == 'dead' then dead_q[#dead_q + 1] = q end
+    if action ~= 'stale' then
+      local tp = redis.call('HGET', tkey(ids[j]), 'tp')
+      if tp then
+        traced[#traced + 1] = ids[j]; traced[#traced + 1] = action; traced[#traced + 1] = q
+        traced[#traced + 1] = tp
+      end
+    end
     budget = budget - 1
   end
 end
-return {counts.requeued, counts.dead, counts.cancelled, counts.stale, grace, dead_q}
+return {counts.requeued, counts.dead, counts.cancelled, counts.stale, grace, dead_q, traced}
