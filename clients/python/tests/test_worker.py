@@ -496,3 +496,38 @@ def test_long_tasks_are_acknowledged_early_and_short_ones_by_their_complete(clus
             assert runs[i] == 1, (i, runs)
             assert t.attempts == 1, t
             assert all(a.outcome != "not_acknowledged" for a in t.attempt_log), t
+
+
+def test_each_attempt_gets_a_span_in_the_tasks_trace_and_its_calls_carry_it(cluster: Cluster, queue: str) -> None:
+    """Issue 39: the handler's ctx.traceparent is a child of the task's
+    context (same trace, own span id), and a task the handler submits joins
+    the attempt's span (the client sends it as the traceparent header)."""
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    seen: list[str | None] = []
+    follow_ups: list[str] = []
+
+    def handler(task: ClaimedTask, ctx: TaskContext) -> None:
+        seen.append(ctx.traceparent)
+        if task.payload == "first":
+            with Client(cluster.urls, WORKER_TOKEN) as inner:
+                follow_ups.append(inner.submit(queue, "second").id)
+
+    with Client(cluster.urls, ADMIN_TOKEN) as c:
+        sub = c.submit(queue, "first", traceparent=tp, tracestate="vendor=x")
+        w = Worker(cluster.urls, queue, handler, token=WORKER_TOKEN, worker_id="py-trace", poll_ms=200)
+        th = run_in_thread(w)
+        c.wait_for_result(sub.id, timeout=20)
+        wait_until("the follow-up ran", lambda: len(seen) == 2)
+        w.stop()
+        th.join(10)
+        first = seen[0]
+        assert first is not None and first.startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-"), seen
+        assert first.split("-")[2] != "00f067aa0ba902b7", "the attempt has a span id of its own"
+        assert first.endswith("-01")
+        follow = c.get_task(follow_ups[0])
+        assert follow.raw.get("traceparent") == first, follow.raw
+        # The follow-up's own attempt: a child of what it stored.
+        assert seen[1] is not None and seen[1].split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736"
+        assert seen[1] != first
+        task = c.get_task(sub.id)
+        assert task.raw.get("traceparent") == tp and task.raw.get("tracestate") == "vendor=x"

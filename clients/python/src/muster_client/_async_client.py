@@ -31,6 +31,7 @@ import websockets.asyncio.client as ws_client
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from . import _compat_async as _compat
+from . import _trace
 from ._errors import ConnectError, MusterError, Unavailable, error_for
 from ._models import (
     TERMINAL_STATES,
@@ -141,6 +142,9 @@ class AsyncClient:
         failed_in_row = 0
         q = _drop_none(params or {})
         timeout = (self.timeout if timeout is None else timeout) + wait_ms / 1000.0
+        traceparent = _trace.current_traceparent.get()
+        if traceparent is not None:
+            headers = {**(headers or {}), "traceparent": traceparent}
         while True:
             url = self.urls[self._current] + path
             err: MusterError
@@ -271,13 +275,17 @@ class AsyncClient:
         backoff_cap_ms: int | None = None,
         limits: Sequence[str] | None = None,
         debounce: tuple[str, int] | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Submitted:
         """Submits a task. Without `idempotency_key` a random one is sent, so
         a retry after a lost answer never creates the task twice. `limits`:
         flow-control limits of its own (`["tenant:acme"]`), on top of its
         queue's. `debounce`: (key, ms): only the newest task per key waits,
         and runs `ms` after the last submit with that key; the answer's
-        `replaced` names the task this one replaced."""
+        `replaced` names the task this one replaced. `traceparent` (and
+        `tracestate`): the W3C trace the task joins; inside a worker's
+        handler the attempt's is sent without it."""
         body = _drop_none(
             {
                 "payload": payload,
@@ -293,6 +301,8 @@ class AsyncClient:
                 "backoff_cap_ms": backoff_cap_ms,
                 "limits": list(limits) if limits is not None else None,
                 "debounce": {"key": debounce[0], "ms": debounce[1]} if debounce is not None else None,
+                "traceparent": traceparent,
+                "tracestate": tracestate,
             }
         )
         return Submitted.from_json(await self._json("POST", f"/api/v1/queues/{_p(queue)}/tasks", json=body))

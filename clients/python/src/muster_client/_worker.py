@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import inspect
 import logging
 import os
@@ -83,6 +84,7 @@ from typing import Any
 from ._async_client import AsyncClient
 from ._errors import Conflict, MusterError, NotFound, Unavailable
 from ._models import ClaimedTask
+from ._trace import attempt_span
 
 log = logging.getLogger("muster_client.worker")
 
@@ -141,6 +143,10 @@ class TaskContext:
         self._progress: int | None = None
         self._fields: dict[str, Any] | None = None
         self._reported: tuple[int | None, dict[str, Any] | None] = (None, None)
+        #: The W3C `traceparent` of this attempt's span (a child of the
+        #: task's trace context), or None when the task has none. Calls the
+        #: handler makes through a muster client send it already.
+        self.traceparent: str | None = None
 
     @property
     def is_cancelled(self) -> bool:
@@ -638,8 +644,10 @@ class AsyncWorker:
                     loop.call_soon_threadsafe(settle, value, None)
 
         # A daemon thread, not an executor: a handler that ignores the
-        # shutdown must not keep the process from exiting.
-        threading.Thread(target=body, name=f"muster-task-{task.id}", daemon=True).start()
+        # shutdown must not keep the process from exiting. It runs in a copy
+        # of this context (the attempt's traceparent, an OpenTelemetry span).
+        run = contextvars.copy_context().run
+        threading.Thread(target=run, args=(body,), name=f"muster-task-{task.id}", daemon=True).start()
         value = await fut
         if inspect.isawaitable(value):
             value = await value
@@ -738,6 +746,12 @@ class AsyncWorker:
         return any(a.token == task.token and a.outcome in want for a in now.attempt_log)
 
     async def _run_one(self, task: ClaimedTask, ctx: TaskContext) -> None:
+        # The attempt's span: the handler and every report run inside it.
+        with attempt_span(task) as tp:
+            ctx.traceparent = tp
+            await self._run_one_traced(task, ctx)
+
+    async def _run_one_traced(self, task: ClaimedTask, ctx: TaskContext) -> None:
         assert self._slot_freed is not None
         self.stats.in_flight[task.id] = task.token
         beat = asyncio.ensure_future(self._heartbeat_task(task, ctx))
