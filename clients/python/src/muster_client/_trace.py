@@ -87,15 +87,19 @@ def attempt_span(task: Any) -> Iterator[str | None]:
             # the attempt's own span id then.
             if own is None or own.split("-")[2] == tp.split("-")[2]:
                 own = child(tp)
-            token = current_traceparent.set(own)
-            try:
+            with _sending(own):
                 yield own
-            finally:
-                current_traceparent.reset(token)
         return
     own = child(tp)
-    token = current_traceparent.set(own)
-    try:
+    with _sending(own):
         yield own
+
+
+@contextlib.contextmanager
+def _sending(tp: str | None) -> Iterator[None]:
+    """Calls made in the block send `tp`."""
+    token = current_traceparent.set(tp)
+    try:
+        yield
     finally:
         current_traceparent.reset(token)
