@@ -257,6 +257,24 @@ pub(crate) fn sending(traceparent: &mut String, tracestate: &str, own: bool) -> 
 }
 
 impl Sending {
+    /// Records a batch's one `send` span, whose context its tasks carry.
+    pub(crate) fn done_batch(self, queue: &str, created: usize) {
+        let mut span = Span::new(
+            &self.ctx,
+            Some(&self.parent),
+            format!("send {queue}"),
+            Kind::Producer,
+            self.start,
+        )
+        .attr("messaging.system", "muster")
+        .attr("messaging.operation.type", "send")
+        .attr("messaging.destination.name", queue.to_string())
+        .attr("messaging.batch.message_count", created as u64);
+        span.trace_state = self.trace_state;
+        span.end_ns = now_ns();
+        self.tracer.record(span);
+    }
+
     /// Records the span under another name (a workflow's run).
     pub(crate) fn finish(self, name: String, attrs: muster_trace::otlp::Attrs) {
         let mut span = Span::new(&self.ctx, Some(&self.parent), name, Kind::Internal, self.start);
@@ -290,11 +308,42 @@ impl Sending {
     }
 }
 
-/// A claim handed `task` out: a `receive` span in the task's trace.
-pub(crate) fn received(tracer: &Tracer, queue: &str, task: &crate::tasks::Claimed, start: u64) {
-    if !tracer.is_on() {
+/// A claim handed `tasks` out. One task: a `receive` span in its trace.
+/// Several: one `receive` span of the claim's request, linked to each
+/// task's context (a span per task would cost the node about as much as
+/// the rest of a batched task's handling; BENCHMARKS.md).
+pub(crate) fn received_all(tracer: &Tracer, queue: &str, tasks: &[crate::tasks::Claimed], start: u64) {
+    if !tracer.is_on() || tasks.is_empty() {
         return;
     }
+    if let [task] = tasks {
+        return received(tracer, queue, task, start);
+    }
+    let Some((_, request)) = current_tracer() else {
+        return;
+    };
+    let mut span = Span::new(
+        &request.child(),
+        Some(&request),
+        format!("receive {queue}"),
+        Kind::Consumer,
+        start,
+    )
+    .attr("messaging.system", "muster")
+    .attr("messaging.operation.type", "receive")
+    .attr("messaging.destination.name", queue.to_string())
+    .attr("messaging.batch.message_count", tasks.len() as u64)
+    .attr("muster.node", tracer.node().to_string());
+    span.links = tasks
+        .iter()
+        .filter_map(|t| t.traceparent.as_deref().and_then(SpanContext::parse))
+        .map(|c| (c.trace_id, c.span_id))
+        .collect();
+    span.end_ns = now_ns();
+    tracer.record(span);
+}
+
+fn received(tracer: &Tracer, queue: &str, task: &crate::tasks::Claimed, start: u64) {
     let Some(parent) = task.traceparent.as_deref().and_then(SpanContext::parse) else {
         return;
     };

@@ -214,12 +214,22 @@ async fn submit_batch(
     let mut results: Vec<Option<BatchItem>> = Vec::with_capacity(req.tasks.len());
     let mut valid = Vec::new();
     let mut slots = Vec::new();
+    // The items without a trace context of their own share one: the
+    // header's, or with tracing on the batch's one `send` span (a span per
+    // item would cost about as much as the rest of a batched submit).
     let mut spans = Vec::new();
-    let header = trace_headers(&headers);
+    let (mut batch_tp, batch_ts) = trace_headers(&headers).unwrap_or_default();
+    let batch_span = crate::traces::sending(&mut batch_tp, &batch_ts, false);
     for (i, spec) in req.tasks.iter().enumerate() {
         match crate::tasks::spec::check(spec, s.tasks.config()) {
             Ok(mut t) => {
-                spans.push(traced(&mut t, header.as_ref()));
+                if t.traceparent.is_empty() {
+                    t.traceparent.clone_from(&batch_tp);
+                    t.tracestate.clone_from(&batch_ts);
+                    spans.push(None);
+                } else {
+                    spans.push(traced(&mut t, None));
+                }
                 valid.push(t);
                 slots.push(i);
                 results.push(None);
@@ -229,6 +239,13 @@ async fn submit_batch(
     }
     let room = s.tasks.config().queue_room(caller.role);
     let outcomes = s.tasks.submit(&queue, &valid, &s.node_id, room).await?;
+    if let Some(span) = batch_span {
+        let created = outcomes
+            .iter()
+            .filter(|o| matches!(o, Submitted::Created { .. }))
+            .count();
+        span.done_batch(&queue, created);
+    }
     for (span, outcome) in spans.into_iter().zip(&outcomes) {
         if let Some(span) = span {
             match outcome {

@@ -72,6 +72,8 @@ mod proto {
         pub attributes: Vec<KeyValue>,
         #[prost(message, repeated, tag = "11")]
         pub events: Vec<Event>,
+        #[prost(message, repeated, tag = "13")]
+        pub links: Vec<Link>,
         #[prost(message, optional, tag = "15")]
         pub status: Option<Status>,
     }
@@ -83,6 +85,13 @@ mod proto {
         pub name: String,
         #[prost(message, repeated, tag = "3")]
         pub attributes: Vec<KeyValue>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Link {
+        #[prost(bytes = "vec", tag = "1")]
+        pub trace_id: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub span_id: Vec<u8>,
     }
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Status {
@@ -130,6 +139,8 @@ struct Got {
     error: bool,
     attrs: Vec<(String, String)>,
     events: Vec<String>,
+    /// trace id, span id of each link.
+    links: Vec<(String, String)>,
 }
 
 impl Got {
@@ -199,6 +210,7 @@ impl Receiver {
                                     error: s.status.as_ref().is_some_and(|st| st.code == 2),
                                     attrs: s.attributes.iter().map(|a| (a.key.clone(), text(&a.value))).collect(),
                                     events: s.events.iter().map(|e| e.name.clone()).collect(),
+                                    links: s.links.iter().map(|l| (hex(&l.trace_id), hex(&l.span_id))).collect(),
                                 });
                             }
                         }
@@ -743,4 +755,66 @@ async fn a_task_recovered_from_a_dead_worker_gets_a_recover_span_in_its_trace() 
     assert!(stored.contains(&recover[0].parent), "a child of the task's context");
     assert_eq!(recover[0].attr("muster.task.outcome"), Some("requeued"));
     assert_eq!(recover[0].attr("messaging.message.id"), Some(id.as_str()));
+}
+
+#[tokio::test]
+async fn a_batch_has_one_send_span_and_a_claim_of_several_one_receive_span_linked_to_them() {
+    let receiver = Receiver::start().await;
+    let redis = TestRedis::start();
+    let endpoint = receiver.url.clone();
+    let mut app = TestApp::start_with(&redis, |c| c.telemetry.otlp_endpoint = endpoint.clone()).await;
+    let queue = "traced-batch";
+    let own = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let (status, body) = send(
+        app.request(reqwest::Method::POST, &format!("/api/v1/queues/{queue}/tasks/batch"))
+            .header("traceparent", caller_traceparent())
+            .json(&json!({"tasks": [{"payload": 1}, {"payload": 2}, {"payload": 3, "traceparent": own}]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    crate::tasks::join(&app, "w-batch").await;
+    let (status, claimed) = app
+        .post(
+            &format!("/api/v1/queues/{queue}/claim"),
+            json!({"node": "w-batch", "max": 3}),
+        )
+        .await;
+    assert_eq!(status, 200, "{claimed}");
+    let tps: Vec<String> = claimed["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["traceparent"].as_str().unwrap_or("").to_string())
+        .collect();
+    app.shutdown().await;
+
+    // The two items without a context of their own carry the batch's send
+    // span; the third its own trace, under a send span of its own.
+    let spans = receiver.of_trace(CALLER_TRACE);
+    let sends: Vec<_> = spans.iter().filter(|s| s.name == format!("send {queue}")).collect();
+    assert_eq!(sends.len(), 1, "{spans:?}");
+    assert_eq!(sends[0].attr("messaging.batch.message_count"), Some("3"));
+    let in_batch: Vec<_> = tps.iter().filter(|t| t.contains(CALLER_TRACE)).collect();
+    assert_eq!(in_batch.len(), 2, "{tps:?}");
+    assert!(in_batch.iter().all(|t| t.contains(&sends[0].id)));
+    let mine = receiver.of_trace("0af7651916cd43dd8448eb211c80319c");
+    let own_send: Vec<_> = mine.iter().filter(|s| s.name == format!("send {queue}")).collect();
+    assert_eq!(own_send.len(), 1, "{mine:?}");
+    assert_eq!(own_send[0].parent, "b7ad6b7169203331");
+    // The claim of three: one receive span (in the claim's own trace),
+    // linked to each task's context.
+    let all = receiver.spans.lock().unwrap().clone();
+    let receives: Vec<_> = all.iter().filter(|s| s.name == format!("receive {queue}")).collect();
+    assert_eq!(receives.len(), 1, "{all:?}");
+    assert_eq!(receives[0].attr("messaging.batch.message_count"), Some("3"));
+    assert_eq!(receives[0].links.len(), 3);
+    for tp in &tps {
+        assert!(
+            receives[0]
+                .links
+                .iter()
+                .any(|(t, s)| tp.contains(t.as_str()) && tp.contains(s.as_str())),
+            "{tp} is linked"
+        );
+    }
 }

@@ -10,7 +10,7 @@
 //! Resource 1 attributes; ScopeSpans 1 scope, 2 spans; scope 1 name,
 //! 2 version; Span 1 trace_id, 2 span_id, 3 trace_state, 4 parent_span_id,
 //! 5 name, 6 kind, 7 start (fixed64), 8 end (fixed64), 9 attributes,
-//! 11 events, 15 status; Event 1 time (fixed64), 2 name, 3 attributes;
+//! 11 events, 13 links, 15 status; Link 1 trace_id, 2 span_id; Event 1 time (fixed64), 2 name, 3 attributes;
 //! Status 2 message, 3 code; KeyValue 1 key, 2 value; AnyValue 1 string,
 //! 2 bool, 3 int, 4 double.
 
@@ -89,6 +89,9 @@ pub struct Span {
     pub end_ns: u64,
     pub attrs: Attrs,
     pub events: Vec<Event>,
+    /// Spans this one is about without being their child (a batch's
+    /// receive span and the messages it received): trace id, span id.
+    pub links: Vec<([u8; 16], [u8; 8])>,
     /// `Some(message)`: the span failed (status ERROR with that message).
     pub error: Option<String>,
 }
@@ -113,6 +116,7 @@ impl Span {
             end_ns: start_ns,
             attrs: Vec::new(),
             events: Vec::new(),
+            links: Vec::new(),
             error: None,
         }
     }
@@ -124,7 +128,11 @@ impl Span {
 
     /// About how many bytes the span takes encoded (for batch sizes).
     pub fn size_hint(&self) -> usize {
-        80 + self.name.len() + self.trace_state.len() + self.attrs.len() * 40 + self.events.len() * 60
+        80 + self.name.len()
+            + self.trace_state.len()
+            + self.attrs.len() * 40
+            + self.events.len() * 60
+            + self.links.len() * 30
     }
 }
 
@@ -179,6 +187,12 @@ fn encode_span(out: &mut Vec<u8>, s: &Span) {
         string(&mut ev, 2, e.name);
         attrs(&mut ev, 3, &e.attrs);
         message(out, 11, &ev);
+    }
+    for (trace_id, span_id) in &s.links {
+        let mut link = Vec::with_capacity(30);
+        bytes(&mut link, 1, trace_id);
+        bytes(&mut link, 2, span_id);
+        message(out, 13, &link);
     }
     let mut st = Vec::new();
     match &s.error {

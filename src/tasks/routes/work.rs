@@ -89,9 +89,7 @@ pub(super) async fn claim_tasks(
     if r.tasks.is_empty() {
         return Ok(no_content());
     }
-    for t in &r.tasks {
-        crate::traces::received(&s.tracer, &queue, t, start);
-    }
+    crate::traces::received_all(&s.tracer, &queue, &r.tasks, start);
     Ok(Json(ClaimResponse {
         tasks: r.tasks,
         shards_not_tried: r.not_tried,
@@ -275,10 +273,10 @@ pub(super) async fn complete_task(
         .tasks
         .finish_then_claim(ask, |next| s.tasks.complete_then(&items, next))
         .await?;
-    if let Some(n) = &next {
-        for t in &n.tasks {
-            crate::traces::received(&s.tracer, &t.queue, t, start);
-        }
+    if let Some(n) = &next
+        && let Some(first) = n.tasks.first()
+    {
+        crate::traces::received_all(&s.tracer, &first.queue, &n.tasks, start);
     }
     match out.into_iter().next() {
         Some(r) => {
@@ -454,10 +452,10 @@ pub(super) async fn fail_task(
         .finish_then_claim(ask, |next| s.tasks.fail_then(&id, req.token, &error, retry, next))
         .await?;
     crate::traces::settled("fail", &id, Ok(&finished), start);
-    if let Some(n) = &next {
-        for t in &n.tasks {
-            crate::traces::received(&s.tracer, &t.queue, t, start);
-        }
+    if let Some(n) = &next
+        && let Some(first) = n.tasks.first()
+    {
+        crate::traces::received_all(&s.tracer, &first.queue, &n.tasks, start);
     }
     Ok(Json(FinishedNext { finished, next }))
 }
