@@ -9939,6 +9939,12 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
+                /** @description Same as `idempotency_key` */
+                "Idempotency-Key"?: string | null;
+                /** @description W3C trace context: every task of the run carries it (with tracing on, a span of the run under it); a malformed one is ignored */
+                traceparent?: string | null;
+                /** @description W3C trace state beside `traceparent`, at most 512 printable ASCII characters (a longer one is ignored) */
+                tracestate?: string | null;
                 /** @description `replicated`: answer only once max(`redis.ack_replicas`, 1) replicas confirmed the change (Redis `WAIT`), else 503 with `replicated: false`. Without it the node's `redis.ack_replicas` applies (0 by default: answer as soon as the master applied it). A confirmed answer carries `Durability-Replicas`, the number of replicas that confirmed. */
                 Durability?: "replicated";
             };
