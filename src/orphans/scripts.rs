@@ -378,6 +378,7 @@ mod tests {
             int(3),
             int(0),
             arr(vec![s("a"), s("b")]),
+            arr(vec![s("t1"), s("requeued"), s("q"), s("00-tp")]),
         ]))
         .unwrap();
         assert_eq!(
@@ -385,9 +386,22 @@ mod tests {
             (1, 2, 0, 3, 0)
         );
         assert_eq!(r.dead_queues, ["a", "b"]);
+        assert_eq!(r.traced, [("t1".into(), "requeued".into(), "q".into(), "00-tp".into())]);
         // Short, with a missing list, or with a negative count: a bug.
         assert!(Recovery::from_redis_value(arr(vec![int(0), int(0), int(0), int(0), int(0)])).is_err());
-        assert!(Recovery::from_redis_value(arr(vec![int(-1), int(0), int(0), int(0), int(0), arr(vec![])])).is_err());
+        assert!(Recovery::from_redis_value(arr(vec![int(0), int(0), int(0), int(0), int(0), arr(vec![])])).is_err());
+        assert!(
+            Recovery::from_redis_value(arr(vec![
+                int(-1),
+                int(0),
+                int(0),
+                int(0),
+                int(0),
+                arr(vec![]),
+                arr(vec![])
+            ]))
+            .is_err()
+        );
 
         let t = Timeouts::from_redis_value(arr(vec![
             int(2),
