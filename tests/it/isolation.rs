@@ -352,12 +352,13 @@ fn judge(book: &Book, from: Instant, to: Instant) -> HashMap<&'static str, (f64,
 }
 
 /// The healthy queues kept working through the trouble: at least 99 % of
-/// every kind of answer 2xx, and p99 latency at most three times the
-/// figure before plus 100 ms. The slack is the scheduling noise of a debug
-/// build on two shared cores, where the other test thread and the
-/// Cluster's own failover share the CPU: seen up to 3.3 times a 43 ms
-/// figure (144 ms) with nothing waiting on the troubled master. What the
-/// bound must tell apart is far away: a call that waits for a stalled
+/// every kind of answer 2xx, and p99 latency at most four times the
+/// figure before plus 250 ms, and never above 1.5 s. The slack is the
+/// scheduling noise of a debug build on two shared cores, where the other
+/// test thread and the Cluster's own failover share the CPU: seen up to 3.3
+/// times a 43 ms figure (144 ms), and claims at 290 ms against 61 ms, with
+/// nothing waiting on the troubled master. What the bound must tell apart
+/// is far away, and the cap keeps it so: a call that waits for a stalled
 /// master waits the whole `redis.timeout_ms`, 2 s, so one such call in a
 /// hundred puts the p99 at 2 s.
 fn assert_isolated(book: &Book, before: (Instant, Instant), during: (Instant, Instant)) {
@@ -385,9 +386,10 @@ fn assert_isolated(book: &Book, before: (Instant, Instant), during: (Instant, In
             "{kind}: {:.1} % of {n} calls of healthy queues answered 2xx during the trouble",
             share * 100.0
         );
+        let bound = (4.0 * p0 + 250.0).min(1500.0);
         assert!(
-            p <= 3.0 * p0 + 100.0,
-            "{kind}: p99 {p:.1} ms during the trouble against {p0:.1} ms before"
+            p <= bound,
+            "{kind}: p99 {p:.1} ms during the trouble against {p0:.1} ms before (bound {bound:.0} ms)"
         );
     }
 }
