@@ -154,6 +154,22 @@ fn current_tracer() -> Option<(Tracer, SpanContext)> {
     CURRENT.try_with(|c| (c.tracer.clone(), c.ctx)).ok()
 }
 
+/// A span of operation `op` (`send`, `receive`) on `queue`, with the
+/// `messaging.*` attributes every such span has.
+fn queue_span(
+    ctx: &SpanContext,
+    parent: Option<&SpanContext>,
+    op: &'static str,
+    queue: &str,
+    kind: Kind,
+    start: u64,
+) -> Span {
+    Span::new(ctx, parent, format!("{op} {queue}"), kind, start)
+        .attr("messaging.system", "muster")
+        .attr("messaging.operation.type", op)
+        .attr("messaging.destination.name", queue.to_string())
+}
+
 /// The server span of every request (a middleware; a no-op when off).
 pub(crate) async fn middleware(State(tracer): State<Tracer>, req: Request, next: Next) -> Response {
     if !tracer.is_on() {
@@ -259,17 +275,8 @@ pub(crate) fn sending(traceparent: &mut String, tracestate: &str, own: bool) -> 
 impl Sending {
     /// Records a batch's one `send` span, whose context its tasks carry.
     pub(crate) fn done_batch(self, queue: &str, created: usize) {
-        let mut span = Span::new(
-            &self.ctx,
-            Some(&self.parent),
-            format!("send {queue}"),
-            Kind::Producer,
-            self.start,
-        )
-        .attr("messaging.system", "muster")
-        .attr("messaging.operation.type", "send")
-        .attr("messaging.destination.name", queue.to_string())
-        .attr("messaging.batch.message_count", created as u64);
+        let mut span = queue_span(&self.ctx, Some(&self.parent), "send", queue, Kind::Producer, self.start)
+            .attr("messaging.batch.message_count", created as u64);
         span.trace_state = self.trace_state;
         span.end_ns = now_ns();
         self.tracer.record(span);
@@ -286,17 +293,8 @@ impl Sending {
 
     /// Records the span: `id` of the created task, or the refusal.
     pub(crate) fn done(self, queue: &str, id: Option<&str>, outcome: &str) {
-        let mut span = Span::new(
-            &self.ctx,
-            Some(&self.parent),
-            format!("send {queue}"),
-            Kind::Producer,
-            self.start,
-        )
-        .attr("messaging.system", "muster")
-        .attr("messaging.operation.type", "send")
-        .attr("messaging.destination.name", queue.to_string())
-        .attr("muster.task.outcome", outcome.to_string());
+        let mut span = queue_span(&self.ctx, Some(&self.parent), "send", queue, Kind::Producer, self.start)
+            .attr("muster.task.outcome", outcome.to_string());
         if let Some(id) = id {
             span = span.attr("messaging.message.id", id.to_string());
         } else {
@@ -322,16 +320,14 @@ pub(crate) fn received_all(tracer: &Tracer, queue: &str, tasks: &[crate::tasks::
     let Some((_, request)) = current_tracer() else {
         return;
     };
-    let mut span = Span::new(
+    let mut span = queue_span(
         &request.child(),
         Some(&request),
-        format!("receive {queue}"),
+        "receive",
+        queue,
         Kind::Consumer,
         start,
     )
-    .attr("messaging.system", "muster")
-    .attr("messaging.operation.type", "receive")
-    .attr("messaging.destination.name", queue.to_string())
     .attr("messaging.batch.message_count", tasks.len() as u64)
     .attr("muster.node", tracer.node().to_string());
     span.links = tasks
@@ -350,20 +346,11 @@ fn received(tracer: &Tracer, queue: &str, task: &crate::tasks::Claimed, start: u
     if !parent.sampled {
         return;
     }
-    let mut span = Span::new(
-        &parent.child(),
-        Some(&parent),
-        format!("receive {queue}"),
-        Kind::Consumer,
-        start,
-    )
-    .attr("messaging.system", "muster")
-    .attr("messaging.operation.type", "receive")
-    .attr("messaging.destination.name", queue.to_string())
-    .attr("messaging.message.id", task.id.clone())
-    .attr("muster.task.attempt", task.attempt)
-    .attr("muster.task.token", task.token)
-    .attr("muster.node", tracer.node().to_string());
+    let mut span = queue_span(&parent.child(), Some(&parent), "receive", queue, Kind::Consumer, start)
+        .attr("messaging.message.id", task.id.clone())
+        .attr("muster.task.attempt", task.attempt)
+        .attr("muster.task.token", task.token)
+        .attr("muster.node", tracer.node().to_string());
     span.end_ns = now_ns();
     tracer.record(span);
 }
