@@ -13,6 +13,7 @@
  */
 
 import { ConnectError, MusterError, errorFor, type Problem } from "./errors.js";
+import { currentTraceparent } from "./trace.js";
 import { Wire, checkHeaders, target, type Raw, type Target } from "./wire.js";
 
 export interface TransportOptions {
@@ -114,7 +115,12 @@ export class Transport {
   }
 
   headers(extra?: Record<string, string>): Record<string, string> {
-    const h: Record<string, string> = { "user-agent": USER_AGENT, ...extra };
+    const h: Record<string, string> = { "user-agent": USER_AGENT };
+    // Inside a worker's attempt (or withTraceparent) every call carries the
+    // attempt's trace context; a header the caller gives wins.
+    const tp = currentTraceparent();
+    if (tp !== undefined) h["traceparent"] = tp;
+    Object.assign(h, extra);
     if (this.token) h["authorization"] = `Bearer ${this.token}`;
     return h;
   }

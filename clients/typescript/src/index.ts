@@ -23,6 +23,7 @@ export {
 } from "./errors.js";
 export type { FollowOptions } from "./events.js";
 export type { RequestOptions, TransportOptions } from "./http.js";
+export { childTraceparent, currentTraceparent, parseTraceparent, withTraceparent, type TraceParent } from "./trace.js";
 export type * from "./models.js";
 export {
   Fail,

@@ -60,6 +60,7 @@ import { Client, type ClientOptions } from "./client.js";
 import { Conflict, MusterError, NotFound, Unavailable } from "./errors.js";
 import { sleep } from "./http.js";
 import type { ClaimedTask, TaskInfo } from "./models.js";
+import { childTraceparent, withTraceparent } from "./trace.js";
 
 /** The least worker ttl muster accepts (ms); the last heartbeat uses it. */
 export const MIN_TTL_MS = 500;
@@ -112,12 +113,20 @@ export class TaskContext {
   reason: CancelReason | undefined;
   /** @internal */ pending: { progress?: number | undefined; fields?: Record<string, unknown> | undefined } = {};
   /** @internal */ reported = "";
+  /**
+   * This attempt's W3C `traceparent`: a span of its own, a child of the
+   * context the task was submitted with (undefined when it has none). Every
+   * client call the handler makes while it runs sends it; pass it on to
+   * what the handler calls elsewhere.
+   */
+  readonly traceparent: string | undefined;
   /** Made when first asked for: most handlers of short tasks never look. */
   private ac: AbortController | undefined;
 
   constructor(task: ClaimedTask, workerId: string) {
     this.task = task;
     this.workerId = workerId;
+    this.traceparent = childTraceparent(task.traceparent);
   }
 
   /**
@@ -719,7 +728,17 @@ export class Worker {
     return (now.attempt_log ?? []).some((a) => a.token === task.token && want.includes(String(a.outcome)));
   }
 
-  private async runOne(task: ClaimedTask, ctx: TaskContext): Promise<void> {
+  /**
+   * Runs one attempt inside its own trace context (trace.ts): the handler's
+   * calls, the heartbeats and the report send the attempt's `traceparent`,
+   * and an attempt started from another's complete (claim-next) does not
+   * inherit that one's.
+   */
+  private runOne(task: ClaimedTask, ctx: TaskContext): Promise<void> {
+    return withTraceparent(ctx.traceparent, () => this.attempt(task, ctx));
+  }
+
+  private async attempt(task: ClaimedTask, ctx: TaskContext): Promise<void> {
     // Let start() record the task before anything here can settle.
     await Promise.resolve();
     // The first heartbeat acknowledges the claim: by a third of its lease.
@@ -780,5 +799,6 @@ function claimedFrom(t: TaskInfo, token: number): ClaimedTask {
     priority: t.priority,
     created_at: t.created_at,
     ...(t.group ? { group: t.group } : {}),
+    ...(t.traceparent ? { traceparent: t.traceparent, tracestate: t.tracestate ?? null } : {}),
   } as ClaimedTask;
 }

@@ -5,8 +5,19 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { BadRequest, Client, Conflict, NotFound, Unauthorized, Unavailable } from "../src/index.js";
-import { ADMIN_TOKEN, Cluster, WORKER_TOKEN, freePort, queueName } from "./cluster.js";
+import {
+  BadRequest,
+  Client,
+  Conflict,
+  Fail,
+  NotFound,
+  Unauthorized,
+  Unavailable,
+  Worker,
+  currentTraceparent,
+  parseTraceparent,
+} from "../src/index.js";
+import { ADMIN_TOKEN, Cluster, WORKER_TOKEN, freePort, queueName, waitUntil } from "./cluster.js";
 
 let cluster: Cluster;
 before(async () => {
@@ -214,4 +225,56 @@ test("waitForResult returns the finished task; follow sees its event", async (t)
   assert.equal(done.result, "r");
   await following;
   assert.deepEqual(seen, [s.id]);
+});
+
+test("each attempt gets a span of its own in the task's trace, and its calls carry it", async (t) => {
+  const q = queueName(t.name);
+  const c = new Client(cluster.urls, { token: ADMIN_TOKEN });
+  const caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  // Queued before the worker starts (concurrency 1): "plain" has no
+  // context and is claimed by "first"'s complete (claim-next), inside that
+  // attempt: it must not inherit its context.
+  const first = await c.submit(q, "first", { traceparent: caller });
+  const plain = await c.submit(q, "plain");
+  const traced = await c.submit(q, "traced", { traceparent: caller, max_attempts: 3, backoff_base_ms: 10, backoff_cap_ms: 10 });
+  const seen: { payload: unknown; tp: string | undefined; current: string | undefined; child: string }[] = [];
+  const worker = new Worker(cluster.urls, q, async (task, ctx) => {
+    await new Promise((r) => setTimeout(r, 5));
+    // Submitted from the handler with no traceparent of its own: the
+    // worker's context is what it carries.
+    const child = await c.submit(`${q}-children`, task.attempt);
+    seen.push({ payload: task.payload, tp: ctx.traceparent, current: currentTraceparent(), child: child.id });
+    if (task.payload === "traced" && task.attempt === 1) throw new Fail("first attempt fails");
+    return "ok";
+  }, { token: WORKER_TOKEN, handleSignals: false, pollMs: 200, log: () => undefined });
+  const running = worker.run();
+  try {
+    await waitUntil("the tasks done", async () =>
+      (await Promise.all([first, plain, traced].map((t) => c.getTask(t.id)))).every((t) => t.state === "succeeded"));
+  } finally {
+    worker.stop();
+    await running;
+  }
+  const mine = seen.filter((s) => s.payload === "traced");
+  assert.equal(mine.length, 2);
+  const root = parseTraceparent(caller);
+  const spans = new Set<string>();
+  for (const s of mine) {
+    const p = parseTraceparent(s.tp);
+    assert.ok(p, `an attempt's traceparent: ${String(s.tp)}`);
+    assert.equal(p.traceId, root?.traceId);
+    assert.equal(p.flags, "01");
+    assert.notEqual(p.spanId, root?.spanId);
+    spans.add(p.spanId);
+    assert.equal(s.current, s.tp);
+    assert.equal((await c.getTask(s.child)).traceparent, s.tp, "a call made in the attempt sends its traceparent");
+  }
+  assert.equal(spans.size, 2, "each attempt has a span of its own");
+  assert.equal((await c.getTask(traced.id)).traceparent, caller, "retries keep the task's context");
+  const other = seen.filter((s) => s.payload === "plain");
+  assert.equal(other.length, 1);
+  assert.equal(seen[1]?.payload, "plain", "claimed by the first task's complete");
+  assert.equal(other[0]?.tp, undefined);
+  assert.equal(other[0]?.current, undefined, "no context leaks from one attempt into the next");
+  assert.equal((await c.getTask(other[0]?.child ?? "")).traceparent ?? undefined, undefined);
 });
