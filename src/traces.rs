@@ -394,28 +394,65 @@ pub(crate) fn settled(verb: &'static str, id: &str, outcome: Result<&crate::task
 /// The orphan cleaner recovered a task of a dead owner: a `recover` span in
 /// the task's trace, with what recovery did (`requeued`, `dead`,
 /// `cancelled`).
-pub(crate) fn recovered(tracer: &Tracer, id: &str, action: &str, queue: &str, traceparent: &str, start: u64) {
+/// What a liveness pass did to a task, for its span (issue 39).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    /// Its worker died (`recover.lua`).
+    Recovered,
+    /// It ran past its `timeout_ms` (`timeouts.lua`).
+    TimedOut,
+    /// Its claim was not acknowledged in time (`unacked.lua`).
+    NotAcknowledged,
+}
+
+impl Liveness {
+    fn verb(self) -> &'static str {
+        match self {
+            Liveness::Recovered => "recover",
+            Liveness::TimedOut => "timeout",
+            Liveness::NotAcknowledged => "unacked",
+        }
+    }
+
+    /// The span's error, if what happened is one.
+    fn error(self, action: &str) -> Option<String> {
+        match (self, action) {
+            (Liveness::Recovered, "dead") => Some("dead: no attempts left after its owner died".into()),
+            (Liveness::TimedOut, "dead") => Some("timed out; dead: no attempts left".into()),
+            (Liveness::TimedOut, _) => Some("timed out".into()),
+            (Liveness::NotAcknowledged, "dead") => {
+                Some("dead: not acknowledged more than claim.max_unacked times".into())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A span per traced task a liveness pass acted on (`traced`: id, action,
+/// queue, traceparent), a child of the task's context: `recover <queue>`,
+/// `timeout <queue>` or `unacked <queue>`, from the pass's start.
+pub(crate) fn liveness(tracer: &Tracer, why: Liveness, traced: &[crate::orphans::Traced], start: u64) {
     if !tracer.is_on() {
         return;
     }
-    let Some(parent) = SpanContext::parse(traceparent).filter(|p| p.sampled) else {
-        return;
-    };
-    let mut span = Span::new(
-        &parent.child(),
-        Some(&parent),
-        format!("recover {queue}"),
-        Kind::Internal,
-        start,
-    )
-    .attr("messaging.system", "muster")
-    .attr("messaging.destination.name", queue.to_string())
-    .attr("messaging.message.id", id.to_string())
-    .attr("muster.task.outcome", action.to_string())
-    .attr("muster.node", tracer.node().to_string());
-    if action == "dead" {
-        span.error = Some("dead: no attempts left after its owner died".into());
+    for (id, action, queue, traceparent) in traced {
+        let Some(parent) = SpanContext::parse(traceparent).filter(|p| p.sampled) else {
+            continue;
+        };
+        let mut span = Span::new(
+            &parent.child(),
+            Some(&parent),
+            format!("{} {queue}", why.verb()),
+            Kind::Internal,
+            start,
+        )
+        .attr("messaging.system", "muster")
+        .attr("messaging.destination.name", queue.to_string())
+        .attr("messaging.message.id", id.to_string())
+        .attr("muster.task.outcome", action.to_string())
+        .attr("muster.node", tracer.node().to_string());
+        span.error = why.error(action);
+        span.end_ns = now_ns();
+        tracer.record(span);
     }
-    span.end_ns = now_ns();
-    tracer.record(span);
 }

@@ -29,6 +29,7 @@ use utoipa::ToSchema;
 
 use crate::config::{NodesConfig, OrphansConfig, TasksConfig};
 use crate::store::{ScriptCtx, Store, StoreError};
+use crate::traces::Liveness;
 use scripts::{Recover, RecoveryOpts, Scripts, Sweep, TimeoutsCall, UnackedCall};
 
 /// What one cleaner pass did.
@@ -58,6 +59,9 @@ pub struct Timeouts {
     /// The queue of each timed-out task, and of each one that went dead.
     pub timed_out_queues: Vec<String>,
     pub dead_queues: Vec<String>,
+    /// Each timed-out task with a trace context: id, what followed
+    /// (retried, dead, cancelled), queue, traceparent (issue 39).
+    pub traced: Vec<Traced>,
 }
 
 /// What one pass of the claim lease did (`lua/unacked.lua`).
@@ -75,7 +79,14 @@ pub struct Unacked {
     pub dead: i64,
     /// The queue of each task that went dead.
     pub dead_queues: Vec<String>,
+    /// Each task put back with a trace context: id, what happened to it
+    /// (requeued, dead, cancelled), queue, traceparent (issue 39).
+    pub traced: Vec<Traced>,
 }
+
+/// A task a liveness pass acted on that has a trace context: id, action,
+/// queue, traceparent (issue 39: the node records a span for it).
+pub(crate) type Traced = (String, String, String, String);
 
 pub(crate) use muster_api::tasks::OrphanRecord;
 
@@ -160,9 +171,7 @@ impl Orphans {
         };
         let start = muster_trace::now_ns();
         let r = s.run(&self.scripts.recover, &call).await?;
-        for (id, action, queue, tp) in &r.traced {
-            crate::traces::recovered(&self.tracer, id, action, queue, tp, start);
-        }
+        crate::traces::liveness(&self.tracer, Liveness::Recovered, &r.traced, start);
         Ok(r)
     }
 
@@ -176,7 +185,10 @@ impl Orphans {
             dead_retention_ms: self.tasks.dead_retention_ms,
             actor: &self.node_id,
         };
-        s.run(&self.scripts.timeouts, &call).await
+        let start = muster_trace::now_ns();
+        let r = s.run(&self.scripts.timeouts, &call).await?;
+        crate::traces::liveness(&self.tracer, Liveness::TimedOut, &r.traced, start);
+        Ok(r)
     }
 
     /// One pass of the claim lease in shard `s`: claimed tasks not
@@ -190,7 +202,10 @@ impl Orphans {
             max_unacked: self.max_unacked,
             dead_retention_ms: self.tasks.dead_retention_ms,
         };
-        s.run(&self.scripts.unacked, &call).await
+        let start = muster_trace::now_ns();
+        let r = s.run(&self.scripts.unacked, &call).await?;
+        crate::traces::liveness(&self.tracer, Liveness::NotAcknowledged, &r.traced, start);
+        Ok(r)
     }
 
     /// The consistency sweep of every queue of shard `s`. Returns each

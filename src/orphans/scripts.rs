@@ -6,7 +6,7 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{Recovery, Timeouts, Unacked};
+use super::{Recovery, Timeouts, Traced, Unacked};
 use crate::store::reply::{Reader, decode_error};
 use crate::store::{Keys, Lua, ScriptCall, ScriptCtx};
 
@@ -141,10 +141,7 @@ impl FromRedisValue for Recovery {
                 stale: count(r, "stale")?,
                 grace_until: count(r, "grace_until_ms")?,
                 dead_queues: names(r, "the dead tasks' queues")?,
-                traced: names(r, "the traced recovered tasks")?
-                    .chunks_exact(4)
-                    .map(|c| (c[0].clone(), c[1].clone(), c[2].clone(), c[3].clone()))
-                    .collect(),
+                traced: traced(r, "the traced recovered tasks")?,
             })
         })
     }
@@ -193,6 +190,7 @@ impl FromRedisValue for Timeouts {
                 grace_until: count(r, "grace_until_ms")?,
                 timed_out_queues: names(r, "the timed-out tasks' queues")?,
                 dead_queues: names(r, "the dead tasks' queues")?,
+                traced: traced(r, "the traced timed-out tasks")?,
             })
         })
     }
@@ -242,9 +240,25 @@ impl FromRedisValue for Unacked {
                 requeued_queues: names(r, "the requeued tasks' queues")?,
                 dead: count(r, "dead")?,
                 dead_queues: names(r, "the dead tasks' queues")?,
+                traced: traced(r, "the traced tasks put back")?,
             })
         })
     }
+}
+
+/// A flat list of (id, action, queue, traceparent) quadruples.
+fn traced(r: &mut Reader<'_>, what: &str) -> Result<Vec<Traced>, ParsingError> {
+    let flat = names(r, what)?;
+    if flat.len() % 4 != 0 {
+        return Err(decode_error(format!(
+            "{what}: {} entries, not a multiple of 4",
+            flat.len()
+        )));
+    }
+    Ok(flat
+        .chunks_exact(4)
+        .map(|c| (c[0].clone(), c[1].clone(), c[2].clone(), c[3].clone()))
+        .collect())
 }
 
 // --- sweep.lua ----------------------------------------------------------------
@@ -410,15 +424,38 @@ mod tests {
             int(0),
             arr(vec![s("q"), s("q")]),
             arr(vec![s("q")]),
+            arr(vec![s("t1"), s("dead"), s("q"), s("00-tp")]),
         ]))
         .unwrap();
         assert_eq!((t.timed_out, t.retried, t.dead, t.grace_until), (2, 1, 1, 0));
+        assert_eq!(t.traced, [("t1".into(), "dead".into(), "q".into(), "00-tp".into())]);
         assert_eq!((t.timed_out_queues.len(), t.dead_queues), (2, vec!["q".to_string()]));
         // The grace reply: nothing done, empty lists.
-        let t =
-            Timeouts::from_redis_value(arr(vec![int(0), int(0), int(0), int(99), arr(vec![]), arr(vec![])])).unwrap();
+        let t = Timeouts::from_redis_value(arr(vec![
+            int(0),
+            int(0),
+            int(0),
+            int(99),
+            arr(vec![]),
+            arr(vec![]),
+            arr(vec![]),
+        ]))
+        .unwrap();
         assert_eq!(t.grace_until, 99);
         assert!(Timeouts::from_redis_value(arr(vec![int(0), int(0), int(0), int(99)])).is_err());
+        // The traced list is quadruples.
+        assert!(
+            Timeouts::from_redis_value(arr(vec![
+                int(0),
+                int(0),
+                int(0),
+                int(0),
+                arr(vec![]),
+                arr(vec![]),
+                arr(vec![s("t1"), s("dead")])
+            ]))
+            .is_err()
+        );
 
         let u = Unacked::from_redis_value(arr(vec![
             int(2),
@@ -427,8 +464,10 @@ mod tests {
             arr(vec![s("q"), s("r")]),
             int(1),
             arr(vec![s("d")]),
+            arr(vec![s("t2"), s("requeued"), s("q"), s("00-tp")]),
         ]))
         .unwrap();
+        assert_eq!(u.traced, [("t2".into(), "requeued".into(), "q".into(), "00-tp".into())]);
         assert_eq!((u.requeued, u.cancelled, u.grace_until, u.dead), (2, 1, 0, 1));
         assert_eq!(
             (u.requeued_queues, u.dead_queues),

@@ -818,3 +818,75 @@ async fn a_batch_has_one_send_span_and_a_claim_of_several_one_receive_span_linke
         );
     }
 }
+
+#[tokio::test]
+async fn a_timed_out_task_and_a_lapsed_claim_get_spans_in_their_traces() {
+    let receiver = Receiver::start().await;
+    let redis = TestRedis::start();
+    let endpoint = receiver.url.clone();
+    let mut app = TestApp::start_with(&redis, |c| {
+        c.telemetry.otlp_endpoint = endpoint.clone();
+        c.orphans.interval_ms = 100;
+    })
+    .await;
+    let submit = |queue: &'static str, body: Value| {
+        let app = &app;
+        async move {
+            let (status, body) = send(
+                app.request(reqwest::Method::POST, &format!("/api/v1/queues/{queue}/tasks"))
+                    .header("traceparent", caller_traceparent())
+                    .json(&body),
+            )
+            .await;
+            assert_eq!(status, 201, "{body}");
+            body["id"].as_str().unwrap().to_string()
+        }
+    };
+    let slow = submit(
+        "traced-timeout",
+        json!({"payload": 1, "timeout_ms": 300, "max_attempts": 1}),
+    )
+    .await;
+    let lost = submit("traced-unacked", json!({"payload": 2})).await;
+    // A live worker claims both: it acknowledges neither, and the first runs
+    // past its timeout.
+    crate::tasks::join(&app, "w-live").await;
+    let a = crate::tasks::claim_tasks(&app, "traced-timeout", "w-live", 1, 0).await;
+    assert_eq!(a.len(), 1);
+    app.api().ack_task(&slow, a[0].token).await.unwrap();
+    let req = muster::client::ClaimRequest {
+        node: "w-live".into(),
+        max: 1,
+        wait_ms: 0,
+        ack_ms: Some(1000),
+    };
+    let b = app.api().claim("traced-unacked", &req).await.unwrap();
+    assert_eq!(b.len(), 1);
+    let done = wait_until(Duration::from_secs(10), || {
+        let app = &app;
+        let (slow, lost) = (slow.clone(), lost.clone());
+        async move {
+            app.get(&format!("/api/v1/tasks/{slow}")).await.1["state"] == "dead"
+                && app.get(&format!("/api/v1/tasks/{lost}")).await.1["state"] == "queued"
+        }
+    })
+    .await;
+    assert!(done, "the task timed out and the claim lapsed");
+    app.shutdown().await;
+    let spans = receiver.of_trace(CALLER_TRACE);
+    let timeout: Vec<_> = spans.iter().filter(|s| s.name == "timeout traced-timeout").collect();
+    assert_eq!(timeout.len(), 1, "{spans:?}");
+    assert!(
+        a[0].traceparent.as_deref().unwrap().contains(&timeout[0].parent),
+        "a child of the task's context"
+    );
+    assert_eq!(timeout[0].attr("muster.task.outcome"), Some("dead"));
+    assert_eq!(timeout[0].attr("messaging.message.id"), Some(slow.as_str()));
+    assert!(timeout[0].error, "a timeout is an error");
+    let unacked: Vec<_> = spans.iter().filter(|s| s.name == "unacked traced-unacked").collect();
+    assert_eq!(unacked.len(), 1, "{spans:?}");
+    assert!(b[0].traceparent.as_deref().unwrap().contains(&unacked[0].parent));
+    assert_eq!(unacked[0].attr("muster.task.outcome"), Some("requeued"));
+    assert_eq!(unacked[0].attr("messaging.message.id"), Some(lost.as_str()));
+    assert!(!unacked[0].error, "put back is no error");
+}

@@ -15,7 +15,9 @@
 -- ARGV[6]  acting node id
 --
 -- Returns {timed_out, retried, dead, grace_until_ms, {queue of each timed-out task},
---          {queue of each task that went dead}}
+--          {queue of each task that went dead}, {id, action, queue, traceparent, ...}}
+--   the last: each timed-out task with a trace context (issue 39), action
+--   'retried', 'dead' or 'cancelled', for the node's timeout span
 --   grace_until_ms  while task timeouts wait after a stall (Redis ms; nothing
 --                   done, both lists empty), else 0
 -- Emits task.failed (reason timeout), then task.retrying, task.dead or task.cancelled.
@@ -23,15 +25,15 @@ local ttl, limit, jitter = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3
 local retention, dead_ttl, actor = ARGV[4], ARGV[5], ARGV[6]
 local now = now_ms()
 local grace = liveness_pass(now, ttl)
-if grace > 0 then return {0, 0, 0, grace, {}, {}} end
+if grace > 0 then return {0, 0, 0, grace, {}, {}, {}} end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', int(now), 'LIMIT', 0, limit)
 local timed_out, retried, dead = 0, 0, 0
-local timed_q, dead_q = {}, {}
+local timed_q, dead_q, traced = {}, {}, {}
 for i = 1, #due do
   local id = due[i]
   local t = tkey(id)
   local f = redis.call('HMGET', t, 'state', 'owner', 'queue', 'group', 'attempts', 'max_attempts', 'backoff_base',
-    'backoff_cap', 'cancel_requested', 'timeout_ms')
+    'backoff_cap', 'cancel_requested', 'timeout_ms', 'tp')
   redis.call('ZREM', KEYS[1], id)
   if f[1] == 'running' then
     local q, g, owner, attempt = f[3], f[4] or '', f[2], tonumber(f[5] or '0')
@@ -41,19 +43,25 @@ for i = 1, #due do
     emit_task('task.failed', actor, {attempt = attempt, error = msg, reason = 'timeout'}, id, q, g)
     timed_out = timed_out + 1
     timed_q[#timed_q + 1] = q
+    local action = 'retried'
     if f[9] == '1' then
       finish(id, q, 'cancelled', int(now), retention)
       emit_task('task.cancelled', actor, '{"attempt":' .. attempt .. '}', id, q, g)
+      action = 'cancelled'
     else
       local state = fail_or_retry(id, q, attempt, tonumber(f[6]), tonumber(f[7]), tonumber(f[8]), jitter, true,
         now, dead_ttl, actor, 'timeout')
       if state == 'dead' then
         dead = dead + 1
         dead_q[#dead_q + 1] = q
+        action = 'dead'
       else
         retried = retried + 1
       end
     end
+    if f[11] then
+      traced[#traced + 1] = id; traced[#traced + 1] = action; traced[#traced + 1] = q; traced[#traced + 1] = f[11]
+    end
   end
 end
-return {timed_out, retried, dead, 0, timed_q, dead_q}
+return {timed_out, retried, dead, 0, timed_q, dead_q, traced}

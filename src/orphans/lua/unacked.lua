@@ -33,7 +33,9 @@
 -- ARGV[6]  dead_retention_ms      for tasks dead here
 --
 -- Returns {requeued, cancelled, grace_until_ms, {queue of each requeued task}, dead,
---          {queue of each dead task}}
+--          {queue of each dead task}, {id, action, queue, traceparent, ...}}
+--   the last: each task put back that has a trace context (issue 39), action
+--   'requeued', 'dead' or 'cancelled', for the node's span
 --   grace_until_ms  while liveness decisions wait after a stall (Redis ms; nothing
 --                   done), else 0
 -- Emits task.requeued (reason not_acknowledged), task.cancelled or task.dead.
@@ -42,16 +44,16 @@ local max_unacked, dead_retention = tonumber(ARGV[5]), ARGV[6]
 local now = now_ms()
 local nows = int(now)
 local grace = liveness_pass(now, ttl)
-if grace > 0 then return {0, 0, grace, {}, 0, {}} end
+if grace > 0 then return {0, 0, grace, {}, 0, {}, {}} end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', nows, 'LIMIT', 0, limit)
 local requeued, cancelled, dead = 0, 0, 0
-local queues, dead_queues = {}, {}
+local queues, dead_queues, traced = {}, {}, {}
 for i = 1, #due do
   local id = due[i]
   local t = tkey(id)
   redis.call('ZREM', KEYS[1], id)
   local f = redis.call('HMGET', t, 'state', 'owner', 'queue', 'group', 'attempts', 'priority', 'cancel_requested',
-    'max_attempts')
+    'max_attempts', 'tp')
   if f[1] == 'running' and not node_gone(f[2], now) then
     local owner, q, g, attempt = f[2], f[3], f[4] or '', tonumber(f[5] or '0')
     release_running(id, q, g, owner)
@@ -67,21 +69,27 @@ for i = 1, #due do
       redis.call('HSET', t, 'x' .. ((k - 1) % 10 + 1), attempt .. '|' .. claim .. '|' .. nows,
         'attempts', int(math.max(attempt - 1, 0)), 'updated_at', nows)
     end
+    local action = 'requeued'
     if f[7] == '1' then
       finish(id, q, 'cancelled', nows, retention)
       emit_task('task.cancelled', actor, '{"attempt":' .. attempt .. ',"reason":"not_acknowledged"}', id, q, g)
       cancelled = cancelled + 1
+      action = 'cancelled'
     elseif counted and attempt >= tonumber(f[8] or '1') then
       finish(id, q, 'dead', nows, dead_retention)
       emit_task('task.dead', actor, '{"attempt":' .. attempt .. ',"reason":"not_acknowledged"}', id, q, g)
       dead = dead + 1
       dead_queues[#dead_queues + 1] = q
+      action = 'dead'
     else
       make_queued(id, q, g, order_score(tonumber(f[6] or '0'), front_seq()), nows)
       emit_task('task.requeued', actor, {owner = owner, attempt = attempt, reason = 'not_acknowledged'}, id, q, g)
       requeued = requeued + 1
       queues[#queues + 1] = q
     end
+    if f[9] then
+      traced[#traced + 1] = id; traced[#traced + 1] = action; traced[#traced + 1] = q; traced[#traced + 1] = f[9]
+    end
   end
 end
-return {requeued, cancelled, grace, queues, dead, dead_queues}
+return {requeued, cancelled, grace, queues, dead, dead_queues, traced}
