@@ -164,6 +164,20 @@ pub const METRICS: &[Metric] = &[
         "Failed Redis calls by operation and kind (unavailable, server, decode, timeout, cut)",
         NO_REDIS_ERRORS,
     ),
+    fixed(
+        "muster_group_commit_calls_total",
+        Counter,
+        "Script calls that carried single calls grouped while another was in flight (group commit), by operation",
+        "op",
+        &["submit"],
+    ),
+    fixed(
+        "muster_group_commit_items_total",
+        Counter,
+        "Single calls carried by those grouped script calls, by operation (divided by the calls: the mean group)",
+        "op",
+        &["submit"],
+    ),
     m(
         "muster_trace_spans_exported_total",
         Counter,

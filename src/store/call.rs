@@ -294,16 +294,29 @@ impl Store {
     /// was sent), because a script's effects must not be applied twice.
     /// Every call carries its deadline (G12, see the prelude).
     pub async fn eval<T: FromRedisValue>(&self, lua: &Lua, keys: &[String], args: &[String]) -> StoreResult<T> {
+        self.eval_by(lua, keys, args, None).await
+    }
+
+    /// [`Store::eval`] with the deadline given (Redis ms, G12) instead of
+    /// one from now: a grouped call goes with the earliest of its members'
+    /// (`tasks/group.rs`). Not in an acknowledged request's scope.
+    async fn eval_by<T: FromRedisValue>(
+        &self,
+        lua: &Lua,
+        keys: &[String],
+        args: &[String],
+        deadline: Option<i64>,
+    ) -> StoreResult<T> {
         self.follow_master_file().await;
         if self.lane().clock.now_ms().is_none() {
             self.time_ms().await?;
         }
-        if let Some(scope) = Store::ack_scope() {
+        if let Some(scope) = Store::ack_scope().filter(|_| deadline.is_none()) {
             return self.eval_acked(&scope, lua, keys, args).await;
         }
         let mut attempt = 0;
         loop {
-            let args = with_deadline(args, self.deadline()?);
+            let args = with_deadline(args, deadline.map_or_else(|| self.deadline(), Ok)?);
             let link = self.usable_link().await;
             let mut conn = link.conn.clone();
             let res = self
@@ -323,6 +336,23 @@ impl Store {
     /// Runs one typed script call (see [`ScriptCall`]).
     pub async fn run<C: ScriptCall>(&self, lua: &Lua, call: &C) -> StoreResult<C::Reply> {
         self.eval(lua, &call.keys(self.keys()), &call.args()).await
+    }
+
+    /// [`Store::run`] with the deadline given (Redis ms, G12), for a call
+    /// made on behalf of callers that arrived earlier (`tasks/group.rs`).
+    pub(crate) async fn run_until<C: ScriptCall>(&self, lua: &Lua, call: &C, deadline: i64) -> StoreResult<C::Reply> {
+        self.eval_by(lua, &call.keys(self.keys()), &call.args(), Some(deadline))
+            .await
+    }
+
+    /// The deadline a script sent now would carry (Redis ms, G12); None
+    /// before the first clock sample, or inside an acknowledged request
+    /// (its scripts must run on its own connection: never grouped).
+    pub(crate) fn group_deadline(&self) -> Option<i64> {
+        if Store::ack_scope().is_some() {
+            return None;
+        }
+        self.deadline().ok()
     }
 
     /// Runs one typed script call on every shard of the namespace at once (a

@@ -17,6 +17,7 @@
 mod admin;
 pub(crate) mod bulk;
 mod claim;
+mod group;
 mod labels;
 mod limits;
 mod model;
@@ -171,6 +172,38 @@ pub struct Tasks {
     /// This node's registration per shard: the claim fan-out skips shards
     /// where it may have lapsed (see `claim`).
     health: Arc<crate::health::Health>,
+    /// Single submits in flight per shard and queue, and those queued behind
+    /// them (group commit, `group.rs`).
+    submits: group::Group<SubmitKey, NewTask, Submitted>,
+}
+
+/// What single submits must share to ride in one script call.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SubmitKey {
+    shard: usize,
+    queue: String,
+    /// The callers' queue room (a worker token's and an admin's differ).
+    room: u32,
+    node: String,
+}
+
+/// Most single submits sent in one grouped call.
+const GROUP_MAX: usize = 256;
+
+/// The first single submit of a burst: when its call returns (or its
+/// caller goes away), what queued behind it goes on in a task of its own.
+struct SubmitLead {
+    tasks: Arc<Tasks>,
+    key: Option<SubmitKey>,
+}
+
+impl Drop for SubmitLead {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        if let Some(members) = self.tasks.submits.next(&key) {
+            tokio::spawn(self.tasks.clone().drive_submits(key, members));
+        }
+    }
 }
 
 fn raw(json: &str) -> Box<RawValue> {
@@ -213,6 +246,7 @@ impl Tasks {
             queue_shards: Mutex::new(shards::QueueShards::new(shards)),
             limited: Mutex::new(HashMap::new()),
             health,
+            submits: group::Group::new(GROUP_MAX),
         })
     }
 
@@ -245,20 +279,13 @@ impl Tasks {
     ) -> Result<Vec<Submitted>, TaskError> {
         let mut parts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (i, t) in items.iter().enumerate() {
-            // A task with limits of its own goes where they are (shard 0),
-            // so that its claim checks them in the same script.
-            let shard = if t.limits.is_empty() {
-                self.home(queue, &t.group)
-            } else {
-                0
-            };
-            parts.entry(shard).or_default().push(i);
+            parts.entry(self.shard_of(queue, t)).or_default().push(i);
         }
         let runs = parts
             .into_iter()
             .map(|(shard, at)| async move {
                 let part: Vec<&NewTask> = at.iter().map(|&i| &items[i]).collect();
-                let out = self.submit_in(shard, queue, &part, node, room).await?;
+                let out = self.submit_in(shard, queue, &part, node, room, None).await?;
                 self.note_queue_in(queue, shard);
                 Ok::<_, TaskError>(at.into_iter().zip(out))
             })
@@ -270,7 +297,92 @@ impl Tasks {
         Ok(out.into_iter().flatten().collect())
     }
 
-    /// Submits tasks that all belong in `shard`, in one script.
+    /// The shard a task goes to: its group's or its queue's
+    /// ([`Tasks::home`]); a task with limits of its own goes where they are
+    /// (shard 0), so that its claim checks them in the same script.
+    fn shard_of(&self, queue: &str, t: &NewTask) -> usize {
+        if t.limits.is_empty() {
+            self.home(queue, &t.group)
+        } else {
+            0
+        }
+    }
+
+    /// Submits one task, as [`Tasks::submit`] would, grouped with the
+    /// single submits to the same shard and queue that arrive while one is
+    /// in flight (group commit, `group.rs`): alone at low load, one script
+    /// call for many under load, each with its own outcome.
+    pub async fn submit_one(
+        self: &Arc<Self>,
+        queue: &str,
+        task: NewTask,
+        node: &str,
+        room: u32,
+    ) -> Result<Submitted, TaskError> {
+        let shard = self.shard_of(queue, &task);
+        let Some(deadline) = self.store.shard(shard).group_deadline() else {
+            // Before the first clock sample, or acknowledged (WAIT on the
+            // request's own connection): alone.
+            let out = self.submit(queue, std::slice::from_ref(&task), node, room).await?;
+            return out
+                .into_iter()
+                .next()
+                .ok_or_else(|| StoreError::Decode("enqueue answered nothing".into()).into());
+        };
+        let key = SubmitKey {
+            shard,
+            queue: queue.to_string(),
+            room,
+            node: node.to_string(),
+        };
+        match self.submits.join(&key, task, deadline) {
+            group::Turn::Wait(rx) => {
+                let out = rx
+                    .await
+                    .unwrap_or_else(|_| Err(StoreError::Unavailable("the grouped submit was lost".into())))?;
+                Ok(out)
+            }
+            group::Turn::Lead(task) => {
+                let _lead = SubmitLead {
+                    tasks: self.clone(),
+                    key: Some(key),
+                };
+                let out = self.submit_in(shard, queue, &[&task], node, room, None).await?;
+                self.note_queue_in(queue, shard);
+                out.into_iter()
+                    .next()
+                    .ok_or_else(|| StoreError::Decode("enqueue answered nothing".into()).into())
+            }
+        }
+    }
+
+    /// Sends the single submits that queued behind a call, group by group,
+    /// until none is left (a task of its own: see `group.rs`).
+    async fn drive_submits(self: Arc<Self>, key: SubmitKey, mut members: Vec<group::Member<NewTask, Submitted>>) {
+        loop {
+            let store = self.store.shard(key.shard);
+            let (members_now, deadline) = group::in_time(members, store.redis_now_estimate());
+            if !members_now.is_empty() {
+                let items: Vec<&NewTask> = members_now.iter().map(|m| &m.item).collect();
+                metrics::counter!("muster_group_commit_calls_total", "op" => "submit").increment(1);
+                metrics::counter!("muster_group_commit_items_total", "op" => "submit").increment(items.len() as u64);
+                let out = self
+                    .submit_in(key.shard, &key.queue, &items, &key.node, key.room, Some(deadline))
+                    .await;
+                if out.is_ok() {
+                    self.note_queue_in(&key.queue, key.shard);
+                }
+                group::answer_all(members_now, out);
+            }
+            match self.submits.next(&key) {
+                Some(next) => members = next,
+                None => return,
+            }
+        }
+    }
+
+    /// Submits tasks that all belong in `shard`, in one script (with the
+    /// deadline given, for a grouped call).
     async fn submit_in(
         &self,
         shard: usize,
@@ -278,7 +390,8 @@ impl Tasks {
         items: &[&NewTask],
         node: &str,
         room: u32,
-    ) -> Result<Vec<Submitted>, TaskError> {
+        deadline: Option<i64>,
+    ) -> Result<Vec<Submitted>, StoreError> {
         let store = self.store.shard(shard);
         let call = scripts::Enqueue {
             queue,
@@ -310,7 +423,10 @@ impl Tasks {
                 })
                 .collect(),
         };
-        let reply = store.run(&self.scripts.enqueue, &call).await?;
+        let reply = match deadline {
+            Some(d) => store.run_until(&self.scripts.enqueue, &call, d).await?,
+            None => store.run(&self.scripts.enqueue, &call).await?,
+        };
         let label = self.labels.label(queue);
         Ok(reply
             .0

@@ -127,15 +127,15 @@ async fn submit_task(
     let sending = traced(&mut task, trace_headers(&headers).as_ref());
     let (alias, run_at) = (task.alias.clone(), task.run_at);
     let room = s.tasks.config().queue_room(caller.role);
-    let out = s.tasks.submit(&queue, &[task], &s.node_id, room).await?;
+    let out = s.tasks.submit_one(&queue, task, &s.node_id, room).await?;
     if let Some(span) = sending {
-        match out.first() {
-            Some(Submitted::Created { id, .. }) => span.done(&queue, Some(id), "created"),
-            Some(Submitted::Replayed { id, .. }) => span.done(&queue, Some(id), "replayed"),
+        match &out {
+            Submitted::Created { id, .. } => span.done(&queue, Some(id), "created"),
+            Submitted::Replayed { id, .. } => span.done(&queue, Some(id), "replayed"),
             _ => span.done(&queue, None, "refused"),
         }
     }
-    match out.into_iter().next() {
+    match Some(out) {
         Some(Submitted::Created { id, state, replaced }) => Ok((
             StatusCode::CREATED,
             Json(SubmitResponse {

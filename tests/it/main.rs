@@ -21,6 +21,7 @@ mod docs;
 mod durability;
 mod events;
 mod events_resume;
+mod group_commit;
 mod ha_cluster;
 mod ha_coordinated;
 mod ha_coordinated_bin;
