@@ -394,6 +394,10 @@ pub(crate) fn settled(verb: &'static str, id: &str, outcome: Result<&crate::task
 /// The orphan cleaner recovered a task of a dead owner: a `recover` span in
 /// the task's trace, with what recovery did (`requeued`, `dead`,
 /// `cancelled`).
+/// A task a liveness pass acted on that has a trace context: id, action,
+/// queue, traceparent (the node records a span for it).
+pub(crate) type Traced = (String, String, String, String);
+
 /// What a liveness pass did to a task, for its span (issue 39).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Liveness {
@@ -431,7 +435,7 @@ impl Liveness {
 /// A span per traced task a liveness pass acted on (`traced`: id, action,
 /// queue, traceparent), a child of the task's context: `recover <queue>`,
 /// `timeout <queue>` or `unacked <queue>`, from the pass's start.
-pub(crate) fn liveness(tracer: &Tracer, why: Liveness, traced: &[crate::orphans::Traced], start: u64) {
+pub(crate) fn liveness(tracer: &Tracer, why: Liveness, traced: &[Traced], start: u64) {
     if !tracer.is_on() {
         return;
     }

@@ -29,7 +29,7 @@ use utoipa::ToSchema;
 
 use crate::config::{NodesConfig, OrphansConfig, TasksConfig};
 use crate::store::{ScriptCtx, Store, StoreError};
-use crate::traces::Liveness;
+use crate::traces::{Liveness, Traced};
 use scripts::{Recover, RecoveryOpts, Scripts, Sweep, TimeoutsCall, UnackedCall};
 
 /// What one cleaner pass did.
@@ -83,10 +83,6 @@ pub struct Unacked {
     /// (requeued, dead, cancelled), queue, traceparent (issue 39).
     pub traced: Vec<Traced>,
 }
-
-/// A task a liveness pass acted on that has a trace context: id, action,
-/// queue, traceparent (issue 39: the node records a span for it).
-pub(crate) type Traced = (String, String, String, String);
 
 pub(crate) use muster_api::tasks::OrphanRecord;
 

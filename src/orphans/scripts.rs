@@ -6,9 +6,10 @@
 
 use redis::{FromRedisValue, ParsingError, Value};
 
-use super::{Recovery, Timeouts, Traced, Unacked};
+use super::{Recovery, Timeouts, Unacked};
 use crate::store::reply::{Reader, decode_error};
 use crate::store::{Keys, Lua, ScriptCall, ScriptCtx};
+use crate::traces::Traced;
 
 /// Every orphan script, loaded once per node.
 pub(crate) struct Scripts {
