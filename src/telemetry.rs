@@ -169,14 +169,14 @@ pub const METRICS: &[Metric] = &[
         Counter,
         "Script calls that carried single calls grouped while another was in flight (group commit), by operation",
         "op",
-        &["submit"],
+        &["submit", "complete"],
     ),
     fixed(
         "muster_group_commit_items_total",
         Counter,
         "Single calls carried by those grouped script calls, by operation (divided by the calls: the mean group)",
         "op",
-        &["submit"],
+        &["submit", "complete"],
     ),
     m(
         "muster_trace_spans_exported_total",

@@ -107,11 +107,21 @@ impl<K: Hash + Eq + Clone, I, O> Group<K, I, O> {
     }
 }
 
+/// Where one member's outcome goes.
+pub(super) struct Ticket<O>(oneshot::Sender<Result<O, StoreError>>);
+
+impl<O> Ticket<O> {
+    fn answer(self, out: Result<O, StoreError>) {
+        let _ = self.0.send(out);
+    }
+}
+
 /// Splits `members` into those still within their deadline at Redis time
-/// `now` (with the earliest of their deadlines) and answers the others
-/// "not applied" (they are never sent).
-pub(super) fn in_time<I, O>(members: Vec<Member<I, O>>, now: Option<i64>) -> (Vec<Member<I, O>>, i64) {
-    let mut keep = Vec::with_capacity(members.len());
+/// `now`: their items, their tickets, and the earliest of their deadlines;
+/// the others are answered "not applied" (they are never sent).
+pub(super) fn in_time<I, O>(members: Vec<Member<I, O>>, now: Option<i64>) -> (Vec<I>, Vec<Ticket<O>>, i64) {
+    let mut items = Vec::with_capacity(members.len());
+    let mut tickets = Vec::with_capacity(members.len());
     let mut earliest = i64::MAX;
     for m in members {
         match now {
@@ -120,32 +130,58 @@ pub(super) fn in_time<I, O>(members: Vec<Member<I, O>>, now: Option<i64>) -> (Ve
             ))),
             _ => {
                 earliest = earliest.min(m.deadline);
-                keep.push(m);
+                items.push(m.item);
+                tickets.push(Ticket(m.tx));
             }
         }
     }
-    (keep, earliest)
+    (items, tickets, earliest)
 }
 
-/// Sends a member's outcome from the driver's result for its group: every
-/// member gets its own item's outcome, or the group's error.
-pub(super) fn answer_all<I, O>(members: Vec<Member<I, O>>, out: Result<Vec<O>, StoreError>) {
+/// Answers each member from its group's outcome: its own item's, or the
+/// group's error.
+pub(super) fn answer_all<O>(tickets: Vec<Ticket<O>>, out: Result<Vec<O>, StoreError>) {
     match out {
         Ok(outs) => {
             let mut outs = outs.into_iter();
-            for m in members {
+            for t in tickets {
                 match outs.next() {
-                    Some(o) => m.answer(Ok(o)),
-                    None => m.answer(Err(StoreError::Decode(
+                    Some(o) => t.answer(Ok(o)),
+                    None => t.answer(Err(StoreError::Decode(
                         "the grouped call answered fewer items than sent".into(),
                     ))),
                 }
             }
         }
         Err(e) => {
-            for m in members {
-                m.answer(Err(e.clone()));
+            for t in tickets {
+                t.answer(Err(e.clone()));
             }
+        }
+    }
+}
+
+/// Sends what queued behind a call for `key`, group by group, until nothing
+/// is left: `run` makes one call of a group's items with its deadline and
+/// answers an outcome per item, in order. (Run in a task of its own.)
+pub(super) async fn drive<K, I, O, Fut>(
+    group: &Group<K, I, O>,
+    key: K,
+    mut members: Vec<Member<I, O>>,
+    now: impl Fn() -> Option<i64>,
+    mut run: impl FnMut(Vec<I>, i64) -> Fut,
+) where
+    K: Hash + Eq + Clone,
+    Fut: std::future::Future<Output = Result<Vec<O>, StoreError>>,
+{
+    loop {
+        let (items, tickets, deadline) = in_time(members, now());
+        if !items.is_empty() {
+            answer_all(tickets, run(items, deadline).await);
+        }
+        match group.next(&key) {
+            Some(next) => members = next,
+            None => return,
         }
     }
 }
@@ -169,12 +205,12 @@ mod tests {
         }
         assert_eq!(g.waiting(), 3);
         // At most `max` per call, oldest first.
-        let first = g.next(&"a").unwrap();
-        assert_eq!(first.iter().map(|m| m.item).collect::<Vec<_>>(), [2, 3]);
-        answer_all(first, Ok(vec![20, 30]));
-        let second = g.next(&"a").unwrap();
-        assert_eq!(second.iter().map(|m| m.item).collect::<Vec<_>>(), [4]);
-        answer_all(second, Err(StoreError::Unavailable("down".into())));
+        let (items, tickets, _) = in_time(g.next(&"a").unwrap(), None);
+        assert_eq!(items, [2, 3]);
+        answer_all(tickets, Ok(vec![20, 30]));
+        let (items, tickets, _) = in_time(g.next(&"a").unwrap(), None);
+        assert_eq!(items, [4]);
+        answer_all(tickets, Err(StoreError::Unavailable("down".into())));
         assert!(g.next(&"a").is_none(), "empty: the key closes");
         assert!(
             matches!(g.join(&"a", 5, 100), Turn::Lead(5)),
@@ -195,13 +231,15 @@ mod tests {
             Turn::Lead(_) => unreachable!(),
         };
         let _on_time = g.join(&0, 2, 80);
-        let (keep, deadline) = in_time(g.next(&0).unwrap(), Some(60));
-        assert_eq!(keep.iter().map(|m| m.item).collect::<Vec<_>>(), [2]);
+        let (items, _tickets, deadline) = in_time(g.next(&0).unwrap(), Some(60));
+        assert_eq!(items, [2]);
         assert_eq!(deadline, 80, "the group's deadline is its earliest member's");
         assert!(matches!(late.try_recv().unwrap(), Err(StoreError::Unavailable(_))));
         // With no clock sample, nobody is dropped.
-        let (keep, _) = in_time(keep, None);
-        assert_eq!(keep.len(), 1);
+        let _lead = g.join(&1, 0, 0);
+        let _queued = g.join(&1, 3, 10);
+        let (items, _, _) = in_time(g.next(&1).unwrap(), None);
+        assert_eq!(items, [3]);
     }
 
     #[test]
@@ -216,7 +254,8 @@ mod tests {
             Turn::Wait(r) => r,
             Turn::Lead(_) => unreachable!(),
         };
-        answer_all(g.next(&0).unwrap(), Ok(vec![7]));
+        let (_, tickets, _) = in_time(g.next(&0).unwrap(), None);
+        answer_all(tickets, Ok(vec![7]));
         assert_eq!(a.try_recv().unwrap().unwrap(), 7);
         assert!(b.try_recv().unwrap().is_err());
     }

@@ -175,6 +175,8 @@ pub struct Tasks {
     /// Single submits in flight per shard and queue, and those queued behind
     /// them (group commit, `group.rs`).
     submits: group::Group<SubmitKey, NewTask, Submitted>,
+    /// Single completes in flight per shard, and those queued behind them.
+    completes: group::Group<usize, CompleteOne, CompleteOut>,
 }
 
 /// What single submits must share to ride in one script call.
@@ -187,8 +189,24 @@ struct SubmitKey {
     node: String,
 }
 
-/// Most single submits sent in one grouped call.
+/// Most single calls sent in one grouped call.
 const GROUP_MAX: usize = 256;
+
+/// One single complete, as it rides in a group: id, token, result JSON
+/// ('' for none), and the next tasks to claim for its owner.
+struct CompleteOne {
+    id: String,
+    token: u64,
+    result: String,
+    next: NextClaim,
+}
+
+/// A complete's outcome and what was claimed next for its owner.
+type CompleteOut = (Completed, Option<scripts::NextReply>);
+
+fn no_outcome() -> StoreError {
+    StoreError::Decode("the script answered no outcome".into())
+}
 
 /// The first single submit of a burst: when its call returns (or its
 /// caller goes away), what queued behind it goes on in a task of its own.
@@ -202,6 +220,21 @@ impl Drop for SubmitLead {
         let Some(key) = self.key.take() else { return };
         if let Some(members) = self.tasks.submits.next(&key) {
             tokio::spawn(self.tasks.clone().drive_submits(key, members));
+        }
+    }
+}
+
+/// The first single complete of a burst (as [`SubmitLead`]).
+struct CompleteLead {
+    tasks: Arc<Tasks>,
+    shard: Option<usize>,
+}
+
+impl Drop for CompleteLead {
+    fn drop(&mut self) {
+        let Some(shard) = self.shard.take() else { return };
+        if let Some(members) = self.tasks.completes.next(&shard) {
+            tokio::spawn(self.tasks.clone().drive_completes(shard, members));
         }
     }
 }
@@ -247,6 +280,7 @@ impl Tasks {
             limited: Mutex::new(HashMap::new()),
             health,
             submits: group::Group::new(GROUP_MAX),
+            completes: group::Group::new(GROUP_MAX),
         })
     }
 
@@ -358,27 +392,112 @@ impl Tasks {
 
     /// Sends the single submits that queued behind a call, group by group,
     /// until none is left (a task of its own: see `group.rs`).
-    async fn drive_submits(self: Arc<Self>, key: SubmitKey, mut members: Vec<group::Member<NewTask, Submitted>>) {
-        loop {
-            let store = self.store.shard(key.shard);
-            let (members_now, deadline) = group::in_time(members, store.redis_now_estimate());
-            if !members_now.is_empty() {
-                let items: Vec<&NewTask> = members_now.iter().map(|m| &m.item).collect();
-                metrics::counter!("muster_group_commit_calls_total", "op" => "submit").increment(1);
-                metrics::counter!("muster_group_commit_items_total", "op" => "submit").increment(items.len() as u64);
-                let out = self
-                    .submit_in(key.shard, &key.queue, &items, &key.node, key.room, Some(deadline))
-                    .await;
-                if out.is_ok() {
-                    self.note_queue_in(&key.queue, key.shard);
+    async fn drive_submits(self: Arc<Self>, key: SubmitKey, members: Vec<group::Member<NewTask, Submitted>>) {
+        let store = self.store.shard(key.shard);
+        group::drive(
+            &self.submits,
+            key.clone(),
+            members,
+            || store.redis_now_estimate(),
+            |items, deadline| {
+                let (tasks, key) = (&self, &key);
+                async move {
+                    metrics::counter!("muster_group_commit_calls_total", "op" => "submit").increment(1);
+                    metrics::counter!("muster_group_commit_items_total", "op" => "submit")
+                        .increment(items.len() as u64);
+                    let refs: Vec<&NewTask> = items.iter().collect();
+                    let out = tasks
+                        .submit_in(key.shard, &key.queue, &refs, &key.node, key.room, Some(deadline))
+                        .await;
+                    if out.is_ok() {
+                        tasks.note_queue_in(&key.queue, key.shard);
+                    }
+                    out
                 }
-                group::answer_all(members_now, out);
-            }
-            match self.submits.next(&key) {
-                Some(next) => members = next,
-                None => return,
+            },
+        )
+        .await;
+    }
+
+    /// One complete in `shard`, grouped with the single completes to that
+    /// shard that arrive while one is in flight (`group.rs`): its outcome
+    /// and what was claimed next for its owner.
+    async fn complete_one(self: &Arc<Self>, shard: usize, one: CompleteOne) -> Result<CompleteOut, StoreError> {
+        let Some(deadline) = self.store.shard(shard).group_deadline() else {
+            return self
+                .complete_in(shard, vec![one], None)
+                .await?
+                .pop()
+                .ok_or_else(no_outcome);
+        };
+        match self.completes.join(&shard, one, deadline) {
+            group::Turn::Wait(rx) => rx
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Unavailable("the grouped complete was lost".into()))),
+            group::Turn::Lead(one) => {
+                let _lead = CompleteLead {
+                    tasks: self.clone(),
+                    shard: Some(shard),
+                };
+                self.complete_in(shard, vec![one], None)
+                    .await?
+                    .pop()
+                    .ok_or_else(no_outcome)
             }
         }
+    }
+
+    /// Sends the single completes that queued behind a call, group by
+    /// group, until none is left (a task of its own: see `group.rs`).
+    async fn drive_completes(self: Arc<Self>, shard: usize, members: Vec<group::Member<CompleteOne, CompleteOut>>) {
+        let store = self.store.shard(shard);
+        group::drive(
+            &self.completes,
+            shard,
+            members,
+            || store.redis_now_estimate(),
+            |items, deadline| {
+                let tasks = &self;
+                async move {
+                    metrics::counter!("muster_group_commit_calls_total", "op" => "complete").increment(1);
+                    metrics::counter!("muster_group_commit_items_total", "op" => "complete")
+                        .increment(items.len() as u64);
+                    tasks.complete_in(shard, items, Some(deadline)).await
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Completes tasks of `shard` in one script, each with its own next
+    /// claim: an outcome per item, in order.
+    async fn complete_in(
+        &self,
+        shard: usize,
+        items: Vec<CompleteOne>,
+        deadline: Option<i64>,
+    ) -> Result<Vec<CompleteOut>, StoreError> {
+        let call = scripts::Complete {
+            retention_ms: self.cfg.retention_ms,
+            items: items
+                .iter()
+                .map(|c| {
+                    let next = scripts::Next {
+                        max: c.next.max,
+                        queue: c.next.queue.as_deref().unwrap_or(""),
+                        ack_ms: c.next.ack_ms,
+                    };
+                    (c.id.as_str(), c.token, c.result.as_str(), next)
+                })
+                .collect(),
+        };
+        let store = self.store.shard(shard);
+        let reply = match deadline {
+            Some(d) => store.run_until(&self.scripts.complete, &call, d).await?,
+            None => store.run(&self.scripts.complete, &call).await?,
+        };
+        let mut next = reply.next.into_iter();
+        Ok(reply.items.into_iter().map(|c| (c, next.next().flatten())).collect())
     }
 
     /// Submits tasks that all belong in `shard`, in one script (with the
@@ -460,7 +579,7 @@ impl Tasks {
 
     /// Completes tasks; one outcome per item, in order.
     pub async fn complete(
-        &self,
+        self: &Arc<Self>,
         items: &[(String, u64, String)],
     ) -> Result<Vec<Result<Finished, TaskError>>, TaskError> {
         Ok(self.complete_then(items, NextClaim::default()).await?.0)
@@ -473,55 +592,70 @@ impl Tasks {
     /// batch over shards never answers an error for completions it applied.
     /// Only when every shard failed is the whole call the error.
     pub async fn complete_then(
-        &self,
+        self: &Arc<Self>,
         items: &[(String, u64, String)],
         next: NextClaim,
     ) -> Result<(Vec<Result<Finished, TaskError>>, Option<NextClaimed>), TaskError> {
         let max = if items.len() == 1 { next.max } else { 0 };
-        // One script per shard the tasks are in (each id names its shard).
-        // Per shard: the items' places in `items`, and the items.
-        type Part = (Vec<usize>, Vec<(String, u64, String)>);
-        let mut parts: BTreeMap<usize, Part> = BTreeMap::new();
-        for (i, item) in items.iter().enumerate() {
-            let part = parts.entry(self.store.shards().home(&item.0)).or_default();
-            part.0.push(i);
-            part.1.push(item.clone());
-        }
-        let runs = parts.iter().map(|(&shard, (_, part))| {
-            let call = scripts::Complete {
-                retention_ms: self.cfg.retention_ms,
-                next: scripts::Next {
-                    max,
-                    queue: next.queue.as_deref().unwrap_or(""),
-                    ack_ms: next.ack_ms,
-                },
-                items: part,
-            };
-            async move { self.store.shard(shard).run(&self.scripts.complete, &call).await }
-        });
-        let replies = futures_util::future::join_all(runs).await;
         let mut each: Vec<Option<Result<Completed, StoreError>>> = (0..items.len()).map(|_| None).collect();
         let mut next_reply = None;
         let mut tried = 0;
         let mut first_error = None;
         let mut answered = false;
-        for ((&shard, (at, _)), reply) in parts.iter().zip(replies) {
-            match reply {
-                Ok(reply) => {
+        if let [(id, token, result)] = items {
+            // A single complete: grouped with the others to its shard
+            // (group commit, `group.rs`), each with its own next claim.
+            let shard = self.store.shards().home(id);
+            let one = CompleteOne {
+                id: id.clone(),
+                token: *token,
+                result: result.clone(),
+                next: NextClaim { max, ..next.clone() },
+            };
+            match self.complete_one(shard, one).await {
+                Ok((c, n)) => {
                     answered = true;
-                    for (&i, c) in at.iter().zip(reply.items) {
-                        each[i] = Some(Ok(c));
-                    }
-                    if reply.next.is_some() {
-                        next_reply = reply.next;
-                        tried = shard;
-                    }
+                    each[0] = Some(Ok(c));
+                    next_reply = n;
+                    tried = shard;
                 }
-                Err(e) => {
-                    for &i in at {
-                        each[i] = Some(Err(e.clone()));
+                Err(e) => first_error = Some(e),
+            }
+        } else {
+            // One script per shard the tasks are in (each id names its shard).
+            // Per shard: the items' places in `items`, and the items.
+            type Part<'a> = (Vec<usize>, Vec<&'a (String, u64, String)>);
+            let mut parts: BTreeMap<usize, Part<'_>> = BTreeMap::new();
+            for (i, item) in items.iter().enumerate() {
+                let part = parts.entry(self.store.shards().home(&item.0)).or_default();
+                part.0.push(i);
+                part.1.push(item);
+            }
+            let runs = parts.iter().map(|(&shard, (_, part))| {
+                let call = scripts::Complete {
+                    retention_ms: self.cfg.retention_ms,
+                    items: part
+                        .iter()
+                        .map(|(id, token, result)| (id.as_str(), *token, result.as_str(), scripts::Next::default()))
+                        .collect(),
+                };
+                async move { self.store.shard(shard).run(&self.scripts.complete, &call).await }
+            });
+            let replies = futures_util::future::join_all(runs).await;
+            for ((_, (at, _)), reply) in parts.iter().zip(replies) {
+                match reply {
+                    Ok(reply) => {
+                        answered = true;
+                        for (&i, c) in at.iter().zip(reply.items) {
+                            each[i] = Some(Ok(c));
+                        }
                     }
-                    first_error.get_or_insert(e);
+                    Err(e) => {
+                        for &i in at {
+                            each[i] = Some(Err(e.clone()));
+                        }
+                        first_error.get_or_insert(e);
+                    }
                 }
             }
         }

@@ -396,9 +396,9 @@ pub(crate) struct Next<'a> {
 
 pub(crate) struct Complete<'a> {
     pub retention_ms: u64,
-    pub next: Next<'a>,
-    /// id, token, result JSON ('' for none).
-    pub items: &'a [(String, u64, String)],
+    /// id, token, result JSON ('' for none), and the next tasks to claim for
+    /// its owner in the same call (several: grouped single completes).
+    pub items: Vec<(&'a str, u64, &'a str, Next<'a>)>,
 }
 
 /// The outcome of one completed item.
@@ -411,7 +411,9 @@ pub(crate) enum Completed {
 
 pub(crate) struct CompleteReply {
     pub items: Vec<Completed>,
-    pub next: Option<NextReply>,
+    /// Per item, what was claimed next for its owner (empty when no item
+    /// asked).
+    pub next: Vec<Option<NextReply>>,
 }
 
 impl ScriptCall for Complete<'_> {
@@ -420,16 +422,17 @@ impl ScriptCall for Complete<'_> {
         vec![format!("{}:deadlines", k.prefix())]
     }
     fn args(&self) -> Vec<String> {
-        let mut a = Vec::with_capacity(5 + 3 * self.items.len());
-        a.extend([
-            self.retention_ms.to_string(),
-            self.next.max.to_string(),
-            self.next.queue.to_string(),
-            self.next.ack_ms.to_string(),
-            self.items.len().to_string(),
-        ]);
-        for (id, token, result) in self.items {
-            a.extend([id.clone(), token.to_string(), result.clone()]);
+        let mut a = Vec::with_capacity(2 + 6 * self.items.len());
+        a.extend([self.retention_ms.to_string(), self.items.len().to_string()]);
+        for (id, token, result, next) in &self.items {
+            a.extend([
+                id.to_string(),
+                token.to_string(),
+                result.to_string(),
+                next.max.to_string(),
+                next.queue.to_string(),
+                next.ack_ms.to_string(),
+            ]);
         }
         a
     }
@@ -453,12 +456,19 @@ impl FromRedisValue for CompleteReply {
                     other => return Err(decode_error(format!("complete outcome {other:?}"))),
                 });
             }
-            let mut claim = r.array("claim")?;
-            let next = if claim.remaining() > 0 {
-                Some(NextReply::read(&mut claim)?)
-            } else {
-                None
-            };
+            let mut claims = r.array("claims")?;
+            let mut next = Vec::with_capacity(claims.remaining());
+            while claims.remaining() > 0 {
+                let mut claim = claims.array("claim")?;
+                next.push(if claim.remaining() > 0 {
+                    Some(NextReply::read(&mut claim)?)
+                } else {
+                    None
+                });
+            }
+            if !next.is_empty() && next.len() != items.len() {
+                return Err(decode_error(format!("{} claims for {} items", next.len(), items.len())));
+            }
             Ok(CompleteReply { items, next })
         })
     }

@@ -172,3 +172,75 @@ async fn a_group_past_its_deadline_changes_nothing() {
         "the members went as a group"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grouped_completes_keep_their_own_outcomes_and_claim_each_their_owners_next() {
+    let redis = TestRedis::start();
+    let app = TestApp::start(&redis).await;
+    let queue = "grouped-done";
+    const W: usize = 48;
+    for i in 0..2 * W {
+        crate::tasks::submit(&app, queue, json!({"payload": i})).await;
+    }
+    let mut held = Vec::new();
+    for w in 0..W {
+        let worker = format!("gw{w}");
+        crate::tasks::join(&app, &worker).await;
+        let t = crate::tasks::claim_tasks(&app, queue, &worker, 1, 0).await;
+        assert_eq!(t.len(), 1);
+        held.push((worker, t[0].id.clone(), t[0].token));
+    }
+    // Every worker completes at once, asking for its next task; one in
+    // eight with a stale token.
+    let stale = |w: usize| w.is_multiple_of(8);
+    let answers = futures_util::future::join_all(held.iter().enumerate().map(|(w, (_, id, token))| {
+        let token = if stale(w) { token + 1000 } else { *token };
+        let app = &app;
+        async move {
+            app.post(
+                &format!("/api/v1/tasks/{id}/complete"),
+                json!({"token": token, "result": w, "next": {"max": 1}}),
+            )
+            .await
+        }
+    }))
+    .await;
+
+    let mut next_ids = std::collections::BTreeSet::new();
+    let mut tokens = std::collections::BTreeSet::new();
+    for (w, ((worker, id, token), (s, r))) in held.iter().zip(&answers).enumerate() {
+        let (_, t) = app.get(&format!("/api/v1/tasks/{id}")).await;
+        if stale(w) {
+            assert_eq!(*s, 409, "a stale token is refused alone: {r}");
+            assert_eq!(t["state"], "running", "{t}");
+            continue;
+        }
+        assert_eq!(*s, 200, "{r}");
+        assert_eq!(r["state"], "succeeded", "{r}");
+        assert_eq!(t["result"], json!(w), "its own result: {t}");
+        let next = r["next"]["tasks"].as_array().expect("a next task");
+        assert_eq!(next.len(), 1, "{r}");
+        let nid = next[0]["id"].as_str().unwrap().to_string();
+        let ntoken = next[0]["token"].as_u64().unwrap();
+        assert!(next_ids.insert(nid.clone()), "each its own next task: {r}");
+        assert!(tokens.insert(ntoken), "each its own fencing token: {r}");
+        assert!(ntoken > *token, "tokens only grow (G1)");
+        let (_, n) = app.get(&format!("/api/v1/tasks/{nid}")).await;
+        assert_eq!(n["state"], "running", "{n}");
+        assert_eq!(n["owner"], json!(worker), "claimed for the worker that asked: {n}");
+        // The token it was handed is the one that completes it.
+        let (s, r) = app
+            .post(&format!("/api/v1/tasks/{nid}/complete"), json!({"token": ntoken}))
+            .await;
+        assert_eq!(s, 200, "{r}");
+    }
+    assert_eq!(next_ids.len(), W - W / 8);
+
+    let m = app.page("/metrics").await;
+    let calls = series(&m, "muster_group_commit_calls_total{op=\"complete\"}");
+    let items = series(&m, "muster_group_commit_items_total{op=\"complete\"}");
+    assert!(
+        calls >= 1.0 && items > calls,
+        "grouped calls {calls}, their items {items}"
+    );
+}

@@ -8,33 +8,36 @@
 --
 -- KEYS[1]  P:deadlines             (routes the call)
 -- ARGV[1]  retention_ms            how long the finished task is kept
--- ARGV[2]  next_max                0, or (with n = 1) claim up to this many next tasks for
---                                  the task's owner, in this same call
--- ARGV[3]  next_queue              queue to claim from ('': the completed task's queue)
--- ARGV[4]  next_ack_ms                the next tasks' claim lease (ms; 0: none)
--- ARGV[5]  n; then per task: id, token (decimal), result (JSON text, '' for none)
+-- ARGV[2]  n; then 6 fields per task: id, token (decimal), result (JSON text, '' for
+--          none), next_max (0, or claim up to this many next tasks for the task's
+--          owner in this same call), next_queue (queue to claim from; '': the
+--          completed task's queue), next_ack_ms (the next tasks' claim lease, ms; 0:
+--          none). Several tasks with next_max > 0 are the single completes of several
+--          workers, grouped (tasks/group.rs): each claims for its own owner.
 --
--- Returns {items, claim}
---   items  a flat list, 3 entries per task: code, state, attempt
---   claim  when next_max > 0 and the task was completed, {owner, code, next_due, more,
---          task...}: the owner claimed for, then what claim.lua returns; else empty
+-- Returns {items, claims}
+--   items   a flat list, 3 entries per task: code, state, attempt
+--   claims  empty when no task asked for next tasks; else one list per task: for a
+--           task completed with next_max > 0, {owner, code, next_due, more, task...}
+--           (the owner claimed for, then what claim.lua returns), else empty
 --   code  1 succeeded (state 'succeeded:<queue>', for the metrics' label),
 --         E.STALE (token not current or task not running: state is the current one),
 --         E.NOT_FOUND
 -- Emits task.succeeded per completed task, and task.claimed per task claimed next. A
 -- workflow task's completion also dispatches its ready successors
 -- (workflows/lua/hook.lua), in this same call.
-local retention, next_max, next_queue = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local next_ack_ms, n = tonumber(ARGV[4]), tonumber(ARGV[5])
+local retention, n = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local nows = int(now)
 local out = {}
-local next_owner
+-- Per task asking for next tasks: {index, owner, queue, max, ack_ms}.
+local wants = {}
 local zrem, srem, zadd = batch_new(), batch_new(), batch_new()
 local groups = {}
 local deadlines, acked = {}, {}
 for i = 0, n - 1 do
-  local id, token, result = ARGV[6 + i * 3], ARGV[7 + i * 3], ARGV[8 + i * 3]
+  local a = 3 + i * 6
+  local id, token, result = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   local t = tkey(id)
   local f = redis.call('HMGET', t, 'state', 'token', 'queue', 'group', 'owner', 'attempts', 'alias', 'timeout_ms', 'wf',
     'held')
@@ -67,9 +70,11 @@ for i = 0, n - 1 do
     emit_task('task.succeeded', owner, '{"attempt":' .. attempt .. '}', id, q, g)
     if f[9] then wf_on_end(id, 'succeeded', nows) end
     out[#out + 1] = 1; out[#out + 1] = 'succeeded:' .. f[3]; out[#out + 1] = attempt
-    if n == 1 and next_max > 0 then
-      next_owner = owner
-      if next_queue == '' then next_queue = q end
+    local next_max = tonumber(ARGV[a + 3])
+    if next_max > 0 then
+      local nq = ARGV[a + 4]
+      if nq == '' then nq = q end
+      wants[#wants + 1] = {i + 1, owner, nq, next_max, tonumber(ARGV[a + 5])}
     end
   end
 end
@@ -79,6 +84,13 @@ batch_flush(zrem, 'ZREM')
 batch_flush(srem, 'SREM')
 batch_flush(zadd, 'ZADD')
 for g in pairs(groups) do refresh_group_everywhere(g) end
-local claim = {}
-if next_owner then claim_next(next_queue, next_owner, next_max, now, claim, next_ack_ms) end
-return {out, claim}
+local claims = {}
+for i = 1, #wants do
+  local w = wants[i]
+  for j = #claims + 1, w[1] do claims[j] = {} end
+  claim_next(w[3], w[2], w[4], now, claims[w[1]], w[5])
+end
+if #wants > 0 then
+  for j = #claims + 1, n do claims[j] = {} end
+end
+return {out, claims}
