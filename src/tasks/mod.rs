@@ -174,9 +174,9 @@ pub struct Tasks {
     health: Arc<crate::health::Health>,
     /// Single submits in flight per shard and queue, and those queued behind
     /// them (group commit, `group.rs`).
-    submits: group::Group<SubmitKey, NewTask, Submitted>,
+    submits: Arc<group::Group<SubmitKey, NewTask, Submitted>>,
     /// Single completes in flight per shard, and those queued behind them.
-    completes: group::Group<usize, CompleteOne, CompleteOut>,
+    completes: Arc<group::Group<usize, CompleteOne, CompleteOut>>,
 }
 
 /// What single submits must share to ride in one script call.
@@ -206,37 +206,6 @@ type CompleteOut = (Completed, Option<scripts::NextReply>);
 
 fn no_outcome() -> StoreError {
     StoreError::Decode("the script answered no outcome".into())
-}
-
-/// The first single submit of a burst: when its call returns (or its
-/// caller goes away), what queued behind it goes on in a task of its own.
-struct SubmitLead {
-    tasks: Arc<Tasks>,
-    key: Option<SubmitKey>,
-}
-
-impl Drop for SubmitLead {
-    fn drop(&mut self) {
-        let Some(key) = self.key.take() else { return };
-        if let Some(members) = self.tasks.submits.next(&key) {
-            tokio::spawn(self.tasks.clone().drive_submits(key, members));
-        }
-    }
-}
-
-/// The first single complete of a burst (as [`SubmitLead`]).
-struct CompleteLead {
-    tasks: Arc<Tasks>,
-    shard: Option<usize>,
-}
-
-impl Drop for CompleteLead {
-    fn drop(&mut self) {
-        let Some(shard) = self.shard.take() else { return };
-        if let Some(members) = self.tasks.completes.next(&shard) {
-            tokio::spawn(self.tasks.clone().drive_completes(shard, members));
-        }
-    }
 }
 
 fn raw(json: &str) -> Box<RawValue> {
@@ -279,8 +248,8 @@ impl Tasks {
             queue_shards: Mutex::new(shards::QueueShards::new(shards)),
             limited: Mutex::new(HashMap::new()),
             health,
-            submits: group::Group::new(GROUP_MAX),
-            completes: group::Group::new(GROUP_MAX),
+            submits: Arc::new(group::Group::new(GROUP_MAX)),
+            completes: Arc::new(group::Group::new(GROUP_MAX)),
         })
     }
 
@@ -369,45 +338,20 @@ impl Tasks {
             room,
             node: node.to_string(),
         };
-        match self.submits.join(&key, task, deadline) {
-            group::Turn::Wait(rx) => {
-                let out = rx
-                    .await
-                    .unwrap_or_else(|_| Err(StoreError::Unavailable("the grouped submit was lost".into())))?;
-                Ok(out)
-            }
-            group::Turn::Lead(task) => {
-                let _lead = SubmitLead {
-                    tasks: self.clone(),
-                    key: Some(key),
-                };
-                let out = self.submit_in(shard, queue, &[&task], node, room, None).await?;
-                self.note_queue_in(queue, shard);
-                out.into_iter()
-                    .next()
-                    .ok_or_else(|| StoreError::Decode("enqueue answered nothing".into()).into())
-            }
-        }
-    }
-
-    /// Sends the single submits that queued behind a call, group by group,
-    /// until none is left (a task of its own: see `group.rs`).
-    async fn drive_submits(self: Arc<Self>, key: SubmitKey, members: Vec<group::Member<NewTask, Submitted>>) {
-        let store = self.store.shard(key.shard);
-        group::drive(
-            &self.submits,
-            key.clone(),
-            members,
-            || store.redis_now_estimate(),
-            |items, deadline| {
-                let (tasks, key) = (&self, &key);
+        let (tasks, send_key, store) = (self.clone(), key.clone(), self.store.shard(shard));
+        let how = group::Sender {
+            now: move || store.redis_now_estimate(),
+            send: move |items: Vec<NewTask>, deadline: Option<i64>| {
+                let (tasks, key) = (tasks.clone(), send_key.clone());
                 async move {
-                    metrics::counter!("muster_group_commit_calls_total", "op" => "submit").increment(1);
-                    metrics::counter!("muster_group_commit_items_total", "op" => "submit")
-                        .increment(items.len() as u64);
+                    if items.len() > 1 {
+                        metrics::counter!("muster_group_commit_calls_total", "op" => "submit").increment(1);
+                        metrics::counter!("muster_group_commit_items_total", "op" => "submit")
+                            .increment(items.len() as u64);
+                    }
                     let refs: Vec<&NewTask> = items.iter().collect();
                     let out = tasks
-                        .submit_in(key.shard, &key.queue, &refs, &key.node, key.room, Some(deadline))
+                        .submit_in(key.shard, &key.queue, &refs, &key.node, key.room, deadline)
                         .await;
                     if out.is_ok() {
                         tasks.note_queue_in(&key.queue, key.shard);
@@ -415,8 +359,8 @@ impl Tasks {
                     out
                 }
             },
-        )
-        .await;
+        };
+        Ok(group::call(&self.submits, key, task, deadline, how).await?)
     }
 
     /// One complete in `shard`, grouped with the single completes to that
@@ -430,43 +374,22 @@ impl Tasks {
                 .pop()
                 .ok_or_else(no_outcome);
         };
-        match self.completes.join(&shard, one, deadline) {
-            group::Turn::Wait(rx) => rx
-                .await
-                .unwrap_or_else(|_| Err(StoreError::Unavailable("the grouped complete was lost".into()))),
-            group::Turn::Lead(one) => {
-                let _lead = CompleteLead {
-                    tasks: self.clone(),
-                    shard: Some(shard),
-                };
-                self.complete_in(shard, vec![one], None)
-                    .await?
-                    .pop()
-                    .ok_or_else(no_outcome)
-            }
-        }
-    }
-
-    /// Sends the single completes that queued behind a call, group by
-    /// group, until none is left (a task of its own: see `group.rs`).
-    async fn drive_completes(self: Arc<Self>, shard: usize, members: Vec<group::Member<CompleteOne, CompleteOut>>) {
-        let store = self.store.shard(shard);
-        group::drive(
-            &self.completes,
-            shard,
-            members,
-            || store.redis_now_estimate(),
-            |items, deadline| {
-                let tasks = &self;
+        let (tasks, store) = (self.clone(), self.store.shard(shard));
+        let how = group::Sender {
+            now: move || store.redis_now_estimate(),
+            send: move |items: Vec<CompleteOne>, deadline: Option<i64>| {
+                let tasks = tasks.clone();
                 async move {
-                    metrics::counter!("muster_group_commit_calls_total", "op" => "complete").increment(1);
-                    metrics::counter!("muster_group_commit_items_total", "op" => "complete")
-                        .increment(items.len() as u64);
-                    tasks.complete_in(shard, items, Some(deadline)).await
+                    if items.len() > 1 {
+                        metrics::counter!("muster_group_commit_calls_total", "op" => "complete").increment(1);
+                        metrics::counter!("muster_group_commit_items_total", "op" => "complete")
+                            .increment(items.len() as u64);
+                    }
+                    tasks.complete_in(shard, items, deadline).await
                 }
             },
-        )
-        .await;
+        };
+        group::call(&self.completes, shard, one, deadline, how).await
     }
 
     /// Completes tasks of `shard` in one script, each with its own next
