@@ -309,6 +309,11 @@ pub struct TasksConfig {
     pub max_limit_keys: u32,
     /// How often each node trims expired index entries.
     pub janitor_interval_ms: u64,
+    /// Group commit (issue 41): how many single submits (per queue and
+    /// shard) or completes (per shard) a node keeps in flight at once before
+    /// the next ones queue and ride together in one script call. 0: never
+    /// grouped.
+    pub group_in_flight: u32,
 }
 
 impl TasksConfig {
@@ -340,6 +345,7 @@ impl Default for TasksConfig {
             max_limits: 1000,
             max_limit_keys: 100_000,
             janitor_interval_ms: 5000,
+            group_in_flight: 4,
         }
     }
 }

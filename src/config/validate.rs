@@ -154,6 +154,12 @@ impl Config {
         if t.max_limit_keys == 0 {
             return err("tasks.max_limit_keys", "must be greater than 0");
         }
+        if t.group_in_flight > 1024 {
+            return err(
+                "tasks.group_in_flight",
+                "must be at most 1024 (0 turns group commit off)",
+            );
+        }
         let ack = self.claim.ack_ms;
         if ack != 0 && !crate::validate::CLAIM_ACK_MS.contains(&ack) {
             return err(

@@ -1,11 +1,14 @@
 //! Group commit (issue 41): concurrent single calls of one kind for the same
 //! shard ride together in one script call.
 //!
-//! No timer: a call that finds nothing in flight for its key goes at once,
-//! alone, so at low load nothing waits and nothing is added to its latency.
-//! Calls that arrive while one is in flight queue behind it; when it
-//! returns, everything queued (up to `max`) goes as one script call, and so
-//! on until the queue is empty. Under load the calls ride together, and the
+//! No timer: a call that finds fewer than `in_flight` calls in flight for
+//! its key goes at once, alone, so at low load nothing waits and nothing is
+//! added to its latency. Calls that arrive while that many are in flight
+//! queue; when one returns, everything queued (up to `max`) goes as one
+//! script call in its place, and so on until the queue is empty. (One in
+//! flight groups soonest, but serialises what the connection would have
+//! pipelined: at a handful of callers it cost more than it saved; see
+//! BENCHMARKS.md.) Under load the calls ride together, and the
 //! script, the round trip and the event-stream write are paid once per group.
 //!
 //! Each member keeps its own outcome: the scripts already answer per item
@@ -61,17 +64,27 @@ enum Turn<I, O> {
 
 /// The queues of one kind of call, by key.
 pub(super) struct Group<K, I, O> {
-    /// A key is present while a call for it is in flight; its value is what
-    /// queued behind that call.
-    open: Mutex<HashMap<K, Vec<Member<I, O>>>>,
+    /// A key is present while calls for it are in flight: how many, and
+    /// what queued behind them.
+    open: Mutex<HashMap<K, Open<I, O>>>,
+    /// Calls in flight per key before the next ones queue (at least 1).
+    in_flight: usize,
     /// Most members sent in one call.
     max: usize,
 }
 
+struct Open<I, O> {
+    calls: usize,
+    queue: Vec<Member<I, O>>,
+}
+
 impl<K: Hash + Eq + Clone, I, O> Group<K, I, O> {
-    pub(super) fn new(max: usize) -> Self {
+    /// `in_flight` calls per key go alone before the next ones queue;
+    /// groups of at most `max`.
+    pub(super) fn new(in_flight: usize, max: usize) -> Self {
         Group {
             open: Mutex::new(HashMap::new()),
+            in_flight: in_flight.max(1),
             max: max.max(1),
         }
     }
@@ -79,30 +92,43 @@ impl<K: Hash + Eq + Clone, I, O> Group<K, I, O> {
     fn join(&self, key: &K, item: I, deadline: i64) -> Turn<I, O> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         match open.get_mut(key) {
-            Some(queue) => {
+            Some(o) if o.calls >= self.in_flight => {
                 let (tx, rx) = oneshot::channel();
-                queue.push(Member { item, deadline, tx });
+                o.queue.push(Member { item, deadline, tx });
                 Turn::Wait(rx)
             }
+            Some(o) => {
+                o.calls += 1;
+                Turn::Lead(item)
+            }
             None => {
-                open.insert(key.clone(), Vec::new());
+                open.insert(
+                    key.clone(),
+                    Open {
+                        calls: 1,
+                        queue: Vec::new(),
+                    },
+                );
                 Turn::Lead(item)
             }
         }
     }
 
-    /// After a call for `key` returned: the members queued behind it (at
-    /// most `max`, oldest first), to go next as one call; None, and the key
-    /// is closed (the next call goes alone), when nobody queued.
+    /// After a call for `key` returned: the members queued (at most `max`,
+    /// oldest first), to go next as one call in its place; None, and one
+    /// call fewer is in flight (the key closes at none), when nobody queued.
     fn next(&self, key: &K) -> Option<Vec<Member<I, O>>> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let queue = open.get_mut(key)?;
-        if queue.is_empty() {
-            open.remove(key);
+        let o = open.get_mut(key)?;
+        if o.queue.is_empty() {
+            o.calls -= 1;
+            if o.calls == 0 {
+                open.remove(key);
+            }
             return None;
         }
-        let rest = queue.split_off(queue.len().min(self.max));
-        Some(std::mem::replace(queue, rest))
+        let rest = o.queue.split_off(o.queue.len().min(self.max));
+        Some(std::mem::replace(&mut o.queue, rest))
     }
 }
 
@@ -322,7 +348,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_call_goes_alone_and_calls_behind_it_ride_together_with_their_own_outcomes() {
-        let g = Arc::new(Group::<&str, u32, u32>::new(100));
+        let g = Arc::new(Group::<&str, u32, u32>::new(1, 100));
         let fake = Fake::default();
         // Alone: sent at once, in the caller's task, with no deadline given.
         assert_eq!(call(&g, "k", 1, 1_000, fake.how(5, Some(0))).await.unwrap(), 2);
@@ -341,8 +367,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn up_to_in_flight_calls_go_alone_before_the_next_ones_queue() {
+        let g = Arc::new(Group::<u8, u32, u32>::new(3, 100));
+        let fake = Fake::default();
+        let outs =
+            futures_util::future::join_all((1..=8u32).map(|i| call(&g, 0, i, 1_000, fake.how(20, Some(0))))).await;
+        assert!(outs.into_iter().all(|o| o.is_ok()));
+        let calls = fake.calls.lock().unwrap().clone();
+        // Three alone at once; the five behind them as one group in the
+        // place of the first to return.
+        assert_eq!(calls[..3], [(1, None), (1, None), (1, None)]);
+        assert_eq!(calls[3..], [(5, Some(1_000))]);
+        assert!(g.open.lock().unwrap().is_empty(), "every slot given back");
+    }
+
+    #[tokio::test]
     async fn a_lone_member_behind_a_call_leads_its_own_call_and_a_late_one_is_not_sent() {
-        let g = Arc::new(Group::<u8, u32, u32>::new(100));
+        let g = Arc::new(Group::<u8, u32, u32>::new(1, 100));
         let fake = Fake::default();
         let (a, b) = tokio::join!(call(&g, 0, 1, 50, fake.how(10, Some(0))), async {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -364,7 +405,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_group_error_reaches_every_member_and_a_dropped_leader_passes_the_queue_on() {
-        let g = Arc::new(Group::<u8, u32, u32>::new(100));
+        let g = Arc::new(Group::<u8, u32, u32>::new(1, 100));
         let fake = Fake::default();
         let (a, b, c) = tokio::join!(
             call(&g, 0, 1, 50, fake.how(10, None)),

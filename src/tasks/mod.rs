@@ -237,6 +237,7 @@ impl Tasks {
     ) -> Arc<Tasks> {
         let scripts = Scripts::new(ctx);
         let shards = store.shard_count();
+        let in_flight = cfg.group_in_flight as usize;
         Arc::new(Tasks {
             store,
             cfg,
@@ -248,8 +249,8 @@ impl Tasks {
             queue_shards: Mutex::new(shards::QueueShards::new(shards)),
             limited: Mutex::new(HashMap::new()),
             health,
-            submits: Arc::new(group::Group::new(GROUP_MAX)),
-            completes: Arc::new(group::Group::new(GROUP_MAX)),
+            submits: Arc::new(group::Group::new(in_flight, GROUP_MAX)),
+            completes: Arc::new(group::Group::new(in_flight, GROUP_MAX)),
         })
     }
 
@@ -323,9 +324,10 @@ impl Tasks {
         room: u32,
     ) -> Result<Submitted, TaskError> {
         let shard = self.shard_of(queue, &task);
-        let Some(deadline) = self.store.shard(shard).group_deadline() else {
-            // Before the first clock sample, or acknowledged (WAIT on the
-            // request's own connection): alone.
+        let deadline = self.store.shard(shard).group_deadline();
+        let Some(deadline) = deadline.filter(|_| self.cfg.group_in_flight > 0) else {
+            // Group commit off; before the first clock sample; or
+            // acknowledged (WAIT on the request's own connection): alone.
             let out = self.submit(queue, std::slice::from_ref(&task), node, room).await?;
             return out
                 .into_iter()
@@ -367,7 +369,8 @@ impl Tasks {
     /// shard that arrive while one is in flight (`group.rs`): its outcome
     /// and what was claimed next for its owner.
     async fn complete_one(self: &Arc<Self>, shard: usize, one: CompleteOne) -> Result<CompleteOut, StoreError> {
-        let Some(deadline) = self.store.shard(shard).group_deadline() else {
+        let deadline = self.store.shard(shard).group_deadline();
+        let Some(deadline) = deadline.filter(|_| self.cfg.group_in_flight > 0) else {
             return self
                 .complete_in(shard, vec![one], None)
                 .await?

@@ -105,7 +105,12 @@ async fn a_group_past_its_deadline_changes_nothing() {
     let redis = TestRedis::start_with(&["--enable-debug-command", "yes"]);
     let proxy = FaultProxy::start(redis.port).await;
     let direct = TestApp::start(&redis).await;
-    let a = TestApp::start_with(&redis, |c| c.redis.url = proxy.url()).await;
+    // One call in flight: the rest queue behind it.
+    let a = TestApp::start_with(&redis, |c| {
+        c.redis.url = proxy.url();
+        c.tasks.group_in_flight = 1;
+    })
+    .await;
     // The script loaded first (a held EVALSHA Redis has never seen would
     // come back NOSCRIPT and prove nothing).
     let (s, _) = a.post("/api/v1/queues/warm/tasks", json!({"payload": 0})).await;
