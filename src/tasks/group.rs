@@ -42,8 +42,9 @@ enum Msg<I, O> {
     /// Its outcome.
     Done(Result<O, StoreError>),
     /// Its turn: send its own item now (it was the only one queued), with
-    /// its deadline.
-    Lead(I, i64),
+    /// its deadline, and pass the queue on after (the guard does it even
+    /// if the member is gone before it reads this: the slot is never lost).
+    Lead(I, i64, PassOn),
 }
 
 /// One queued call: its item, the Redis-time deadline it arrived with, and
@@ -140,6 +141,15 @@ pub(super) struct Sender<N, S> {
     pub(super) send: S,
 }
 
+impl<N: Clone, S: Clone> Clone for Sender<N, S> {
+    fn clone(&self) -> Self {
+        Sender {
+            now: self.now.clone(),
+            send: self.send.clone(),
+        }
+    }
+}
+
 /// Runs one call of `item` through the group for `key` (deadline in Redis
 /// ms, taken now): its outcome, exactly as if it had gone alone.
 pub(super) async fn call<K, I, O, N, S, F>(
@@ -157,30 +167,15 @@ where
     S: Fn(Vec<I>, Option<i64>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Vec<O>, StoreError>> + Send + 'static,
 {
-    let (item, until) = match group.join(&key, item, deadline) {
-        Turn::Lead(item) => (item, None),
+    // Once this call leads, the queue goes on when it returns, or when its
+    // caller goes away (the guard).
+    let (item, until, _pass) = match group.join(&key, item, deadline) {
+        Turn::Lead(item) => (item, None, pass_on(group.clone(), key, how.clone())),
         Turn::Wait(rx) => match rx.await {
             Ok(Msg::Done(out)) => return out,
-            Ok(Msg::Lead(item, deadline)) => (item, Some(deadline)),
+            Ok(Msg::Lead(item, deadline, pass)) => (item, Some(deadline), pass),
             Err(_) => return Err(StoreError::Unavailable("the grouped call was lost".into())),
         },
-    };
-    // From here this call leads: the queue goes on when it returns, or
-    // when its caller goes away.
-    let _pass = {
-        let (group, key, how) = (
-            group.clone(),
-            key,
-            Sender {
-                now: how.now.clone(),
-                send: how.send.clone(),
-            },
-        );
-        PassOn(Some(Box::new(move || {
-            if let Some(members) = hand_on(&group, &key) {
-                tokio::spawn(drive(group, key, members, how));
-            }
-        })))
     };
     if let (Some(d), Some(now)) = (until, (how.now)())
         && now >= d
@@ -201,6 +196,13 @@ fn late() -> StoreError {
 /// Passes a key's queue on when the call that led it ends (or is dropped).
 struct PassOn(Option<Box<dyn FnOnce() + Send>>);
 
+impl PassOn {
+    /// Does nothing when dropped (its slot went to someone else).
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
 impl Drop for PassOn {
     fn drop(&mut self) {
         if let Some(pass) = self.0.take() {
@@ -209,20 +211,46 @@ impl Drop for PassOn {
     }
 }
 
-/// The next of `key`'s queue: a lone member is handed the lead (None); a
-/// group of several is returned, for a task of its own to send; None when
-/// the queue is empty (the key closes).
-fn hand_on<K: Hash + Eq + Clone, I, O>(group: &Group<K, I, O>, key: &K) -> Option<Vec<Member<I, O>>> {
+/// The guard of one in-flight slot of `key`: when dropped, the queue goes
+/// on (a lone member is handed the slot, a group gets a task of its own),
+/// or the slot is given back.
+fn pass_on<K, I, O, N, S, F>(group: Arc<Group<K, I, O>>, key: K, how: Sender<N, S>) -> PassOn
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    I: Send + 'static,
+    O: Send + 'static,
+    N: Fn() -> Option<i64> + Clone + Send + Sync + 'static,
+    S: Fn(Vec<I>, Option<i64>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Vec<O>, StoreError>> + Send + 'static,
+{
+    PassOn(Some(Box::new(move || {
+        let make = || pass_on(group.clone(), key.clone(), how.clone());
+        if let Some(members) = hand_on(&group, &key, &make) {
+            tokio::spawn(drive(group, key, members, how));
+        }
+    })))
+}
+
+/// The next of `key`'s queue: a lone member is handed the lead with a
+/// guard from `make` (None); a group of several is returned, for a task of
+/// its own to send; None when the queue is empty (the slot is given back).
+fn hand_on<K: Hash + Eq + Clone, I, O>(
+    group: &Group<K, I, O>,
+    key: &K,
+    make: &dyn Fn() -> PassOn,
+) -> Option<Vec<Member<I, O>>> {
     loop {
         let mut members = group.next(key)?;
         if members.len() > 1 {
             return Some(members);
         }
         let m = members.pop()?;
-        match m.tx.send(Msg::Lead(m.item, m.deadline)) {
+        match m.tx.send(Msg::Lead(m.item, m.deadline, make())) {
             Ok(()) => return None,
-            // Its caller went away: its item is not sent; look again.
-            Err(_) => continue,
+            // Its caller went away: its item is not sent, and the slot is
+            // still ours; look again.
+            Err(Msg::Lead(_, _, pass)) => pass.disarm(),
+            Err(Msg::Done(_)) => {}
         }
     }
 }
@@ -231,17 +259,20 @@ fn hand_on<K: Hash + Eq + Clone, I, O>(group: &Group<K, I, O>, key: &K) -> Optio
 /// (handed the lead) or nothing (a task of its own: see the module header).
 async fn drive<K, I, O, N, S, F>(group: Arc<Group<K, I, O>>, key: K, mut members: Vec<Member<I, O>>, how: Sender<N, S>)
 where
-    K: Hash + Eq + Clone,
-    N: Fn() -> Option<i64>,
-    S: Fn(Vec<I>, Option<i64>) -> F,
-    F: Future<Output = Result<Vec<O>, StoreError>>,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    I: Send + 'static,
+    O: Send + 'static,
+    N: Fn() -> Option<i64> + Clone + Send + Sync + 'static,
+    S: Fn(Vec<I>, Option<i64>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Vec<O>, StoreError>> + Send + 'static,
 {
     loop {
         let (items, tickets, deadline) = in_time(members, (how.now)());
         if !items.is_empty() {
             answer_all(tickets, (how.send)(items, Some(deadline)).await);
         }
-        match hand_on(&group, &key) {
+        let make = || pass_on(group.clone(), key.clone(), how.clone());
+        match hand_on(&group, &key, &make) {
             Some(next) => members = next,
             None => return,
         }
@@ -401,6 +432,26 @@ mod tests {
         assert_eq!(a.unwrap(), 2);
         assert!(matches!(b, Err(StoreError::Unavailable(_))));
         assert_eq!(*fake.calls.lock().unwrap(), [(1, None)]);
+    }
+
+    #[tokio::test]
+    async fn a_member_gone_after_it_was_handed_the_lead_loses_no_slot() {
+        let g = Arc::new(Group::<u8, u32, u32>::new(1, 100));
+        let fake = Fake::default();
+        let a = call(&g, 0, 1, 50, fake.how(20, None));
+        let mut b = Box::pin(call(&g, 0, 2, 50, fake.how(5, None)));
+        let mut a = Box::pin(a);
+        // A leads; B queues behind it (polled once, then left alone).
+        assert!(futures_util::poll!(&mut a).is_pending());
+        assert!(futures_util::poll!(&mut b).is_pending());
+        // A returns and hands B the lead; B's caller goes away before B
+        // reads it.
+        assert_eq!(a.await.unwrap(), 2);
+        drop(b);
+        assert!(g.open.lock().unwrap().is_empty(), "the slot came back");
+        // The next call goes at once.
+        let c = tokio::time::timeout(Duration::from_secs(1), call(&g, 0, 3, 50, fake.how(5, None))).await;
+        assert_eq!(c.unwrap().unwrap(), 6);
     }
 
     #[tokio::test]
