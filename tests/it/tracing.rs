@@ -172,6 +172,16 @@ struct Receiver {
 }
 
 impl Receiver {
+    /// A node on `redis` exporting its spans here, with `tweak` applied.
+    async fn node(&self, redis: &TestRedis, tweak: impl FnOnce(&mut muster::config::Config)) -> TestApp {
+        let endpoint = self.url.clone();
+        TestApp::start_with(redis, |c| {
+            c.telemetry.otlp_endpoint = endpoint;
+            tweak(c);
+        })
+        .await
+    }
+
     async fn start() -> Receiver {
         let spans: Arc<Mutex<Vec<Got>>> = Arc::default();
         let requests = Arc::new(AtomicU32::new(0));
@@ -254,10 +264,8 @@ fn caller_traceparent() -> String {
 async fn one_trace_follows_a_task_from_its_submit_through_a_retry_across_two_nodes() {
     let receiver = Receiver::start().await;
     let redis = TestRedis::start();
-    let endpoint = receiver.url.clone();
-    let mut a = TestApp::start_with(&redis, |c| c.telemetry.otlp_endpoint = endpoint.clone()).await;
-    let endpoint = receiver.url.clone();
-    let mut b = TestApp::start_with(&redis, |c| c.telemetry.otlp_endpoint = endpoint.clone()).await;
+    let mut a = receiver.node(&redis, |_| {}).await;
+    let mut b = receiver.node(&redis, |_| {}).await;
     let queue = "traced";
 
     // Submitted on node a, by a caller in trace CALLER_TRACE.
@@ -580,8 +588,7 @@ async fn a_receiver_that_is_down_blocks_nothing_and_the_dropped_spans_are_counte
 async fn a_workflows_tasks_share_its_runs_trace() {
     let receiver = Receiver::start().await;
     let redis = TestRedis::start();
-    let endpoint = receiver.url.clone();
-    let mut app = TestApp::start_with(&redis, |c| c.telemetry.otlp_endpoint = endpoint.clone()).await;
+    let mut app = receiver.node(&redis, |_| {}).await;
     let queue = "traced-flow";
     let (status, body) = send(
         app.request(reqwest::Method::POST, "/api/v1/workflows")
@@ -644,12 +651,11 @@ async fn a_workflows_tasks_share_its_runs_trace() {
 async fn each_schedule_occurrence_starts_a_trace_and_a_trigger_joins_the_callers() {
     let receiver = Receiver::start().await;
     let redis = TestRedis::start();
-    let endpoint = receiver.url.clone();
-    let mut app = TestApp::start_with(&redis, |c| {
-        c.telemetry.otlp_endpoint = endpoint.clone();
-        c.schedules.interval_ms = 100;
-    })
-    .await;
+    let mut app = receiver
+        .node(&redis, |c| {
+            c.schedules.interval_ms = 100;
+        })
+        .await;
     let queue = "traced-cron";
     let (status, body) = app
         .post(
@@ -717,12 +723,11 @@ async fn each_schedule_occurrence_starts_a_trace_and_a_trigger_joins_the_callers
 async fn a_task_recovered_from_a_dead_worker_gets_a_recover_span_in_its_trace() {
     let receiver = Receiver::start().await;
     let redis = TestRedis::start();
-    let endpoint = receiver.url.clone();
-    let mut app = TestApp::start_with(&redis, |c| {
-        c.telemetry.otlp_endpoint = endpoint.clone();
-        c.orphans.interval_ms = 100;
-    })
-    .await;
+    let mut app = receiver
+        .node(&redis, |c| {
+            c.orphans.interval_ms = 100;
+        })
+        .await;
     let queue = "traced-orphan";
     let (status, body) = send(
         app.request(reqwest::Method::POST, &format!("/api/v1/queues/{queue}/tasks"))
@@ -761,8 +766,7 @@ async fn a_task_recovered_from_a_dead_worker_gets_a_recover_span_in_its_trace() 
 async fn a_batch_has_one_send_span_and_a_claim_of_several_one_receive_span_linked_to_them() {
     let receiver = Receiver::start().await;
     let redis = TestRedis::start();
-    let endpoint = receiver.url.clone();
-    let mut app = TestApp::start_with(&redis, |c| c.telemetry.otlp_endpoint = endpoint.clone()).await;
+    let mut app = receiver.node(&redis, |_| {}).await;
     let queue = "traced-batch";
     let own = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let (status, body) = send(
@@ -823,12 +827,11 @@ async fn a_batch_has_one_send_span_and_a_claim_of_several_one_receive_span_linke
 async fn a_timed_out_task_and_a_lapsed_claim_get_spans_in_their_traces() {
     let receiver = Receiver::start().await;
     let redis = TestRedis::start();
-    let endpoint = receiver.url.clone();
-    let mut app = TestApp::start_with(&redis, |c| {
-        c.telemetry.otlp_endpoint = endpoint.clone();
-        c.orphans.interval_ms = 100;
-    })
-    .await;
+    let mut app = receiver
+        .node(&redis, |c| {
+            c.orphans.interval_ms = 100;
+        })
+        .await;
     let submit = |queue: &'static str, body: Value| {
         let app = &app;
         async move {
