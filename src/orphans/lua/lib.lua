@@ -37,8 +37,8 @@ local function recover_task(id, owner, o)
     finish(id, q, 'cancelled', nows, o.retention)
     emit_task('task.cancelled', o.actor, '{"attempt":' .. attempt .. '}', id, q, g)
     action = 'cancelled'
-  elseif attempt < tonumber(f[6]) then
-    make_queued(id, q, g, order_score(tonumber(f[7] or '0'), front_seq()), nows)
+  elseif attempt < tonumber(f[6] or TASK_DEFAULTS.max_attempts) then
+    make_queued(id, q, g, order_score(tonumber(f[7] or TASK_DEFAULTS.priority), front_seq()), nows)
     action = 'requeued'
   else
     finish(id, q, 'dead', nows, o.dead_ttl)

@@ -49,7 +49,8 @@ for i = 1, #due do
       emit_task('task.cancelled', actor, '{"attempt":' .. attempt .. '}', id, q, g)
       action = 'cancelled'
     else
-      local state = fail_or_retry(id, q, attempt, tonumber(f[6]), tonumber(f[7]), tonumber(f[8]), jitter, true,
+      local state = fail_or_retry(id, q, attempt, tonumber(f[6] or TASK_DEFAULTS.max_attempts),
+        tonumber(f[7] or TASK_DEFAULTS.backoff_base), tonumber(f[8] or TASK_DEFAULTS.backoff_cap), jitter, true,
         now, dead_ttl, actor, 'timeout')
       if state == 'dead' then
         dead = dead + 1

@@ -75,14 +75,14 @@ for i = 1, #due do
       emit_task('task.cancelled', actor, '{"attempt":' .. attempt .. ',"reason":"not_acknowledged"}', id, q, g)
       cancelled = cancelled + 1
       action = 'cancelled'
-    elseif counted and attempt >= tonumber(f[8] or '1') then
+    elseif counted and attempt >= tonumber(f[8] or TASK_DEFAULTS.max_attempts) then
       finish(id, q, 'dead', nows, dead_retention)
       emit_task('task.dead', actor, '{"attempt":' .. attempt .. ',"reason":"not_acknowledged"}', id, q, g)
       dead = dead + 1
       dead_queues[#dead_queues + 1] = q
       action = 'dead'
     else
-      make_queued(id, q, g, order_score(tonumber(f[6] or '0'), front_seq()), nows)
+      make_queued(id, q, g, order_score(tonumber(f[6] or TASK_DEFAULTS.priority), front_seq()), nows)
       emit_task('task.requeued', actor, {owner = owner, attempt = attempt, reason = 'not_acknowledged'}, id, q, g)
       requeued = requeued + 1
       queues[#queues + 1] = q

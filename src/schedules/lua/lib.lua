@@ -97,9 +97,9 @@ local function submit_task(s, sf, id, idem, occurrence, nows, o, tp)
   end
   local prev = redis.call('GET', P .. ':idem:' .. idem)
   if prev then return 2, prev end
-  local fields = {'queue', q, 'priority', sf.priority, 'max_attempts', sf.max_attempts,
-    'backoff_base', sf.backoff_base, 'backoff_cap', sf.backoff_cap, 'created_at', nows, 'node', o.node,
-    'idem', idem, 'schedule', s, 'occurrence', occurrence}
+  local fields = {'queue', q, 'created_at', nows, 'node', o.node, 'idem', idem, 'schedule', s,
+    'occurrence', occurrence}
+  task_settings(fields, sf.priority, sf.max_attempts, sf.backoff_base, sf.backoff_cap)
   payload_fields(fields, sf.payload)
   if sf.timeout_ms and sf.timeout_ms ~= '0' then
     fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = sf.timeout_ms

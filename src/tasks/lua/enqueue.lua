@@ -110,8 +110,8 @@ for i = 0, n - 1 do
     local due = now
     if run_at > 0 then due = run_at elseif delay > 0 then due = now + delay end
     local state, score = 'queued', order_score(tonumber(prio), seq + i)
-    local fields = {'queue', q, 'priority', prio, 'max_attempts', ARGV[b + 6],
-      'backoff_base', ARGV[b + 10], 'backoff_cap', ARGV[b + 11], 'created_at', nows, 'node', node}
+    local fields = {'queue', q, 'created_at', nows, 'node', node}
+    task_settings(fields, prio, ARGV[b + 6], ARGV[b + 10], ARGV[b + 11])
     payload_fields(fields, payload)
     if ARGV[b + 7] ~= '0' then fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = ARGV[b + 7] end
     if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end

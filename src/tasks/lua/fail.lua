@@ -45,7 +45,8 @@ if f[10] == '1' then
   claim_next(next_queue, owner, next_max, now, out, next_ack_ms)
   return out
 end
-local state, run_at = fail_or_retry(id, q, attempt, tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), jitter,
+local state, run_at = fail_or_retry(id, q, attempt, tonumber(f[7] or TASK_DEFAULTS.max_attempts),
+  tonumber(f[8] or TASK_DEFAULTS.backoff_base), tonumber(f[9] or TASK_DEFAULTS.backoff_cap), jitter,
   retryable, now, dead_ttl, owner, 'failed')
 local out = {1, state, attempt, run_at, q}
 if next_queue == '' then next_queue = q end

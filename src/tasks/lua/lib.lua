@@ -6,7 +6,9 @@
 -- Key layout (P is the hash-tagged prefix; q a queue, g a group, id a task id):
 --   P:task:<id>             hash   the task; TTL once finished (retention). Its payload:
 --                                  `payload`, or parts p1..pN with `parts` = N (see
---                                  payload_fields). Attempt log:
+--                                  payload_fields). priority, max_attempts, backoff_base
+--                                  and backoff_cap only when not their TASK_DEFAULTS.
+--                                  Attempt log:
 --                                  a<n> 'node|token|claimed_at', e<n> 'ended_at|outcome';
 --                                  x<1..10> 'attempt|node|token|claimed_at|ended_at' for
 --                                  the latest claims not acknowledged (unacked: how many)
@@ -112,6 +114,24 @@ local function payload_fields(fields, payload)
     i = e + 1
   end
   fields[#fields + 1] = 'parts'; fields[#fields + 1] = tostring(k)
+end
+
+-- A task hash leaves out these fields while they hold these values (issue 41:
+-- memory per queued task: each listpack entry costs its name and its value).
+-- Fixed here, not taken from the configuration, so a hash reads the same
+-- whatever the node that wrote it was configured with: read a missing one as
+-- TASK_DEFAULTS[name] (`f[i] or TASK_DEFAULTS.max_attempts`); Rust's reader
+-- has the same values (tasks/read.rs).
+local TASK_DEFAULTS = {priority = '0', max_attempts = '3', backoff_base = '1000', backoff_cap = '300000'}
+
+-- Appends the task's priority, attempts and backoff to `fields` (HSET name,
+-- value pairs), leaving out those that hold their TASK_DEFAULTS value.
+local function task_settings(fields, priority, max_attempts, base, cap)
+  local v = {priority = priority, max_attempts = max_attempts, backoff_base = base, backoff_cap = cap}
+  for _, name in ipairs({'priority', 'max_attempts', 'backoff_base', 'backoff_cap'}) do
+    local s = tostring(v[name])
+    if s ~= TASK_DEFAULTS[name] then fields[#fields + 1] = name; fields[#fields + 1] = s end
+  end
 end
 
 -- The payload of task hash t, given its 'payload' and 'parts' fields as read;
@@ -454,8 +474,8 @@ local function promote_due(q, now, limit)
     local id = due[i]
     redis.call('ZREM', qkey(q, 'delayed'), id)
     local f = redis.call('HMGET', tkey(id), 'priority', 'group', 'state')
-    if f[1] and f[3] == 'delayed' then
-      make_queued(id, q, f[2] or '', order_score(tonumber(f[1]), seq + i - 1), nows)
+    if f[3] == 'delayed' then
+      make_queued(id, q, f[2] or '', order_score(tonumber(f[1] or TASK_DEFAULTS.priority), seq + i - 1), nows)
     end
   end
   return #due
@@ -692,9 +712,9 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res)
       emit_task('task.claimed', node, '{"attempt":' .. a .. ',"token":' .. tok .. '}', id, q, g)
       n = n + 1
       out[#out + 1] = id; out[#out + 1] = token + i - 1; out[#out + 1] = attempt; out[#out + 1] = f[1]
-      out[#out + 1] = f[3] or '0'; out[#out + 1] = timeout
+      out[#out + 1] = f[3] or TASK_DEFAULTS.max_attempts; out[#out + 1] = timeout
       if is_limits_line(g) then out[#out + 1] = '' else out[#out + 1] = g end
-      out[#out + 1] = f[5] or '0'; out[#out + 1] = f[6] or '0'
+      out[#out + 1] = f[5] or TASK_DEFAULTS.priority; out[#out + 1] = f[6] or '0'
       out[#out + 1] = f[9] or ''; out[#out + 1] = f[10] or ''
     elseif from_group[id] then
       -- the task vanished while queued: give its slot back
@@ -766,7 +786,7 @@ local function retry_dead(id, actor, max_queues)
   end
   redis.call('HSET', t, 'attempts', '0', 'cancel_requested', '0', 'error', '')
   redis.call('HDEL', t, 'finished_at')
-  make_queued(id, q, g, order_score(tonumber(f[4]), next_seqs(1)), int(now))
+  make_queued(id, q, g, order_score(tonumber(f[4] or TASK_DEFAULTS.priority), next_seqs(1)), int(now))
   emit('task.enqueued', actor, {state = 'queued', retry = true}, 'task', id, 'queue', q)
   return 1, 'queued'
 end

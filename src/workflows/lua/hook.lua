@@ -51,9 +51,8 @@ local function wf_dispatch(w, k, nows, node)
   local g = t.group or ''
   local lims = t.limits or ''
   if lims ~= '' then g = limits_line(string.match(lims, '^[^,]+')) end
-  local fields = {'queue', q, 'priority', t.priority, 'max_attempts', t.max_attempts,
-    'backoff_base', t.backoff_base, 'backoff_cap', t.backoff_cap, 'created_at', nows, 'node', node,
-    'wf', w, 'wfkey', k}
+  local fields = {'queue', q, 'created_at', nows, 'node', node, 'wf', w, 'wfkey', k}
+  task_settings(fields, t.priority, t.max_attempts, t.backoff_base, t.backoff_cap)
   payload_fields(fields, t.payload)
   if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
   if lims ~= '' then

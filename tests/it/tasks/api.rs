@@ -367,6 +367,95 @@ async fn task_outcome_metrics_are_labelled_by_queue() {
     assert_eq!(value("muster_tasks_dead_total"), 2.0, "fail and timeout");
 }
 
+/// Issue 41 (memory per queued task): a task's hash leaves out its priority,
+/// attempts and backoff while they hold their defaults (0, 3, 1 s, 300 s),
+/// and every reader takes a missing one as that default: the task's read,
+/// its claim, a failure's backoff and its attempts left. A task with other
+/// values keeps and obeys them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_settings_are_left_out_of_the_hash_and_read_as_defaults() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    let plain = submit(&a, "dflt", json!({"payload": 1})).await;
+    let own = submit(
+        &a,
+        "dflt",
+        json!({"payload": 2, "priority": 5, "max_attempts": 2, "backoff_base_ms": 10, "backoff_cap_ms": 20}),
+    )
+    .await;
+    let mut conn = redis.conn().await;
+    let settings = ["priority", "max_attempts", "backoff_base", "backoff_cap"];
+    let fields = |id: &str| format!("{}:task:{id}", task_tag("muster", id));
+    let names: Vec<String> = redis::cmd("HKEYS")
+        .arg(fields(&plain))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        settings.iter().all(|f| !names.contains(&f.to_string())),
+        "defaults left out: {names:?}"
+    );
+    let kept: Vec<Option<String>> = redis::cmd("HMGET")
+        .arg(fields(&own))
+        .arg(&settings[..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        kept,
+        ["5", "2", "10", "20"].map(|v| Some(v.to_string())).to_vec(),
+        "other values kept"
+    );
+    let t = a.api().task(&plain).await.unwrap();
+    assert_eq!((t.priority, t.max_attempts), (0, 3), "read as the defaults");
+    // The higher priority first, each claim with its own settings.
+    let got = claim_tasks(&a, "dflt", "w", 2, 0).await;
+    let got: Vec<(&str, i32, u32)> = got
+        .iter()
+        .map(|c| (c.id.as_str(), c.priority, c.max_attempts))
+        .collect();
+    assert_eq!(got, vec![(own.as_str(), 5, 2), (plain.as_str(), 0, 3)]);
+    // A failure waits out its backoff: half to all of 1 s for the default,
+    // of 10 ms for the other.
+    async fn redis_ms(conn: &mut (impl redis::aio::ConnectionLike + Send)) -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+        s * 1000 + us / 1000
+    }
+    for (id, lo, hi) in [(&plain, 500, 1000), (&own, 5, 10)] {
+        let tok = a.api().task(id).await.unwrap().token.unwrap();
+        let before = redis_ms(&mut conn).await;
+        let (s, b) = a
+            .post(
+                &format!("/api/v1/tasks/{id}/fail"),
+                json!({"token": tok, "error": "once"}),
+            )
+            .await;
+        let after = redis_ms(&mut conn).await;
+        assert_eq!((s, &b["state"]), (200, &json!("delayed")), "{b}");
+        let at = b["retry_at"].as_i64().unwrap();
+        assert!(
+            at >= before + lo && at <= after + hi,
+            "{id}: retry at {} ms after the call, backoff {lo} to {hi} ms",
+            at - before
+        );
+    }
+    // The task with two attempts is dead after its second failure.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let again = claim_tasks(&a, "dflt", "w", 1, 0).await;
+    assert_eq!(
+        again.first().map(|c| (c.id.as_str(), c.attempt)),
+        Some((own.as_str(), 2))
+    );
+    let (s, b) = a
+        .post(
+            &format!("/api/v1/tasks/{own}/fail"),
+            json!({"token": again[0].token, "error": "twice"}),
+        )
+        .await;
+    assert_eq!((s, &b["state"]), (200, &json!("dead")), "{b}");
+}
+
 /// Issue 41 (memory per queued task): a payload over 64 bytes is kept in
 /// parts of at most 64 bytes, cut between UTF-8 characters, so the task's
 /// hash stays a listpack (Redis's `hash-max-listpack-value`). Whatever the
