@@ -1309,6 +1309,10 @@ async fn every_metric_family_but_three_has_a_series_at_start() {
         "muster_http_request_duration_seconds",
         "muster_redis_call_duration_seconds",
     ];
+    // One series per named limit, from the janitor pass after its
+    // definition (checked below): none while no limit is defined. The
+    // recorder is the test process's, so another test's limits may show.
+    let per_limit = ["muster_limit_running", "muster_limit_tokens", "muster_limit_waiting"];
     let ops = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
     for m in muster::testing::METRICS {
         if waits.contains(&m.name) {
@@ -1319,7 +1323,12 @@ async fn every_metric_family_but_three_has_a_series_at_start() {
             );
             continue;
         }
-        if m.name == "muster_shard_pass_failures_total" {
+        if m.name == "muster_shard_pass_failures_total" || per_limit.contains(&m.name) {
+            assert!(
+                ops.contains(&format!("`{}`", m.name)) && m.start.is_empty(),
+                "{}",
+                m.name
+            );
             continue; // below
         }
         let samples: Vec<&str> = text
@@ -1374,6 +1383,45 @@ async fn every_metric_family_but_three_has_a_series_at_start() {
             "no zero pass failures series:\n{text}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A named limit gets its series with the next janitor pass.
+    let (s, b) = as_token(
+        &app,
+        "hostile-a",
+        reqwest::Method::PUT,
+        "/api/v1/limits/at-start",
+        Some(json!({"concurrency": 2, "rate": {"max": 5, "per_ms": 1000, "burst": 5}})),
+    )
+    .await;
+    assert!(s == 201 || s == 200, "{s} {b}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = app
+            .http
+            .get(format!("{}/metrics", app.url))
+            .bearer_auth("hostile-r")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let missing: Vec<&str> = per_limit
+            .into_iter()
+            .filter(|m| {
+                !text
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{m}{{limit=\"at-start\"}} ")))
+            })
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{missing:?}: no series for limit at-start:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
