@@ -175,7 +175,6 @@ pub(crate) fn router(state: AppState) -> Router {
         // Outside `problemize`, so it sees every problem in its final form.
         .layer(from_fn_with_state(pages_state, crate::web::errors::html_errors))
         .layer(CatchPanicLayer::custom(crate::http::panic_response))
-        .layer(from_fn(crate::http::limit_uri))
-        .layer(from_fn(crate::http::request_id))
-        .layer(from_fn(crate::http::security_headers))
+        // Request ids, the target's length and the hardening headers.
+        .layer(from_fn(crate::http::edge))
 }

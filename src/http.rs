@@ -2,6 +2,8 @@
 //! path, problem+json for framework errors, and the JSON extractor whose
 //! rejections are problems too.
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
 
 use axum::body::Body;
@@ -15,10 +17,16 @@ use crate::error::{ApiError, REQUEST_ID, problem};
 
 pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Gives every request an id (the caller's `x-request-id` when it is sane,
-/// else a new ULID), makes it visible to error bodies and logs, and echoes it
-/// on the response.
-pub(crate) async fn request_id(req: Request, next: Next) -> Response {
+/// The edge of every request, in one layer (three `from_fn` layers before:
+/// each cloned the service behind it and boxed a future per request, about
+/// a tenth of a request's instructions in all; BENCHMARKS.md, issue 41):
+///
+/// - gives it an id (the caller's `x-request-id` when it is sane, else a new
+///   ULID), visible to error bodies and logs, and echoed on the response;
+/// - refuses a request target over [`MAX_URI_BYTES`] with 414 problem+json;
+/// - sets the browser hardening headers on every response (pages, assets
+///   and API alike: they are harmless on JSON); a handler's own value wins.
+pub(crate) async fn edge(req: Request, next: Next) -> Response {
     let id = req
         .headers()
         .get(&X_REQUEST_ID)
@@ -26,9 +34,21 @@ pub(crate) async fn request_id(req: Request, next: Next) -> Response {
         .filter(|v| (1..=64).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
         .map(str::to_string)
         .unwrap_or_else(|| ulid::Ulid::generate().to_string());
-    let mut resp = REQUEST_ID.scope(id.clone(), next.run(req)).await;
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        resp.headers_mut().insert(X_REQUEST_ID.clone(), v);
+    let echoed = HeaderValue::from_str(&id).ok();
+    let mut resp = REQUEST_ID.scope(id, limit_uri(req, next)).await;
+    let h = resp.headers_mut();
+    if let Some(v) = echoed {
+        h.insert(X_REQUEST_ID.clone(), v);
+    }
+    for (name, value) in [
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "same-origin"),
+    ] {
+        if !h.contains_key(&name) {
+            h.insert(name, HeaderValue::from_static(value));
+        }
     }
     resp
 }
@@ -39,7 +59,7 @@ pub(crate) async fn request_id(req: Request, next: Next) -> Response {
 pub(crate) const MAX_URI_BYTES: usize = 8 * 1024;
 
 /// 414 problem+json for a request target over [`MAX_URI_BYTES`].
-pub(crate) async fn limit_uri(req: Request, next: Next) -> Response {
+async fn limit_uri(req: Request, next: Next) -> Response {
     let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if len > MAX_URI_BYTES {
         return problem(
@@ -58,24 +78,6 @@ pub(crate) async fn limit_uri(req: Request, next: Next) -> Response {
 pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
      img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
      frame-ancestors 'none'";
-
-/// Sets the browser hardening headers on every response (pages, assets and
-/// API alike: they are harmless on JSON). A handler's own value wins.
-pub(crate) async fn security_headers(req: Request, next: Next) -> Response {
-    let mut resp = next.run(req).await;
-    let h = resp.headers_mut();
-    for (name, value) in [
-        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
-        (header::X_FRAME_OPTIONS, "DENY"),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "same-origin"),
-    ] {
-        if !h.contains_key(&name) {
-            h.insert(name, HeaderValue::from_static(value));
-        }
-    }
-    resp
-}
 
 /// The `method` label: one of the standard methods, else `other`. hyper
 /// accepts any token as a method and this runs before authentication, so
@@ -101,20 +103,37 @@ pub(crate) fn method_label(m: &axum::http::Method) -> &'static str {
 /// `unmatched`), never the raw path; the method from [`method_label`]; the
 /// status a number below 1000.
 pub(crate) async fn track_metrics(req: Request, next: Next) -> Response {
-    let path = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".into());
+    let path = req.extensions().get::<MatchedPath>().cloned();
     let method = method_label(req.method());
     let start = Instant::now();
     let resp = next.run(req).await;
-    let status = resp.status().as_u16().to_string();
-    metrics::counter!("muster_http_requests_total", "method" => method, "path" => path.clone(), "status" => status)
-        .increment(1);
-    metrics::histogram!("muster_http_request_duration_seconds", "method" => method, "path" => path)
-        .record(start.elapsed().as_secs_f64());
+    let path = path.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let (count, time) = request_metrics(method, path, resp.status().as_u16());
+    count.increment(1);
+    time.record(start.elapsed().as_secs_f64());
     resp
+}
+
+/// The request metrics' handles by method, status and route, registered once
+/// per process: `counter!` with labels hashes them and copies them into the
+/// registry's key on every call (about 8 000 instructions a request for the
+/// two; BENCHMARKS.md, issue 41). Bounded as their labels are. The recorder
+/// is installed before any node serves (`node::metrics_handle`).
+fn request_metrics(method: &'static str, path: &str, status: u16) -> (metrics::Counter, metrics::Histogram) {
+    type Handles = HashMap<(&'static str, u16), HashMap<Box<str>, (metrics::Counter, metrics::Histogram)>>;
+    static HANDLES: LazyLock<Mutex<Handles>> = LazyLock::new(Default::default);
+    let mut all = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+    let by_path = all.entry((method, status)).or_default();
+    if let Some(h) = by_path.get(path) {
+        return h.clone();
+    }
+    let h = (
+        metrics::counter!("muster_http_requests_total", "method" => method, "path" => path.to_string(),
+            "status" => status.to_string()),
+        metrics::histogram!("muster_http_request_duration_seconds", "method" => method, "path" => path.to_string()),
+    );
+    by_path.insert(path.into(), h.clone());
+    h
 }
 
 /// Turns error responses produced outside our handlers (unknown route, wrong
