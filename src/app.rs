@@ -162,7 +162,6 @@ pub(crate) fn router(state: AppState) -> Router {
         // handler: the changes of `durability::ACKED` wait for replicas.
         .layer(from_fn_with_state(state.clone(), crate::durability::middleware))
         .layer(from_fn_with_state(state.clone(), crate::auth::middleware))
-        .layer(from_fn(crate::http::track_metrics))
         .layer(from_fn_with_state(state.tracer.clone(), crate::traces::middleware))
         .with_state(state);
     // `Router::layer` wraps each route's method router, and a method router
@@ -171,8 +170,9 @@ pub(crate) fn router(state: AppState) -> Router {
     // responses (the 405 with its `Allow`, the fallback's 404).
     Router::new()
         .fallback_service(routes)
-        .layer(from_fn(crate::http::problemize))
-        // Outside `problemize`, so it sees every problem in its final form.
+        // Framework errors as problem+json, then problems as pages for page
+        // requests (`http::problemize` inside it): it sees every problem in
+        // its final form.
         .layer(from_fn_with_state(pages_state, crate::web::errors::html_errors))
         .layer(CatchPanicLayer::custom(crate::http::panic_response))
         // Request ids, the target's length and the hardening headers.

@@ -98,20 +98,16 @@ pub(crate) fn method_label(m: &axum::http::Method) -> &'static str {
     }
 }
 
-/// Counts requests and their duration by method, matched route and status.
-/// Every label is bounded: the route template (`/api/v1/tasks/{id}`, or
-/// `unmatched`), never the raw path; the method from [`method_label`]; the
-/// status a number below 1000.
-pub(crate) async fn track_metrics(req: Request, next: Next) -> Response {
-    let path = req.extensions().get::<MatchedPath>().cloned();
-    let method = method_label(req.method());
-    let start = Instant::now();
-    let resp = next.run(req).await;
-    let path = path.as_ref().map_or("unmatched", MatchedPath::as_str);
-    let (count, time) = request_metrics(method, path, resp.status().as_u16());
+/// Counts a request and its duration by method, matched route and status
+/// (called by the route-level middleware, `traces::middleware`, with the
+/// request's [`MatchedPath`] and [`method_label`]). Every label is bounded:
+/// the route template (`/api/v1/tasks/{id}`, or `unmatched`), never the raw
+/// path; the method from [`method_label`]; the status a number below 1000.
+pub(crate) fn count_request(method: &'static str, path: Option<&MatchedPath>, status: StatusCode, start: Instant) {
+    let path = path.map_or("unmatched", MatchedPath::as_str);
+    let (count, time) = request_metrics(method, path, status.as_u16());
     count.increment(1);
     time.record(start.elapsed().as_secs_f64());
-    resp
 }
 
 /// The request metrics' handles by method, status and route, registered once
@@ -138,8 +134,9 @@ fn request_metrics(method: &'static str, path: &str, status: u16) -> (metrics::C
 
 /// Turns error responses produced outside our handlers (unknown route, wrong
 /// method, body over the limit, bad path or query) into problem+json.
-pub(crate) async fn problemize(req: Request, next: Next) -> Response {
-    let resp = next.run(req).await;
+/// (Called by `web::errors::html_errors`, the layer that sees every
+/// response: one layer for both rewrites.)
+pub(crate) async fn problemize(resp: Response) -> Response {
     let status = resp.status();
     if !(status.is_client_error() || status.is_server_error()) {
         return resp;

@@ -170,8 +170,20 @@ fn queue_span(
         .attr("messaging.destination.name", queue.to_string())
 }
 
-/// The server span of every request (a middleware; a no-op when off).
+/// The request metrics (`http::count_request`) and the server span of every
+/// request (a middleware; no span when tracing is off). One layer for both:
+/// each `from_fn` layer clones the service behind it and boxes a future per
+/// request.
 pub(crate) async fn middleware(State(tracer): State<Tracer>, req: Request, next: Next) -> Response {
+    let path = req.extensions().get::<MatchedPath>().cloned();
+    let method = crate::http::method_label(req.method());
+    let start = std::time::Instant::now();
+    let resp = traced(&tracer, req, next).await;
+    crate::http::count_request(method, path.as_ref(), resp.status(), start);
+    resp
+}
+
+async fn traced(tracer: &Tracer, req: Request, next: Next) -> Response {
     if !tracer.is_on() {
         return next.run(req).await;
     }

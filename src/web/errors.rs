@@ -42,7 +42,9 @@ fn wants_html(req: &Request) -> bool {
 /// Rewrites a `problem+json` answer to a page request as an HTML page.
 pub async fn html_errors(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let html = wants_html(&req);
-    let res = next.run(req).await;
+    // Framework errors (unknown route, wrong method, bad body) become
+    // problems first.
+    let res = crate::http::problemize(next.run(req).await).await;
     let status = res.status();
     let is_problem = res
         .headers()
