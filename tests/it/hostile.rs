@@ -43,6 +43,19 @@ async fn as_token(
     send(r).await
 }
 
+/// The node's `/metrics` page, read with the reader token.
+async fn metrics_text(app: &TestApp) -> String {
+    app.http
+        .get(format!("{}/metrics", app.url))
+        .bearer_auth("hostile-r")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// N1: a worker token heartbeats under another muster node's id, through
 /// a node that is not that one, then makes it leave. Both are refused and
 /// the record stays the node's own.
@@ -366,20 +379,9 @@ fn label_values(metrics: &str, label: &str) -> std::collections::BTreeSet<String
 async fn metric_labels_stay_bounded_under_a_flood_of_names() {
     let redis = TestRedis::start();
     let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
-    let scrape = || async {
-        app.http
-            .get(format!("{}/metrics", app.url))
-            .bearer_auth("hostile-r")
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
     // Warm up every route's series once, so the growth measured is the flood's.
     let _ = app.http.get(format!("{}/api/v1/nope", app.url)).send().await;
-    let before = scrape().await.len();
+    let before = metrics_text(&app).await.len();
     let addr = app.running.as_ref().unwrap().addr;
     let mut floods = Vec::new();
     for c in 0..4 {
@@ -410,7 +412,7 @@ async fn metric_labels_stay_bounded_under_a_flood_of_names() {
         .await;
         assert!(s == 200 || s == 409, "{s} {b}");
     }
-    let text = scrape().await;
+    let text = metrics_text(&app).await;
     let known: std::collections::BTreeSet<String> = [
         "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "other",
     ]
@@ -1294,16 +1296,7 @@ async fn the_search_finds_every_valid_idempotency_key() {
 async fn every_metric_family_but_three_has_a_series_at_start() {
     let redis = TestRedis::start();
     let app = TestApp::start_with(&redis, |c| c.auth.tokens = tokens()).await;
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.url))
-        .bearer_auth("hostile-r")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&app).await;
     let waits = [
         "muster_http_requests_total",
         "muster_http_request_duration_seconds",
@@ -1360,16 +1353,7 @@ async fn every_metric_family_but_three_has_a_series_at_start() {
     // the node is ready.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let text = app
-            .http
-            .get(format!("{}/metrics", app.url))
-            .bearer_auth("hostile-r")
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = metrics_text(&app).await;
         let zero = |pass: &str| {
             text.lines().any(|l| {
                 l.starts_with(&format!("muster_shard_pass_failures_total{{pass=\"{pass}\"")) && l.ends_with(" 0")
@@ -1396,16 +1380,7 @@ async fn every_metric_family_but_three_has_a_series_at_start() {
     assert!(s == 201 || s == 200, "{s} {b}");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let text = app
-            .http
-            .get(format!("{}/metrics", app.url))
-            .bearer_auth("hostile-r")
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = metrics_text(&app).await;
         let missing: Vec<&str> = per_limit
             .into_iter()
             .filter(|m| {
