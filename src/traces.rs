@@ -178,12 +178,20 @@ pub(crate) async fn middleware(State(tracer): State<Tracer>, req: Request, next:
     let path = req.extensions().get::<MatchedPath>().cloned();
     let method = crate::http::method_label(req.method());
     let start = std::time::Instant::now();
-    let resp = traced(&tracer, req, next).await;
+    let resp = traced(&tracer, req, next, method, path.as_ref()).await;
     crate::http::count_request(method, path.as_ref(), resp.status(), start);
     resp
 }
 
-async fn traced(tracer: &Tracer, req: Request, next: Next) -> Response {
+/// The request's server span, when tracing is on and it is sampled
+/// (`method` and `path` as the middleware read them).
+async fn traced(
+    tracer: &Tracer,
+    req: Request,
+    next: Next,
+    method: &'static str,
+    path: Option<&MatchedPath>,
+) -> Response {
     if !tracer.is_on() {
         return next.run(req).await;
     }
@@ -196,12 +204,7 @@ async fn traced(tracer: &Tracer, req: Request, next: Next) -> Response {
     if !ctx.sampled {
         return next.run(req).await;
     }
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".into());
-    let method = crate::http::method_label(req.method());
+    let route = path.map_or("unmatched", MatchedPath::as_str).to_string();
     let start = now_ns();
     let cur = Current {
         tracer: tracer.clone(),

@@ -124,14 +124,21 @@ end
 -- has the same values (tasks/read.rs).
 local TASK_DEFAULTS = {priority = '0', max_attempts = '3', backoff_base = '1000', backoff_cap = '300000'}
 
--- Appends the task's priority, attempts and backoff to `fields` (HSET name,
--- value pairs), leaving out those that hold their TASK_DEFAULTS value.
+-- Appends field `name` = `value` to `fields` (HSET name, value pairs) unless
+-- it holds its TASK_DEFAULTS value.
+local function put_setting(fields, name, value)
+  local s = tostring(value)
+  if s ~= TASK_DEFAULTS[name] then fields[#fields + 1] = name; fields[#fields + 1] = s end
+end
+
+-- Appends the task's priority, attempts and backoff to `fields`, leaving out
+-- those that hold their TASK_DEFAULTS value (no table built per task: enqueue
+-- runs this for every task of a batch).
 local function task_settings(fields, priority, max_attempts, base, cap)
-  local v = {priority = priority, max_attempts = max_attempts, backoff_base = base, backoff_cap = cap}
-  for _, name in ipairs({'priority', 'max_attempts', 'backoff_base', 'backoff_cap'}) do
-    local s = tostring(v[name])
-    if s ~= TASK_DEFAULTS[name] then fields[#fields + 1] = name; fields[#fields + 1] = s end
-  end
+  put_setting(fields, 'priority', priority)
+  put_setting(fields, 'max_attempts', max_attempts)
+  put_setting(fields, 'backoff_base', base)
+  put_setting(fields, 'backoff_cap', cap)
 end
 
 -- The payload of task hash t, given its 'payload' and 'parts' fields as read;
