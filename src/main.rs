@@ -234,6 +234,11 @@ struct BenchArgs {
     /// Skip the half-load latency phase.
     #[arg(long)]
     no_half_load: bool,
+    /// Run the latency phase at this many tasks/s instead of half the
+    /// measured peak (claim latency at low load: `--latency-rate 50
+    /// --producers 1 --workers 1 --batch 1`).
+    #[arg(long)]
+    latency_rate: Option<f64>,
     /// Skip the redis-benchmark baseline.
     #[arg(long)]
     no_baseline: bool,
@@ -512,6 +517,7 @@ async fn bench(a: BenchArgs) -> ExitCode {
         queues: a.queues,
         redis_url: a.redis_url,
         skip_half_load: a.no_half_load,
+        latency_rate: a.latency_rate,
         skip_baseline: a.no_baseline,
         claim_next: !a.no_next,
         via_worker: a.via == "worker",

@@ -39,6 +39,8 @@ pub struct BenchOptions {
     pub redis_url: Option<String>,
     /// Skip phase 2.
     pub skip_half_load: bool,
+    /// Phase 2 at this rate (tasks/s) instead of half the peak.
+    pub latency_rate: Option<f64>,
     /// Skip redis-benchmark.
     pub skip_baseline: bool,
     /// At batch 1, complete and claim the next task in one call.
@@ -68,7 +70,12 @@ pub struct BenchReport {
     pub peak_seconds: f64,
     pub claim_latency_peak: Latency,
     pub half_load_tasks_per_sec: f64,
+    /// Whether the latency phase ran at `--latency-rate` (not half the peak).
+    pub latency_rate_set: bool,
     pub claim_latency_half_load: Latency,
+    /// The latency phase's claims that got a task (the others found the
+    /// queue empty).
+    pub claim_latency_half_load_hits: Latency,
     /// Commands executed by Redis per task, counting the ones inside scripts.
     pub redis_commands_per_task: f64,
     /// Commands sent by the node per task (FCALL and plain commands).
@@ -190,11 +197,16 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
 
     // The Worker's claims are not timed one by one: no latency phase for it.
     if !opts.skip_half_load && !opts.via_worker {
-        let rate = report.peak_tasks_per_sec / 2.0;
-        let n = ((rate * 5.0) as usize).clamp(1000, opts.tasks.max(1000));
+        let rate = opts.latency_rate.unwrap_or(report.peak_tasks_per_sec / 2.0);
+        // Five seconds' worth, at least 1 000 tasks (at least 250 at a set
+        // rate, so a low one ends in seconds).
+        let least = if opts.latency_rate.is_some() { 250 } else { 1000 };
+        let n = ((rate * 5.0) as usize).clamp(least, opts.tasks.max(least));
         let half = phase(&client, &format!("{}-half", opts.queue), n, &opts, Some(rate)).await?;
         report.half_load_tasks_per_sec = n as f64 / half.seconds;
+        report.latency_rate_set = opts.latency_rate.is_some();
         report.claim_latency_half_load = Latency::of(half.claim_ms);
+        report.claim_latency_half_load_hits = Latency::of(half.hit_ms);
     }
     if !opts.skip_baseline {
         report.redis_benchmark_evalsha_per_sec = redis_benchmark(&mut rconn, &redis_url).await.ok();
@@ -208,6 +220,8 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
 struct PhaseResult {
     seconds: f64,
     claim_ms: Vec<f64>,
+    /// The claims that got a task.
+    hit_ms: Vec<f64>,
 }
 
 /// Submits `n` tasks (at `rate` per second, or as fast as possible) while the
@@ -232,6 +246,7 @@ async fn phase(
     let submitted = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicBool::new(false));
     let claim_ms: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let hit_ms: Arc<Mutex<Vec<f64>>> = Arc::default();
     let finished_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let payload = json!({"kind": "bench", "data": "x".repeat(64)});
     let prefill = opts.prefill && rate.is_none();
@@ -317,6 +332,7 @@ async fn phase(
         let completed = completed.clone();
         let failed = failed.clone();
         let claim_ms = claim_ms.clone();
+        let hit_ms = hit_ms.clone();
         let finished_at = finished_at.clone();
         let queues = queues.clone();
         let batch = opts.batch;
@@ -331,6 +347,7 @@ async fn phase(
             // one queue while others have work.
             let mut empty = 0;
             let mut local = Vec::new();
+            let mut hits = Vec::new();
             let mut held: Vec<Value> = Vec::new();
             while completed.load(Ordering::Relaxed) < n as u64 && !failed.load(Ordering::Relaxed) {
                 if held.is_empty() {
@@ -344,10 +361,12 @@ async fn phase(
                             &json!({"node": node, "max": batch, "wait_ms": wait}),
                         )
                         .await;
-                    local.push(t.elapsed().as_secs_f64() * 1000.0);
+                    let ms = t.elapsed().as_secs_f64() * 1000.0;
+                    local.push(ms);
                     match res {
                         Ok((200, body)) => {
                             held = body["tasks"].as_array().cloned().unwrap_or_default();
+                            hits.push(ms);
                             empty = 0;
                         }
                         Ok((204, _)) => {
@@ -398,6 +417,7 @@ async fn phase(
                 }
             }
             claim_ms.lock().await.extend(local);
+            hit_ms.lock().await.extend(hits);
         }));
     }
     for h in handles {
@@ -408,7 +428,12 @@ async fn phase(
     let end = finished_at.lock().await.unwrap_or_else(Instant::now);
     let seconds = end.duration_since(start).as_secs_f64();
     let claim_ms = std::mem::take(&mut *claim_ms.lock().await);
-    Ok(PhaseResult { seconds, claim_ms })
+    let hit_ms = std::mem::take(&mut *hit_ms.lock().await);
+    Ok(PhaseResult {
+        seconds,
+        claim_ms,
+        hit_ms,
+    })
 }
 
 /// Drains `n` tasks of `queue` with `workers` Workers (ids `bench-w<i>`),
@@ -507,11 +532,23 @@ pub fn render(r: &BenchReport) -> String {
     ));
     if r.half_load_tasks_per_sec > 0.0 {
         s.push_str(&format!(
-            "half load:  {:>9.0} tasks/s; claim latency p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms\n",
+            "{}{:>9.0} tasks/s; claim latency p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms\n",
+            if r.latency_rate_set {
+                "set rate:   "
+            } else {
+                "half load:  "
+            },
             r.half_load_tasks_per_sec,
             r.claim_latency_half_load.p50_ms,
             r.claim_latency_half_load.p99_ms,
             r.claim_latency_half_load.max_ms
+        ));
+        s.push_str(&format!(
+            "  the claims that got a task: p50 {:.2} ms  p99 {:.2} ms ({} of {} claims)\n",
+            r.claim_latency_half_load_hits.p50_ms,
+            r.claim_latency_half_load_hits.p99_ms,
+            r.claim_latency_half_load_hits.samples,
+            r.claim_latency_half_load.samples
         ));
     }
     if let (Some(b), Some(ratio)) = (r.redis_benchmark_evalsha_per_sec, r.ratio_to_redis) {
