@@ -4,7 +4,12 @@
 # one muster node on it (outside valgrind), and drives the node with
 # scripts/seq-driver.py (n times: submit one task, claim it, complete it, one
 # request at a time), so Redis does the same work on every run. Works with a
-# redis-server without symbols: it counts the whole process.
+# redis-server without symbols: it counts the whole process. For a profile by
+# function, put a redis-server built with symbols first in PATH (the Debian
+# one has none: `git archive 7.0.15` of redis/redis, `make redis-server`),
+# then `callgrind_annotate --inclusive=yes target/callgrind/<label>.redis.out`.
+# MODE=submit or MODE=claim (scripts/seq-driver.py) stops each round early:
+# the cost of each call by difference.
 #
 # usage: scripts/redis-seq-callgrind.sh <label> <muster binary> [n] [redis port]
 # Compare two builds by running it once per binary; run once with n = 0 to

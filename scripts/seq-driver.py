@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 # Sequential driver for scripts/node-callgrind.sh: n times submit one task,
 # claim it (no wait) and complete it, one request at a time.
-# usage: seq-driver.py <node port> <n>
-import http.client, json, sys
+# MODE=submit stops after the submits, MODE=claim after the claims (the cost
+# of each call, by difference).
+# usage: [MODE=submit|claim] seq-driver.py <node port> <n>
+import http.client, json, os, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
+mode = os.environ.get("MODE", "full")
 c = http.client.HTTPConnection("127.0.0.1", port)
 def call(method, path, body):
     c.request(method, path, json.dumps(body), {"content-type": "application/json"})
@@ -13,6 +16,10 @@ def call(method, path, body):
 call("PUT", "/api/v1/nodes/w/heartbeat", {"ttl_ms": 3600000})
 for i in range(n):
     call("POST", "/api/v1/queues/seq/tasks", {"payload": {"i": i}})
+    if mode == "submit":
+        continue
     t = call("POST", "/api/v1/queues/seq/claim", {"node": "w", "max": 1, "wait_ms": 0})
     t = t["tasks"][0] if isinstance(t, dict) else t[0]
+    if mode == "claim":
+        continue
     call("POST", f"/api/v1/tasks/{t['id']}/complete", {"token": t["token"]})
