@@ -64,12 +64,30 @@ fn counting(
     }
 }
 
-/// Makes Redis's slow log record every command, from now on.
-async fn log_every_command(redis: &TestRedis) {
+/// The slow log is the server's, and on the shared cluster every test's:
+/// one test at a time makes it log every command, and puts it back after.
+static SLOW_LOG: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Makes Redis's slow log record every command until [`log_as_before`]
+/// (which takes the guard this returns).
+async fn log_every_command(redis: &TestRedis) -> tokio::sync::MutexGuard<'static, ()> {
+    let guard = SLOW_LOG.lock().await;
     redis
         .cmd::<()>(&["CONFIG", "SET", "slowlog-log-slower-than", "0"])
         .await;
     redis.cmd::<()>(&["CONFIG", "SET", "slowlog-max-len", "100000"]).await;
+    redis.cmd::<()>(&["SLOWLOG", "RESET"]).await;
+    guard
+}
+
+/// Redis's default slow log again, emptied: on the shared cluster a log of
+/// every command would slow every later test's calls, and reading it whole
+/// would hold a master for as long as 100 000 entries take to send.
+async fn log_as_before(redis: &TestRedis, _guard: tokio::sync::MutexGuard<'static, ()>) {
+    redis
+        .cmd::<()>(&["CONFIG", "SET", "slowlog-log-slower-than", "10000"])
+        .await;
+    redis.cmd::<()>(&["CONFIG", "SET", "slowlog-max-len", "128"]).await;
     redis.cmd::<()>(&["SLOWLOG", "RESET"]).await;
 }
 
@@ -129,7 +147,7 @@ async fn a_complete_claims_the_next_task_in_the_same_call() {
     for i in 0..50 {
         ids.push(c.submit(q, &spec(json!(i), 0)).await.unwrap().id);
     }
-    log_every_command(&redis).await;
+    let logging = log_every_command(&redis).await;
     let unknown = c.unknown_outcomes();
     let worker = Worker::builder(c.clone())
         .queue(q)
@@ -158,6 +176,7 @@ async fn a_complete_claims_the_next_task_in_the_same_call() {
         fcalls(&redis, "task_claim_").await,
         fcalls(&redis, "task_complete_").await,
     );
+    log_as_before(&redis, logging).await;
     // The first call of a function in a fresh Redis finds it missing, loads
     // it and calls again: both calls are logged.
     assert!((50..=51).contains(&completes), "{completes} completes for 50 tasks");
@@ -179,7 +198,7 @@ async fn a_batching_worker_completes_its_tasks_together() {
     let q = "client-batch";
     let specs: Vec<TaskSpec> = (0..200).map(|i| spec(json!(i), 0)).collect();
     c.submit_batch(q, &specs).await.unwrap();
-    log_every_command(&redis).await;
+    let logging = log_every_command(&redis).await;
     let runs = Arc::new(AtomicU64::new(0));
     let worker = Worker::builder(c.clone())
         .queue(q)
@@ -206,6 +225,7 @@ async fn a_batching_worker_completes_its_tasks_together() {
     );
     assert_eq!(runs.load(Ordering::Relaxed), 200);
     let completes = fcalls(&redis, "task_complete_").await;
+    log_as_before(&redis, logging).await;
     assert!(
         completes <= 60,
         "{completes} complete calls for 200 tasks at batch 20: not completed together"
