@@ -158,9 +158,8 @@ pub(crate) fn router(state: AppState) -> Router {
         // 403 whatever the body's size (tower-http's RequestBodyLimitLayer
         // would answer 413 first, from Content-Length).
         .layer(DefaultBodyLimit::max(max_body))
-        // Inside auth (a refused caller waits for nothing), around the
-        // handler: the changes of `durability::ACKED` wait for replicas.
-        .layer(from_fn_with_state(state.clone(), crate::durability::middleware))
+        // Auth, and inside it, around the handler, the changes of
+        // `durability::ACKED` waiting for replicas (`durability::around`).
         .layer(from_fn_with_state(state.clone(), crate::auth::middleware))
         .layer(from_fn_with_state(state.tracer.clone(), crate::traces::middleware))
         .with_state(state);

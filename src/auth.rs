@@ -361,7 +361,8 @@ fn refuse_cross_site() -> Response {
 /// session's CSRF token in `x-csrf-token`; bearer tokens are not checked
 /// (a browser never sends them on its own). With no tokens configured,
 /// every write and WebSocket from another origin is refused, and so is a
-/// `Host` that does not name this node (DNS rebinding).
+/// `Host` that does not name this node (DNS rebinding). A caller let
+/// through goes on to [`crate::durability::around`] and the handler.
 pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
     let auth = &s.auth;
     if !auth.enabled() {
@@ -378,7 +379,7 @@ pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next
             return refuse_cross_site();
         }
         req.extensions_mut().insert(auth.anonymous());
-        return next.run(req).await;
+        return crate::durability::around(&s, req, next).await;
     }
     let path = req.uri().path().to_string();
     let headers = req.headers();
@@ -452,9 +453,9 @@ pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next
         }
         Some(c) => {
             req.extensions_mut().insert(c);
-            next.run(req).await
+            crate::durability::around(&s, req, next).await
         }
-        None if is_public(&path) => next.run(req).await,
+        None if is_public(&path) => crate::durability::around(&s, req, next).await,
         None if path.starts_with("/api/") || path == "/metrics" => {
             let msg = if by_cookie {
                 "the session has ended; sign in again, or send `Authorization: Bearer <token>`"

@@ -19,7 +19,7 @@
 //!   schemas refuse unknown fields), and a proxy or client library can set it
 //!   per request without touching the payload.
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -97,9 +97,12 @@ pub(crate) fn replicas<'a>(
     }
 }
 
-/// The middleware: on an operation of [`ACKED`] that needs replicas, runs
-/// the handler in an ack scope and confirms a 2xx answer with `WAIT`.
-pub(crate) async fn middleware(State(s): State<AppState>, req: Request, next: Next) -> Response {
+/// Around the handler, inside the auth middleware (which calls it for a
+/// caller it lets through, so a refused one waits for nothing, and one
+/// `from_fn` layer serves both): on an operation of [`ACKED`] that needs
+/// replicas, runs the handler in an ack scope and confirms a 2xx answer
+/// with `WAIT`.
+pub(crate) async fn around(s: &AppState, req: Request, next: Next) -> Response {
     let acked = req
         .extensions()
         .get::<MatchedPath>()
