@@ -89,8 +89,10 @@ async fn schemathesis(venv: &Path, app: &TestApp, extra: &[&str]) -> (bool, Stri
         config.to_str().unwrap(),
         "run",
         &doc,
-        "--checks",
-        "all",
+        // Every check runs: all are on by default. `--checks all` is not
+        // passed, since a check named on the command line overrides the
+        // per-operation `enabled = false` of schemathesis.toml (it did,
+        // and the Cluster pass failed on the check turned off there).
         "--max-examples",
         MAX_EXAMPLES,
         "--seed",
