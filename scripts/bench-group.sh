@@ -13,16 +13,12 @@ BIN=$(realpath "$BIN")
 ROUNDS=${1:-3}
 shift || true
 VALUES=${*:-0 1 4}
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+. "$(dirname "$0")/bench-node.sh"
 ticks() { awk '{print $14 + $15}' /proc/$1/stat; }
 echo "round in_flight batch tasks/s node_cpu_us/task redis_cpu_us/task redis_cmds/task claim_p50_ms"
 for round in $(seq $ROUNDS); do
   for k in $VALUES; do
-    P=$(port)
-    D=$(mktemp -d)
-    (cd $D && MUSTER_TASKS__GROUP_IN_FLIGHT=$k exec $BIN --listen 127.0.0.1:$P --data-dir $D/data > $D/node.log 2>&1) &
-    NODE=$!
-    for i in $(seq 100); do curl -sf http://127.0.0.1:$P/readyz > /dev/null && break; sleep 0.2; done
+    start_node $k
     for b in 1 100; do
       n=5000; [ $b = 100 ] && n=20000
       t0=$(ticks $NODE)
@@ -36,7 +32,6 @@ print(round(d['peak_tasks_per_sec']), round(ticks * 10000 / $n, 1), round(d['red
       round(d['redis_commands_per_task'], 1), round(d['claim_latency_peak']['p50_ms'], 1))")"
     done
     curl -sf http://127.0.0.1:$P/metrics | grep -E '^muster_group_commit_(calls|items)_total' | tr '\n' ' '; echo
-    kill $NODE; wait $NODE 2>/dev/null || true
-    rm -rf $D
+    stop_node
   done
 done

@@ -16,15 +16,11 @@ ROUNDS=${1:-3}
 shift || true
 VALUES=${*:-0 4}
 RATE=${RATE:-50}
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+. "$(dirname "$0")/bench-node.sh"
 echo "round in_flight rate tasks/s claim_p50_ms claim_p99_ms claims hit_p50_ms hit_p99_ms hits"
 for round in $(seq $ROUNDS); do
   for k in $VALUES; do
-    P=$(port)
-    D=$(mktemp -d)
-    (cd $D && MUSTER_TASKS__GROUP_IN_FLIGHT=$k exec $BIN --listen 127.0.0.1:$P --data-dir $D/data > $D/node.log 2>&1) &
-    NODE=$!
-    for i in $(seq 100); do curl -sf http://127.0.0.1:$P/readyz > /dev/null && break; sleep 0.2; done
+    start_node $k
     r=$($BIN bench --url http://127.0.0.1:$P --tasks 1000 --workers 1 --producers 1 --batch 1 \
       --latency-rate $RATE --no-baseline --json)
     echo "$round $k $RATE $(echo "$r" | python3 -c "
@@ -34,7 +30,6 @@ l = d['claim_latency_half_load']
 h = d['claim_latency_half_load_hits']
 print(round(d['half_load_tasks_per_sec'], 1), round(l['p50_ms'], 3), round(l['p99_ms'], 3), l['samples'],
       round(h['p50_ms'], 3), round(h['p99_ms'], 3), h['samples'])")"
-    kill $NODE; wait $NODE 2>/dev/null || true
-    rm -rf $D
+    stop_node
   done
 done
