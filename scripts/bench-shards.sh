@@ -11,6 +11,10 @@
 # workers, batch 100, no half-load phase) over its own <queues per bench>
 # queues, all at once. Redis CPU is read from each master's INFO cpu, the
 # nodes' CPU from /proc, before and after.
+#
+# BENCHES=1: one bench only, on the first node, while the other nodes run
+# idle beside it (they still tail every shard's events): what each added
+# node costs Redis per task, without three benches starving two cores.
 set -euo pipefail
 bin=$(realpath "$1"); tasks=$2; shards=$3; nnodes=$4; queues=$5
 dir=$(mktemp -d /tmp/muster-bench-sh.XXXX)
@@ -58,7 +62,9 @@ for p in "${ports[@]}"; do before[$p]=$(redis_cpu "$p"); redis-cli -p "$p" confi
 ticks0=$(node_ticks)
 start=$(date +%s.%N)
 benches=()
-for port in "${nodes[@]}"; do
+bench_nodes=("${nodes[@]}")
+if [ -n "${BENCHES:-}" ]; then bench_nodes=("${nodes[@]:0:$BENCHES}"); fi
+for port in "${bench_nodes[@]}"; do
   "$bin" bench --url "http://127.0.0.1:$port" --tasks "$tasks" --workers 8 --batch 100 --no-half-load \
     --no-baseline --redis-url "redis://127.0.0.1:21001" --queue "b$port" --queues "$queues" --json \
     >"$dir/$port.json" 2>"$dir/$port.err" &
@@ -67,13 +73,13 @@ done
 for b in "${benches[@]}"; do wait "$b"; done
 end=$(date +%s.%N)
 ticks1=$(node_ticks)
-all=$(( (tasks + 2000) * nnodes ))   # each bench runs 2 000 warm-up tasks first
+all=$(( (tasks + 2000) * ${#bench_nodes[@]} ))   # each bench runs 2 000 warm-up tasks first
 total=0
 for p in "${ports[@]}"; do
   d=$(awk -v a="$(redis_cpu "$p")" -v b="${before[$p]}" 'BEGIN {printf "%.3f", a - b}')
   cpu[$p]=$d; total=$(awk -v t="$total" -v d="$d" 'BEGIN {printf "%.3f", t + d}')
 done
-echo "one namespace, shards: $shards; nodes: $nnodes; queues: $((queues * nnodes)); tasks: $all (with warm-up)"
+echo "one namespace, shards: $shards; nodes: $nnodes; benches: ${#bench_nodes[@]}; queues: $((queues * ${#bench_nodes[@]})); tasks: $all (with warm-up)"
 for p in "${ports[@]}"; do
   awk -v p="$p" -v d="${cpu[$p]}" -v t="$total" 'BEGIN {printf "master %s: %.3f s Redis CPU, %.0f %% of the total\n", p, d, 100 * d / t}'
 done
@@ -81,7 +87,7 @@ awk -v t="$total" -v n="$all" 'BEGIN {printf "Redis CPU per task: %.1f us\n", t 
 awk -v t="$(( ticks1 - ticks0 ))" -v hz="$(getconf CLK_TCK)" -v n="$all" \
   'BEGIN {printf "muster nodes CPU per task: %.1f us\n", t / hz * 1e6 / n}'
 total_rate=0
-for port in "${nodes[@]}"; do
+for port in "${bench_nodes[@]}"; do
   r=$(python3 -c "import json; print('%.0f' % json.load(open('$dir/$port.json'))['peak_tasks_per_sec'])")
   echo "bench on node $port: $r tasks/s at peak"
   total_rate=$((total_rate + r))
