@@ -139,7 +139,10 @@ pub struct Event {
 }
 
 impl Event {
-    /// Builds an event from a stream entry's fields.
+    /// Builds an event from a stream entry's fields: the one field `e` the
+    /// scripts write (lines: type, node, `subject=id` per subject, then the
+    /// data; see `emit` in `store/lua/prelude.lua`), or the fields `type`,
+    /// `node`, `data` and one per subject of entries written before it.
     pub fn from_fields(id: String, fields: Vec<(String, String)>) -> Event {
         let mut kind = String::new();
         // The stream id's millisecond part is the Redis time of the event.
@@ -149,6 +152,21 @@ impl Event {
         let mut subjects = BTreeMap::new();
         for (k, v) in fields {
             match k.as_str() {
+                "e" => {
+                    let mut lines = v.splitn(3, '\n');
+                    kind = lines.next().unwrap_or_default().to_string();
+                    node = lines.next().unwrap_or_default().to_string();
+                    let mut rest = lines.next().unwrap_or_default();
+                    // Subject lines until the data, which starts with `{`.
+                    while !rest.is_empty() && !rest.starts_with('{') {
+                        let (line, after) = rest.split_once('\n').unwrap_or((rest, ""));
+                        if let Some((name, value)) = line.split_once('=') {
+                            subjects.insert(name.to_string(), value.to_string());
+                        }
+                        rest = after;
+                    }
+                    data = rest.to_string();
+                }
                 "type" => kind = v,
                 "node" => node = v,
                 "data" => data = v,
@@ -531,6 +549,49 @@ mod tests {
             "in EVENT_TYPES but emitted by no Lua script: {stale:?}"
         );
         assert_eq!(listed.len(), EVENT_TYPES.len(), "EVENT_TYPES has a duplicate");
+    }
+
+    #[test]
+    fn an_entry_parses_in_the_one_field_form_and_the_old_one() {
+        let f = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let one = Event::from_fields(
+            "1700000000123-4".into(),
+            f(&[(
+                "e",
+                "task.claimed\nvm-a\ntask=T1\nqueue=q.1\n{\"attempt\":1,\"note\":\"a\\nb\"}",
+            )]),
+        );
+        let old = Event::from_fields(
+            "1700000000123-4".into(),
+            f(&[
+                ("type", "task.claimed"),
+                ("node", "vm-a"),
+                ("data", "{\"attempt\":1,\"note\":\"a\\nb\"}"),
+                ("task", "T1"),
+                ("queue", "q.1"),
+            ]),
+        );
+        for ev in [&one, &old] {
+            assert_eq!(ev.kind, "task.claimed");
+            assert_eq!(ev.node, "vm-a");
+            assert_eq!(ev.ts, 1_700_000_000_123);
+            assert_eq!(ev.subject("task"), Some("T1"));
+            assert_eq!(ev.subject("queue"), Some("q.1"));
+            assert_eq!(ev.subjects.len(), 2);
+            assert_eq!(ev.data, "{\"attempt\":1,\"note\":\"a\\nb\"}");
+        }
+        assert_eq!(one.json(), old.json());
+        // No subjects, no node, data with a newline inside a string (JSON text
+        // from a hand-built script value is still taken whole: it is last).
+        let bare = Event::from_fields("5-0".into(), f(&[("e", "node.left\n\n{\"a\":\"x\ny\"}")]));
+        assert_eq!((bare.kind.as_str(), bare.node.as_str()), ("node.left", ""));
+        assert!(bare.subjects.is_empty());
+        assert_eq!(bare.data, "{\"a\":\"x\ny\"}");
+        // Malformed entries parse to something, never panic.
+        for e in ["", "x", "x\n", "x\ny\nno-equals\n", "x\ny\nk=v"] {
+            let ev = Event::from_fields("1-0".into(), f(&[("e", e)]));
+            let _ = ev.json();
+        }
     }
 
     #[test]

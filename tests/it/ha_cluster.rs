@@ -612,8 +612,8 @@ fn failover_events(port: u16, tag: &str) -> usize {
     let entries: Vec<(String, Vec<(String, String)>)> =
         query(port, &["XRANGE", &format!("{tag}:events"), "-", "+"]).unwrap_or_default();
     entries
-        .iter()
-        .filter(|(_, f)| f.iter().any(|(k, v)| k == "type" && v == "redis.failover"))
+        .into_iter()
+        .filter(|(id, f)| muster::testing::Event::from_fields(id.clone(), f.clone()).kind == "redis.failover")
         .count()
 }
 

@@ -103,11 +103,10 @@ async fn events_at(url: &str) -> Vec<Event> {
             break;
         };
         for (id, fields) in rows {
-            let ms = id.split('-').next().unwrap().parse().unwrap();
-            let mut f: HashMap<String, String> = fields.into_iter().collect();
-            let ty = f.remove("type").unwrap_or_default();
-            let node = f.remove("node").unwrap_or_default();
-            out.push((ms, ty, node, f));
+            let ev = muster::testing::Event::from_fields(id, fields);
+            let mut f: HashMap<String, String> = ev.subjects.into_iter().collect();
+            f.insert("data".into(), ev.data);
+            out.push((ev.ts, ev.kind, ev.node, f));
         }
         start = format!("({last}");
     }

@@ -66,18 +66,35 @@ end
 -- paths build it by hand: cjson is slow); ...: subject field, value pairs
 -- (task, queue, group, ...), strings. The event's time is the stream id's
 -- millisecond part, which is Redis time.
+-- An entry is ONE field `e`: lines "<type>", "<node>", one "<subject>=<id>" per
+-- subject, then the data (a JSON object, so it starts with `{`; it is last, so it
+-- may hold anything). Subject ids are validated names, never holding a newline.
+-- One field instead of five or six costs Redis a third less per XADD and half
+-- as much per entry read (XREAD by every node's tailer); events::Event parses it.
 -- The first event of a script call trims the stream (MAXLEN ~); later ones in the
 -- same call skip it, which bounds the stream just as well at a fraction of the cost.
 -- Returns the stream id.
 local events_trimmed = false -- @per-call
 local function emit(etype, node, data, ...)
   if type(data) == 'table' then data = cjson.encode(data) end
+  local n = select('#', ...)
+  local e
+  if n == 4 then
+    local k1, v1, k2, v2 = ...
+    e = etype .. '\n' .. (node or '') .. '\n' .. k1 .. '=' .. v1 .. '\n' .. k2 .. '=' .. v2 .. '\n' .. (data or '{}')
+  elseif n == 0 then
+    e = etype .. '\n' .. (node or '') .. '\n' .. (data or '{}')
+  else
+    local parts, s = {etype, node or ''}, {...}
+    for i = 1, n, 2 do parts[#parts + 1] = s[i] .. '=' .. s[i + 1] end
+    parts[#parts + 1] = data or '{}'
+    e = table.concat(parts, '\n')
+  end
   if events_trimmed then
-    return redis.call('XADD', P .. ':events', '*', 'type', etype, 'node', node or '', 'data', data or '{}', ...)
+    return redis.call('XADD', P .. ':events', '*', 'e', e)
   end
   events_trimmed = true
-  return redis.call('XADD', P .. ':events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'type', etype, 'node', node or '',
-    'data', data or '{}', ...)
+  return redis.call('XADD', P .. ':events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', e)
 end
 
 -- The epoch of the fencing tokens (P:epoch, absent: 1). Sentinel and coordinated

@@ -373,20 +373,14 @@ impl TestRedis {
                 break;
             };
             for (sid, fields) in rows {
-                let mut ty = String::new();
-                let mut node = String::new();
+                let ev = muster::testing::Event::from_fields(sid.clone(), fields);
                 let mut obj = serde_json::Map::new();
-                for (k, v) in fields {
-                    match k.as_str() {
-                        "type" => ty = v,
-                        "node" => node = v,
-                        _ => {
-                            obj.insert(k, Value::String(v));
-                        }
-                    }
+                for (k, v) in &ev.subjects {
+                    obj.insert(k.clone(), Value::String(v.clone()));
                 }
+                obj.insert("data".into(), Value::String(ev.data.clone()));
                 obj.insert("_id".into(), Value::String(sid));
-                out.push((ty, node, Value::Object(obj)));
+                out.push((ev.kind, ev.node, Value::Object(obj)));
             }
             start = format!("({last}");
         }
