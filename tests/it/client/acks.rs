@@ -8,11 +8,13 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_acknowledges_long_tasks_early_and_short_ones_by_their_complete() {
     let redis = TestRedis::start();
-    let app = TestApp::start_with(&redis, |c| c.claim.ack_ms = 1000).await;
+    // A lease of 2 s (the early heartbeat has about 1.3 s to land: on a
+    // loaded CI machine 1 s was once not enough); the long tasks outlast it.
+    let app = TestApp::start_with(&redis, |c| c.claim.ack_ms = 2000).await;
     let c = client(std::slice::from_ref(&app.url));
     let queue = "client-acks";
     let mut ids = Vec::new();
-    for ms in [10, 2500, 20, 1800] {
+    for ms in [10, 5000, 20, 3600] {
         ids.push(c.submit(queue, &spec(json!({"ms": ms}), 60_000)).await.unwrap().id);
     }
     let runs: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
