@@ -140,8 +140,9 @@ pub struct Event {
 
 impl Event {
     /// Builds an event from a stream entry's fields: the one field `e` the
-    /// scripts write (lines: type, node, `subject=id` per subject, then the
-    /// data; see `emit` in `store/lua/prelude.lua`), or the fields `type`,
+    /// scripts write (lines: type, node, `subject=id` per subject, with `t`,
+    /// `q`, `g` and `w` for task, queue, group and workflow, then the data;
+    /// see `emit` in `store/lua/prelude.lua`), or the fields `type`,
     /// `node`, `data` and one per subject of entries written before it.
     pub fn from_fields(id: String, fields: Vec<(String, String)>) -> Event {
         let mut kind = String::new();
@@ -161,6 +162,15 @@ impl Event {
                     while !rest.is_empty() && !rest.starts_with('{') {
                         let (line, after) = rest.split_once('\n').unwrap_or((rest, ""));
                         if let Some((name, value)) = line.split_once('=') {
+                            // The one-letter names of the common subjects
+                            // (EVENT_SUBJECTS in prelude.lua).
+                            let name = match name {
+                                "t" => "task",
+                                "q" => "queue",
+                                "g" => "group",
+                                "w" => "workflow",
+                                other => other,
+                            };
                             subjects.insert(name.to_string(), value.to_string());
                         }
                         rest = after;
@@ -558,7 +568,7 @@ mod tests {
             "1700000000123-4".into(),
             f(&[(
                 "e",
-                "task.claimed\nvm-a\ntask=T1\nqueue=q.1\n{\"attempt\":1,\"note\":\"a\\nb\"}",
+                "task.claimed\nvm-a\nt=T1\nq=q.1\n{\"attempt\":1,\"note\":\"a\\nb\"}",
             )]),
         );
         let old = Event::from_fields(
@@ -587,6 +597,10 @@ mod tests {
         assert_eq!((bare.kind.as_str(), bare.node.as_str()), ("node.left", ""));
         assert!(bare.subjects.is_empty());
         assert_eq!(bare.data, "{\"a\":\"x\ny\"}");
+        // The one-letter subjects, and others under their own names.
+        let mixed = Event::from_fields("6-0".into(), f(&[("e", "x.y\nn\ng=G\nw=W\nbarrier=B\nround=R\n{}")]));
+        let names: Vec<_> = mixed.subjects.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(names, ["barrier=B", "group=G", "round=R", "workflow=W"]);
         // Malformed entries parse to something, never panic.
         for e in ["", "x", "x\n", "x\ny\nno-equals\n", "x\ny\nk=v"] {
             let ev = Event::from_fields("1-0".into(), f(&[("e", e)]));
