@@ -377,8 +377,11 @@ fn assert_isolated(book: &Book, before: (Instant, Instant), during: (Instant, In
     for kind in ["submit", "claim", "complete", "heartbeat"] {
         let (share, n, p) = trouble[kind];
         let (_, n0, p0) = base[kind];
+        // At least 15 in the window (it lasts the failover, 3 to 4 s): a CI
+        // run with both cores loaded once made exactly 20 claims in it. Calls
+        // that waited for a stalled master (2 s each) would make far fewer.
         assert!(
-            n > 20 && n0 > 5,
+            n >= 15 && n0 > 5,
             "{kind}: too few calls to judge ({n0} before, {n} during)"
         );
         assert!(
