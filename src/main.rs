@@ -313,7 +313,20 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let command = cli.command.unwrap_or(Command::Serve(cli.serve.clone()));
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // A node's configuration is read before its runtime starts: it sets the
+    // runtime's threads (`server.worker_threads`). The other commands are
+    // clients and take tokio's default.
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    let mut node_cfg = None;
+    if let Command::Serve(args) = &command {
+        let cfg = match load_config(&merge(&cli.serve, args.clone())) {
+            Ok(c) => c,
+            Err(e) => return config_error(&e),
+        };
+        builder.worker_threads(cfg.server.runtime_threads());
+        node_cfg = Some(cfg);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("muster: cannot start the runtime: {e}");
@@ -321,7 +334,10 @@ fn main() -> ExitCode {
         }
     };
     match command {
-        Command::Serve(args) => runtime.block_on(serve(merge(&cli.serve, args))),
+        Command::Serve(_) => match node_cfg {
+            Some(cfg) => runtime.block_on(serve(cfg)),
+            None => ExitCode::from(1),
+        },
         Command::Bench(args) => runtime.block_on(bench(args)),
         Command::BenchWs {
             url,
@@ -458,11 +474,8 @@ fn config_error(msg: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-async fn serve(args: ServeArgs) -> ExitCode {
-    let cfg = match load_config(&args) {
-        Ok(c) => c,
-        Err(e) => return config_error(&e),
-    };
+async fn serve(cfg: Config) -> ExitCode {
+    tracing::info!(threads = cfg.server.runtime_threads(), "runtime started");
     let addr: SocketAddr = match cfg.server.listen.parse() {
         Ok(a) => a,
         Err(_) => return config_error("invalid value for key `server.listen`"),

@@ -268,6 +268,17 @@ mod tests {
     }
 
     #[test]
+    fn runtime_threads_are_bounded_and_default_to_one_fewer_than_the_cores() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auto = Config::default();
+        assert_eq!(auto.server.runtime_threads(), cores.saturating_sub(1).max(1));
+        let three = Config::from_toml("[server]\nworker_threads = 3\n").unwrap();
+        assert_eq!(three.server.runtime_threads(), 3);
+        let e = Config::from_toml("[server]\nworker_threads = 1025\n").unwrap_err();
+        assert!(e.0.contains("server.worker_threads") && e.0.contains("1024"), "{}", e.0);
+    }
+
+    #[test]
     fn unknown_section_is_named() {
         let e = Config::from_toml("[nodez]\nttl_ms = 5\n").unwrap_err();
         assert!(e.0.contains("nodez"), "{}", e.0);

@@ -37,6 +37,12 @@ impl Config {
                 return err(key, "must be between 100 and 3600000 (one hour)");
             }
         }
+        if self.server.worker_threads > 1024 {
+            return err(
+                "server.worker_threads",
+                "must be between 0 (one fewer than the machine's cores) and 1024",
+            );
+        }
         if !(1..=1_000_000).contains(&self.server.max_connections) {
             return err("server.max_connections", "must be between 1 and 1000000");
         }

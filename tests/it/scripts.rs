@@ -96,7 +96,10 @@ async fn a_call_after_the_functions_are_flushed_loads_them_and_runs_once() {
         if loaded(after) > 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "no function library is loaded 5 s after the calls");
+        assert!(
+            Instant::now() < deadline,
+            "no function library is loaded 5 s after the calls"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
