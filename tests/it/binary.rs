@@ -120,6 +120,35 @@ async fn a_sigkilled_node_leaves_no_redis_behind() {
     let _ = again.0.kill();
 }
 
+/// `server.worker_threads` sets the node's runtime threads: tokio names its
+/// workers `tokio-rt-worker` in `comm` (`tokio-runtime-w` in older
+/// versions, which gave blocking-pool threads the same name). Twelve is far
+/// above tokio's default on this machine (one per core) and above the few
+/// blocking threads a start may spawn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_sets_the_runtimes_threads() {
+    let dir = tempfile::Builder::new().prefix("mw").tempdir().unwrap();
+    let port = free_port();
+    let mut cmd = Command::new(muster_bin());
+    cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--node-id", "bin-threads"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .env_remove("MUSTER_CONFIG")
+        .env("MUSTER_SERVER__WORKER_THREADS", "12")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let node = Proc(cmd.spawn().unwrap());
+    assert!(ready(port).await);
+    let workers = std::fs::read_dir(format!("/proc/{}/task", node.0.id()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| matches!(name.trim(), "tokio-rt-worker" | "tokio-runtime-w"))
+        .count();
+    assert!(workers >= 12, "{workers} runtime threads, 12 configured");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dying_embedded_redis_is_restarted() {
     let dir = tempfile::Builder::new().prefix("mr").tempdir().unwrap();
