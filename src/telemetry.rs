@@ -333,6 +333,11 @@ pub const METRICS: &[Metric] = &[
         "Claim scripts that found nothing to claim",
     ),
     m(
+        "muster_claim_wakeups_saved_total",
+        Counter,
+        "Wake-ups of waiting claims left out: the task was claimed later in the same read of the events",
+    ),
+    m(
         "muster_claim_waiting_queues",
         Gauge,
         "Queues with at least one long-polling claim waiting on this node",

@@ -301,7 +301,44 @@ impl Bus {
     /// Publishes an event a tailer read. With several shards the event is
     /// given the cursor it moves the mark to, and sent while the mark is
     /// held, so the cursors on the channel only grow.
-    pub fn publish(&self, mut ev: Event) {
+    pub fn publish(&self, ev: Event) {
+        self.publish_one(ev, false);
+    }
+
+    /// Publishes the events of one read of a shard's stream, in order. A
+    /// task that became claimable (enqueued, requeued) and was claimed later
+    /// in the same read wakes no waiting claim: the waiter would claim for
+    /// nothing (the task went to a complete's `next` or another claim). Its
+    /// event still reaches every subscriber; a wake-up for anything else it
+    /// says (a group slot freed) is unchanged.
+    pub fn publish_read(&self, events: Vec<Event>) {
+        if !events.iter().any(|e| e.kind == "task.claimed") {
+            for ev in events {
+                self.publish_one(ev, false);
+            }
+            return;
+        }
+        let claimed_later: Vec<bool> = {
+            let mut last = std::collections::HashMap::new();
+            for (i, ev) in events.iter().enumerate() {
+                if ev.kind == "task.claimed"
+                    && let Some(t) = ev.subject("task")
+                {
+                    last.insert(t, i);
+                }
+            }
+            events
+                .iter()
+                .enumerate()
+                .map(|(i, ev)| ev.subject("task").and_then(|t| last.get(t)).is_some_and(|&j| j > i))
+                .collect()
+        };
+        for (ev, claimed) in events.into_iter().zip(claimed_later) {
+            self.publish_one(ev, claimed);
+        }
+    }
+
+    fn publish_one(&self, mut ev: Event, claimed_later: bool) {
         let mut m = self.mark.lock().unwrap_or_else(|p| p.into_inner());
         let mark = m.get_or_insert_with(|| Cursor::at(self.shards, StreamId(0, 0)));
         if let Some(id) = ev.sid {
@@ -318,7 +355,7 @@ impl Bus {
             }
         }
         let ev = Arc::new(ev);
-        self.wakers.on_event(&ev);
+        self.wakers.on_event(&ev, claimed_later);
         let _ = self.tx.send(ev);
     }
 
@@ -663,5 +700,60 @@ mod tests {
         // A Redis clock behind the newest id (after a failover): the id counts.
         let ahead = info(StreamId(now as u64 + 60_000, 0));
         assert!(check_since(StreamId(now as u64 + 61_000, 0), &ahead, now).is_ok());
+    }
+
+    /// An event as a script writes it (the one-field form).
+    fn entry(seq: u64, kind: &str, task: &str, data: &str) -> Event {
+        let e = format!("{kind}\nvm-a\nt={task}\nq=q\n{data}");
+        Event::from_fields(format!("1700000000000-{seq}"), vec![("e".into(), e)])
+    }
+
+    /// How many wake-ups the queue's waiters got: `waiting` claims wait,
+    /// each armed before the read is published.
+    fn wakeups(bus: &Bus, waiting: usize, read: Vec<Event>) -> usize {
+        use std::future::Future;
+        let waiters: Vec<_> = (0..waiting).map(|_| bus.wakers.wait("q")).collect();
+        let mut armed: Vec<_> = waiters.iter().map(|w| Box::pin(w.notified())).collect();
+        for n in &mut armed {
+            n.as_mut().enable();
+        }
+        bus.publish_read(read);
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        armed
+            .iter_mut()
+            .map(|n| n.as_mut().poll(&mut cx).is_ready())
+            .filter(|&ready| ready)
+            .count()
+    }
+
+    #[test]
+    fn a_task_claimed_later_in_the_same_read_wakes_no_waiting_claim() {
+        let bus = Bus::new(64, 1);
+        let queued = r#"{"state":"queued"}"#;
+        let claimed = r#"{"attempt":1,"token":5}"#;
+        // Enqueued and claimed in the same read (by a complete's `next`):
+        // nobody is woken to claim it again.
+        let read = vec![
+            entry(1, "task.enqueued", "T1", queued),
+            entry(2, "task.claimed", "T1", claimed),
+        ];
+        assert_eq!(wakeups(&bus, 2, read), 0);
+        // Two enqueued, one of them claimed after: one wake-up, for the other.
+        let read = vec![
+            entry(3, "task.enqueued", "T2", queued),
+            entry(4, "task.enqueued", "T3", queued),
+            entry(5, "task.claimed", "T2", claimed),
+        ];
+        assert_eq!(wakeups(&bus, 2, read), 1);
+        // Claimed before it was requeued: the requeue wakes one.
+        let read = vec![
+            entry(6, "task.claimed", "T4", claimed),
+            entry(7, "task.requeued", "T4", r#"{"attempt":1}"#),
+        ];
+        assert_eq!(wakeups(&bus, 2, read), 1);
+        // Apart, in two reads: the enqueue wakes one (the claim came later).
+        assert_eq!(wakeups(&bus, 2, vec![entry(8, "task.enqueued", "T5", queued)]), 1);
+        assert_eq!(wakeups(&bus, 2, vec![entry(9, "task.claimed", "T5", claimed)]), 0);
     }
 }

@@ -130,15 +130,16 @@ fn spawn_shard(store: Store, bus: Arc<Bus>, start: Option<StreamId>, cancel: Can
                 match res {
                     Ok(Ok(reply)) => {
                         backoff = Duration::from_millis(50);
-                        let mut n = 0;
+                        let mut read = Vec::new();
                         for (_, entries) in reply.unwrap_or_default() {
                             for (id, fields) in entries {
-                                n += 1;
                                 last = id.clone();
-                                metrics::counter!("muster_events_read_total").increment(1);
-                                bus.publish(Event::from_fields(id, fields).in_shard(shard));
+                                read.push(Event::from_fields(id, fields).in_shard(shard));
                             }
                         }
+                        let n = read.len();
+                        metrics::counter!("muster_events_read_total").increment(n as u64);
+                        bus.publish_read(read);
                         if n > 0 && n < BATCH {
                             tokio::select! {
                                 _ = tokio::time::sleep(linger) => {}

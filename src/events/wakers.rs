@@ -82,8 +82,10 @@ impl Wakers {
     /// (enqueued or requeued), every waiter of the queue when it is resumed,
     /// and everyone when a group slot freed or a group limit, a flow-control
     /// limit or a node changed (a slot freed by a task of one queue may let a task of
-    /// another queue start). Other events wake nobody.
-    pub fn on_event(&self, ev: &Event) {
+    /// another queue start). Other events wake nobody. `claimed_later`: the
+    /// same read of the stream shows the event's task claimed after it, so
+    /// the task it made claimable wakes nobody (`Bus::publish_read`).
+    pub fn on_event(&self, ev: &Event, claimed_later: bool) {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if map.is_empty() {
             return;
@@ -113,12 +115,20 @@ impl Wakers {
         let Some(n) = ev.subject("queue").and_then(|q| map.get(q)) else {
             return;
         };
-        match kind {
-            "task.enqueued" if !ev.data.contains("\"delayed\"") => n.notify_one(),
-            "orphan.recovered" if ev.data.contains("\"requeued\"") => n.notify_one(),
-            "task.requeued" => n.notify_one(),
-            "queue.resumed" => n.notify_waiters(),
-            _ => {}
+        let claimable = match kind {
+            "task.enqueued" => !ev.data.contains("\"delayed\""),
+            "orphan.recovered" => ev.data.contains("\"requeued\""),
+            "task.requeued" => true,
+            "queue.resumed" => {
+                n.notify_waiters();
+                false
+            }
+            _ => false,
+        };
+        if claimable && claimed_later {
+            metrics::counter!("muster_claim_wakeups_saved_total").increment(1);
+        } else if claimable {
+            n.notify_one();
         }
     }
 
