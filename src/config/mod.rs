@@ -268,10 +268,10 @@ mod tests {
     }
 
     #[test]
-    fn runtime_threads_are_bounded_and_default_to_one_fewer_than_the_cores() {
+    fn runtime_threads_are_bounded_and_default_to_one_per_core() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let auto = Config::default();
-        assert_eq!(auto.server.runtime_threads(), cores.saturating_sub(1).max(1));
+        assert_eq!(auto.server.runtime_threads(), cores);
         let three = Config::from_toml("[server]\nworker_threads = 3\n").unwrap();
         assert_eq!(three.server.runtime_threads(), 3);
         let e = Config::from_toml("[server]\nworker_threads = 1025\n").unwrap_err();

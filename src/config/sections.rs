@@ -50,24 +50,23 @@ pub struct ServerConfig {
     /// loopback names and the listen address; any other `Host` gets 421
     /// (DNS rebinding).
     pub allowed_hosts: Vec<String>,
-    /// Threads of the node's async runtime (`muster serve`). 0: one fewer
-    /// than the machine's cores, at least one (see `runtime_threads`).
+    /// Threads of the node's async runtime (`muster serve`). 0: one per
+    /// core (see `runtime_threads`).
     pub worker_threads: usize,
 }
 
 impl ServerConfig {
-    /// The runtime's worker threads: `worker_threads`, or with 0 one fewer
-    /// than the cores (at least one), which leaves a core to Redis (embedded
-    /// or beside the node) and to the kernel's network work. Measured on two
-    /// cores (BENCHMARKS.md, "Runtime threads"): one thread, not two, spent
-    /// 8 to 30 % less node CPU per task at batch 1, the cross-thread
-    /// wake-ups and work stealing gone, and ran 7 to 39 % more tasks a second.
+    /// The runtime's worker threads: `worker_threads`, or with 0 one per
+    /// core (tokio's default). Fewer saves CPU where the node shares a small
+    /// machine with Redis (BENCHMARKS.md, "Runtime threads": on two cores
+    /// one thread spent 15 to 29 % less node CPU per task than two), but a
+    /// single thread leaves the node's heartbeat no slack under a burst: a
+    /// flood of 10 000 connections held it past a 600 ms ttl.
     pub fn runtime_threads(&self) -> usize {
         if self.worker_threads > 0 {
             return self.worker_threads;
         }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        cores.saturating_sub(1).max(1)
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     }
 }
 

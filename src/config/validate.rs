@@ -38,10 +38,7 @@ impl Config {
             }
         }
         if self.server.worker_threads > 1024 {
-            return err(
-                "server.worker_threads",
-                "must be between 0 (one fewer than the machine's cores) and 1024",
-            );
+            return err("server.worker_threads", "must be between 0 (one per core) and 1024");
         }
         if !(1..=1_000_000).contains(&self.server.max_connections) {
             return err("server.max_connections", "must be between 1 and 1000000");
