@@ -7,11 +7,17 @@ port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));pri
 
 # start_node <tasks.group_in_flight>: starts a node in a fresh directory and
 # waits until it is ready; sets P (its port), D (its directory), NODE (its pid).
-# THREADS, when set: the node's server.worker_threads.
+# THREADS, when set: the node's server.worker_threads. REDIS_PORT, when set:
+# the node uses that redis-server (flushed first) instead of an embedded one.
 start_node() {
   P=$(port)
   D=$(mktemp -d)
-  (cd $D && MUSTER_TASKS__GROUP_IN_FLIGHT=$1 MUSTER_SERVER__WORKER_THREADS=${THREADS:-0} exec $BIN --listen 127.0.0.1:$P --data-dir $D/data > $D/node.log 2>&1) &
+  local redis=()
+  if [ -n "$REDIS_PORT" ]; then
+    redis-cli -p "$REDIS_PORT" flushall > /dev/null
+    redis=(--redis-url "redis://127.0.0.1:$REDIS_PORT")
+  fi
+  (cd $D && MUSTER_TASKS__GROUP_IN_FLIGHT=$1 MUSTER_SERVER__WORKER_THREADS=${THREADS:-0} exec $BIN --listen 127.0.0.1:$P "${redis[@]}" --data-dir $D/data > $D/node.log 2>&1) &
   NODE=$!
   for i in $(seq 100); do curl -sf http://127.0.0.1:$P/readyz > /dev/null && break; sleep 0.2; done
 }

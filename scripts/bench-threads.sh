@@ -18,16 +18,7 @@ ticks() { awk '{print $14 + $15}' /proc/$1/stat; }
 echo "round threads tasks/s node_cpu_us/task redis_cpu_us/task claim_p50_ms"
 for round in $(seq $ROUNDS); do
   for th in $VALUES; do
-    P=$(port)
-    D=$(mktemp -d)
-    redis=()
-    if [ -n "$REDIS_PORT" ]; then
-      redis-cli -p "$REDIS_PORT" flushall > /dev/null
-      redis=(--redis-url "redis://127.0.0.1:$REDIS_PORT")
-    fi
-    (cd $D && MUSTER_SERVER__WORKER_THREADS=$th exec $BIN --listen 127.0.0.1:$P "${redis[@]}" --data-dir $D/data > $D/node.log 2>&1) &
-    NODE=$!
-    for i in $(seq 100); do curl -sf http://127.0.0.1:$P/readyz > /dev/null && break; sleep 0.2; done
+    THREADS=$th start_node 4    # 4: tasks.group_in_flight's default
     n=${TASKS:-6000}
     t0=$(ticks $NODE)
     r=$($BIN bench --url http://127.0.0.1:$P --tasks $n --workers 8 --producers 2 --batch 1 --no-half-load --no-baseline --json)

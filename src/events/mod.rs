@@ -298,13 +298,6 @@ impl Bus {
         self.tx.subscribe()
     }
 
-    /// Publishes an event a tailer read. With several shards the event is
-    /// given the cursor it moves the mark to, and sent while the mark is
-    /// held, so the cursors on the channel only grow.
-    pub fn publish(&self, ev: Event) {
-        self.publish_one(ev, false);
-    }
-
     /// Publishes the events of one read of a shard's stream, in order. A
     /// task that became claimable (enqueued, requeued) and was claimed later
     /// in the same read wakes no waiting claim: the waiter would claim for
@@ -312,32 +305,33 @@ impl Bus {
     /// event still reaches every subscriber; a wake-up for anything else it
     /// says (a group slot freed) is unchanged.
     pub fn publish_read(&self, events: Vec<Event>) {
-        if !events.iter().any(|e| e.kind == "task.claimed") {
-            for ev in events {
-                self.publish_one(ev, false);
+        // Each task's last claim in the read (empty, unallocated, without one).
+        let mut last_claim = std::collections::HashMap::new();
+        for (i, ev) in events.iter().enumerate() {
+            if ev.kind == "task.claimed"
+                && let Some(t) = ev.subject("task")
+            {
+                last_claim.insert(t, i);
             }
-            return;
         }
-        let claimed_later: Vec<bool> = {
-            let mut last = std::collections::HashMap::new();
-            for (i, ev) in events.iter().enumerate() {
-                if ev.kind == "task.claimed"
-                    && let Some(t) = ev.subject("task")
-                {
-                    last.insert(t, i);
-                }
-            }
-            events
-                .iter()
-                .enumerate()
-                .map(|(i, ev)| ev.subject("task").and_then(|t| last.get(t)).is_some_and(|&j| j > i))
-                .collect()
-        };
+        let claimed_later: Vec<bool> = events
+            .iter()
+            .enumerate()
+            .map(|(i, ev)| {
+                ev.subject("task")
+                    .and_then(|t| last_claim.get(t))
+                    .is_some_and(|&j| j > i)
+            })
+            .collect();
+        drop(last_claim);
         for (ev, claimed) in events.into_iter().zip(claimed_later) {
             self.publish_one(ev, claimed);
         }
     }
 
+    /// Publishes one event. With several shards the event is given the
+    /// cursor it moves the mark to, and sent while the mark is held, so the
+    /// cursors on the channel only grow.
     fn publish_one(&self, mut ev: Event, claimed_later: bool) {
         let mut m = self.mark.lock().unwrap_or_else(|p| p.into_inner());
         let mark = m.get_or_insert_with(|| Cursor::at(self.shards, StreamId(0, 0)));

@@ -90,18 +90,15 @@ async fn a_call_after_the_functions_are_flushed_loads_them_and_runs_once() {
     // the master this reads may be flushed again between the node's reload
     // and the read: the node's loops call every shard every 200 ms, so the
     // library is back within a few of their rounds.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let after: redis::Value = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
-        if loaded(after) > 0 {
-            break;
+    let back = wait_until(Duration::from_secs(5), || {
+        let mut c = c.clone();
+        async move {
+            let after: redis::Value = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
+            loaded(after) > 0
         }
-        assert!(
-            Instant::now() < deadline,
-            "no function library is loaded 5 s after the calls"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(back, "no function library is loaded 5 s after the calls");
 }
 
 /// Scripts take their namespace from their first key (`P` in the prelude),
