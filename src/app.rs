@@ -1,14 +1,15 @@
 //! The shared application state and the router that merges every
-//! subsystem's routes, the dashboard and the middleware stack.
+//! subsystem's routes, the dashboard and what goes around them.
 
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::middleware::{from_fn, from_fn_with_state};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{Next, from_fn_with_state};
+use axum::response::Response;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tower_http::catch_panic::CatchPanicLayer;
+use tower::Service;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -140,15 +141,54 @@ pub(crate) fn api_router() -> OpenApiRouter<AppState> {
         .merge(crate::stats::routes::router())
 }
 
+/// The whole HTTP surface of a node: its routes, and around them the edge
+/// (`http::edge`: request ids, the target's length, panics, hardening
+/// headers) and the error pages (`web::errors::html_errors`, with framework
+/// errors made problems). The server calls it once per request: plain
+/// function calls around the router, where `from_fn` layers each cloned
+/// the service behind them and boxed a future per request (BENCHMARKS.md,
+/// issue 41). They wrap the whole router, so they see final responses (a
+/// 405 with its `Allow`, the fallback's 404): `Router::layer` wraps each
+/// route's method router, which adds the `Allow` of its 405 only after its
+/// layers ran.
+#[derive(Clone)]
+pub(crate) struct Surface {
+    routes: Router,
+    state: AppState,
+}
+
+impl Surface {
+    /// Answers one request.
+    pub(crate) async fn call(self, req: Request) -> Response {
+        let Surface { mut routes, state } = self;
+        crate::http::edge(req, |req| {
+            crate::web::errors::html_errors(&state, req, |req| async move {
+                match routes.call(req).await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                }
+            })
+        })
+        .await
+    }
+}
+
+/// The one layer of every route: the request metrics and span
+/// (`traces::around`) around authentication (`auth::check`), which lets a
+/// caller through to the replicated-acknowledgement wait
+/// (`durability::around`) and the handler.
+async fn per_route(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    crate::traces::around(&s.tracer, req, |req| crate::auth::check(&s, req, next)).await
+}
+
 /// The whole HTTP surface of a node.
-pub(crate) fn router(state: AppState) -> Router {
+pub(crate) fn surface(state: AppState) -> Surface {
     let (api, doc) = api_router().split_for_parts();
     let doc = openapi::document(doc, &state.cfg);
     let _ = state
         .openapi
         .set(serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into()));
     let max_body = state.cfg.server.max_body_bytes;
-    let pages_state = state.clone();
     let routes = Router::new()
         .merge(api)
         .merge(crate::web::router())
@@ -158,22 +198,7 @@ pub(crate) fn router(state: AppState) -> Router {
         // 403 whatever the body's size (tower-http's RequestBodyLimitLayer
         // would answer 413 first, from Content-Length).
         .layer(DefaultBodyLimit::max(max_body))
-        // Auth, and inside it, around the handler, the changes of
-        // `durability::ACKED` waiting for replicas (`durability::around`).
-        .layer(from_fn_with_state(state.clone(), crate::auth::middleware))
-        .layer(from_fn_with_state(state.tracer.clone(), crate::traces::middleware))
-        .with_state(state);
-    // `Router::layer` wraps each route's method router, and a method router
-    // adds the `Allow` header of its 405 only after its layers ran: the
-    // layers below wrap the whole router instead, so they see final
-    // responses (the 405 with its `Allow`, the fallback's 404).
-    Router::new()
-        .fallback_service(routes)
-        // Framework errors as problem+json, then problems as pages for page
-        // requests (`http::problemize` inside it): it sees every problem in
-        // its final form.
-        .layer(from_fn_with_state(pages_state, crate::web::errors::html_errors))
-        .layer(CatchPanicLayer::custom(crate::http::panic_response))
-        // Request ids, the target's length and the hardening headers.
-        .layer(from_fn(crate::http::edge))
+        .layer(from_fn_with_state(state.clone(), per_route))
+        .with_state(state.clone());
+    Surface { routes, state }
 }

@@ -31,7 +31,7 @@
 
 use std::marker::PhantomData;
 
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::{FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
@@ -363,10 +363,12 @@ fn refuse_cross_site() -> Response {
 /// every write and WebSocket from another origin is refused, and so is a
 /// `Host` that does not name this node (DNS rebinding). A caller let
 /// through goes on to [`crate::durability::around`] and the handler.
-pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+/// (Called inside `traces::around` by the one route-level layer,
+/// `app::per_route`.)
+pub(crate) async fn check(s: &AppState, mut req: Request, next: Next) -> Response {
     let auth = &s.auth;
     if !auth.enabled() {
-        if !host_allowed(&s, &req) {
+        if !host_allowed(s, &req) {
             return ApiError::Forbidden(
                 "the Host header does not name this node; with no tokens configured a node answers only \
                  to loopback names and its listen address (DNS rebinding); add the name to \
@@ -375,11 +377,11 @@ pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next
             )
             .into_response();
         }
-        if (is_write(req.method()) || is_websocket(req.headers())) && from_another_origin(&s, req.headers()) {
+        if (is_write(req.method()) || is_websocket(req.headers())) && from_another_origin(s, req.headers()) {
             return refuse_cross_site();
         }
         req.extensions_mut().insert(auth.anonymous());
-        return crate::durability::around(&s, req, next).await;
+        return crate::durability::around(s, req, next).await;
     }
     let path = req.uri().path().to_string();
     let headers = req.headers();
@@ -393,7 +395,7 @@ pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next
             None
         } else {
             by_cookie = true;
-            match session_caller(&s, id).await {
+            match session_caller(s, id).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read a dashboard session");
@@ -413,7 +415,7 @@ pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next
         None
     };
     match caller {
-        Some(_) if by_cookie && is_websocket(req.headers()) && !origin_allowed(&s, req.headers()) => {
+        Some(_) if by_cookie && is_websocket(req.headers()) && !origin_allowed(s, req.headers()) => {
             ApiError::Forbidden(
                 "this WebSocket was opened by a page of another origin with the session cookie; \
                  add the page's origin to server.allowed_origins, or authenticate with a token"
@@ -425,7 +427,7 @@ pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next
             if by_cookie
                 && path.starts_with("/api/")
                 && is_write(req.method())
-                && from_another_origin(&s, req.headers()) =>
+                && from_another_origin(s, req.headers()) =>
         {
             ApiError::Forbidden(
                 "an API write with the session cookie must come from this node's own pages (this one's \
@@ -453,9 +455,9 @@ pub(crate) async fn middleware(State(s): State<AppState>, mut req: Request, next
         }
         Some(c) => {
             req.extensions_mut().insert(c);
-            crate::durability::around(&s, req, next).await
+            crate::durability::around(s, req, next).await
         }
-        None if is_public(&path) => crate::durability::around(&s, req, next).await,
+        None if is_public(&path) => crate::durability::around(s, req, next).await,
         None if path.starts_with("/api/") || path == "/metrics" => {
             let msg = if by_cookie {
                 "the session has ended; sign in again, or send `Authorization: Bearer <token>`"

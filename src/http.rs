@@ -3,30 +3,38 @@
 //! rejections are problems too.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{FromRequest, MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, REQUEST_ID, problem};
 
 pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The edge of every request, in one layer (three `from_fn` layers before:
-/// each cloned the service behind it and boxed a future per request, about
-/// a tenth of a request's instructions in all; BENCHMARKS.md, issue 41):
+/// The edge of every request, around everything else (called once per
+/// request by the server's connection loop with the rest of the surface as
+/// `inner`: no layer, no boxed service; BENCHMARKS.md, issue 41):
 ///
 /// - gives it an id (the caller's `x-request-id` when it is sane, else a new
 ///   ULID), visible to error bodies and logs, and echoed on the response;
 /// - refuses a request target over [`MAX_URI_BYTES`] with 414 problem+json;
+/// - answers a panic below it (none should be reachable from a request;
+///   this is the last line of defence) with 500 problem+json;
 /// - sets the browser hardening headers on every response (pages, assets
 ///   and API alike: they are harmless on JSON); a handler's own value wins.
-pub(crate) async fn edge(req: Request, next: Next) -> Response {
+pub(crate) async fn edge<F, Fut>(req: Request, inner: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: Future<Output = Response>,
+{
     let id = req
         .headers()
         .get(&X_REQUEST_ID)
@@ -35,7 +43,24 @@ pub(crate) async fn edge(req: Request, next: Next) -> Response {
         .map(str::to_string)
         .unwrap_or_else(|| ulid::Ulid::generate().to_string());
     let echoed = HeaderValue::from_str(&id).ok();
-    let mut resp = REQUEST_ID.scope(id, limit_uri(req, next)).await;
+    let mut resp = REQUEST_ID
+        .scope(id, async move {
+            let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+            if len > MAX_URI_BYTES {
+                return problem(
+                    StatusCode::URI_TOO_LONG,
+                    &format!("the request target is {len} bytes; the limit is {MAX_URI_BYTES}"),
+                    None,
+                );
+            }
+            // `inner` is called inside the guard too: a panic while it
+            // builds its future is caught as well as one while it runs.
+            match AssertUnwindSafe(async move { inner(req).await }).catch_unwind().await {
+                Ok(resp) => resp,
+                Err(panic) => panic_response(panic),
+            }
+        })
+        .await;
     let h = resp.headers_mut();
     if let Some(v) = echoed {
         h.insert(X_REQUEST_ID.clone(), v);
@@ -57,19 +82,6 @@ pub(crate) async fn edge(req: Request, next: Next) -> Response {
 /// get 414 problem+json here; hyper itself refuses targets of 65534 bytes
 /// and more, with an empty 414 (see docs/configuration.md, Security).
 pub(crate) const MAX_URI_BYTES: usize = 8 * 1024;
-
-/// 414 problem+json for a request target over [`MAX_URI_BYTES`].
-async fn limit_uri(req: Request, next: Next) -> Response {
-    let len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
-    if len > MAX_URI_BYTES {
-        return problem(
-            StatusCode::URI_TOO_LONG,
-            &format!("the request target is {len} bytes; the limit is {MAX_URI_BYTES}"),
-            None,
-        );
-    }
-    next.run(req).await
-}
 
 /// The policy of every response: scripts, styles and everything else only
 /// from this node (no inline script or style, so an injected tag runs
@@ -99,7 +111,7 @@ pub(crate) fn method_label(m: &axum::http::Method) -> &'static str {
 }
 
 /// Counts a request and its duration by method, matched route and status
-/// (called by the route-level middleware, `traces::middleware`, with the
+/// (called by the route-level middleware, `traces::around`, with the
 /// request's [`MatchedPath`] and [`method_label`]). Every label is bounded:
 /// the route template (`/api/v1/tasks/{id}`, or `unmatched`), never the raw
 /// path; the method from [`method_label`]; the status a number below 1000.
@@ -134,8 +146,8 @@ fn request_metrics(method: &'static str, path: &str, status: u16) -> (metrics::C
 
 /// Turns error responses produced outside our handlers (unknown route, wrong
 /// method, body over the limit, bad path or query) into problem+json.
-/// (Called by `web::errors::html_errors`, the layer that sees every
-/// response: one layer for both rewrites.)
+/// (Called by `web::errors::html_errors`, which sees every response below
+/// the edge: one step for both rewrites.)
 pub(crate) async fn problemize(resp: Response) -> Response {
     let status = resp.status();
     if !(status.is_client_error() || status.is_server_error()) {
@@ -181,7 +193,7 @@ pub(crate) async fn problemize(resp: Response) -> Response {
 
 /// Turns a panic inside a handler into a 500 problem (no panic should be
 /// reachable from a request; this is the last line of defence).
-pub(crate) fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
+fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
     let msg = err
         .downcast_ref::<String>()
         .cloned()
@@ -426,4 +438,67 @@ where
 /// A 204 with no body.
 pub(crate) fn no_content() -> Response {
     StatusCode::NO_CONTENT.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(id: &str) -> Request {
+        Request::builder()
+            .uri("/api/v1/anything")
+            .header(&X_REQUEST_ID, id)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    async fn body(resp: Response) -> serde_json::Value {
+        let bytes = axum::body::to_bytes(resp.into_body(), 64 * 1024).await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// The last line of defence: a panic below the edge, while the handler
+    /// runs or while its future is built, is a 500 problem under the
+    /// request's id, with the edge's headers, and the server goes on.
+    #[tokio::test]
+    async fn a_panic_below_the_edge_is_a_500_problem_under_the_requests_id() {
+        let running = edge(request("panics-running"), |_| async { panic!("boom while running") }).await;
+        let building = edge(request("panics-building"), |_| -> std::future::Ready<Response> {
+            panic!("boom while building")
+        })
+        .await;
+        for (resp, id) in [(running, "panics-running"), (building, "panics-building")] {
+            assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(resp.headers()[&X_REQUEST_ID], id);
+            assert_eq!(resp.headers()[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+            assert!(resp.headers()[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("application/problem+json"));
+            let problem = body(resp).await;
+            assert_eq!(problem["status"], 500);
+            assert_eq!(problem["request_id"], id);
+        }
+        // And a request that does not panic is answered by `inner`, with
+        // the id it gave and the headers added where it set none.
+        let fine = edge(request("fine"), |req| async move {
+            assert_eq!(crate::error::current_request_id(), "fine");
+            let mut resp = (StatusCode::OK, req.uri().path().to_string()).into_response();
+            resp.headers_mut().insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("SAMEORIGIN"));
+            resp
+        })
+        .await;
+        assert_eq!(fine.status(), StatusCode::OK);
+        assert_eq!(fine.headers()[header::X_FRAME_OPTIONS], "SAMEORIGIN");
+        assert_eq!(fine.headers()[header::REFERRER_POLICY], "same-origin");
+    }
+
+    #[tokio::test]
+    async fn a_target_over_the_bound_is_414_and_never_reaches_inner() {
+        let long = format!("/api/v1/{}", "a".repeat(MAX_URI_BYTES));
+        let req = Request::builder().uri(long).body(Body::empty()).unwrap();
+        let resp = edge(req, |_| async { panic!("inner must not run") }).await;
+        assert_eq!(resp.status(), StatusCode::URI_TOO_LONG);
+        assert!(resp.headers().contains_key(&X_REQUEST_ID));
+    }
 }

@@ -432,9 +432,9 @@ fn spawn_loops(
 /// Spawns the HTTP server on `listener`; it stops taking requests when
 /// `cancel` is cancelled.
 fn spawn_server(state: &AppState, listener: TcpListener, cancel: CancellationToken) -> JoinHandle<()> {
-    let router = app::router(state.clone());
+    let surface = app::surface(state.clone());
     let limits = serve::Limits::from_config(&state.cfg.server);
-    tokio::spawn(serve::serve(listener, router, limits, cancel))
+    tokio::spawn(serve::serve(listener, surface, limits, cancel))
 }
 
 /// What a running node owns and stops, in this order: the server, the

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
+use crate::app::Surface;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderValue, Request, StatusCode, header};
@@ -53,7 +53,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tower::Service;
 
 use crate::config::ServerConfig;
 
@@ -353,9 +352,9 @@ pub fn raise_open_files_limit() -> io::Result<u64> {
     Ok(r.rlim_cur)
 }
 
-/// Serves `router` on `listener` until `shutdown` is cancelled and every
+/// Serves `surface` on `listener` until `shutdown` is cancelled and every
 /// connection has closed.
-pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdown: CancellationToken) {
+pub(crate) async fn serve(listener: TcpListener, surface: Surface, limits: Limits, shutdown: CancellationToken) {
     let registry = Arc::new(Registry::default());
     // Cancelled on shutdown, and also when this future is dropped (the task
     // aborted), so connections never outlive the loop unasked.
@@ -414,7 +413,7 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits,
         }
         let conn = Connection {
             http: http.clone(),
-            router: router.clone(),
+            surface: surface.clone(),
             limits: limits.clone(),
             remote,
             close: close.clone(),
@@ -439,7 +438,7 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits,
 
 struct Connection {
     http: hyper::server::conn::http1::Builder,
-    router: Router,
+    surface: Surface,
     limits: Limits,
     remote: SocketAddr,
     /// Shutdown: close gracefully.
@@ -454,13 +453,13 @@ impl Connection {
             io: tcp,
             watch: watch.clone(),
         });
-        let (router, remote, body_read) = (self.router, self.remote, self.limits.body_read);
+        let (surface, remote, body_read) = (self.surface, self.remote, self.limits.body_read);
         let w = watch.clone();
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
             w.set(Phase::Busy);
-            let (router, w) = (router.clone(), w.clone());
+            let (surface, w) = (surface.clone(), w.clone());
             async move {
-                let resp = handle(router, req, remote, body_read).await;
+                let resp = handle(surface, req, remote, body_read).await;
                 w.set(Phase::Idle);
                 Ok::<_, std::convert::Infallible>(resp)
             }
@@ -495,9 +494,9 @@ impl Connection {
 }
 
 /// One request: the peer address for `ConnectInfo`, the body read bound,
-/// then the router.
+/// then the node's surface.
 async fn handle(
-    mut router: Router,
+    surface: Surface,
     req: Request<Incoming>,
     remote: SocketAddr,
     body_read: Duration,
@@ -510,10 +509,7 @@ async fn handle(
     } else {
         with_deadline(Body::new(incoming), Instant::now() + body_read, late.clone())
     };
-    let resp = match router.call(Request::from_parts(parts, body)).await {
-        Ok(r) => r,
-        Err(never) => match never {},
-    };
+    let resp = surface.call(Request::from_parts(parts, body)).await;
     if !late.load(Ordering::Relaxed) {
         return resp;
     }

@@ -22,8 +22,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
+use axum::extract::{MatchedPath, Request};
 use axum::response::Response;
 use muster_trace::{ExportConfig, Exporter, Kind, Span, SpanContext, now_ns};
 
@@ -171,29 +170,36 @@ fn queue_span(
 }
 
 /// The request metrics (`http::count_request`) and the server span of every
-/// request (a middleware; no span when tracing is off). One layer for both:
-/// each `from_fn` layer clones the service behind it and boxes a future per
-/// request.
-pub(crate) async fn middleware(State(tracer): State<Tracer>, req: Request, next: Next) -> Response {
+/// request, around `inner` (authentication and the handler: the one
+/// route-level layer, `app::per_route`; no span when tracing is off).
+pub(crate) async fn around<F, Fut>(tracer: &Tracer, req: Request, inner: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let path = req.extensions().get::<MatchedPath>().cloned();
     let method = crate::http::method_label(req.method());
     let start = std::time::Instant::now();
-    let resp = traced(&tracer, req, next, method, path.as_ref()).await;
+    let resp = traced(tracer, req, inner, method, path.as_ref()).await;
     crate::http::count_request(method, path.as_ref(), resp.status(), start);
     resp
 }
 
 /// The request's server span, when tracing is on and it is sampled
 /// (`method` and `path` as the middleware read them).
-async fn traced(
+async fn traced<F, Fut>(
     tracer: &Tracer,
     req: Request,
-    next: Next,
+    inner: F,
     method: &'static str,
     path: Option<&MatchedPath>,
-) -> Response {
+) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     if !tracer.is_on() {
-        return next.run(req).await;
+        return inner(req).await;
     }
     let parent = req
         .headers()
@@ -202,7 +208,7 @@ async fn traced(
         .and_then(SpanContext::parse);
     let ctx = tracer.begin(parent.as_ref());
     if !ctx.sampled {
-        return next.run(req).await;
+        return inner(req).await;
     }
     let route = path.map_or("unmatched", MatchedPath::as_str).to_string();
     let start = now_ns();
@@ -210,7 +216,7 @@ async fn traced(
         tracer: tracer.clone(),
         ctx,
     };
-    let resp = CURRENT.scope(cur, next.run(req)).await;
+    let resp = CURRENT.scope(cur, inner(req)).await;
     let status = resp.status().as_u16();
     let mut span = Span::new(&ctx, parent.as_ref(), format!("{method} {route}"), Kind::Server, start)
         .attr("http.request.method", method)

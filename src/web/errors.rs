@@ -6,9 +6,8 @@
 
 use askama::Template;
 use askama_web::WebTemplate;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::Layout;
@@ -39,12 +38,17 @@ fn wants_html(req: &Request) -> bool {
             .is_some_and(|a| a.contains("text/html"))
 }
 
-/// Rewrites a `problem+json` answer to a page request as an HTML page.
-pub async fn html_errors(State(s): State<AppState>, req: Request, next: Next) -> Response {
+/// Rewrites a `problem+json` answer to a page request as an HTML page
+/// (called by the node's surface, `app::Surface`, around its routes).
+pub(crate) async fn html_errors<F, Fut>(s: &AppState, req: Request, routes: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let html = wants_html(&req);
     // Framework errors (unknown route, wrong method, bad body) become
     // problems first.
-    let res = crate::http::problemize(next.run(req).await).await;
+    let res = crate::http::problemize(routes(req).await).await;
     let status = res.status();
     let is_problem = res
         .headers()
@@ -64,7 +68,7 @@ pub async fn html_errors(State(s): State<AppState>, req: Request, next: Next) ->
         t => t,
     };
     let page = ErrorPage {
-        layout: Layout::new(&s, None, &format!("{} {title}", status.as_u16()), ""),
+        layout: Layout::new(s, None, &format!("{} {title}", status.as_u16()), ""),
         status: status.as_u16(),
         title,
         detail: text("detail"),
