@@ -7,7 +7,12 @@
 #
 # usage: scripts/node-callgrind.sh <label> <muster binary> <redis port> [n]
 # Compare two release builds by running it once per binary; subtract the
-# fixed cost (start, stop, background loops) measured with n = 0.
+# fixed cost (start, stop, background loops) measured with n = 0. The
+# fixed cost varies by a few per cent from run to run (306 to 322 M seen):
+# take medians of several runs.
+# IDLE_S (default 0): seconds the node idles after the driver, before it is
+# stopped; `IDLE_S=10` with n = 0 shows what the background loops cost per
+# second (1 to 2 M instructions on 2026-12-03).
 set -euo pipefail
 label=$1; bin=$2; rport=$3; n=${4:-1000}
 out=target/callgrind
@@ -20,6 +25,7 @@ MUSTER_REDIS__TIMEOUT_MS=10000 valgrind --tool=callgrind --callgrind-out-file="$
 node=$!
 for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$nport/readyz" >/dev/null && break; sleep 0.3; done
 python3 "$(dirname "$0")/seq-driver.py" "$nport" "$n"
+sleep "${IDLE_S:-0}"
 kill -INT "$node"; wait "$node" 2>/dev/null || true
 redis-cli -p "$rport" flushall >/dev/null
 ir=$(callgrind_annotate "$out/$label.node.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
