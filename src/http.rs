@@ -471,10 +471,12 @@ mod tests {
             assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
             assert_eq!(resp.headers()[&X_REQUEST_ID], id);
             assert_eq!(resp.headers()[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
-            assert!(resp.headers()[header::CONTENT_TYPE]
-                .to_str()
-                .unwrap()
-                .starts_with("application/problem+json"));
+            assert!(
+                resp.headers()[header::CONTENT_TYPE]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("application/problem+json")
+            );
             let problem = body(resp).await;
             assert_eq!(problem["status"], 500);
             assert_eq!(problem["request_id"], id);
@@ -484,7 +486,8 @@ mod tests {
         let fine = edge(request("fine"), |req| async move {
             assert_eq!(crate::error::current_request_id(), "fine");
             let mut resp = (StatusCode::OK, req.uri().path().to_string()).into_response();
-            resp.headers_mut().insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("SAMEORIGIN"));
+            resp.headers_mut()
+                .insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("SAMEORIGIN"));
             resp
         })
         .await;
