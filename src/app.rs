@@ -157,9 +157,8 @@ pub(crate) struct Surface {
     state: AppState,
 }
 
-impl Surface {
-    /// Answers one request.
-    pub(crate) async fn call(self, req: Request) -> Response {
+impl crate::serve::Answer for Surface {
+    async fn answer(self, req: Request) -> Response {
         let Surface { mut routes, state } = self;
         crate::http::edge(req, |req| {
             crate::web::errors::html_errors(&state, req, |req| async move {

@@ -42,7 +42,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::app::Surface;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderValue, Request, StatusCode, header};
@@ -352,9 +351,16 @@ pub fn raise_open_files_limit() -> io::Result<u64> {
     Ok(r.rlim_cur)
 }
 
+/// What answers each request: the node's surface (`app::Surface`). A trait
+/// so that this loop needs nothing of the app, and a request costs no boxed
+/// future.
+pub(crate) trait Answer: Clone + Send + Sync + 'static {
+    fn answer(self, req: Request<Body>) -> impl std::future::Future<Output = axum::response::Response> + Send;
+}
+
 /// Serves `surface` on `listener` until `shutdown` is cancelled and every
 /// connection has closed.
-pub(crate) async fn serve(listener: TcpListener, surface: Surface, limits: Limits, shutdown: CancellationToken) {
+pub(crate) async fn serve<A: Answer>(listener: TcpListener, surface: A, limits: Limits, shutdown: CancellationToken) {
     let registry = Arc::new(Registry::default());
     // Cancelled on shutdown, and also when this future is dropped (the task
     // aborted), so connections never outlive the loop unasked.
@@ -436,9 +442,9 @@ pub(crate) async fn serve(listener: TcpListener, surface: Surface, limits: Limit
     }
 }
 
-struct Connection {
+struct Connection<A> {
     http: hyper::server::conn::http1::Builder,
-    surface: Surface,
+    surface: A,
     limits: Limits,
     remote: SocketAddr,
     /// Shutdown: close gracefully.
@@ -447,7 +453,7 @@ struct Connection {
     evict: CancellationToken,
 }
 
-impl Connection {
+impl<A: Answer> Connection<A> {
     async fn run(self, tcp: TcpStream, watch: Arc<Watch>) {
         let io = TokioIo::new(Tracked {
             io: tcp,
@@ -495,8 +501,8 @@ impl Connection {
 
 /// One request: the peer address for `ConnectInfo`, the body read bound,
 /// then the node's surface.
-async fn handle(
-    surface: Surface,
+async fn handle<A: Answer>(
+    surface: A,
     req: Request<Incoming>,
     remote: SocketAddr,
     body_read: Duration,
@@ -509,7 +515,7 @@ async fn handle(
     } else {
         with_deadline(Body::new(incoming), Instant::now() + body_read, late.clone())
     };
-    let resp = surface.call(Request::from_parts(parts, body)).await;
+    let resp = surface.answer(Request::from_parts(parts, body)).await;
     if !late.load(Ordering::Relaxed) {
         return resp;
     }
