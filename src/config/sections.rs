@@ -439,6 +439,11 @@ pub struct EventsConfig {
     /// How often the node's cached live view (node states, queue counts) is
     /// rebuilt from Redis, so a lost event cannot leave it wrong.
     pub reconcile_ms: u64,
+    /// For tests only (the `test-util` feature): a WebSocket session starts
+    /// this long after its upgrade, to show that what is published meanwhile
+    /// still reaches a live-only subscriber.
+    #[cfg(feature = "test-util")]
+    pub session_start_delay_ms: u64,
 }
 
 impl Default for EventsConfig {
@@ -451,6 +456,8 @@ impl Default for EventsConfig {
             send_timeout_ms: 10_000,
             ping_ms: 20_000,
             reconcile_ms: 5000,
+            #[cfg(feature = "test-util")]
+            session_start_delay_ms: 0,
         }
     }
 }

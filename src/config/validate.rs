@@ -190,6 +190,13 @@ impl Config {
                 "send_timeout_ms, ping_ms and reconcile_ms must be greater than 0",
             );
         }
+        #[cfg(feature = "test-util")]
+        if e.session_start_delay_ms > 60_000 {
+            return err(
+                "events.session_start_delay_ms",
+                "must be at most 60000 (and is for tests only)",
+            );
+        }
         let b = &self.barriers;
         if b.round_retention_ms < 1000 {
             return err("barriers.round_retention_ms", "must be at least 1000");

@@ -97,8 +97,11 @@ async fn events_ws(
     if s.health.stopping() {
         return Err(ApiError::Unavailable("this node is shutting down".into()));
     }
+    // Subscribed here, before the 101: what is published once the client
+    // sees its upgrade is delivered, however late the session starts.
+    let sub = super::ws::Subscription::new(&s);
     Ok(ws
-        .on_upgrade(move |socket| super::ws::serve(socket, s, filter, since, permit))
+        .on_upgrade(move |socket| super::ws::serve(socket, s, filter, since, sub, permit))
         .into_response())
 }
 

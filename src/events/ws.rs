@@ -107,22 +107,44 @@ enum End {
     Shutdown,
 }
 
+/// A subscription to the node's event bus, taken by the upgrade's handler
+/// before the `101` goes out: every event the bus publishes after the
+/// client sees its upgrade reaches the session, however late the session's
+/// task starts (it starts only once hyper has handed the socket over, and
+/// a live-only client that submitted at once lost what came before that).
+pub(crate) struct Subscription {
+    rx: broadcast::Receiver<Arc<Event>>,
+    /// The bus's mark when it subscribed: every event after it reaches `rx`.
+    mark: Option<Cursor>,
+}
+
+impl Subscription {
+    pub(crate) fn new(s: &AppState) -> Subscription {
+        let rx = s.bus.subscribe();
+        Subscription { rx, mark: s.bus.mark() }
+    }
+}
+
 /// Serves one client until it leaves, lags, goes silent, or the node stops.
 pub(crate) async fn serve(
     socket: WebSocket,
     s: AppState,
     filter: Filter,
     since: Option<Cursor>,
+    sub: Subscription,
     permit: super::slots::Slot,
 ) {
     metrics::gauge!("muster_ws_clients").increment(1.0);
     let cfg = s.cfg.events.clone();
-    // Subscribe first: anything published from now on is caught live.
-    let mut rx = s.bus.subscribe();
+    #[cfg(feature = "test-util")]
+    if cfg.session_start_delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(cfg.session_start_delay_ms)).await;
+    }
+    let Subscription { mut rx, mark } = sub;
     // Where a `lagged` before any event was handled sends the client back
     // to: its `since`, or for a live-only client the bus's mark (every event
     // after it reaches `rx`); the stream's end if the tailer has none yet.
-    let start = match since.clone().or_else(|| s.bus.mark()) {
+    let start = match since.clone().or(mark) {
         Some(at) => Some(at),
         None => match super::tailer::last_cursor(&s.store).await {
             Ok(at) => Some(at),
