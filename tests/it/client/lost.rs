@@ -92,7 +92,10 @@ async fn a_claim_whose_answer_came_after_the_timeout_is_adopted() {
     let t = t.unwrap_or_else(|e| panic!("the task was stranded: {e}; {stats:?}"));
     assert_eq!(t.state, "succeeded", "{t:?}");
     assert_eq!(runs.load(Ordering::Relaxed), 2, "{stats:?}");
-    assert_eq!(stats.adopted + stats.handed_back, 2, "{stats:?}");
+    // (The task's record, attempts and owner, says how it ran when this
+    // fails: it failed once in 12 to 30 runs with both cores busy, the
+    // task run once by a plain claim, `claimed: 1`.)
+    assert_eq!(stats.adopted + stats.handed_back, 2, "{stats:?}; the task: {t:?}");
     let _ = tx.send(());
     run.await.unwrap().unwrap();
 }
