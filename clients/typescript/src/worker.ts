@@ -258,6 +258,9 @@ function defaultWorkerId(): string {
 
 const now = (): number => performance.now();
 
+/** When the adopter looks after it is asked, in ms (see `adoptLoop`). */
+const ADOPT_LOOKS_MS = [500, 2500];
+
 export class Worker {
   readonly client: Client;
   readonly queue: string;
@@ -549,16 +552,28 @@ export class Worker {
     for (;;) {
       await this.adoptWanted.wait();
       if (signal.aborted) return;
-      // Give the cluster a moment (a node was just lost), then look, under a
-      // lease that holds (a task found then stays ours).
-      await sleep(500, signal);
-      await this.leaseHolds.wait();
-      if (signal.aborted) return;
       this.adoptWanted.clear();
-      try {
-        await this.adopt();
-      } catch (e) {
-        this.log(`worker ${this.workerId}: could not look for lost claims: ${(e as Error).message}`);
+      // Give the cluster a moment (a node was just lost), then look, under a
+      // lease that holds (a task found then stays ours); look again 2.5 s
+      // later, for a request held on the way longer than its timeout and
+      // applied after the first look. A look that fails is tried again
+      // with backoff until one succeeds.
+      for (const first of ADOPT_LOOKS_MS) {
+        let wait = first;
+        let backoff = 250;
+        for (;;) {
+          await sleep(wait, signal);
+          await this.leaseHolds.wait();
+          if (signal.aborted) return;
+          try {
+            await this.adopt();
+            break;
+          } catch (e) {
+            this.log(`worker ${this.workerId}: could not look for lost claims; looking again: ${(e as Error).message}`);
+            wait = backoff;
+            backoff = Math.min(backoff * 2, 5000);
+          }
+        }
       }
     }
   }

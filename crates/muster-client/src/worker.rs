@@ -61,6 +61,10 @@
 //!   under the same id), the worker lists its queues' running tasks and
 //!   runs those held under its id with an unseen token, or hands them back
 //!   (`fail`, retry) when no slot is free; it never starts a token twice.
+//!   It looks 500 ms after it is asked and again 2.5 s after, for a
+//!   request held on the way longer than its timeout and applied after
+//!   the first look; a look whose list call fails is tried again with
+//!   backoff until one succeeds.
 //!   Two live workers must never share an id.
 //! - **Graceful shutdown** ([`Worker::run_until`], [`Worker::run`] on SIGTERM
 //!   or ctrl-c): stop claiming (a claim already in flight is awaited, never

@@ -90,6 +90,8 @@ log = logging.getLogger("muster_client.worker")
 
 #: The least worker ttl muster accepts (ms); the last heartbeat uses it.
 MIN_TTL_MS = 500
+# When the adopter looks after it is asked, in seconds (see _adopt_loop).
+_ADOPT_LOOKS_S = (0.5, 2.5)
 
 
 def first_heartbeat(heartbeat_every: float, ack_ms: int) -> float:
@@ -526,15 +528,24 @@ class AsyncWorker:
         assert self._adopt_wanted is not None and self._lease_holds is not None
         while True:
             await self._adopt_wanted.wait()
-            # Give the cluster a moment (a node was just lost), then look,
-            # under a lease that holds (a task found then stays ours).
-            await asyncio.sleep(0.5)
-            await self._lease_holds.wait()
             self._adopt_wanted.clear()
-            try:
-                await self.adopt()
-            except MusterError as e:
-                log.warning("worker %s: could not look for lost claims: %s", self.worker_id, e)
+            # Give the cluster a moment (a node was just lost), then look,
+            # under a lease that holds (a task found then stays ours); look
+            # again 2.5 s later, for a request held on the way longer than
+            # its timeout and applied after the first look. A look that
+            # fails is tried again with backoff until one succeeds.
+            for wait in _ADOPT_LOOKS_S:
+                backoff = 0.25
+                while True:
+                    await asyncio.sleep(wait)
+                    await self._lease_holds.wait()
+                    try:
+                        await self.adopt()
+                        break
+                    except MusterError as e:
+                        log.warning("worker %s: could not look for lost claims; looking again: %s", self.worker_id, e)
+                        wait = backoff
+                        backoff = min(backoff * 2, 5.0)
 
     async def adopt(self) -> int:
         """Runs the tasks of the queue that are running under this worker's

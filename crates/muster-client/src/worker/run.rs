@@ -119,28 +119,46 @@ pub(super) fn spawn_chain(s: Arc<Shared>, run: Run, task: Task, permit: tokio::s
     });
 }
 
+/// When the adopter looks after it is asked: soon, to let the calls in
+/// flight land first (their tasks are not lost), and once more later, for
+/// a request that reached its node after the caller had given up on it
+/// (held on the way longer than its timeout), applied after the first
+/// look. Without the second look such a task waits for its claim lease.
+const LOOKS: [Duration; 2] = [Duration::from_millis(500), Duration::from_millis(2_500)];
+
 /// Looks for lost claims whenever asked ([`Shared::adopt_soon`]), until
-/// the worker stops claiming.
+/// the worker stops claiming: at each of [`LOOKS`], and a look that fails
+/// (its list call did) is tried again with backoff until one succeeds.
 pub(super) async fn adopter(s: Arc<Shared>, run: Run) {
     loop {
         tokio::select! {
             _ = s.adopt_wanted.notified() => {}
             _ = run.stop_claiming.cancelled() => return,
         }
-        // Let the calls in flight land first: their tasks are not lost.
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            _ = run.stop_claiming.cancelled() => return,
-        }
-        // Only under a lease that holds: a task found now is not taken
-        // from the worker while it runs (it was not started under a lapsed
-        // one).
-        tokio::select! {
-            _ = s.lease.held() => {}
-            _ = run.stop_claiming.cancelled() => return,
-        }
-        if let Err(e) = adopt(&s, &run).await {
-            tracing::warn!(worker = %s.id, error = %e, "could not look for lost claims");
+        for wait in LOOKS {
+            let mut backoff = Duration::from_millis(250);
+            let mut wait = wait;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = run.stop_claiming.cancelled() => return,
+                }
+                // Only under a lease that holds: a task found now is not
+                // taken from the worker while it runs (it was not started
+                // under a lapsed one).
+                tokio::select! {
+                    _ = s.lease.held() => {}
+                    _ = run.stop_claiming.cancelled() => return,
+                }
+                match adopt(&s, &run).await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(worker = %s.id, error = %e, "could not look for lost claims; looking again");
+                        wait = backoff;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
         }
     }
 }
