@@ -9,7 +9,8 @@
 # one has none: `git archive 7.0.15` of redis/redis, `make redis-server`),
 # then `callgrind_annotate --inclusive=yes target/callgrind/<label>.redis.out`.
 # MODE=submit or MODE=claim (scripts/seq-driver.py) stops each round early:
-# the cost of each call by difference.
+# the cost of each call by difference. MODE=chain drives a busy batch-1
+# worker's path instead: submit, then complete with `next` (two calls a task).
 #
 # usage: scripts/redis-seq-callgrind.sh <label> <muster binary> [n] [redis port]
 # Compare two builds by running it once per binary; run once with n = 0 to

@@ -2,8 +2,10 @@
 # Sequential driver for scripts/node-callgrind.sh: n times submit one task,
 # claim it (no wait) and complete it, one request at a time.
 # MODE=submit stops after the submits, MODE=claim after the claims (the cost
-# of each call, by difference).
-# usage: [MODE=submit|claim] seq-driver.py <node port> <n>
+# of each call, by difference). MODE=chain is a busy batch-1 worker's path:
+# one claim, then n times submit one task and complete the one held with
+# `next` (which claims the task just submitted): two calls per task.
+# usage: [MODE=submit|claim|chain] seq-driver.py <node port> <n>
 import http.client, json, os, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
 mode = os.environ.get("MODE", "full")
@@ -14,6 +16,15 @@ def call(method, path, body):
     assert r.status < 300, (path, r.status, data)
     return json.loads(data) if data else None
 call("PUT", "/api/v1/nodes/w/heartbeat", {"ttl_ms": 3600000})
+if mode == "chain":
+    call("POST", "/api/v1/queues/seq/tasks", {"payload": {"i": -1}})
+    t = call("POST", "/api/v1/queues/seq/claim", {"node": "w", "max": 1, "wait_ms": 0})
+    t = t["tasks"][0] if isinstance(t, dict) else t[0]
+    for i in range(n):
+        call("POST", "/api/v1/queues/seq/tasks", {"payload": {"i": i}})
+        r = call("POST", f"/api/v1/tasks/{t['id']}/complete", {"token": t["token"], "next": {"max": 1}})
+        t = r["next"]["tasks"][0]
+    sys.exit(0)
 for i in range(n):
     call("POST", "/api/v1/queues/seq/tasks", {"payload": {"i": i}})
     if mode == "submit":

@@ -443,7 +443,7 @@ fn task_from(id: &str, m: &BTreeMap<String, String>) -> Task {
         // Left out of the hash while they hold these (TASK_DEFAULTS in
         // lua/lib.lua).
         priority: num("priority").unwrap_or(0) as i32,
-        max_attempts: num("max_attempts").unwrap_or(3) as u32,
+        max_attempts: num("max_attempts").unwrap_or(scripts::DEFAULT_MAX_ATTEMPTS as i64) as u32,
         attempts,
         timeout_ms: num("timeout_ms").unwrap_or(0) as u64,
         alias: opt(m.get("alias")),

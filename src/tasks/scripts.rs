@@ -103,6 +103,34 @@ pub(crate) struct EnqueueItem<'a> {
     pub tracestate: &'a str,
 }
 
+/// The values `TASK_DEFAULTS` in lua/lib.lua holds for a task's attempts
+/// and backoff (a task hash leaves them out; enqueue.lua fills them in for
+/// an item sent in its short form).
+pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+pub(crate) const DEFAULT_BACKOFF_BASE_MS: u64 = 1_000;
+pub(crate) const DEFAULT_BACKOFF_CAP_MS: u64 = 300_000;
+
+impl EnqueueItem<'_> {
+    /// Whether every setting but its id and payload holds its default, so
+    /// it goes in enqueue.lua's short form (3 arguments instead of 18).
+    fn is_plain(&self) -> bool {
+        self.group.is_empty()
+            && self.priority == 0
+            && self.delay_ms == 0
+            && self.run_at == 0
+            && self.max_attempts == DEFAULT_MAX_ATTEMPTS
+            && self.timeout_ms == 0
+            && self.alias.is_empty()
+            && self.idempotency_key.is_empty()
+            && self.backoff_base_ms == DEFAULT_BACKOFF_BASE_MS
+            && self.backoff_cap_ms == DEFAULT_BACKOFF_CAP_MS
+            && self.limits.is_empty()
+            && self.debounce.is_none()
+            && self.traceparent.is_empty()
+            && self.tracestate.is_empty()
+    }
+}
+
 pub(crate) struct Enqueue<'a> {
     pub queue: &'a str,
     pub idempotency_window_ms: u64,
@@ -157,7 +185,8 @@ impl ScriptCall for Enqueue<'_> {
         vec![qkey(k, self.queue, "ready")]
     }
     fn args(&self) -> Vec<String> {
-        let mut a = Vec::with_capacity(8 + 17 * self.items.len());
+        let plain = self.items.iter().filter(|t| t.is_plain()).count();
+        let mut a = Vec::with_capacity(8 + 3 * plain + 18 * (self.items.len() - plain));
         a.extend([
             self.queue.to_string(),
             self.idempotency_window_ms.to_string(),
@@ -169,9 +198,14 @@ impl ScriptCall for Enqueue<'_> {
             self.items.len().to_string(),
         ]);
         for t in &self.items {
+            if t.is_plain() {
+                a.extend([t.id.clone(), t.payload.to_string(), String::new()]);
+                continue;
+            }
             a.extend([
                 t.id.clone(),
                 t.payload.to_string(),
+                "+".to_string(),
                 t.group.to_string(),
                 t.priority.to_string(),
                 t.delay_ms.to_string(),

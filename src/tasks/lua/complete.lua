@@ -70,16 +70,15 @@ for i = 0, n - 1 do
     emit_task('task.succeeded', owner, '{"attempt":' .. attempt .. '}', id, q, g)
     if f[9] then wf_on_end(id, 'succeeded', nows) end
     out[#out + 1] = 1; out[#out + 1] = 'succeeded:' .. f[3]; out[#out + 1] = attempt
-    local next_max = tonumber(ARGV[a + 3])
-    if next_max > 0 then
+    if ARGV[a + 3] ~= '0' then
       local nq = ARGV[a + 4]
       if nq == '' then nq = q end
-      wants[#wants + 1] = {i + 1, owner, nq, next_max, tonumber(ARGV[a + 5])}
+      wants[#wants + 1] = {i + 1, owner, nq, tonumber(ARGV[a + 3]), tonumber(ARGV[a + 5])}
     end
   end
 end
-if #deadlines > 0 then batch_add(zrem, DEADLINES, unpack(deadlines)) end
-if #acked > 0 then batch_add(zrem, UNACKED, unpack(acked)) end
+call_all('ZREM', DEADLINES, deadlines)
+call_all('ZREM', UNACKED, acked)
 batch_flush(zrem, 'ZREM')
 batch_flush(srem, 'SREM')
 batch_flush(zadd, 'ZADD')

@@ -19,8 +19,13 @@
 -- ARGV[5]  max_delay_ms: the latest run_at accepted is Redis time + this
 -- ARGV[6]  max_limit_keys: template keys in use at once (P:limit_keys), at most
 -- ARGV[7]  retention_ms: how long a task a debounce replaced is kept (cancelled)
--- ARGV[8]  n, the number of tasks; then 17 fields per task, from ARGV[9]:
---          id, payload (JSON text), group ('' for none), priority, delay_ms,
+-- ARGV[8]  n, the number of tasks; then per task, from ARGV[9]: id, payload (JSON
+--          text), and a mark: '' when every other setting holds its default (no
+--          group, priority 0, no delay or run_at, TASK_DEFAULTS' max_attempts and
+--          backoff, no timeout, alias, idempotency key, limits, debounce or trace
+--          context: the common task, 3 arguments instead of 18; fewer strings for
+--          Redis to convert and Lua to intern), else '+' and these 15
+--          fields: group ('' for none), priority, delay_ms,
 --          run_at (Redis ms, 0 for none), max_attempts, timeout_ms (0: none),
 --          alias (''), idempotency key (''), backoff_base_ms, backoff_cap_ms,
 --          limits (its own flow-control limits, comma-separated, '' for none; never
@@ -39,24 +44,33 @@
 --         E.UNKNOWN_LIMIT (state is the limit that is not defined),
 --         E.TOO_MANY (state is a template key new past max_limit_keys)
 -- Emits task.enqueued per created task.
-local q, window, max_queues, node = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local max_delay, max_keys, retention, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+-- The numeric settings are read where a task needs them (each tonumber is a strtod).
+local q, window, node, n = ARGV[1], ARGV[2], ARGV[4], tonumber(ARGV[8])
 local now = now_ms()
 local nows = int(now)
 local out = {}
 local known = redis.call('SISMEMBER', P .. ':queues', q) == 1
-local room = known or redis.call('SCARD', P .. ':queues') < max_queues
+local room = known or redis.call('SCARD', P .. ':queues') < tonumber(ARGV[3])
 local seq = next_seqs(n)
 local ready = {}
 local delayed = {}
+local b = 9
 for i = 0, n - 1 do
-  local b = 9 + i * 17
-  local id, payload, g, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  local lims = ARGV[b + 12]
+  local id, payload = ARGV[b], ARGV[b + 1]
+  local g, prio, delay_a, run_at_a, max_att, timeout_a, alias, idem, base, cap, lims, dkey, dms_a, tp, ts
+  if ARGV[b + 2] == '' then
+    g, prio, delay_a, run_at_a, max_att, timeout_a, alias, idem, base, cap, lims, dkey, dms_a, tp, ts =
+      '', '0', '0', '0', TASK_DEFAULTS.max_attempts, '0', '', '', TASK_DEFAULTS.backoff_base, TASK_DEFAULTS.backoff_cap,
+      '', '', '0', '', ''
+    b = b + 3
+  else
+    g, prio, delay_a, run_at_a, max_att, timeout_a, alias, idem, base, cap, lims, dkey, dms_a, tp, ts =
+      unpack(ARGV, b + 3, b + 17)
+    b = b + 18
+  end
   local delay, run_at = 0, 0
-  if ARGV[b + 4] ~= '0' then delay = tonumber(ARGV[b + 4]) end
-  if ARGV[b + 5] ~= '0' then run_at = tonumber(ARGV[b + 5]) end
-  local alias, idem = ARGV[b + 8], ARGV[b + 9]
+  if delay_a ~= '0' then delay = tonumber(delay_a) end
+  if run_at_a ~= '0' then run_at = tonumber(run_at_a) end
   local done = false
   if idem ~= '' then
     local prev = redis.call('GET', P .. ':idem:' .. idem)
@@ -68,7 +82,7 @@ for i = 0, n - 1 do
       done = true
     end
   end
-  if not done and run_at > now + max_delay then
+  if not done and run_at > 0 and run_at > now + tonumber(ARGV[5]) then
     out[#out + 1] = E.TOO_FAR; out[#out + 1] = id; out[#out + 1] = nows
     done = true
   end
@@ -90,7 +104,7 @@ for i = 0, n - 1 do
         done = true
         break
       end
-      if s.key and not limit_key_room(name, max_keys) then
+      if s.key and not limit_key_room(name, tonumber(ARGV[6])) then
         out[#out + 1] = E.TOO_MANY; out[#out + 1] = id; out[#out + 1] = name
         done = true
         break
@@ -109,14 +123,14 @@ for i = 0, n - 1 do
     end
     local due = now
     if run_at > 0 then due = run_at elseif delay > 0 then due = now + delay end
-    local state, score = 'queued', order_score(tonumber(prio), seq + i)
+    local state, score = 'queued', order_score(prio == '0' and 0 or tonumber(prio), seq + i)
     local fields = {'queue', q, 'created_at', nows, 'node', node}
-    task_settings(fields, prio, ARGV[b + 6], ARGV[b + 10], ARGV[b + 11])
+    task_settings(fields, prio, max_att, base, cap)
     payload_fields(fields, payload)
-    if ARGV[b + 7] ~= '0' then fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = ARGV[b + 7] end
+    if timeout_a ~= '0' then fields[#fields + 1] = 'timeout_ms'; fields[#fields + 1] = timeout_a end
     if g ~= '' then fields[#fields + 1] = 'group'; fields[#fields + 1] = g end
-    if ARGV[b + 15] ~= '' then fields[#fields + 1] = 'tp'; fields[#fields + 1] = ARGV[b + 15] end
-    if ARGV[b + 16] ~= '' then fields[#fields + 1] = 'ts'; fields[#fields + 1] = ARGV[b + 16] end
+    if tp ~= '' then fields[#fields + 1] = 'tp'; fields[#fields + 1] = tp end
+    if ts ~= '' then fields[#fields + 1] = 'ts'; fields[#fields + 1] = ts end
     if lims ~= '' then
       fields[#fields + 1] = 'limits'; fields[#fields + 1] = lims
       limit_keys_touch(lims, now)
@@ -131,7 +145,7 @@ for i = 0, n - 1 do
     end
     -- Debounce: this task waits dms; the task its key names, still waiting for its
     -- time, is replaced (cancelled, and named in the answer).
-    local dkey, dms = ARGV[b + 13], tonumber(ARGV[b + 14])
+    local dms = tonumber(dms_a)
     local replaced = ''
     if dms > 0 then
       due = now + dms
@@ -142,7 +156,7 @@ for i = 0, n - 1 do
         redis.call('ZREM', qkey(q, 'delayed'), old)
         redis.call('HSET', tkey(old), 'error', 'replaced by ' .. id .. ' (debounce key ' .. dkey .. ')',
           'replaced_by', id)
-        finish(old, q, 'cancelled', nows, retention)
+        finish(old, q, 'cancelled', nows, tonumber(ARGV[7]))
         emit_task('task.cancelled', node, '{"attempt":' .. (of[4] or '0') .. ',"reason":"debounced","replaced_by":"'
           .. id .. '"}', old, q, of[3] or '')
         replaced = old
@@ -174,10 +188,6 @@ for i = 0, n - 1 do
     if replaced ~= '' then out[#out + 1] = state .. '|' .. replaced else out[#out + 1] = state end
   end
 end
-local b = batch_new()
-if #ready > 0 then batch_add(b, KEYS[1], unpack(ready)) end
-batch_flush(b, 'ZADD')
-b = batch_new()
-if #delayed > 0 then batch_add(b, qkey(q, 'delayed'), unpack(delayed)) end
-batch_flush(b, 'ZADD')
+call_all('ZADD', KEYS[1], ready)
+if #delayed > 0 then call_all('ZADD', qkey(q, 'delayed'), delayed) end
 return out

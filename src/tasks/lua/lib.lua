@@ -158,24 +158,31 @@ local function emit_task(etype, node, data, id, q, g)
   return emit(etype, node, data, 'task', id, 'queue', q)
 end
 
--- Collects members per key and sends one variadic command per key.
-local function batch_new() return {keys = {}, members = {}} end
-local function batch_add(b, key, ...)
-  local m = b.members[key]
+-- One variadic command `cmd key members...` for the whole list, in parts of at most
+-- 4000 members (Lua's stack bounds unpack); none when the list is empty.
+local function call_all(cmd, key, list)
+  for j = 1, #list, 4000 do redis.call(cmd, key, unpack(list, j, math.min(j + 3999, #list))) end
+end
+
+-- Collects members per key and sends one variadic command per key. A batch is one
+-- table: its keys in order in the array part, each key's members under the key (a
+-- key is never a number). batch_add takes one member or two (a score and a member):
+-- no table is built per call.
+local function batch_new() return {} end
+local function batch_add(b, key, v1, v2)
+  local m = b[key]
   if not m then
     m = {}
-    b.members[key] = m
-    b.keys[#b.keys + 1] = key
+    b[key] = m
+    b[#b + 1] = key
   end
-  local args = {...}
-  for i = 1, #args do m[#m + 1] = args[i] end
+  m[#m + 1] = v1
+  if v2 ~= nil then m[#m + 1] = v2 end
 end
 local function batch_flush(b, cmd)
-  for _, key in ipairs(b.keys) do
-    local m = b.members[key]
-    for j = 1, #m, 4000 do
-      redis.call(cmd, key, unpack(m, j, math.min(j + 3999, #m)))
-    end
+  for i = 1, #b do
+    local key = b[i]
+    call_all(cmd, key, b[key])
   end
 end
 
@@ -388,7 +395,7 @@ end
 -- when g has no queued task in q or no free slot.
 local function refresh_group_token(q, g)
   local token = '~g:' .. g
-  local head = redis.call('ZRANGE', gqkey(q, g), 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', gqkey(q, g), '0', '0', 'WITHSCORES')
   if #head == 0 then
     redis.call('ZREM', qkey(q, 'ready'), token)
     redis.call('SREM', gqueues(g), q)
@@ -407,7 +414,7 @@ end
 -- another's): a line that just gave a task goes behind everything queued in q now at its
 -- head's priority, as if its head had just been submitted.
 local function rotate_line(q, g)
-  local head = redis.call('ZRANGE', gqkey(q, g), 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', gqkey(q, g), '0', '0', 'WITHSCORES')
   if #head == 0 then return refresh_group_token(q, g) end
   local hs = tonumber(head[2])
   local back = math.floor(hs / TWO42) * TWO42 + TWO41 + next_seqs(1)
@@ -577,14 +584,18 @@ end
 -- when the queue's limits are in shard 0 and nothing was reserved: then `out` gets the
 -- head of this shard's outbox of limit slots, a count and the entries, for the caller
 -- to hand over with its reservation). Emits task.claimed per task.
+-- An empty table that is never written: what claim_tasks starts its optional
+-- lists with, so a claim that finds nothing builds none (each table costs the
+-- allocation and the collector's time).
+local NONE = {}
 local function claim_tasks(q, node, max, now, out, ack_ms, res)
   local nows = int(now)
   local next_due = -1
   local delayed = qkey(q, 'delayed')
-  local head = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', delayed, '0', '0', 'WITHSCORES')
   if #head > 0 and tonumber(head[2]) <= now then
     promote_due(q, now, 1000)
-    head = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+    head = redis.call('ZRANGE', delayed, '0', '0', 'WITHSCORES')
   end
   if #head > 0 then next_due = tonumber(head[2]) end
   if redis.call('HGET', qkey(q, 'meta'), 'paused') == '1' then return 0, next_due, 0 end
@@ -592,7 +603,7 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res)
   --    shard other than 0 they are held in shard 0: the claim takes at most what the
   --    caller reserved there first (res: {k, names}), and without a reservation
   --    nothing (more = 2: reserve, then claim again).
-  local qnames = {}
+  local qnames = NONE
   local qlims = redis.call('GET', qkey(q, 'limits'))
   local remote
   if qlims and not limits_here() then
@@ -614,8 +625,8 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res)
   --    that group's head (if it has room); members popped after a token go back, and
   --    the set is read again, because the token's new score may come before them.
   local ready = qkey(q, 'ready')
-  local picked, from_group, own = {}, {}, {}
-  local stashed = {}
+  local picked, from_group, own = {}, NONE, NONE
+  local stashed = NONE
   local guard = 0
   while #picked < max and guard < 10000 do
     guard = guard + 1
@@ -629,7 +640,7 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res)
         back[#back + 1] = popped[i + 1]; back[#back + 1] = m
       elseif string.sub(m, 1, 3) == '~g:' then
         local g = string.sub(m, 4)
-        local first = redis.call('ZRANGE', gqkey(q, g), 0, 0)
+        local first = redis.call('ZRANGE', gqkey(q, g), '0', '0')
         local ok, lims = #first > 0, nil
         if ok and is_limits_line(g) then
           -- A line of tasks with limits of their own: its head starts when each has
@@ -639,6 +650,7 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res)
           lims = redis.call('HGET', tkey(first[1]), 'limits') or ''
           ok, due = own_limits_room(lims, now)
           if not ok then
+            if stashed == NONE then stashed = {} end
             stashed[#stashed + 1] = popped[i + 1]; stashed[#stashed + 1] = m
             if due >= 0 and (next_due < 0 or due < next_due) then next_due = due end
           end
@@ -653,11 +665,13 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res)
               local ls = limit_settings(name)
               if ls then limit_take(name, ls, now, {id}) end
             end
+            if own == NONE then own = {} end
             own[id] = lims
           else
             redis.call('SADD', grunning(g), id)
           end
           picked[#picked + 1] = id
+          if from_group == NONE then from_group = {} end
           from_group[id] = g
         end
         if ok and lims then

@@ -542,3 +542,111 @@ async fn long_payloads_are_kept_in_parts_and_read_back_whole() {
     let got = claim_tasks(&a, "parts-s", "w", 1, 0).await;
     assert_eq!(got[0].payload, long);
 }
+
+/// A task whose settings all hold their defaults goes to enqueue.lua in a
+/// short form (its id and payload only). Each setting of its own, alone,
+/// still reaches the task: in a single submit, and in a batch between two
+/// plain tasks, which keep their defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_setting_alone_reaches_its_task_among_plain_ones() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let (s, b) = a.put("/api/v1/limits/lim-one", json!({"concurrency": 2})).await;
+    assert!(s == 200 || s == 201, "{s} {b}");
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let far = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 600_000) as i64;
+    // (the setting, the task's field that shows it, its value there); a
+    // field starting with `=` is read from the task's hash in Redis.
+    let cases: Vec<(Value, &str, Value)> = vec![
+        (json!({"priority": 5}), "priority", json!(5)),
+        (json!({"max_attempts": 7}), "max_attempts", json!(7)),
+        (json!({"timeout_ms": 60000}), "timeout_ms", json!(60000)),
+        (json!({"group": "gx"}), "group", json!("gx")),
+        (json!({"alias": "al"}), "alias", json!("al")),
+        (json!({"idempotency_key": "ik"}), "idempotency_key", json!("ik")),
+        (json!({"delay_ms": 60000}), "state", json!("delayed")),
+        (json!({"run_at": far}), "run_at", json!(far)),
+        (
+            json!({"traceparent": tp, "tracestate": "k=v"}),
+            "traceparent",
+            json!(tp),
+        ),
+        (json!({"limits": ["lim-one"]}), "limits", json!(["lim-one"])),
+        (
+            json!({"debounce": {"key": "dk", "ms": 60000}}),
+            "state",
+            json!("delayed"),
+        ),
+        (json!({"backoff_base_ms": 2000}), "=backoff_base", json!("2000")),
+        (json!({"backoff_cap_ms": 9000}), "=backoff_cap", json!("9000")),
+    ];
+    let shown = |id: String, field: &'static str| {
+        let (a, redis) = (&a, &redis);
+        async move {
+            if let Some(f) = field.strip_prefix('=') {
+                let key = format!("{}:task:{id}", task_tag("muster", &id));
+                let v: Option<String> = redis.cmd(&["HGET", &key, f]).await;
+                return json!(v);
+            }
+            let (s, t) = a.get(&format!("/api/v1/tasks/{id}")).await;
+            assert_eq!(s, 200, "{t}");
+            t[field].clone()
+        }
+    };
+    let plain_ok = |t: &Value| {
+        t["state"] == "queued"
+            && t["priority"] == 0
+            && t["max_attempts"] == 3
+            && t["timeout_ms"] == 0
+            && t["group"].is_null()
+            && t["alias"].is_null()
+            && t["limits"].is_null()
+            && t["traceparent"].is_null()
+    };
+    for (i, (setting, field, want)) in cases.into_iter().enumerate() {
+        // Alone, in a single submit (names made unique per submission).
+        let mut one = setting.clone();
+        one["payload"] = json!({"case": i});
+        for name in ["alias", "idempotency_key", "group"] {
+            if let Some(v) = one.get(name).and_then(Value::as_str) {
+                one[name] = json!(format!("{v}-1"));
+            }
+        }
+        if let Some(d) = one.get_mut("debounce") {
+            d["key"] = json!("dk-1");
+        }
+        let id = submit(&a, "short-one", one.clone()).await;
+        let got = shown(id, field).await;
+        let want_one = match field {
+            "alias" | "idempotency_key" | "group" => json!(format!("{}-1", want.as_str().unwrap())),
+            _ => want.clone(),
+        };
+        assert_eq!(got, want_one, "single submit of {setting}");
+        // Between two plain tasks in a batch.
+        let mut mid = setting.clone();
+        mid["payload"] = json!({"case": i});
+        let (s, b) = a
+            .post(
+                "/api/v1/queues/short-batch/tasks/batch",
+                json!({"tasks": [{"payload": 1}, mid, {"payload": 2}]}),
+            )
+            .await;
+        assert!(s == 200 || s == 201, "{s} {b}");
+        let r: BatchResponse = serde_json::from_value(b).unwrap();
+        let ids: Vec<String> = r.results.iter().map(|x| x.id.clone().unwrap()).collect();
+        assert_eq!(
+            shown(ids[1].clone(), field).await,
+            want,
+            "{setting} between plain tasks"
+        );
+        for plain in [&ids[0], &ids[2]] {
+            let (_, t) = a.get(&format!("/api/v1/tasks/{plain}")).await;
+            assert!(plain_ok(&t), "a plain task beside {setting}: {t}");
+            assert_eq!(shown(plain.clone(), "=backoff_base").await, Value::Null);
+        }
+    }
+}
