@@ -578,7 +578,8 @@ end
 -- orphans/lua/unacked.lua puts it back; 0: no claim lease.
 -- res: in a shard other than 0, what the caller reserved in shard 0 for a queue with
 -- limits ({k = tasks, names = its limits, at = shard 0's time of the reservation},
--- limit_reserve.lua), else nil.
+-- limit_reserve.lua), else nil. no_more: do not look whether more are ready (more is 0
+-- unless 2): a complete's or fail's next claim, whose caller wakes nobody with it.
 -- Returns n (tasks claimed), next_due (Redis ms when the earliest delayed task is
 -- due, or -1), more (1 when max tasks were taken and the ready set is not empty; 2
 -- when the queue's limits are in shard 0 and nothing was reserved: then `out` gets the
@@ -588,7 +589,7 @@ end
 -- lists with, so a claim that finds nothing builds none (each table costs the
 -- allocation and the collector's time).
 local NONE = {}
-local function claim_tasks(q, node, max, now, out, ack_ms, res)
+local function claim_tasks(q, node, max, now, out, ack_ms, res, no_more)
   local nows = int(now)
   local next_due = -1
   local delayed = qkey(q, 'delayed')
@@ -753,14 +754,16 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res)
   -- caller wakes another waiter; checked, not guessed from #picked == max, since
   -- a waiter woken for nothing costs a whole claim call.
   local more = 0
-  if #picked == max and redis.call('ZCARD', ready) > 0 then more = 1 end
+  if not no_more and #picked == max and redis.call('ZCARD', ready) > 0 then more = 1 end
   return n, next_due, more
 end
 
 -- complete and fail can also claim the worker's next task (one call per task for a
 -- one-at-a-time worker): appends {node, code, next_due, more, task...} to `out`,
 -- where node is the owner claimed for and code is n >= 0 or claim_refusal's. max 0:
--- nothing asked, nothing appended. ack_ms: the claim lease, as in claim_tasks.
+-- nothing asked, nothing appended. ack_ms: the claim lease, as in claim_tasks. more
+-- is 0 (or 2): the node answers the worker and wakes no other waiter with it, so the
+-- ready set's size is not read (a command per call).
 local function claim_next(q, node, max, now, out, ack_ms)
   if max <= 0 then return end
   out[#out + 1] = node
@@ -771,7 +774,7 @@ local function claim_next(q, node, max, now, out, ack_ms)
   end
   local at = #out + 1
   out[at] = 0; out[at + 1] = -1; out[at + 2] = 0
-  local n, next_due, more = claim_tasks(q, node, max, now, out, ack_ms)
+  local n, next_due, more = claim_tasks(q, node, max, now, out, ack_ms, nil, true)
   out[at] = n; out[at + 1] = next_due; out[at + 2] = more
 end
 
