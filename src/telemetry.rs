@@ -338,6 +338,11 @@ pub const METRICS: &[Metric] = &[
         "Wake-ups of waiting claims left out: the task was claimed later in the same read of the events",
     ),
     m(
+        "muster_claim_rechecks_empty_total",
+        Counter,
+        "Claims after a wake-up answered at once: nothing ready or due in the shard",
+    ),
+    m(
         "muster_claim_waiting_queues",
         Gauge,
         "Queues with at least one long-polling claim waiting on this node",

@@ -47,7 +47,24 @@ impl Tasks {
         ack_ms: u64,
     ) -> Result<ClaimResult, TaskError> {
         let shards = self.shards_of(queue).await;
-        self.claim_in(&shards, queue, node, credential, max, ack_ms).await
+        self.claim_in(&shards, queue, node, credential, max, ack_ms, false)
+            .await
+    }
+
+    /// [`Tasks::claim`] again after an event woke a long poll: a shard with
+    /// nothing ready and nothing due answers empty at once, without the
+    /// rest of a claim (claim.lua's ARGV[9]); most such wake-ups lost their
+    /// task to a complete's next claim.
+    pub(super) async fn claim_again(
+        &self,
+        queue: &str,
+        node: &str,
+        credential: &str,
+        max: u32,
+        ack_ms: u64,
+    ) -> Result<ClaimResult, TaskError> {
+        let shards = self.shards_of(queue).await;
+        self.claim_in(&shards, queue, node, credential, max, ack_ms, true).await
     }
 
     /// Why this node skips `shard` in a claim's fan-out now, if it does:
@@ -69,7 +86,9 @@ impl Tasks {
     }
 
     /// Claims from `shards` in order, skipping and going past shards that
-    /// fail or refuse (see the module header for the answer).
+    /// fail or refuse (see the module header for the answer). `recheck`:
+    /// see [`Tasks::claim_again`].
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn claim_in(
         &self,
         shards: &[usize],
@@ -78,6 +97,7 @@ impl Tasks {
         credential: &str,
         max: u32,
         ack_ms: u64,
+        recheck: bool,
     ) -> Result<ClaimResult, TaskError> {
         let mut out = ClaimResult::default();
         let mut ran = false;
@@ -103,6 +123,7 @@ impl Tasks {
                 credential,
                 reserved: None,
                 handed: &[],
+                recheck,
             };
             // A queue known to have its limits in shard 0 reserves there
             // without asking this shard first.
@@ -268,6 +289,7 @@ impl Tasks {
             credential: "",
             reserved: None,
             handed: &[],
+            recheck: false,
         };
         let result = match self.claim_reserved(shard, call, next_due, handed).await {
             Ok(reply) => self.decode_claim(queue, owner, reply, ack_ms),
@@ -388,7 +410,10 @@ impl Tasks {
                     .into_iter()
                     .filter(|&s| s != tried)
                     .collect();
-                match self.claim_in(&others, &n.queue, &n.owner, "", max - got, ack_ms).await {
+                match self
+                    .claim_in(&others, &n.queue, &n.owner, "", max - got, ack_ms, false)
+                    .await
+                {
                     Ok(more) => r.absorb(more),
                     // Nothing was claimed in the others: the answer stands.
                     Err(_) => r.not_tried.extend(others),

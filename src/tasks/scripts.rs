@@ -285,6 +285,9 @@ pub(crate) struct Claim<'a> {
     /// Outbox entries handed to shard 0 with the reservation: the claim
     /// removes them from the shard's outbox.
     pub handed: &'a [String],
+    /// A look again after a wake-up: nothing ready and nothing due answers
+    /// 0 at once (claim.lua, ARGV[9]). Never with `reserved`.
+    pub recheck: bool,
 }
 
 /// A claimed task as the script returns it.
@@ -339,6 +342,10 @@ impl ClaimReply {
                 handed,
             });
         }
+        if more == 3 {
+            // A look again after a wake-up, answered at once (claim.lua).
+            metrics::counter!("muster_claim_rechecks_empty_total").increment(1);
+        }
         let more = more == 1;
         let n = match code {
             Ok(n) => n,
@@ -384,6 +391,12 @@ impl ScriptCall for Claim<'_> {
             self.reserved.map(|r| r.0.to_string()).unwrap_or_default(),
             self.reserved.map(|r| r.1.to_string()).unwrap_or_default(),
             self.reserved.map(|r| r.2.to_string()).unwrap_or_default(),
+            if self.recheck && self.reserved.is_none() {
+                "1"
+            } else {
+                ""
+            }
+            .to_string(),
         ]
         .into_iter()
         .chain(self.handed.iter().cloned())

@@ -82,15 +82,20 @@ impl Tasks {
         mut notified: Pin<Box<Notified<'a>>>,
         first: Option<ClaimResult>,
     ) -> Result<ClaimResult, TaskError> {
-        let claim = || async {
+        // `again`: after an event woke the poll (Tasks::claim_again).
+        let claim = |again: bool| async move {
             let started = Instant::now();
-            let r = self.claim(queue, node, credential, max, ack_ms).await;
+            let r = if again {
+                self.claim_again(queue, node, credential, max, ack_ms).await
+            } else {
+                self.claim(queue, node, credential, max, ack_ms).await
+            };
             metrics::histogram!("muster_claim_duration_seconds").record(started.elapsed().as_secs_f64());
             r
         };
         let mut r = match first {
             Some(r) => r,
-            None => claim().await?,
+            None => claim(false).await?,
         };
         loop {
             if !r.tasks.is_empty() {
@@ -114,13 +119,16 @@ impl Tasks {
                 let in_ms = (due - redis_now).max(0) as u64;
                 until = until.min(now + Duration::from_millis(in_ms + 1));
             }
-            tokio::select! {
-                _ = notified.as_mut() => {}
-                _ = tokio::time::sleep_until(until.into()) => {}
+            // Woken by an event, the claim looks again cheaply; after a
+            // timer (a delayed task due, the 2 s net) it is a whole claim,
+            // which also checks the worker's registration.
+            let woken = tokio::select! {
+                _ = notified.as_mut() => true,
+                _ = tokio::time::sleep_until(until.into()) => false,
                 _ = self.shutdown.cancelled() => return Ok(r),
-            }
+            };
             notified = armed(waiter);
-            r = claim().await?;
+            r = claim(woken).await?;
         }
     }
 

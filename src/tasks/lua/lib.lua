@@ -585,6 +585,20 @@ end
 -- when the queue's limits are in shard 0 and nothing was reserved: then `out` gets the
 -- head of this shard's outbox of limit slots, a count and the entries, for the caller
 -- to hand over with its reservation). Emits task.claimed per task.
+-- Whether a claim of q would find nothing now, told by two reads: the ready set is
+-- empty and no delayed task is due by Redis time (a due one is promoted by a claim).
+-- Returns true and the earliest delayed task's time (Redis ms, or -1), or false.
+-- What a claim does first, before its other checks, where a caller can do without
+-- them for an empty queue (claim.lua's look again; a complete's next claim).
+local function nothing_to_claim(q, now)
+  if redis.call('ZCARD', qkey(q, 'ready')) > 0 then return false end
+  local head = redis.call('ZRANGE', qkey(q, 'delayed'), '0', '0', 'WITHSCORES')
+  if #head == 0 then return true, -1 end
+  local due = tonumber(head[2])
+  if due > now then return true, due end
+  return false
+end
+
 -- An empty table that is never written: what claim_tasks starts its optional
 -- lists with, so a claim that finds nothing builds none (each table costs the
 -- allocation and the collector's time).
@@ -761,12 +775,21 @@ end
 -- complete and fail can also claim the worker's next task (one call per task for a
 -- one-at-a-time worker): appends {node, code, next_due, more, task...} to `out`,
 -- where node is the owner claimed for and code is n >= 0 or claim_refusal's. max 0:
--- nothing asked, nothing appended. ack_ms: the claim lease, as in claim_tasks. more
+-- nothing asked, nothing appended. When nothing_to_claim, code is 0 whatever the
+-- owner's registration. ack_ms: the claim lease, as in claim_tasks. more
 -- is 0 (or 2): the node answers the worker and wakes no other waiter with it, so the
 -- ready set's size is not read (a command per call).
 local function claim_next(q, node, max, now, out, ack_ms)
   if max <= 0 then return end
   out[#out + 1] = node
+  -- An empty queue answers at once, the owner's registration unchecked: nothing is
+  -- claimed either way, and a busy worker's next claim finds its queue empty each
+  -- time the queue runs dry (then it long-polls, and that claim checks it).
+  local idle, due = nothing_to_claim(q, now)
+  if idle then
+    out[#out + 1] = 0; out[#out + 1] = due; out[#out + 1] = 0
+    return
+  end
   local refused = claim_refusal(node, now)
   if refused then
     out[#out + 1] = refused; out[#out + 1] = -1; out[#out + 1] = 0
