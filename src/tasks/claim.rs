@@ -51,22 +51,6 @@ impl Tasks {
             .await
     }
 
-    /// [`Tasks::claim`] again after an event woke a long poll: a shard with
-    /// nothing ready and nothing due answers empty at once, without the
-    /// rest of a claim (claim.lua's ARGV[9]); most such wake-ups lost their
-    /// task to a complete's next claim.
-    pub(super) async fn claim_again(
-        &self,
-        queue: &str,
-        node: &str,
-        credential: &str,
-        max: u32,
-        ack_ms: u64,
-    ) -> Result<ClaimResult, TaskError> {
-        let shards = self.shards_of(queue).await;
-        self.claim_in(&shards, queue, node, credential, max, ack_ms, true).await
-    }
-
     /// Why this node skips `shard` in a claim's fan-out now, if it does:
     /// only on a split namespace (one shard is judged as a whole by the
     /// route), when this node's registration there may have lapsed or its
@@ -86,8 +70,11 @@ impl Tasks {
     }
 
     /// Claims from `shards` in order, skipping and going past shards that
-    /// fail or refuse (see the module header for the answer). `recheck`:
-    /// see [`Tasks::claim_again`].
+    /// fail or refuse (see the module header for the answer). `recheck`: a
+    /// claim again after an event woke a long poll: a shard with nothing
+    /// ready and nothing due answers empty at once, without the rest of a
+    /// claim (claim.lua's ARGV[9]); most such wake-ups lost their task to a
+    /// complete's next claim.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn claim_in(
         &self,

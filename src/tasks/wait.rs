@@ -82,14 +82,13 @@ impl Tasks {
         mut notified: Pin<Box<Notified<'a>>>,
         first: Option<ClaimResult>,
     ) -> Result<ClaimResult, TaskError> {
-        // `again`: after an event woke the poll (Tasks::claim_again).
+        // `again`: after an event woke the poll (`recheck` in Tasks::claim_in).
         let claim = |again: bool| async move {
             let started = Instant::now();
-            let r = if again {
-                self.claim_again(queue, node, credential, max, ack_ms).await
-            } else {
-                self.claim(queue, node, credential, max, ack_ms).await
-            };
+            let shards = self.shards_of(queue).await;
+            let r = self
+                .claim_in(&shards, queue, node, credential, max, ack_ms, again)
+                .await;
             metrics::histogram!("muster_claim_duration_seconds").record(started.elapsed().as_secs_f64());
             r
         };

@@ -106,20 +106,15 @@ async fn complete_and_fail_can_claim_the_next_task_in_the_same_call() {
     assert_eq!(p.status, 400);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ready_task_wakes_one_waiting_claimer_not_all_of_them() {
-    if counts_are_shared() {
-        return;
-    }
-    let redis = TestRedis::start();
-    let a = TestApp::start(&redis).await;
-    join(&a, "w").await;
-    // Eight long-polling claimers on an empty queue.
-    let spawned = Instant::now();
+/// Eight long-polling claims of worker `w` on the empty queue `q` (20 s
+/// each), once each ran its first claim (a claim pops the ready set once)
+/// and a moment more.
+async fn eight_waiters(redis: &TestRedis, a: &TestApp, q: &str) -> Vec<tokio::task::JoinHandle<reqwest::Result<u16>>> {
+    let pops = calls(redis, "zpopmin").await;
     let mut waiting = Vec::new();
     for _ in 0..8 {
         let http = a.http.clone();
-        let url = format!("{}/api/v1/queues/herd/claim", a.url);
+        let url = format!("{}/api/v1/queues/{q}/claim", a.url);
         waiting.push(tokio::spawn(async move {
             http.post(&url)
                 .json(&json!({"node": "w", "max": 1, "wait_ms": 20_000}))
@@ -128,13 +123,25 @@ async fn a_ready_task_wakes_one_waiting_claimer_not_all_of_them() {
                 .map(|r| r.status().as_u16())
         }));
     }
-    // Each ran its first (empty) claim (a claim pops the ready set once).
     let armed = wait_until(Duration::from_secs(10), || async {
-        calls(&redis, "zpopmin").await >= 8
+        calls(redis, "zpopmin").await - pops >= 8
     })
     .await;
-    assert!(armed);
+    assert!(armed, "the eight claims did not all run");
     tokio::time::sleep(Duration::from_millis(200)).await;
+    waiting
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_task_wakes_one_waiting_claimer_not_all_of_them() {
+    if counts_are_shared() {
+        return;
+    }
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    join(&a, "w").await;
+    let spawned = Instant::now();
+    let waiting = eight_waiters(&redis, &a, "herd").await;
     let before = calls(&redis, "zpopmin").await;
     submit(&a, "herd", json!({})).await;
     let served = wait_until(Duration::from_secs(5), || async {
@@ -196,24 +203,7 @@ async fn a_claim_woken_for_nothing_looks_again_without_a_whole_claim() {
     let redis = TestRedis::start();
     let a = TestApp::start(&redis).await;
     join(&a, "w").await;
-    let mut waiting = Vec::new();
-    for _ in 0..8 {
-        let http = a.http.clone();
-        let url = format!("{}/api/v1/queues/idle/claim", a.url);
-        waiting.push(tokio::spawn(async move {
-            http.post(&url)
-                .json(&json!({"node": "w", "max": 1, "wait_ms": 20_000}))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        }));
-    }
-    let armed = wait_until(Duration::from_secs(10), || async {
-        calls(&redis, "zpopmin").await >= 8
-    })
-    .await;
-    assert!(armed);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = eight_waiters(&redis, &a, "idle").await;
     let (watch, seen) = monitor(&redis).await;
     let started = Instant::now();
     let (s, b) = a.put("/api/v1/groups/any", json!({"limit": 3})).await;
