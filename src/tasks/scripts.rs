@@ -185,8 +185,7 @@ impl ScriptCall for Enqueue<'_> {
         vec![qkey(k, self.queue, "ready")]
     }
     fn args(&self) -> Vec<String> {
-        let plain = self.items.iter().filter(|t| t.is_plain()).count();
-        let mut a = Vec::with_capacity(8 + 3 * plain + 18 * (self.items.len() - plain));
+        let mut a = Vec::with_capacity(8 + 18 * self.items.len());
         a.extend([
             self.queue.to_string(),
             self.idempotency_window_ms.to_string(),
@@ -286,7 +285,7 @@ pub(crate) struct Claim<'a> {
     /// removes them from the shard's outbox.
     pub handed: &'a [String],
     /// A look again after a wake-up: nothing ready and nothing due answers
-    /// 0 at once (claim.lua, ARGV[9]). Never with `reserved`.
+    /// 0 at once (claim.lua, ARGV[9], which ignores it with `reserved`).
     pub recheck: bool,
 }
 
@@ -391,12 +390,7 @@ impl ScriptCall for Claim<'_> {
             self.reserved.map(|r| r.0.to_string()).unwrap_or_default(),
             self.reserved.map(|r| r.1.to_string()).unwrap_or_default(),
             self.reserved.map(|r| r.2.to_string()).unwrap_or_default(),
-            if self.recheck && self.reserved.is_none() {
-                "1"
-            } else {
-                ""
-            }
-            .to_string(),
+            if self.recheck { "1" } else { "" }.to_string(),
         ]
         .into_iter()
         .chain(self.handed.iter().cloned())
