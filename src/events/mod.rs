@@ -45,6 +45,7 @@ pub(crate) const EVENT_TYPES: &[&str] = &[
     "node.left",
     "node.dead",
     "node.draining",
+    "liveness.stalled",
     "task.enqueued",
     "task.claimed",
     "task.progress",
@@ -649,6 +650,7 @@ mod tests {
             "node.dead,barrier.*",
             "dbarrier.*",
             "redis.failover",
+            "liveness.*",
         ] {
             assert!(Filter::parse(Some(ok), None).is_ok(), "{ok}");
         }
@@ -661,7 +663,7 @@ mod tests {
         }
         let e = Filter::parse(Some("task.claimed,nope.*"), None).unwrap_err();
         assert!(e.contains("\"nope.*\""), "names the unknown topic: {e}");
-        assert_eq!(topic_prefixes().len(), 13);
+        assert_eq!(topic_prefixes().len(), 14);
     }
 
     #[test]

@@ -81,6 +81,25 @@ async fn stalls_shorter_or_longer_than_the_ttl_declare_nobody_dead() {
         !events.iter().any(|(t, _, _)| t == "orphan.recovered"),
         "the live worker's task was not recovered"
     );
+    // Each stall longer than 3/8 of the ttl was told, with what it gave back.
+    let stalled: Vec<Value> = events
+        .iter()
+        .filter(|(t, _, _)| t == "liveness.stalled")
+        .map(|(_, _, f)| serde_json::from_str(f["data"].as_str().unwrap()).unwrap())
+        .collect();
+    assert!(
+        stalled.len() >= 5,
+        "the longer stalls emitted liveness.stalled: {stalled:?}"
+    );
+    for d in &stalled {
+        let (gap, extended, leases) = (
+            d["gap_ms"].as_i64().unwrap(),
+            d["extended_ms"].as_i64().unwrap(),
+            d["leases"].as_i64().unwrap(),
+        );
+        assert!(0 < extended && extended < gap, "{d}");
+        assert!(leases >= 3, "the worker and both nodes got their leases back: {d}");
+    }
     for n in ["w", a.node_id.as_str(), b.node_id.as_str()] {
         assert_eq!(
             count(&events, "node.joined", n),

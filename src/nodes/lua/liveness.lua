@@ -22,7 +22,9 @@
 -- late (a slow link to Redis) leases run slower but still run out, so a dead node is
 -- still found. An entry with a longer ttl of its own (a worker) gets its own lease
 -- back the same way. Task timeouts, which the stall also kept workers from meeting,
--- wait one ttl after such a pass (P:nodes:grace).
+-- wait one ttl after such a pass (P:nodes:grace). Such a pass emits liveness.stalled
+-- (gap_ms: since the pass before; extended_ms: what every lease got back; leases: how
+-- many), so an operator sees why a dead node was found late.
 local NODES = P .. ':nodes' -- @per-call
 local DAY_MS = 86400000
 
@@ -46,6 +48,8 @@ local function liveness_pass(now, ttl)
     end
     if #pairs_ > 0 then redis.call('ZADD', NODES, 'XX', unpack(pairs_)) end
     redis.call('SET', NODES .. ':grace', int(now + ttl), 'PX', int(ttl * 2))
+    emit('liveness.stalled', '', '{"gap_ms":' .. int(now - last) .. ',"extended_ms":' .. int(lost) .. ',"leases":'
+      .. (#rows / 2) .. '}')
     return now + ttl
   end
   local grace = tonumber(redis.call('GET', NODES .. ':grace') or '0')
