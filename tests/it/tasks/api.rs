@@ -474,6 +474,9 @@ async fn long_payloads_are_kept_in_parts_and_read_back_whole() {
         format!("ab{}", "😀".repeat(60)),
         "y".repeat(62),
         "z".repeat(63),
+        // Four parts, read with the claim's first read, and five, one more read.
+        "u".repeat(250),
+        "t".repeat(300),
         "q".repeat(2040),
         "r".repeat(2046),
         "s".repeat(5000),
