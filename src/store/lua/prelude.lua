@@ -77,7 +77,9 @@ end
 -- The first event of a script call trims the stream (MAXLEN ~); later ones in the
 -- same call skip it, which bounds the stream just as well at a fraction of the cost.
 -- Returns the stream id.
-local events_trimmed = false -- @per-call
+-- events_key: the stream's key once the call's first event trimmed it (false
+-- before): later events of the call neither trim nor build the key again.
+local events_key = false -- @per-call
 local EVENT_SUBJECTS = {task = 't', queue = 'q', group = 'g', workflow = 'w'}
 local function emit(etype, node, data, ...)
   if type(data) == 'table' then data = cjson.encode(data) end
@@ -95,11 +97,11 @@ local function emit(etype, node, data, ...)
     parts[#parts + 1] = data or '{}'
     e = table.concat(parts, '\n')
   end
-  if events_trimmed then
-    return redis.call('XADD', P .. ':events', '*', 'e', e)
+  if events_key then
+    return redis.call('XADD', events_key, '*', 'e', e)
   end
-  events_trimmed = true
-  return redis.call('XADD', P .. ':events', 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', e)
+  events_key = P .. ':events'
+  return redis.call('XADD', events_key, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', e)
 end
 
 -- The epoch of the fencing tokens (P:epoch, absent: 1). Sentinel and coordinated

@@ -194,7 +194,7 @@ fn library_state_is_reset_on_every_call() {
     }
     let (code, _) = assemble("workflows/x", "--@include tasks/lib\nreturn wf_on_end", &ctx()).unwrap();
     let body = &code[code.find("redis.register_function(").unwrap()..];
-    for reset in ["NOW = nil\n", "events_trimmed = false\n", "wf_busy = false\n"] {
+    for reset in ["NOW = nil\n", "events_key = false\n", "wf_busy = false\n"] {
         assert!(
             body.find(reset).unwrap() < body.find("local late = begin()").unwrap(),
             "{reset}: {body}"
