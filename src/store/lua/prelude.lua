@@ -81,6 +81,15 @@ end
 -- before): later events of the call neither trim nor build the key again.
 local events_key = false -- @per-call
 local EVENT_SUBJECTS = {task = 't', queue = 'q', group = 'g', workflow = 'w'}
+-- Appends one entry, as emit builds it (or a caller that builds the same form:
+-- tasks/lib's emit_task). Returns the stream id.
+local function emit_entry(e)
+  if events_key then
+    return redis.call('XADD', events_key, '*', 'e', e)
+  end
+  events_key = P .. ':events'
+  return redis.call('XADD', events_key, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', e)
+end
 local function emit(etype, node, data, ...)
   if type(data) == 'table' then data = cjson.encode(data) end
   local n = select('#', ...)
@@ -97,11 +106,7 @@ local function emit(etype, node, data, ...)
     parts[#parts + 1] = data or '{}'
     e = table.concat(parts, '\n')
   end
-  if events_key then
-    return redis.call('XADD', events_key, '*', 'e', e)
-  end
-  events_key = P .. ':events'
-  return redis.call('XADD', events_key, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', e)
+  return emit_entry(e)
 end
 
 -- The epoch of the fencing tokens (P:epoch, absent: 1). Sentinel and coordinated

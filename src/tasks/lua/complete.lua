@@ -35,6 +35,9 @@ local wants = {}
 local zrem, srem, zadd = batch_new(), batch_new(), batch_new()
 local groups = {}
 local deadlines, acked = {}, {}
+-- The keys and label of the last task's queue and owner: a batch is mostly one
+-- queue's tasks of one owner, so they are built once, not per task.
+local kq, krunning, ksucceeded, klabel, kowner, ktasks
 for i = 0, n - 1 do
   local a = 3 + i * 6
   local id, token, result = ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -57,9 +60,13 @@ for i = 0, n - 1 do
     if f[7] and f[7] ~= '' and redis.call('GET', P .. ':alias:' .. f[7]) == id then
       redis.call('PEXPIRE', P .. ':alias:' .. f[7], retention)
     end
-    batch_add(zrem, qkey(q, 'running'), id)
-    batch_add(srem, ntasks(owner), id)
-    batch_add(zadd, qkey(q, 'succeeded'), nows, id)
+    if q ~= kq then
+      kq, krunning, ksucceeded, klabel = q, qkey(q, 'running'), qkey(q, 'succeeded'), 'succeeded:' .. q
+    end
+    if owner ~= kowner then kowner, ktasks = owner, ntasks(owner) end
+    batch_add(zrem, krunning, id)
+    batch_add(srem, ktasks, id)
+    batch_add(zadd, ksucceeded, nows, id)
     if f[8] then deadlines[#deadlines + 1] = id end
     acked[#acked + 1] = id
     limits_release(id, f[10])
@@ -69,7 +76,7 @@ for i = 0, n - 1 do
     end
     emit_task('task.succeeded', owner, '{"attempt":' .. attempt .. '}', id, q, g)
     if f[9] then wf_on_end(id, 'succeeded', nows) end
-    out[#out + 1] = 1; out[#out + 1] = 'succeeded:' .. f[3]; out[#out + 1] = attempt
+    out[#out + 1] = 1; out[#out + 1] = klabel; out[#out + 1] = attempt
     if ARGV[a + 3] ~= '0' then
       local nq = ARGV[a + 4]
       if nq == '' then nq = q end

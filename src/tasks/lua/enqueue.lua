@@ -183,7 +183,7 @@ for i = 0, n - 1 do
     fields[#fields + 1] = 'state'; fields[#fields + 1] = state
     redis.call('HSET', tkey(id), unpack(fields))
     if state == 'queued' and g ~= '' then refresh_group_token(q, g) end
-    emit_task('task.enqueued', node, '{"state":"' .. state .. '"}', id, q, g)
+    emit_task('task.enqueued', node, state == 'queued' and '{"state":"queued"}' or '{"state":"delayed"}', id, q, g)
     out[#out + 1] = 1; out[#out + 1] = id
     if replaced ~= '' then out[#out + 1] = state .. '|' .. replaced else out[#out + 1] = state end
   end

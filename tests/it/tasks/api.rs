@@ -478,6 +478,8 @@ async fn long_payloads_are_kept_in_parts_and_read_back_whole() {
         "u".repeat(250),
         "t".repeat(300),
         "q".repeat(2040),
+        // 2 045 bytes of three-byte characters: parts of 63 bytes, 33 of them.
+        "€".repeat(681),
         "r".repeat(2046),
         "s".repeat(5000),
     ];
