@@ -188,6 +188,6 @@ for i = 0, n - 1 do
     if replaced ~= '' then out[#out + 1] = state .. '|' .. replaced else out[#out + 1] = state end
   end
 end
-call_all('ZADD', KEYS[1], ready)
-if #delayed > 0 then call_all('ZADD', qkey(q, 'delayed'), delayed) end
+zadd_pairs(KEYS[1], ready)
+if #delayed > 0 then zadd_pairs(qkey(q, 'delayed'), delayed) end
 return out

@@ -186,6 +186,27 @@ local function call_all(cmd, key, list)
   for j = 1, #list, 4000 do redis.call(cmd, key, unpack(list, j, math.min(j + 3999, #list))) end
 end
 
+-- ZADD of a list of (score, member) pairs, the last pair first. A small sorted set
+-- (up to zset-max-listpack-entries, 128 by default) is a listpack, and Redis
+-- inserts each member by scanning it from the head to the first greater score (or
+-- equal score and greater member): the pairs of a batch come in ascending order
+-- (sequence numbers; one start time and ids in order), so each would be scanned
+-- past all the others, where in descending order each lands before the one added
+-- last. A larger set (a skiplist) costs the same either way.
+local function zadd_pairs(key, list)
+  local n = #list
+  if n == 0 then return end
+  if n == 2 then
+    redis.call('ZADD', key, list[1], list[2])
+    return
+  end
+  local r = {}
+  for j = n - 1, 1, -2 do
+    r[#r + 1] = list[j]; r[#r + 1] = list[j + 1]
+  end
+  call_all('ZADD', key, r)
+end
+
 -- Collects members per key and sends one variadic command per key. A batch is one
 -- table: its keys in order in the array part, each key's members under the key (a
 -- key is never a number). batch_add takes one member or two (a score and a member):
@@ -204,7 +225,7 @@ end
 local function batch_flush(b, cmd)
   for i = 1, #b do
     local key = b[i]
-    call_all(cmd, key, b[key])
+    if cmd == 'ZADD' then zadd_pairs(key, b[key]) else call_all(cmd, key, b[key]) end
   end
 end
 
@@ -786,9 +807,9 @@ local function claim_tasks(q, node, max, now, out, ack_ms, res, no_more)
     end
   end
   for i = 1, #qnames do limit_take(qnames[i], limit_settings(qnames[i]), now, mine) end
-  if #running > 0 then redis.call('ZADD', qkey(q, 'running'), unpack(running)) end
-  if #deadlines > 0 then redis.call('ZADD', DEADLINES, unpack(deadlines)) end
-  if #unacked > 0 then redis.call('ZADD', UNACKED, unpack(unacked)) end
+  zadd_pairs(qkey(q, 'running'), running)
+  zadd_pairs(DEADLINES, deadlines)
+  zadd_pairs(UNACKED, unacked)
   if #mine > 0 then redis.call('SADD', ntasks(node), unpack(mine)) end
   -- more: the queue holds more ready tasks (or group heads) after these, so the
   -- caller wakes another waiter; checked, not guessed from #picked == max, since
