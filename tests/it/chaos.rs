@@ -463,7 +463,7 @@ async fn run_chaos(plan: Plan) {
                     // take the outage plus one grace ttl (1 s) longer, and one
                     // whose lease a stalled liveness pass extended before it was
                     // recovered, that extension longer.
-                    let outage: i64 = outages
+                    let allowance: i64 = outages
                         .iter()
                         .filter(|(from, to)| *from <= at + bound && *to >= *at)
                         .map(|(from, to)| to - from + 1000)
@@ -473,11 +473,11 @@ async fn run_chaos(plan: Plan) {
                             .filter(|(pass, _)| *pass >= *at && pass <= ms)
                             .map(|(_, extended)| extended)
                             .sum::<i64>();
-                    if outage == 0 {
+                    if allowance == 0 {
                         latencies.push(latency);
                     }
-                    if latency > bound + outage {
-                        late.push((task.clone(), worker.clone(), latency, bound + outage));
+                    if latency > bound + allowance {
+                        late.push((task.clone(), worker.clone(), latency, bound + allowance));
                     }
                 }
                 // (its complete may have been applied just as it died)

@@ -49,7 +49,7 @@ local function liveness_pass(now, ttl)
     if #pairs_ > 0 then redis.call('ZADD', NODES, 'XX', unpack(pairs_)) end
     redis.call('SET', NODES .. ':grace', int(now + ttl), 'PX', int(ttl * 2))
     emit('liveness.stalled', '', '{"gap_ms":' .. int(now - last) .. ',"extended_ms":' .. int(lost) .. ',"leases":'
-      .. (#rows / 2) .. '}')
+      .. int(#rows / 2) .. '}')
     return now + ttl
   end
   local grace = tonumber(redis.call('GET', NODES .. ':grace') or '0')

@@ -88,7 +88,7 @@ call_all('ZREM', DEADLINES, deadlines)
 call_all('ZREM', UNACKED, acked)
 batch_flush(zrem, 'ZREM')
 batch_flush(srem, 'SREM')
-batch_flush(zadd, 'ZADD')
+batch_zadd(zadd)
 for g in pairs(groups) do refresh_group_everywhere(g) end
 local claims = {}
 for i = 1, #wants do

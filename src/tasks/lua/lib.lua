@@ -94,15 +94,12 @@ local function ntasks(node) return P .. ':node:' .. node .. ':tasks' end
 -- stays one field. Read it back with task_payload.
 local PAYLOAD_PART = 64
 local PAYLOAD_PARTS_MAX = 32
--- The parts' field names and counts, built once (a name built per part was a
+-- The parts' field names, built once (a name built per part was a
 -- concatenation per part written or read). A part is at least 61 bytes (a cut moves
 -- back over at most three continuation bytes), so 2 048 bytes make at most 34.
 local PART_NAMES = {'p1', 'p2', 'p3', 'p4', 'p5', 'p6', 'p7', 'p8', 'p9', 'p10', 'p11', 'p12',
   'p13', 'p14', 'p15', 'p16', 'p17', 'p18', 'p19', 'p20', 'p21', 'p22', 'p23', 'p24', 'p25', 'p26',
   'p27', 'p28', 'p29', 'p30', 'p31', 'p32', 'p33', 'p34'}
-local PART_COUNTS = {'1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14',
-  '15', '16', '17', '18', '19', '20', '21', '22', '23', '24', '25', '26', '27', '28', '29', '30',
-  '31', '32', '33', '34'}
 local function payload_fields(fields, payload)
   local n = #payload
   if n <= PAYLOAD_PART or n > PAYLOAD_PART * PAYLOAD_PARTS_MAX then
@@ -122,7 +119,7 @@ local function payload_fields(fields, payload)
     fields[#fields + 1] = PART_NAMES[k] or 'p' .. k; fields[#fields + 1] = string.sub(payload, i, e)
     i = e + 1
   end
-  fields[#fields + 1] = 'parts'; fields[#fields + 1] = PART_COUNTS[k] or tostring(k)
+  fields[#fields + 1] = 'parts'; fields[#fields + 1] = tostring(k)
 end
 
 -- A task hash leaves out these fields while they hold these values (issue 41:
@@ -225,7 +222,14 @@ end
 local function batch_flush(b, cmd)
   for i = 1, #b do
     local key = b[i]
-    if cmd == 'ZADD' then zadd_pairs(key, b[key]) else call_all(cmd, key, b[key]) end
+    call_all(cmd, key, b[key])
+  end
+end
+-- batch_flush for a batch of (score, member) pairs: one ZADD per key (zadd_pairs).
+local function batch_zadd(b)
+  for i = 1, #b do
+    local key = b[i]
+    zadd_pairs(key, b[key])
   end
 end
 
