@@ -193,8 +193,19 @@ pub(crate) async fn retained(store: &Store) -> Result<Retained, StoreError> {
                 out.max_deleted = StreamId::parse(&String::from_utf8_lossy(&b)).unwrap_or(StreamId(0, 0))
             }
             ("first-entry", redis::Value::Array(entry)) => {
+                // The entry's first event (an entry holds the ids of its
+                // events up to its own: Event::from_entry).
                 if let Some(redis::Value::BulkString(id)) = entry.first() {
-                    out.first = StreamId::parse(&String::from_utf8_lossy(id));
+                    let events = match entry.get(1) {
+                        Some(redis::Value::Array(f)) => f
+                            .iter()
+                            .step_by(2)
+                            .filter(|k| matches!(k, redis::Value::BulkString(k) if k == b"e"))
+                            .count(),
+                        _ => 0,
+                    };
+                    let id = StreamId::parse(&String::from_utf8_lossy(id));
+                    out.first = id.map(|id| id.first_of(events).unwrap_or(id));
                 }
             }
             _ => {}
@@ -284,11 +295,11 @@ async fn read_shard_after(store: &Store, after: StreamId, count: usize) -> Resul
                 .arg(count),
         )
         .await?;
-    let shard = store.shard_index();
-    Ok(rows
-        .into_iter()
-        .map(|(id, fields)| Event::from_fields(id, fields).in_shard(shard))
-        .collect())
+    // `count` entries hold at least `count` events after `after`, unless
+    // the stream ends there: a page shorter than `count` still says so.
+    let mut events = tailer::entry_events(rows, after, store.shard_index());
+    events.truncate(count);
+    Ok(events)
 }
 
 /// A page of the replay, each event as the JSON text it was built as.
@@ -367,14 +378,12 @@ pub(super) async fn latest(store: &Store, count: usize) -> Result<Vec<Event>, St
     let n = store.shard_count();
     let pages = store
         .fan_out(|s| async move {
-            let rows = tailer::read_latest(&s, count).await?;
-            let i = s.shard_index();
-            Ok::<_, StoreError>(
-                rows.into_iter()
-                    .rev()
-                    .map(|(id, f)| Event::from_fields(id, f).in_shard(i))
-                    .collect::<Vec<_>>(),
-            )
+            let mut rows = tailer::read_latest(&s, count).await?;
+            rows.reverse();
+            // The newest `count` events of the newest `count` entries.
+            let mut evs = tailer::entry_events(rows, StreamId(0, 0), s.shard_index());
+            evs.drain(..evs.len().saturating_sub(count));
+            Ok::<_, StoreError>(evs)
         })
         .await?;
     if n == 1 {

@@ -24,6 +24,22 @@ const BATCH: usize = 1000;
 const LINGER: Duration = Duration::from_millis(1);
 const MAX_LINGER: Duration = Duration::from_millis(16);
 
+/// The events of `entries`, read after `after` from `shard`'s stream
+/// (oldest first), without those at or before `after`: an entry holds the
+/// events of a script call ([`Event::from_entry`]), and a reader whose
+/// position is inside one reads that entry again.
+pub(crate) fn entry_events(entries: Vec<Entry>, after: StreamId, shard: usize) -> Vec<Event> {
+    let mut out = Vec::with_capacity(entries.len());
+    for (id, fields) in entries {
+        for ev in Event::from_entry(id, fields) {
+            if ev.sid.is_none_or(|sid| sid > after) {
+                out.push(ev.in_shard(shard));
+            }
+        }
+    }
+    out
+}
+
 /// The id of the view's shard's newest entry, or `0-0` for an empty stream.
 pub(crate) async fn last_id(store: &Store) -> Result<StreamId, StoreError> {
     Ok(read_latest(store, 1)
@@ -131,11 +147,12 @@ fn spawn_shard(store: Store, bus: Arc<Bus>, start: Option<StreamId>, cancel: Can
                     Ok(Ok(reply)) => {
                         backoff = Duration::from_millis(50);
                         let mut read = Vec::new();
+                        let after = StreamId::parse(&last).unwrap_or(StreamId(0, 0));
                         for (_, entries) in reply.unwrap_or_default() {
-                            for (id, fields) in entries {
+                            if let Some((id, _)) = entries.last() {
                                 last = id.clone();
-                                read.push(Event::from_fields(id, fields).in_shard(shard));
                             }
+                            read.extend(entry_events(entries, after, shard));
                         }
                         let n = read.len();
                         metrics::counter!("muster_events_read_total").increment(n as u64);

@@ -141,7 +141,14 @@ pub(crate) fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<(Str
     );
     code.push_str(&resets);
     code.push_str("local late = begin()\nif late then return late end\n");
-    code.push_str(&format!("-- script: {name}\n{source}\nend)\n"));
+    // The body runs as a function of its own, so that the call's events are
+    // written after it (`events_flush`), also when it failed halfway: what it
+    // changed before the error stays (Redis has no rollback), and so does
+    // what it said about that.
+    code.push_str(&format!(
+        "local ok, res = pcall(function()\n-- script: {name}\n{source}\nend)\nevents_flush()\n\
+         if not ok then error(res, 0) end\nreturn res\nend)\n"
+    ));
     let code = inline_codes(&code).map_err(|e| format!("script {name}: {e}"))?;
     let digest = Sha256::digest(code.as_bytes());
     let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();

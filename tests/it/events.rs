@@ -176,6 +176,60 @@ async fn reconnecting_with_since_misses_nothing_and_repeats_nothing() {
     assert!(!page2.gap);
 }
 
+/// A script call writes its events in entries of several (an entry of n
+/// events holds the n stream ids up to its own), so a reader's position
+/// often lies inside an entry: from every such position the replay goes on
+/// with exactly the next event, page by page, and so does a WebSocket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_inside_an_entry_of_several_events_resumes_exactly() {
+    let redis = TestRedis::start();
+    let a = TestApp::start(&redis).await;
+    let ids = submit_many(&a, "multi", 40).await;
+    let mut entries = 0;
+    for tag in shard_tags("muster") {
+        let key = format!("{tag}:events");
+        entries += redis.cmd::<usize>(&["XLEN", &key]).await;
+    }
+    assert!(
+        entries < 20,
+        "40 events of one call in a few entries, not 40: {entries}"
+    );
+    let all = replay(&a, Some("0"), Some("task.enqueued"), 100).await;
+    let got: Vec<&str> = all.events.iter().map(|e| e.subject("task").unwrap()).collect();
+    assert_eq!(got, ids, "every event once, in order");
+    let positions: Vec<String> = all.events.iter().map(|e| e.id.clone()).collect();
+    let mut unique = positions.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), 40, "an id of its own per event: {positions:?}");
+    for (k, at) in positions.iter().enumerate() {
+        let page = replay(&a, Some(at), Some("task.enqueued"), 3).await;
+        let next: Vec<&str> = page.events.iter().map(|e| e.subject("task").unwrap()).collect();
+        let want: Vec<&str> = ids[k + 1..(k + 4).min(40)].iter().map(String::as_str).collect();
+        assert_eq!(next, want, "after the event {k} ({at})");
+        assert!(!page.gap, "{at}");
+    }
+    // Pages of 7 from the start: they join without a hole or a repeat.
+    let (mut walked, mut since) = (Vec::new(), "0".to_string());
+    loop {
+        let page = replay(&a, Some(&since), Some("task.enqueued"), 7).await;
+        if page.events.is_empty() {
+            break;
+        }
+        walked.extend(page.events.iter().map(|e| e.subject("task").unwrap().to_string()));
+        since = page.next.unwrap();
+    }
+    assert_eq!(walked, ids);
+    // A WebSocket from inside an entry.
+    let mut sub = ws(&a, &format!("topics=task.enqueued&since={}", positions[12])).await;
+    let got = collect(&mut sub, 27, Duration::from_secs(5)).await;
+    let got: Vec<String> = got.iter().map(task_of).collect();
+    assert_eq!(got, ids[13..], "from inside an entry, its later events and the rest");
+    assert!(
+        next(&mut sub, Duration::from_millis(300)).await.is_none(),
+        "nothing more"
+    );
+}
+
 /// A live-only subscriber (no `since`) gets every event published after it
 /// saw its upgrade, even when its session starts late: the node subscribes
 /// before the `101`. (It subscribed when the session's task started, after
@@ -209,8 +263,9 @@ async fn a_gap_message_comes_first_when_since_was_trimmed() {
     let page = replay(&a, None, Some("task.enqueued"), 1).await;
     let early_id = page.events[0].id.clone();
     assert_eq!(page.events[0].subject("task"), Some(early.as_str()));
-    // Enough events (in several scripts) to trim the early ones away.
-    for _ in 0..6 {
+    // Enough events (in several scripts) to trim the early ones away: a
+    // batch of 100 writes 14 entries (events.max_len counts entries).
+    for _ in 0..20 {
         submit_many(&a, "g", 100).await;
     }
     let mut sub = ws(&a, &format!("topics=task.enqueued&since={early_id}")).await;

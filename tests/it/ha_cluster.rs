@@ -613,7 +613,8 @@ fn failover_events(port: u16, tag: &str) -> usize {
         query(port, &["XRANGE", &format!("{tag}:events"), "-", "+"]).unwrap_or_default();
     entries
         .into_iter()
-        .filter(|(id, f)| muster::testing::Event::from_fields(id.clone(), f.clone()).kind == "redis.failover")
+        .flat_map(|(id, f)| muster::testing::Event::from_entry(id, f))
+        .filter(|ev| ev.kind == "redis.failover")
         .count()
 }
 

@@ -102,8 +102,10 @@ async fn events_at(url: &str) -> Vec<Event> {
         let Some(last) = rows.last().map(|r| r.0.clone()) else {
             break;
         };
-        for (id, fields) in rows {
-            let ev = muster::testing::Event::from_fields(id, fields);
+        for ev in rows
+            .into_iter()
+            .flat_map(|(id, fields)| muster::testing::Event::from_entry(id, fields))
+        {
             let mut f: HashMap<String, String> = ev.subjects.into_iter().collect();
             f.insert("data".into(), ev.data);
             out.push((ev.ts, ev.kind, ev.node, f));

@@ -454,3 +454,52 @@ async fn libraries_no_live_node_uses_are_deleted_and_those_in_use_are_kept() {
     }
     drop(live);
 }
+
+/// A call's events reach the stream when it ends (`events_flush`), in
+/// entries of up to eight: also when the call fails halfway, since what it
+/// changed before the error stays (Redis has no rollback) and its events
+/// must say so (G9). Each event has a stream id of its own.
+#[tokio::test]
+async fn a_calls_events_are_written_when_it_ends_even_when_it_fails() {
+    if skip_on_cluster("calls one server's functions on a plain connection") {
+        return;
+    }
+    let redis = TestRedis::start();
+    let ctx = ScriptCtx {
+        events_max_len: 1000,
+        cluster: false,
+    };
+    let source = "for i = 1, 20 do redis.call('INCR', KEYS[1]); emit('x.y', 'n', '{\"i\":' .. i .. '}') end\n\
+                  if ARGV[1] == 'fail' then error('halfway') end\nreturn 1";
+    let lua = Lua::load("flush_on_error", source, &ctx);
+    let keys = vec!["{flush}:n".to_string()];
+    let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
+    let far = i64::MAX.to_string(); // the deadline
+    let ok: i64 = lua
+        .call(&mut conn, &keys, &["ok".to_string(), far.clone()])
+        .await
+        .unwrap();
+    assert_eq!(ok, 1);
+    let err = lua
+        .call::<i64, _>(&mut conn, &keys, &["fail".to_string(), far])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("halfway"), "the script's own error: {err}");
+    let n: i64 = redis.cmd(&["GET", "{flush}:n"]).await;
+    assert_eq!(n, 40, "both calls changed the key");
+    let rows: Vec<(String, Vec<(String, String)>)> = redis.cmd(&["XRANGE", "{flush}:events", "-", "+"]).await;
+    assert_eq!(
+        rows.len(),
+        2 * 4,
+        "1 + 19 events in entries of up to 8, per call: {rows:?}"
+    );
+    let events: Vec<_> = rows
+        .into_iter()
+        .flat_map(|(id, f)| muster::testing::Event::from_entry(id, f))
+        .collect();
+    let data: Vec<&str> = events.iter().map(|e| e.data.as_str()).collect();
+    let want: Vec<String> = (1..=20).chain(1..=20).map(|i| format!("{{\"i\":{i}}}")).collect();
+    assert_eq!(data, want, "every event of both calls, in order");
+    let ids: Vec<_> = events.iter().map(|e| e.sid.unwrap()).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids grow event by event: {ids:?}");
+}

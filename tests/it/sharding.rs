@@ -604,7 +604,7 @@ async fn locks_elections_and_barriers_live_in_the_shards_of_their_names() {
         let rows: Vec<(String, Vec<(String, String)>)> = redis.cmd(&["XRANGE", &stream, "-", "+"]).await;
         let expired = rows
             .iter()
-            .map(|(id, f)| muster::testing::Event::from_fields(id.clone(), f.clone()))
+            .flat_map(|(id, f)| muster::testing::Event::from_entry(id.clone(), f.clone()))
             .filter(|ev| ev.kind == "lock.expired" && ev.subject("lock") == Some(n.as_str()))
             .count();
         assert_eq!(expired, 1, "lock.expired of {n} in shard {home}: {rows:?}");

@@ -73,7 +73,7 @@ if not parts then
   -- keys expired (rounds stored before the open and decided indexes existed are left
   -- nowhere else).
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. int(now - MAX_TIMEOUT_MS - tonumber(retention)))
-  local oid = emit('barrier.round_opened', me, '{"by":"' .. who .. '","deadline":' .. deadline .. ',"n":' ..
+  local oid = emit_now('barrier.round_opened', me, '{"by":"' .. who .. '","deadline":' .. deadline .. ',"n":' ..
     cfg[2] .. ',"max_missing":' .. cfg[3] .. '}', 'barrier', b, 'round', r)
   redis.call('HSET', rk, 'opened_id', oid)
   parts = cfg[1]

@@ -56,7 +56,7 @@ local entrants = redis.call('ZCARD', KEYS[2])
 emit('dbarrier.entered', me, '{"entrant":"' .. node .. '","entrants":' .. entrants .. ',"count":' .. int(count) .. '}',
   'dbarrier', b)
 if entrants >= count then
-  local cycle = emit('dbarrier.ready', me, '{"count":' .. int(count) .. '}', 'dbarrier', b)
+  local cycle = emit_now('dbarrier.ready', me, '{"count":' .. int(count) .. '}', 'dbarrier', b)
   redis.call('HSET', KEYS[1], 'ready_at', int(now), 'cycle', cycle)
 end
 touch()

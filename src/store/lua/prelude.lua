@@ -31,7 +31,9 @@
 --                per call: every step of a script sees the same instant.
 -- int(n)         an integer-valued number as a string without exponent (tostring
 --                and `..` switch to exponent notation above 1e14).
--- emit(...)      appends one event to the stream, in the caller's atomic step (G9).
+-- emit(...)      adds one event to the call's events, which reach the stream in the
+--                caller's atomic step (G9): written when the call ends (events_flush).
+-- emit_now(...)  the same, written at once; returns its stream id.
 -- fence_epoch()  the fencing epoch, for the high bits of every token (G1, G10); on
 --                a Redis Cluster it first raises it when a new master runs the call.
 local KEYS, ARGV
@@ -66,29 +68,59 @@ end
 -- paths build it by hand: cjson is slow); ...: subject field, value pairs
 -- (task, queue, group, ...), strings. The event's time is the stream id's
 -- millisecond part, which is Redis time.
--- An entry is ONE field `e`: lines "<type>", "<node>", one "<subject>=<id>" per
+-- An event is ONE field `e`: lines "<type>", "<node>", one "<subject>=<id>" per
 -- subject, then the data (a JSON object, so it starts with `{`; it is last, so it
 -- may hold anything). Subject ids are validated names, never holding a newline.
 -- The subjects of nearly every event are written as one letter (EVENT_SUBJECTS:
 -- t task, q queue, g group, w workflow; events::Event reads them back), so an
--- entry is no longer than the fields it replaces.
+-- event is no longer than the fields it replaces.
 -- One field instead of five or six costs Redis a third less per XADD and half
 -- as much per entry read (XREAD by every node's tailer); events::Event parses it.
--- The first event of a script call trims the stream (MAXLEN ~); later ones in the
--- same call skip it, which bounds the stream just as well at a fraction of the cost.
--- Returns the stream id.
--- events_key: the stream's key once the call's first event trimmed it (false
--- before): later events of the call neither trim nor build the key again.
-local events_key = false -- @per-call
-local EVENT_SUBJECTS = {task = 't', queue = 'q', group = 'g', workflow = 'w'}
--- Appends one entry, as emit builds it (or a caller that builds the same form:
--- tasks/lib's emit_task). Returns the stream id.
-local function emit_entry(e)
-  if events_key then
-    return redis.call('XADD', events_key, '*', 'e', e)
+-- A call's events are written when it ends (`events_flush`, which the
+-- assembler runs after every script's body, even one that failed): the
+-- first as an entry of its own (`XADD ... *`, which trims the stream, MAXLEN ~),
+-- the rest in entries of up to EVENTS_PER_ENTRY events, each entry a field
+-- `e` per event. An entry of n events holds the ids (ms, s - n + 1) .. (ms, s)
+-- of its id (ms, s): each event has a stream id of its own, ids grow event by
+-- event, and a reader after any id (XREAD, XRANGE with `(`) gets the entry
+-- that holds the events after it (events::entry_events numbers them; a
+-- reader drops those at or before its position). The ids are the first
+-- entry's, counted on: `*` gave it (ms, b), so nothing in the stream is at or
+-- after (ms, b + 1), and the next `*` after (ms, b + k - 1) gives (ms, b + k)
+-- or a later millisecond. A batch of 100 tasks writes 14 entries for its 100
+-- events, not 100: a third of a task's commands were its XADDs.
+-- The stream keeps about EVENTS_MAXLEN entries: at least as many events, at
+-- most EVENTS_PER_ENTRY times as many when every call writes batches.
+local EVENTS_PER_ENTRY = 8
+-- The call's events not yet written.
+local pending = {} -- @per-call
+local function events_flush()
+  local k = #pending
+  if k == 0 then return nil end
+  local key = P .. ':events'
+  local id = redis.call('XADD', key, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', pending[1])
+  if k > 1 then
+    local ms, b = string.match(id, '^(%d+)-(%d+)$')
+    b = tonumber(b)
+    local i = 2
+    while i <= k do
+      local last = math.min(i + EVENTS_PER_ENTRY - 1, k)
+      local args = {key, ms .. '-' .. int(b + last - 1)}
+      for j = i, last do
+        args[#args + 1] = 'e'; args[#args + 1] = pending[j]
+      end
+      id = redis.call('XADD', unpack(args))
+      i = last + 1
+    end
   end
-  events_key = P .. ':events'
-  return redis.call('XADD', events_key, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', e)
+  pending = {}
+  return id
+end
+local EVENT_SUBJECTS = {task = 't', queue = 'q', group = 'g', workflow = 'w'}
+-- Adds one entry, as emit builds it (or a caller that builds the same form:
+-- tasks/lib's emit_task), to the call's events.
+local function emit_entry(e)
+  pending[#pending + 1] = e
 end
 local function emit(etype, node, data, ...)
   if type(data) == 'table' then data = cjson.encode(data) end
@@ -106,7 +138,13 @@ local function emit(etype, node, data, ...)
     parts[#parts + 1] = data or '{}'
     e = table.concat(parts, '\n')
   end
-  return emit_entry(e)
+  emit_entry(e)
+end
+-- emit, written at once: returns the event's stream id (the call's events
+-- before it are written first, so the order holds).
+local function emit_now(...)
+  emit(...)
+  return events_flush()
 end
 
 -- The epoch of the fencing tokens (P:epoch, absent: 1). Sentinel and coordinated

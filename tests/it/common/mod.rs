@@ -372,14 +372,16 @@ impl TestRedis {
             let Some(last) = rows.last().map(|r| r.0.clone()) else {
                 break;
             };
-            for (sid, fields) in rows {
-                let ev = muster::testing::Event::from_fields(sid.clone(), fields);
+            for ev in rows
+                .into_iter()
+                .flat_map(|(sid, fields)| muster::testing::Event::from_entry(sid, fields))
+            {
                 let mut obj = serde_json::Map::new();
                 for (k, v) in &ev.subjects {
                     obj.insert(k.clone(), Value::String(v.clone()));
                 }
                 obj.insert("data".into(), Value::String(ev.data.clone()));
-                obj.insert("_id".into(), Value::String(sid));
+                obj.insert("_id".into(), Value::String(ev.id.clone()));
                 out.push((ev.kind, ev.node, Value::Object(obj)));
             }
             start = format!("({last}");
