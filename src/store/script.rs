@@ -136,19 +136,25 @@ pub(crate) fn assemble(name: &str, source: &str, ctx: &ScriptCtx) -> Result<(Str
     resolve(source, &mut libs, &mut seen).map_err(|e| format!("script {name}: {e}"))?;
     code.push_str(&shake(&libs, source));
     let resets = per_call_resets(&code);
+    // The script's body is a function of its own, defined once when the
+    // library loads, so that the call's events are written after it
+    // (`events_flush`), also when it failed halfway: what it changed before
+    // the error stays (Redis has no rollback), and so does what it said
+    // about that. `xpcall`, not `pcall`: Redis's `pcall` turns the error
+    // of a failed command into its text, which would reach the caller as a
+    // script error (`ERR ...`); the error itself keeps its code (`READONLY`,
+    // `OOM`, ...), which the store classifies.
+    code.push_str(&format!(
+        "\nlocal function script_body()\n-- script: {name}\n{source}\nend\n"
+    ));
     code.push_str(
-        "\nredis.register_function('__FUNCTION__', function(keys, args)\nKEYS, ARGV = keys, args\nP = tag_of(KEYS[1])\n",
+        "redis.register_function('__FUNCTION__', function(keys, args)\nKEYS, ARGV = keys, args\nP = tag_of(KEYS[1])\n",
     );
     code.push_str(&resets);
-    code.push_str("local late = begin()\nif late then return late end\n");
-    // The body runs as a function of its own, so that the call's events are
-    // written after it (`events_flush`), also when it failed halfway: what it
-    // changed before the error stays (Redis has no rollback), and so does
-    // what it said about that.
-    code.push_str(&format!(
-        "local ok, res = pcall(function()\n-- script: {name}\n{source}\nend)\nevents_flush()\n\
-         if not ok then error(res, 0) end\nreturn res\nend)\n"
-    ));
+    code.push_str(
+        "local late = begin()\nif late then return late end\nlocal ok, res = xpcall(script_body, the_error)\nevents_flush()\n\
+         if not ok then error(res, 0) end\nreturn res\nend)\n",
+    );
     let code = inline_codes(&code).map_err(|e| format!("script {name}: {e}"))?;
     let digest = Sha256::digest(code.as_bytes());
     let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();

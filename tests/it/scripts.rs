@@ -470,7 +470,8 @@ async fn a_calls_events_are_written_when_it_ends_even_when_it_fails() {
         cluster: false,
     };
     let source = "for i = 1, 20 do redis.call('INCR', KEYS[1]); emit('x.y', 'n', '{\"i\":' .. i .. '}') end\n\
-                  if ARGV[1] == 'fail' then error('halfway') end\nreturn 1";
+                  if ARGV[1] == 'fail' then error('halfway') end\n\
+                  if ARGV[1] == 'wrongtype' then redis.call('LPUSH', KEYS[1], 'x') end\nreturn 1";
     let lua = Lua::load("flush_on_error", source, &ctx);
     let keys = vec!["{flush}:n".to_string()];
     let mut conn = redis.client().get_multiplexed_async_connection().await.unwrap();
@@ -485,12 +486,19 @@ async fn a_calls_events_are_written_when_it_ends_even_when_it_fails() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("halfway"), "the script's own error: {err}");
+    // A command's error reaches the caller as it was (not as a script error).
+    let far = i64::MAX.to_string();
+    let err = lua
+        .call::<i64, _>(&mut conn, &keys, &["wrongtype".to_string(), far])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("WRONGTYPE"), "{err:?}");
     let n: i64 = redis.cmd(&["GET", "{flush}:n"]).await;
-    assert_eq!(n, 40, "both calls changed the key");
+    assert_eq!(n, 60, "the three calls changed the key");
     let rows: Vec<(String, Vec<(String, String)>)> = redis.cmd(&["XRANGE", "{flush}:events", "-", "+"]).await;
     assert_eq!(
         rows.len(),
-        2 * 4,
+        3 * 4,
         "1 + 19 events in entries of up to 8, per call: {rows:?}"
     );
     let events: Vec<_> = rows
@@ -498,8 +506,8 @@ async fn a_calls_events_are_written_when_it_ends_even_when_it_fails() {
         .flat_map(|(id, f)| muster::testing::Event::from_entry(id, f))
         .collect();
     let data: Vec<&str> = events.iter().map(|e| e.data.as_str()).collect();
-    let want: Vec<String> = (1..=20).chain(1..=20).map(|i| format!("{{\"i\":{i}}}")).collect();
-    assert_eq!(data, want, "every event of both calls, in order");
+    let want: Vec<String> = (1..=20).cycle().take(60).map(|i| format!("{{\"i\":{i}}}")).collect();
+    assert_eq!(data, want, "every event of the three calls, in order");
     let ids: Vec<_> = events.iter().map(|e| e.sid.unwrap()).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids grow event by event: {ids:?}");
 }

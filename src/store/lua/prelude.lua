@@ -92,35 +92,42 @@ end
 -- The stream keeps about EVENTS_MAXLEN entries: at least as many events, at
 -- most EVENTS_PER_ENTRY times as many when every call writes batches.
 local EVENTS_PER_ENTRY = 8
--- The call's events not yet written.
-local pending = {} -- @per-call
+-- The call's events not yet written: PENDING[1 .. npending] (the table is kept
+-- from call to call, so a call builds none; what lies past npending is stale).
+local PENDING = {}
+local npending = 0 -- @per-call
 local function events_flush()
-  local k = #pending
+  local k = npending
   if k == 0 then return nil end
+  npending = 0
   local key = P .. ':events'
-  local id = redis.call('XADD', key, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', pending[1])
-  if k > 1 then
-    local ms, b = string.match(id, '^(%d+)-(%d+)$')
-    b = tonumber(b)
+  local id = redis.call('XADD', key, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', PENDING[1])
+  if k == 2 then
+    -- (Two events: two entries, which cost what one of two would.)
+    return redis.call('XADD', key, '*', 'e', PENDING[2])
+  end
+  if k > 2 then
+    local dash = string.find(id, '-', 1, true)
+    local ms, b = string.sub(id, 1, dash), tonumber(string.sub(id, dash + 1))
     local i = 2
     while i <= k do
       local last = math.min(i + EVENTS_PER_ENTRY - 1, k)
-      local args = {key, ms .. '-' .. int(b + last - 1)}
+      local args = {key, ms .. int(b + last - 1)}
       for j = i, last do
-        args[#args + 1] = 'e'; args[#args + 1] = pending[j]
+        args[#args + 1] = 'e'; args[#args + 1] = PENDING[j]
       end
       id = redis.call('XADD', unpack(args))
       i = last + 1
     end
   end
-  pending = {}
   return id
 end
 local EVENT_SUBJECTS = {task = 't', queue = 'q', group = 'g', workflow = 'w'}
 -- Adds one entry, as emit builds it (or a caller that builds the same form:
 -- tasks/lib's emit_task), to the call's events.
 local function emit_entry(e)
-  pending[#pending + 1] = e
+  npending = npending + 1
+  PENDING[npending] = e
 end
 local function emit(etype, node, data, ...)
   if type(data) == 'table' then data = cjson.encode(data) end
@@ -169,6 +176,9 @@ local function fence_epoch()
   if before then emit('redis.failover', '', {epoch = epoch, master = me, was = before}) end
   return epoch
 end
+
+-- xpcall's handler for a script's body: the error as it was raised.
+local function the_error(e) return e end
 
 -- The start of every call, after the per-call state is reset: takes the deadline
 -- off ARGV and refuses a late call (G12). Returns the error reply to return, or nil.

@@ -73,9 +73,10 @@ fn error_codes_are_inlined_and_checked() {
     )
     .unwrap()
     .0;
+    assert!(code.contains("return {(-12), (-5), NODE.x}\nend\n"), "{code}");
     assert!(
         code.ends_with(
-            "return {(-12), (-5), NODE.x}\nend)\nevents_flush()\nif not ok then error(res, 0) end\nreturn res\nend)\n"
+            "xpcall(script_body, the_error)\nevents_flush()\nif not ok then error(res, 0) end\nreturn res\nend)\n"
         ),
         "{code}"
     );
@@ -199,7 +200,7 @@ fn library_state_is_reset_on_every_call() {
     }
     let (code, _) = assemble("workflows/x", "--@include tasks/lib\nreturn wf_on_end", &ctx()).unwrap();
     let body = &code[code.find("redis.register_function(").unwrap()..];
-    for reset in ["NOW = nil\n", "pending = {}\n", "wf_busy = false\n"] {
+    for reset in ["NOW = nil\n", "npending = 0\n", "wf_busy = false\n"] {
         assert!(
             body.find(reset).unwrap() < body.find("local late = begin()").unwrap(),
             "{reset}: {body}"
