@@ -137,6 +137,7 @@ async fn worker_completes_each_task_once_while_a_node_is_killed_and_restarted() 
 
     assert!(wait_for(Duration::from_secs(30), || handled.load(Ordering::Relaxed) >= 250).await);
     let port = a.port;
+    let done_at_kill = worker.stats().completed;
     a.kill().await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     let done_while_down = worker.stats().completed;
@@ -150,7 +151,9 @@ async fn worker_completes_each_task_once_while_a_node_is_killed_and_restarted() 
     let stats = run.await.unwrap().unwrap();
     assert_eq!(stats.completed, 1000, "{stats:?}");
     assert_eq!(stats.failed, 0, "{stats:?}");
-    assert!(done_while_down < 1000, "the kill happened mid-way");
+    // (The other node may have served the rest while this one was down: a
+    // fast run did all 1 000 in those 700 ms, on 2026-12-04.)
+    assert!(done_at_kill < 1000, "the kill happened mid-way");
 
     // The server's view: every task succeeded, with exactly one succeeded attempt.
     let runs = runs.lock().unwrap().clone();
