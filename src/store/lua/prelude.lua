@@ -103,16 +103,17 @@ local function events_flush()
   local key = P .. ':events'
   local id = redis.call('XADD', key, 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'e', PENDING[1])
   if k == 2 then
-    -- (Two events: two entries, which cost what one of two would.)
+    -- The second alone: `*` gives it (ms, b + 1), the id the loop below
+    -- would, without reading the first id back.
     return redis.call('XADD', key, '*', 'e', PENDING[2])
   end
   if k > 2 then
     local dash = string.find(id, '-', 1, true)
-    local ms, b = string.sub(id, 1, dash), tonumber(string.sub(id, dash + 1))
+    local ms_dash, b = string.sub(id, 1, dash), tonumber(string.sub(id, dash + 1))
     local i = 2
     while i <= k do
       local last = math.min(i + EVENTS_PER_ENTRY - 1, k)
-      local args = {key, ms .. int(b + last - 1)}
+      local args = {key, ms_dash .. int(b + last - 1)}
       for j = i, last do
         args[#args + 1] = 'e'; args[#args + 1] = PENDING[j]
       end
@@ -123,8 +124,8 @@ local function events_flush()
   return id
 end
 local EVENT_SUBJECTS = {task = 't', queue = 'q', group = 'g', workflow = 'w'}
--- Adds one entry, as emit builds it (or a caller that builds the same form:
--- tasks/lib's emit_task), to the call's events.
+-- Adds one event, a field `e` as emit builds it (or a caller that builds the
+-- same form: tasks/lib's emit_task), to the call's events.
 local function emit_entry(e)
   npending = npending + 1
   PENDING[npending] = e
