@@ -193,6 +193,17 @@ def queue(request: pytest.FixtureRequest) -> str:
     return f"py-{request.node.name.replace('[', '-').replace(']', '')[:60]}-{os.getpid() % 1000}"
 
 
+@pytest.fixture
+def dead_url() -> Iterator[str]:
+    """A URL nothing answers, for the whole test: its port stays bound (not
+    listening, so a connection is refused), so no node or Redis started by a
+    test running beside this one can take it (a port only found free could be,
+    and then answered: seen once in CI)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
 WORKER_SCRIPT = Path(__file__).parent / "worker_proc.py"
 
 

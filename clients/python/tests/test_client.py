@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ADMIN_TOKEN, WORKER_TOKEN, Cluster, Node, free_port
+from conftest import ADMIN_TOKEN, WORKER_TOKEN, Cluster, Node
 
 from muster_client import AsyncClient, Client, Conflict, ConnectError, Event, MusterError, NotFound
 
@@ -58,8 +58,8 @@ def test_task_round_trip_and_stale_token(cluster: Cluster, queue: str) -> None:
         assert sum(hour.succeeded) == 1 and sum(hour.dead) == 0
 
 
-def test_errors_carry_problem_fields_and_4xx_is_never_retried(cluster: Cluster, queue: str) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+def test_errors_carry_problem_fields_and_4xx_is_never_retried(cluster: Cluster, queue: str, dead_url: str) -> None:
+    dead = dead_url
     with Client([cluster.urls[0], dead], WORKER_TOKEN) as c:
         with pytest.raises(NotFound) as nf:
             c.get_task("0" * 26)
@@ -74,8 +74,8 @@ def test_errors_carry_problem_fields_and_4xx_is_never_retried(cluster: Cluster, 
         assert unauth.value.status == 401 and c.failovers == 0
 
 
-def test_fails_over_past_an_unreachable_node(cluster: Cluster, queue: str) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+def test_fails_over_past_an_unreachable_node(cluster: Cluster, queue: str, dead_url: str) -> None:
+    dead = dead_url
     with Client([dead, *cluster.urls], WORKER_TOKEN, retry_for=5) as c:
         sub = c.submit(queue, 1)
         assert c.get_task(sub.id).state == "queued"
